@@ -1,0 +1,595 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * uvspan kernel side: uprobes on libuv functions inside Node.js, paired in the
+ * kernel into one ring-buffer record per finished operation.
+ *
+ * Which program serves which libuv symbol, and the attach cookie each one
+ * gets, is decided by the probe catalog in src/probes/catalog.rs. The
+ * programs here are generic: they read the cookie to know what fired.
+ *
+ * Only entry probes are used (no uretprobes): the end of an operation is the
+ * entry of the function that completes it (uv__fs_done, uv_fs_req_cleanup,
+ * uv__getaddrinfo_done), and the end of a threadpool job is the worker's
+ * uv_async_send that wakes the loop.
+ */
+#include <linux/bpf.h>
+#include <linux/ptrace.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "uvspan.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* ---- settings, written by user space before load ---- */
+const volatile unsigned long long loop_threshold_ns = 10000000ULL;
+const volatile unsigned long long wakeup_bytes = 256 * 1024;
+const volatile unsigned int follow_forks = 0;
+/* libuv request layout (x86_64, libuv 1.x ABI) */
+const volatile unsigned int fs_work_off = 336;     /* offsetof(uv_fs_t, work_req) */
+const volatile unsigned int fs_result_off = 88;    /* offsetof(uv_fs_t, result) */
+const volatile unsigned int gai_work_off = 72;     /* offsetof(uv_getaddrinfo_t, work_req) */
+const volatile unsigned int gai_addrinfo_off = 144;/* offsetof(uv_getaddrinfo_t, addrinfo) */
+const volatile unsigned int gai_retcode_off = 152; /* offsetof(uv_getaddrinfo_t, retcode) */
+
+/* ---- maps ---- */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 * 1024 * 1024);
+} events SEC(".maps");
+
+/* Processes being traced (tgid -> 1). Every program checks it first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+struct req_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 req;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct req_key);
+	__type(value, struct fs_event);
+} inflight_fs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct req_key);
+	__type(value, struct dns_event);
+} inflight_dns SEC(".maps");
+
+/* Threadpool thread -> the job it is running (so uv_async_send can end it). */
+struct worker_job {
+	struct req_key key;
+	__u32 kind; /* EV_FS or EV_DNS */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct worker_job);
+} worker_jobs SEC(".maps");
+
+/* Per loop thread: the iteration in progress. */
+struct loop_state {
+	struct loop_event ev;
+	__u64 phase_start;
+	__u64 epoll_enter;
+	__u32 cur_phase; /* UVSPAN_PHASES = none yet */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct loop_state);
+} loops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Scratch space: records are larger than the 512-byte BPF stack. */
+struct scratch {
+	union {
+		struct fs_event fs;
+		struct dns_event dns;
+		struct loop_state loop;
+		struct proc_event proc; /* listed so the skeleton generates its type */
+		struct {
+			enum ev_end end;
+			enum loop_phase phase;
+			enum stat_idx stat;
+		} enums; /* likewise, for the enums */
+	};
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch_buf SEC(".maps");
+
+/* ---- helpers ---- */
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline int is_traced(__u32 pid)
+{
+	return bpf_map_lookup_elem(&traced, &pid) != NULL;
+}
+
+static __always_inline struct scratch *get_scratch(void)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s)
+		stat_inc(STAT_SCRATCH_MISS);
+	return s;
+}
+
+/* Batch wakeups: wake the reader only once a good amount is waiting. */
+static __always_inline __u64 wake_flags(void)
+{
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void emit(void *data, __u64 size, __u64 flags)
+{
+	if (bpf_ringbuf_output(&events, data, size, flags))
+		stat_inc(STAT_RINGBUF_LOST);
+}
+
+/* Integer argument `idx` of a function at its entry (System V x86_64):
+ * 0-5 in registers, 6 and 7 on the stack above the return address. */
+static __always_inline __u64 arg_at(struct pt_regs *ctx, __u32 idx)
+{
+	__u64 v = 0;
+	switch (idx) {
+	case 0: return PT_REGS_PARM1(ctx);
+	case 1: return PT_REGS_PARM2(ctx);
+	case 2: return PT_REGS_PARM3(ctx);
+	case 3: return PT_REGS_PARM4(ctx);
+	case 4: return PT_REGS_PARM5(ctx);
+	case 5: return PT_REGS_PARM6(ctx);
+	case 6:
+		bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8));
+		return v;
+	case 7:
+		bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 16));
+		return v;
+	}
+	return 0;
+}
+
+/*
+ * fs submit cookie layout (built by src/probes/catalog.rs):
+ *   bits  0..7   operation id
+ *   bits  8..11  integer arg index of the callback
+ *   bits 12..15  arg index of the path      (0xF = none)
+ *   bits 16..19  arg index of the 2nd path  (0xF = none)
+ *   bits 20..23  arg index of the fd        (0xF = none)
+ */
+#define COOKIE_NONE 0xF
+#define cookie_field(c, shift) ((__u32)(((c) >> (shift)) & 0xF))
+
+/* ---- fs ---- */
+SEC("uprobe")
+int fs_submit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!is_traced(pid))
+		return 0;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	struct scratch *s = get_scratch();
+	if (!s)
+		return 0;
+	struct fs_event *e = &s->fs;
+	__u32 idx;
+
+	e->hdr.kind = EV_FS;
+	e->hdr.pid = pid;
+	e->hdr.tid = (__u32)id;
+	e->hdr._pad = 0;
+	e->req = PT_REGS_PARM2(ctx);
+	e->start_ns = bpf_ktime_get_ns();
+	e->work_start_ns = 0;
+	e->work_end_ns = 0;
+	e->end_ns = 0;
+	e->result = 0;
+	e->worker_tid = 0;
+	e->end_kind = 0;
+	e->_pad = 0;
+	e->op = cookie & 0xFF;
+	e->sync = arg_at(ctx, cookie_field(cookie, 8)) == 0;
+
+	idx = cookie_field(cookie, 20);
+	e->fd = idx == COOKIE_NONE ? -1 : (int)arg_at(ctx, idx);
+
+	e->path[0] = 0;
+	idx = cookie_field(cookie, 12);
+	if (idx != COOKIE_NONE)
+		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)arg_at(ctx, idx));
+	e->path2[0] = 0;
+	e->has_path2 = 0;
+	idx = cookie_field(cookie, 16);
+	if (idx != COOKIE_NONE) {
+		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)arg_at(ctx, idx));
+		e->has_path2 = 1;
+	}
+
+	struct req_key key = { .pid = pid, .req = e->req };
+	if (bpf_map_lookup_elem(&inflight_fs, &key))
+		stat_inc(STAT_INFLIGHT_REPLACED);
+	bpf_map_update_elem(&inflight_fs, &key, e, BPF_ANY);
+	return 0;
+}
+
+/* uv__fs_work(struct uv__work *w): a thread starts the request's work. */
+SEC("uprobe")
+int fs_work(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - fs_work_off }, .kind = EV_FS };
+	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &job.key);
+	if (!e || e->sync)
+		return 0; /* sync calls run uv__fs_work inline on the calling thread */
+	e->work_start_ns = bpf_ktime_get_ns();
+	e->worker_tid = tid;
+	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
+	return 0;
+}
+
+static __always_inline __u32 fs_record_size(const struct fs_event *e)
+{
+	return e->has_path2 ? sizeof(*e) : sizeof(*e) - UVSPAN_PATH_MAX;
+}
+
+static __always_inline int fs_finish(struct pt_regs *ctx, __u64 req, __u8 end_kind)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(pid))
+		return 0;
+	struct req_key key = { .pid = pid, .req = req };
+	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &key);
+	if (!e)
+		return 0;
+	e->end_ns = bpf_ktime_get_ns();
+	e->end_kind = end_kind;
+	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + fs_result_off));
+	emit(e, fs_record_size(e), wake_flags());
+	bpf_map_delete_elem(&inflight_fs, &key);
+	return 0;
+}
+
+/* uv__fs_done(struct uv__work *w, int status): completion on the loop thread,
+ * just before the callback runs. */
+SEC("uprobe")
+int fs_done(struct pt_regs *ctx)
+{
+	return fs_finish(ctx, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
+}
+
+/* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
+ * Ends sync requests, and async ones in builds where uv__fs_done is absent. */
+SEC("uprobe")
+int fs_cleanup(struct pt_regs *ctx)
+{
+	return fs_finish(ctx, PT_REGS_PARM1(ctx), END_CLEANUP);
+}
+
+/* ---- threadpool job end: the worker wakes the loop right after w->work(w) ---- */
+SEC("uprobe")
+int work_end(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	struct worker_job *job = bpf_map_lookup_elem(&worker_jobs, &tid);
+	if (!job)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (job->kind == EV_FS) {
+		struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &job->key);
+		if (e && e->worker_tid == tid && !e->work_end_ns)
+			e->work_end_ns = now;
+	} else {
+		struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job->key);
+		if (e && e->worker_tid == tid && !e->work_end_ns)
+			e->work_end_ns = now;
+	}
+	bpf_map_delete_elem(&worker_jobs, &tid);
+	return 0;
+}
+
+/* ---- DNS ---- */
+/* uv_getaddrinfo(loop, req, cb, node, service, hints) */
+SEC("uprobe")
+int dns_submit(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!is_traced(pid))
+		return 0;
+	struct scratch *s = get_scratch();
+	if (!s)
+		return 0;
+	struct dns_event *e = &s->dns;
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HOST_MAX);
+	e->hdr.kind = EV_DNS;
+	e->hdr.pid = pid;
+	e->hdr.tid = (__u32)id;
+	e->req = PT_REGS_PARM2(ctx);
+	e->start_ns = bpf_ktime_get_ns();
+	e->sync = PT_REGS_PARM3(ctx) == 0;
+	e->host[0] = 0;
+	bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
+	struct req_key key = { .pid = pid, .req = e->req };
+	if (bpf_map_lookup_elem(&inflight_dns, &key))
+		stat_inc(STAT_INFLIGHT_REPLACED);
+	bpf_map_update_elem(&inflight_dns, &key, e, BPF_ANY);
+	return 0;
+}
+
+/* uv__getaddrinfo_work(struct uv__work *w) */
+SEC("uprobe")
+int dns_work(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - gai_work_off }, .kind = EV_DNS };
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
+	if (!e || e->sync)
+		return 0;
+	e->work_start_ns = bpf_ktime_get_ns();
+	e->worker_tid = tid;
+	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
+	return 0;
+}
+
+/* struct addrinfo (glibc, x86_64) */
+#define AI_FAMILY_OFF 4
+#define AI_ADDR_OFF 24
+#define AI_NEXT_OFF 40
+
+/* uv__getaddrinfo_done(struct uv__work *w, int status) */
+SEC("uprobe")
+int dns_done(struct pt_regs *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(pid))
+		return 0;
+	__u64 req = PT_REGS_PARM1(ctx) - gai_work_off;
+	struct req_key key = { .pid = pid, .req = req };
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &key);
+	if (!e)
+		return 0;
+	e->end_ns = bpf_ktime_get_ns();
+	e->end_kind = END_DONE;
+	int status = (int)PT_REGS_PARM2(ctx);
+	bpf_probe_read_user(&e->retcode, sizeof(e->retcode), (void *)(req + gai_retcode_off));
+	if (status == -125 /* UV_ECANCELED */)
+		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
+
+	__u64 ai = 0;
+	bpf_probe_read_user(&ai, sizeof(ai), (void *)(req + gai_addrinfo_off));
+	__u8 n = 0;
+	for (int i = 0; i < UVSPAN_MAX_ANSWERS; i++) {
+		if (!ai)
+			break;
+		int family = 0;
+		__u64 sa = 0;
+		bpf_probe_read_user(&family, sizeof(family), (void *)(ai + AI_FAMILY_OFF));
+		bpf_probe_read_user(&sa, sizeof(sa), (void *)(ai + AI_ADDR_OFF));
+		if (sa && (family == 2 || family == 10)) {
+			struct dns_answer *a = &e->answers[n & (UVSPAN_MAX_ANSWERS - 1)];
+			a->family = family;
+			if (family == 2)
+				bpf_probe_read_user(a->addr, 4, (void *)(sa + 4));
+			else
+				bpf_probe_read_user(a->addr, 16, (void *)(sa + 8));
+			n++;
+		}
+		bpf_probe_read_user(&ai, sizeof(ai), (void *)(ai + AI_NEXT_OFF));
+	}
+	e->n_answers = n;
+	emit(e, sizeof(*e), wake_flags());
+	bpf_map_delete_elem(&inflight_dns, &key);
+	return 0;
+}
+
+/* ---- event loop ---- */
+static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 now)
+{
+	struct loop_event *ev = &st->ev;
+	__u64 total = now - ev->start_ns;
+	__u64 busy = total > ev->poll_wait_ns ? total - ev->poll_wait_ns : 0;
+	stat_inc(STAT_LOOP_ITERATIONS);
+	if (busy < loop_threshold_ns) {
+		ev->skipped++;
+		return;
+	}
+	stat_inc(STAT_LOOP_EMITTED);
+	ev->end_ns = now;
+	emit(ev, sizeof(*ev), wake_flags());
+	ev->skipped = 0;
+}
+
+/* Phase function entry (uv__io_poll, uv__run_check, uv__run_timers,
+ * uv__run_idle, uv__run_prepare); the cookie is the enum loop_phase.
+ * A phase ends when the next one starts; an iteration runs from one
+ * uv__io_poll entry to the next. */
+SEC("uprobe")
+int loop_phase(struct pt_regs *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	/* 64-bit on purpose: a 32-bit copy would lose the bounds check below */
+	__u64 phase = bpf_get_attach_cookie(ctx);
+	if (phase >= UVSPAN_PHASES)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	if (!st) {
+		struct scratch *s = get_scratch();
+		if (!s)
+			return 0;
+		__builtin_memset(&s->loop, 0, sizeof(s->loop));
+		s->loop.cur_phase = UVSPAN_PHASES;
+		s->loop.ev.hdr.kind = EV_LOOP;
+		s->loop.ev.hdr.pid = pid;
+		s->loop.ev.hdr.tid = tid;
+		bpf_map_update_elem(&loops, &tid, &s->loop, BPF_ANY);
+		st = bpf_map_lookup_elem(&loops, &tid);
+		if (!st)
+			return 0;
+	}
+	__u32 cur = st->cur_phase;
+	if (cur < UVSPAN_PHASES)
+		st->ev.phases[cur].end_ns = now;
+	if (phase == PHASE_POLL) {
+		if (st->ev.start_ns)
+			loop_finish_iteration(st, now);
+		st->ev.start_ns = now;
+		st->ev.wake_ns = 0;
+		st->ev.end_ns = 0;
+		st->ev.poll_wait_ns = 0;
+		__builtin_memset(st->ev.phases, 0, sizeof(st->ev.phases));
+	}
+	if (st->ev.start_ns && !st->ev.phases[phase].start_ns)
+		st->ev.phases[phase].start_ns = now;
+	st->cur_phase = phase;
+	st->epoll_enter = 0;
+	return 0;
+}
+
+static __always_inline int epoll_enter(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	if (st && st->cur_phase == PHASE_POLL)
+		st->epoll_enter = bpf_ktime_get_ns();
+	return 0;
+}
+
+static __always_inline int epoll_exit(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	if (!st || !st->epoll_enter || st->cur_phase != PHASE_POLL)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	st->ev.poll_wait_ns += now - st->epoll_enter;
+	if (!st->ev.wake_ns)
+		st->ev.wake_ns = now;
+	st->epoll_enter = 0;
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_enter_epoll_wait")
+int epoll_wait_enter(void *ctx) { return epoll_enter(); }
+SEC("tracepoint/syscalls/sys_exit_epoll_wait")
+int epoll_wait_exit(void *ctx) { return epoll_exit(); }
+SEC("tracepoint/syscalls/sys_enter_epoll_pwait")
+int epoll_pwait_enter(void *ctx) { return epoll_enter(); }
+SEC("tracepoint/syscalls/sys_exit_epoll_pwait")
+int epoll_pwait_exit(void *ctx) { return epoll_exit(); }
+SEC("tracepoint/syscalls/sys_enter_epoll_pwait2")
+int epoll_pwait2_enter(void *ctx) { return epoll_enter(); }
+SEC("tracepoint/syscalls/sys_exit_epoll_pwait2")
+int epoll_pwait2_exit(void *ctx) { return epoll_exit(); }
+
+/* ---- process lifecycle ---- */
+struct task_struct {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
+
+static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid)
+{
+	struct proc_event ev = {};
+	ev.hdr.kind = kind;
+	ev.hdr.pid = pid;
+	ev.hdr.tid = tid;
+	ev.ppid = ppid;
+	ev.ts_ns = bpf_ktime_get_ns();
+	emit(&ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!follow_forks)
+		return 0;
+	__u32 ppid = BPF_CORE_READ(parent, tgid);
+	__u32 cpid = BPF_CORE_READ(child, tgid);
+	if (ppid == cpid || !is_traced(ppid))
+		return 0;
+	__u8 one = 1;
+	bpf_map_update_elem(&traced, &cpid, &one, BPF_ANY);
+	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exec")
+int proc_exec(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32;
+	if (!is_traced(pid))
+		return 0;
+	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int proc_exit(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	if (!is_traced(pid))
+		return 0;
+	bpf_map_delete_elem(&loops, &tid);
+	bpf_map_delete_elem(&worker_jobs, &tid);
+	if (pid != tid)
+		return 0;
+	bpf_map_delete_elem(&traced, &pid);
+	emit_proc(EV_PROC_EXIT, pid, tid, 0);
+	return 0;
+}

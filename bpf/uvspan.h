@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Records shared by the BPF program (bpf/uvspan.bpf.c) and the Rust side.
+ * The Rust types are generated from this file by libbpf-cargo (skeleton
+ * `types` module); nothing is copied by hand.
+ *
+ * Every record in the ring buffer starts with `struct ev_header`.
+ * Operations are paired in the kernel: one record per finished operation.
+ */
+#ifndef UVSPAN_H
+#define UVSPAN_H
+
+#define UVSPAN_PATH_MAX 256
+#define UVSPAN_HOST_MAX 256
+#define UVSPAN_MAX_ANSWERS 8
+#define UVSPAN_PHASES 5
+
+enum ev_kind {
+	EV_FS = 1,
+	EV_DNS = 2,
+	EV_LOOP = 3,
+	EV_PROC_FORK = 4,
+	EV_PROC_EXEC = 5,
+	EV_PROC_EXIT = 6,
+};
+
+/* Where an operation was seen to finish. */
+enum ev_end {
+	END_DONE = 1,    /* libuv completion function (uv__fs_done / uv__getaddrinfo_done) */
+	END_CLEANUP = 2, /* uv_fs_req_cleanup: sync calls, or builds without uv__fs_done */
+};
+
+/* Loop phases, in the order an iteration (poll entry to next poll entry) sees them. */
+enum loop_phase {
+	PHASE_POLL = 0,
+	PHASE_CHECK = 1,
+	PHASE_TIMERS = 2,
+	PHASE_IDLE = 3,
+	PHASE_PREPARE = 4,
+};
+
+/* Counters in the `stats` per-CPU array. */
+enum stat_idx {
+	STAT_RINGBUF_LOST = 0,      /* records dropped: ring buffer full */
+	STAT_LOOP_ITERATIONS = 1,   /* iterations completed */
+	STAT_LOOP_EMITTED = 2,      /* iterations over threshold, sent */
+	STAT_INFLIGHT_REPLACED = 3, /* a request started again before its end was seen */
+	STAT_SCRATCH_MISS = 4,      /* per-CPU scratch unavailable (never expected) */
+	STAT_MAX = 8,
+};
+
+struct ev_header {
+	enum ev_kind kind;
+	unsigned int pid;  /* tgid */
+	unsigned int tid;  /* thread that started the operation */
+	unsigned int _pad;
+};
+
+struct fs_event {
+	struct ev_header hdr;
+	unsigned long long req;
+	unsigned long long start_ns;
+	unsigned long long work_start_ns; /* 0 = not seen (sync call, or stripped build) */
+	unsigned long long work_end_ns;
+	unsigned long long end_ns;
+	long long result; /* req->result: >= 0 success value, < 0 negative errno */
+	int fd;           /* -1 when the operation takes no fd */
+	unsigned int worker_tid;
+	unsigned char op;  /* catalog operation id */
+	unsigned char sync;
+	unsigned char end_kind; /* enum ev_end */
+	unsigned char has_path2;
+	unsigned int _pad;
+	/* path, then second path (rename/link/symlink/copyfile): the record is
+	 * sent without path2 when has_path2 == 0. */
+	char path[UVSPAN_PATH_MAX];
+	char path2[UVSPAN_PATH_MAX];
+};
+
+struct dns_answer {
+	unsigned short family; /* AF_INET / AF_INET6 */
+	unsigned char addr[16];
+};
+
+struct dns_event {
+	struct ev_header hdr;
+	unsigned long long req;
+	unsigned long long start_ns;
+	unsigned long long work_start_ns;
+	unsigned long long work_end_ns;
+	unsigned long long end_ns;
+	int retcode; /* req->retcode: 0 or a UV_EAI_* code */
+	unsigned int worker_tid;
+	unsigned char sync;
+	unsigned char n_answers;
+	unsigned char end_kind;
+	unsigned char _pad[5];
+	struct dns_answer answers[UVSPAN_MAX_ANSWERS];
+	char host[UVSPAN_HOST_MAX];
+};
+
+struct phase_span {
+	unsigned long long start_ns; /* 0 = phase not seen in this iteration */
+	unsigned long long end_ns;
+};
+
+struct loop_event {
+	struct ev_header hdr;
+	unsigned long long start_ns;      /* uv__io_poll entry */
+	unsigned long long wake_ns;       /* end of the first epoll wait (0 = none seen) */
+	unsigned long long end_ns;        /* next uv__io_poll entry */
+	unsigned long long poll_wait_ns;  /* time blocked in epoll during the poll phase */
+	unsigned long long skipped;       /* fast iterations on this thread since the last record */
+	struct phase_span phases[UVSPAN_PHASES];
+};
+
+struct proc_event {
+	struct ev_header hdr;
+	unsigned int ppid;
+	unsigned int _pad;
+	unsigned long long ts_ns;
+};
+
+#endif /* UVSPAN_H */

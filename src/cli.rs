@@ -1,0 +1,90 @@
+//! Command line.
+
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::export::otlp::OtlpProtocol;
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "uvspan",
+    version,
+    about = "Trace libuv inside unmodified Node.js processes with eBPF and export OpenTelemetry spans",
+    after_help = "Examples:\n  uvspan --pid 4242\n  uvspan -- node app.js\n  \
+                  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317 uvspan --pid 4242"
+)]
+pub struct Cli {
+    /// Trace this running Node.js process (repeatable).
+    #[arg(short, long = "pid", value_name = "PID")]
+    pub pids: Vec<u32>,
+
+    /// OTLP endpoint; without one, spans are printed to stdout.
+    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// OTLP protocol: grpc or http/protobuf.
+    #[arg(long, value_name = "PROTOCOL", env = "OTEL_EXPORTER_OTLP_PROTOCOL", default_value = "grpc")]
+    pub otlp_protocol: OtlpProtocol,
+
+    /// Report a loop iteration as a span when its busy time (all but the time
+    /// blocked waiting for I/O) reaches this; 0 reports every iteration.
+    #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = parse_duration)]
+    pub loop_threshold: Duration,
+
+    /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
+    /// else derived from its command line).
+    #[arg(long, value_name = "NAME")]
+    pub service_name: Option<String>,
+
+    /// How long to keep exporting at exit before giving up on what is left.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub flush_timeout: Duration,
+
+    /// Command to start and trace (after `--`); uvspan exits with its status.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// "10ms", "1.5s", "250us", "2m", "0" (a bare number is milliseconds).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}: expected e.g. 10ms, 1s, 250us"))?;
+    let secs = match unit.trim() {
+        "" | "ms" => n / 1e3,
+        "ns" => n / 1e9,
+        "us" | "µs" => n / 1e6,
+        "s" => n,
+        "m" => n * 60.0,
+        other => return Err(format!("invalid duration unit {other:?} in {s:?}: use ns, us, ms, s or m")),
+    };
+    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+        return Err(format!("invalid duration {s:?}"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("10ms"), Ok(Duration::from_millis(10)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert!(parse_duration("ten").is_err());
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn command_after_dashes() {
+        let c = Cli::try_parse_from(["uvspan", "--loop-threshold", "0", "--", "node", "-e", "1"]).unwrap();
+        assert_eq!(c.command, ["node", "-e", "1"]);
+        assert_eq!(c.loop_threshold, Duration::ZERO);
+    }
+}

@@ -1,0 +1,264 @@
+//! Ring-buffer records (bytes, laid out by bpf/uvspan.h) to owned Rust values.
+//! Pure: no kernel needed, so recorded bytes can be replayed in tests.
+
+use crate::bpf::types::{dns_event, ev_end, ev_header, ev_kind, fs_event, loop_event, proc_event};
+
+/// A finished fs request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsRecord {
+    pub pid: u32,
+    pub tid: u32,
+    pub op: u8,
+    pub sync: bool,
+    pub start_ns: u64,
+    pub work_start_ns: Option<u64>,
+    pub work_end_ns: Option<u64>,
+    pub end_ns: u64,
+    pub result: i64,
+    pub fd: Option<i32>,
+    pub worker_tid: Option<u32>,
+    /// Ended at uv_fs_req_cleanup rather than at libuv's completion.
+    pub ended_at_cleanup: bool,
+    pub path: Option<String>,
+    pub path2: Option<String>,
+}
+
+/// A finished getaddrinfo request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DnsRecord {
+    pub pid: u32,
+    pub tid: u32,
+    pub sync: bool,
+    pub start_ns: u64,
+    pub work_start_ns: Option<u64>,
+    pub work_end_ns: Option<u64>,
+    pub end_ns: u64,
+    pub retcode: i32,
+    pub worker_tid: Option<u32>,
+    pub host: String,
+    pub answers: Vec<std::net::IpAddr>,
+}
+
+/// A loop iteration whose busy time crossed the threshold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoopRecord {
+    pub pid: u32,
+    pub tid: u32,
+    pub start_ns: u64,
+    pub wake_ns: Option<u64>,
+    pub end_ns: u64,
+    pub poll_wait_ns: u64,
+    /// Fast iterations on this thread since the previous record.
+    pub skipped: u64,
+    /// (phase index, start, end) for the phases seen, in catalog order.
+    pub phases: Vec<(usize, u64, u64)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Record {
+    Fs(FsRecord),
+    Dns(DnsRecord),
+    Loop(LoopRecord),
+    Fork { pid: u32, ppid: u32 },
+    Exec { pid: u32 },
+    Exit { pid: u32 },
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    Short { kind: u32, len: usize },
+    UnknownKind(u32),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::Short { kind, len } => write!(f, "record of kind {kind} is too short ({len} bytes)"),
+            DecodeError::UnknownKind(k) => write!(f, "record of unknown kind {k}"),
+        }
+    }
+}
+
+/// Marker for the generated record types: plain old data, any byte pattern valid.
+trait Pod: Default + Copy {}
+impl Pod for ev_header {}
+impl Pod for fs_event {}
+impl Pod for dns_event {}
+impl Pod for loop_event {}
+impl Pod for proc_event {}
+
+/// Copies up to size_of::<T>() bytes into a zeroed T. `min` is the shortest
+/// valid record (fs records are sent without their second path).
+fn read<T: Pod>(data: &[u8], kind: u32, min: usize) -> Result<T, DecodeError> {
+    if data.len() < min {
+        return Err(DecodeError::Short { kind, len: data.len() });
+    }
+    let mut v = T::default();
+    let n = data.len().min(std::mem::size_of::<T>());
+    // SAFETY: T is one of the #[repr(C)] record types generated from
+    // bpf/uvspan.h (the Pod marker), made only of integers, integer arrays and
+    // u32 enum newtypes, so every byte pattern is a valid T. We copy at most
+    // size_of::<T>() bytes into a properly aligned, initialized T.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (&mut v as *mut T).cast::<u8>(), n) };
+    Ok(v)
+}
+
+fn nonzero(v: u64) -> Option<u64> {
+    (v != 0).then_some(v)
+}
+
+/// C string in a fixed array: up to the first NUL, lossy UTF-8.
+fn cstr(buf: &[i8]) -> String {
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
+    let hdr: ev_header = read(data, 0, std::mem::size_of::<ev_header>())?;
+    let kind = hdr.kind;
+    match kind {
+        ev_kind::EV_FS => {
+            let min = std::mem::size_of::<fs_event>() - 256;
+            let e: fs_event = read(data, kind.0, min)?;
+            let path = cstr(&e.path);
+            Ok(Record::Fs(FsRecord {
+                pid: e.hdr.pid,
+                tid: e.hdr.tid,
+                op: e.op,
+                sync: e.sync != 0,
+                start_ns: e.start_ns,
+                work_start_ns: nonzero(e.work_start_ns),
+                work_end_ns: nonzero(e.work_end_ns),
+                end_ns: e.end_ns,
+                result: e.result,
+                fd: (e.fd >= 0).then_some(e.fd),
+                worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
+                ended_at_cleanup: e.end_kind == ev_end::END_CLEANUP.0 as u8,
+                path: (!path.is_empty()).then_some(path),
+                path2: (e.has_path2 != 0 && data.len() >= std::mem::size_of::<fs_event>()).then(|| cstr(&e.path2)),
+            }))
+        }
+        ev_kind::EV_DNS => {
+            let e: dns_event = read(data, kind.0, std::mem::size_of::<dns_event>())?;
+            let answers = e.answers[..usize::from(e.n_answers).min(e.answers.len())]
+                .iter()
+                .filter_map(|a| match a.family {
+                    2 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
+                    10 => Some(std::net::IpAddr::from(a.addr)),
+                    _ => None,
+                })
+                .collect();
+            Ok(Record::Dns(DnsRecord {
+                pid: e.hdr.pid,
+                tid: e.hdr.tid,
+                sync: e.sync != 0,
+                start_ns: e.start_ns,
+                work_start_ns: nonzero(e.work_start_ns),
+                work_end_ns: nonzero(e.work_end_ns),
+                end_ns: e.end_ns,
+                retcode: e.retcode,
+                worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
+                host: cstr(&e.host),
+                answers,
+            }))
+        }
+        ev_kind::EV_LOOP => {
+            let e: loop_event = read(data, kind.0, std::mem::size_of::<loop_event>())?;
+            let phases = e
+                .phases
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.start_ns != 0 && p.end_ns >= p.start_ns)
+                .map(|(i, p)| (i, p.start_ns, p.end_ns))
+                .collect();
+            Ok(Record::Loop(LoopRecord {
+                pid: e.hdr.pid,
+                tid: e.hdr.tid,
+                start_ns: e.start_ns,
+                wake_ns: nonzero(e.wake_ns),
+                end_ns: e.end_ns,
+                poll_wait_ns: e.poll_wait_ns,
+                skipped: e.skipped,
+                phases,
+            }))
+        }
+        ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT => {
+            let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
+            let pid = e.hdr.pid;
+            Ok(match kind {
+                ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
+                ev_kind::EV_PROC_EXEC => Record::Exec { pid },
+                _ => Record::Exit { pid },
+            })
+        }
+        other => Err(DecodeError::UnknownKind(other.0)),
+    }
+}
+
+/// Bytes of a generated record, for tests and recordings.
+pub fn as_bytes<T: Copy>(v: &T, len: usize) -> Vec<u8> {
+    let len = len.min(std::mem::size_of::<T>());
+    // SAFETY: reading `len <= size_of::<T>()` bytes of a live, initialized
+    // value. The record types have explicit padding fields, so no byte read
+    // here is uninitialized padding.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), len) }.to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set_str(dst: &mut [i8], s: &str) {
+        for (d, b) in dst.iter_mut().zip(s.bytes()) {
+            *d = b as i8;
+        }
+    }
+
+    #[test]
+    fn fs_record_without_second_path() {
+        let mut e = fs_event::default();
+        e.hdr.kind = ev_kind::EV_FS;
+        e.hdr.pid = 10;
+        e.hdr.tid = 11;
+        e.op = 0;
+        e.start_ns = 100;
+        e.end_ns = 200;
+        e.result = -2;
+        e.fd = -1;
+        e.end_kind = ev_end::END_DONE.0 as u8;
+        set_str(&mut e.path, "/no/such");
+        let bytes = as_bytes(&e, std::mem::size_of::<fs_event>() - 256);
+        let Record::Fs(r) = decode(&bytes).unwrap() else { panic!("not fs") };
+        assert_eq!(r.path.as_deref(), Some("/no/such"));
+        assert_eq!(r.path2, None);
+        assert_eq!(r.fd, None);
+        assert_eq!(r.result, -2);
+        assert!(!r.ended_at_cleanup);
+    }
+
+    #[test]
+    fn dns_answers_are_decoded() {
+        let mut e = dns_event::default();
+        e.hdr.kind = ev_kind::EV_DNS;
+        e.n_answers = 2;
+        e.answers[0].family = 2;
+        e.answers[0].addr[..4].copy_from_slice(&[127, 0, 0, 1]);
+        e.answers[1].family = 10;
+        e.answers[1].addr[15] = 1;
+        set_str(&mut e.host, "localhost");
+        let Record::Dns(r) = decode(&as_bytes(&e, usize::MAX)).unwrap() else { panic!("not dns") };
+        assert_eq!(r.host, "localhost");
+        assert_eq!(r.answers, vec!["127.0.0.1".parse::<std::net::IpAddr>().unwrap(), "::1".parse().unwrap()]);
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        assert!(matches!(decode(&[1, 2]), Err(DecodeError::Short { .. })));
+        let mut h = ev_header::default();
+        h.kind = ev_kind(99);
+        assert_eq!(decode(&as_bytes(&h, usize::MAX)), Err(DecodeError::UnknownKind(99)));
+        let mut f = fs_event::default();
+        f.hdr.kind = ev_kind::EV_FS;
+        assert!(matches!(decode(&as_bytes(&f, 40)), Err(DecodeError::Short { kind: 1, len: 40 })));
+    }
+}

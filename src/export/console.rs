@@ -1,0 +1,91 @@
+//! The console view: one line per span, children indented under their parent.
+//!
+//! `14:03:07.123456 demo[4242] fs.open 0.081ms file.path=/etc/hosts uvspan.fs.fd=21 …`
+
+use std::io::Write;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::{SpanId, Status};
+use opentelemetry::Value;
+use opentelemetry_sdk::trace::SpanData;
+use opentelemetry_sdk::Resource;
+
+use super::Sink;
+
+pub struct Console<W: Write + Send + 'static> {
+    out: W,
+}
+
+impl Console<std::io::Stdout> {
+    pub fn stdout() -> Self {
+        Console { out: std::io::stdout() }
+    }
+}
+
+impl<W: Write + Send + 'static> Sink for Console<W> {
+    async fn export(&mut self, _resource: &Resource, label: &str, spans: Vec<SpanData>) -> Result<(), String> {
+        let text = render(label, &spans);
+        self.out.write_all(text.as_bytes()).and_then(|_| self.out.flush()).map_err(|e| e.to_string())
+    }
+}
+
+/// Renders spans, each root followed by its descendants, indented.
+pub fn render(label: &str, spans: &[SpanData]) -> String {
+    let mut out = String::new();
+    let ids: Vec<SpanId> = spans.iter().map(|s| s.span_context.span_id()).collect();
+    for (i, s) in spans.iter().enumerate() {
+        if s.parent_span_id == SpanId::INVALID || !ids.contains(&s.parent_span_id) {
+            walk(label, spans, i, 0, &mut out);
+        }
+    }
+    out
+}
+
+fn walk(label: &str, spans: &[SpanData], i: usize, depth: usize, out: &mut String) {
+    out.push_str(&line(label, &spans[i], depth));
+    out.push('\n');
+    let id = spans[i].span_context.span_id();
+    for (j, c) in spans.iter().enumerate() {
+        if c.parent_span_id == id && depth < 16 {
+            walk(label, spans, j, depth + 1, out);
+        }
+    }
+}
+
+/// One span as a line.
+pub fn line(label: &str, s: &SpanData, depth: usize) -> String {
+    let dur = s.end_time.duration_since(s.start_time).unwrap_or_default();
+    let mut l = format!(
+        "{} {label} {:indent$}{} {:.3}ms",
+        clock(s.start_time),
+        "",
+        s.name,
+        dur.as_secs_f64() * 1e3,
+        indent = depth * 2
+    );
+    if let Status::Error { description } = &s.status {
+        l.push_str(&format!(" ERROR({description})"));
+    }
+    for kv in &s.attributes {
+        l.push(' ');
+        l.push_str(kv.key.as_str());
+        l.push('=');
+        l.push_str(&value(&kv.value));
+    }
+    l
+}
+
+fn value(v: &Value) -> String {
+    match v {
+        Value::F64(f) => format!("{f:.3}"),
+        Value::String(s) if s.as_str().contains(' ') || s.as_str().is_empty() => format!("{:?}", s.as_str()),
+        other => other.to_string(),
+    }
+}
+
+/// HH:MM:SS.micro (UTC).
+fn clock(t: SystemTime) -> String {
+    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
+    let s = d.as_secs();
+    format!("{:02}:{:02}:{:02}.{:06}", (s / 3600) % 24, (s / 60) % 60, s % 60, d.subsec_micros())
+}

@@ -1,0 +1,251 @@
+//! The probe catalog: every libuv function uvspan attaches to, what fires
+//! there, and what it captures. Adding an fs operation is adding a row to
+//! [`FS_OPS`]; adding another kind of probe is a row in [`other_probes`]
+//! next to its program in bpf/uvspan.bpf.c.
+
+/// Which BPF program (bpf/uvspan.bpf.c) serves a probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Program {
+    /// `uv_fs_*` entry: an fs request is submitted (cookie: [`fs_cookie`]).
+    FsSubmit,
+    /// `uv__fs_work` entry: a threadpool thread starts the request.
+    FsWork,
+    /// `uv__fs_done` entry: completion delivered on the loop thread.
+    FsDone,
+    /// `uv_fs_req_cleanup` entry: ends sync requests (and async ones when
+    /// `uv__fs_done` is missing).
+    FsCleanup,
+    /// `uv_async_send` entry on a threadpool thread: its job just finished.
+    WorkEnd,
+    /// `uv_getaddrinfo` entry.
+    DnsSubmit,
+    /// `uv__getaddrinfo_work` entry.
+    DnsWork,
+    /// `uv__getaddrinfo_done` entry.
+    DnsDone,
+    /// Loop phase function entry (cookie: the phase).
+    LoopPhase,
+}
+
+/// What a probe is for, so a missing one can be explained.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Submit,
+    WorkStart,
+    WorkEnd,
+    Completion,
+    Phase,
+}
+
+/// One attach point.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Probe {
+    pub symbol: &'static str,
+    pub program: Program,
+    pub role: Role,
+    pub cookie: u64,
+    /// Shown when the symbol is missing: what is lost, or what takes over.
+    pub if_missing: &'static str,
+}
+
+/// An fs operation: libuv function, span name and where its arguments are.
+/// Argument indices count integer/pointer arguments only (System V: doubles
+/// travel in xmm registers and do not shift them). Index 6 and 7 are on the
+/// stack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsOp {
+    pub symbol: &'static str,
+    pub span: &'static str,
+    pub cb: u8,
+    pub path: Option<u8>,
+    pub path2: Option<u8>,
+    pub fd: Option<u8>,
+}
+
+const fn op(symbol: &'static str, span: &'static str, cb: u8, path: Option<u8>, path2: Option<u8>, fd: Option<u8>) -> FsOp {
+    FsOp { symbol, span, cb, path, path2, fd }
+}
+
+const P: Option<u8> = Some(2); // path / fd argument right after (loop, req)
+const N: Option<u8> = None;
+
+/// Every `uv_fs_*` request function (libuv 1.x `include/uv.h`).
+/// The row index is the operation id carried in the cookie and the event.
+pub const FS_OPS: &[FsOp] = &[
+    op("uv_fs_open", "fs.open", 5, P, N, N),
+    op("uv_fs_close", "fs.close", 3, N, N, P),
+    op("uv_fs_read", "fs.read", 6, N, N, P),
+    op("uv_fs_write", "fs.write", 6, N, N, P),
+    op("uv_fs_stat", "fs.stat", 3, P, N, N),
+    op("uv_fs_fstat", "fs.fstat", 3, N, N, P),
+    op("uv_fs_lstat", "fs.lstat", 3, P, N, N),
+    op("uv_fs_statfs", "fs.statfs", 3, P, N, N),
+    op("uv_fs_unlink", "fs.unlink", 3, P, N, N),
+    op("uv_fs_rename", "fs.rename", 4, P, Some(3), N),
+    op("uv_fs_mkdir", "fs.mkdir", 4, P, N, N),
+    op("uv_fs_mkdtemp", "fs.mkdtemp", 3, P, N, N),
+    op("uv_fs_mkstemp", "fs.mkstemp", 3, P, N, N),
+    op("uv_fs_rmdir", "fs.rmdir", 3, P, N, N),
+    op("uv_fs_scandir", "fs.scandir", 4, P, N, N),
+    op("uv_fs_opendir", "fs.opendir", 3, P, N, N),
+    op("uv_fs_readdir", "fs.readdir", 3, N, N, N),
+    op("uv_fs_closedir", "fs.closedir", 3, N, N, N),
+    op("uv_fs_realpath", "fs.realpath", 3, P, N, N),
+    op("uv_fs_readlink", "fs.readlink", 3, P, N, N),
+    op("uv_fs_access", "fs.access", 4, P, N, N),
+    op("uv_fs_chmod", "fs.chmod", 4, P, N, N),
+    op("uv_fs_fchmod", "fs.fchmod", 4, N, N, P),
+    op("uv_fs_chown", "fs.chown", 5, P, N, N),
+    op("uv_fs_fchown", "fs.fchown", 5, N, N, P),
+    op("uv_fs_lchown", "fs.lchown", 5, P, N, N),
+    op("uv_fs_fsync", "fs.fsync", 3, N, N, P),
+    op("uv_fs_fdatasync", "fs.fdatasync", 3, N, N, P),
+    op("uv_fs_ftruncate", "fs.ftruncate", 4, N, N, P),
+    op("uv_fs_copyfile", "fs.copyfile", 5, P, Some(3), N),
+    op("uv_fs_sendfile", "fs.sendfile", 6, N, N, P),
+    op("uv_fs_symlink", "fs.symlink", 5, P, Some(3), N),
+    op("uv_fs_link", "fs.link", 4, P, Some(3), N),
+    op("uv_fs_utime", "fs.utime", 3, P, N, N),
+    op("uv_fs_futime", "fs.futime", 3, N, N, P),
+    op("uv_fs_lutime", "fs.lutime", 3, P, N, N),
+];
+
+/// Loop phases, in the order of enum loop_phase in bpf/uvspan.h.
+pub const PHASES: &[(&str, &str)] = &[
+    ("uv__io_poll", "poll"),
+    ("uv__run_check", "check"),
+    ("uv__run_timers", "timers"),
+    ("uv__run_idle", "idle"),
+    ("uv__run_prepare", "prepare"),
+];
+
+const NONE: u64 = 0xF;
+
+/// The attach cookie of an fs submit probe; layout documented in
+/// bpf/uvspan.bpf.c next to `fs_submit`.
+pub fn fs_cookie(id: usize, op: &FsOp) -> u64 {
+    let idx = |a: Option<u8>| a.map_or(NONE, u64::from);
+    (id as u64 & 0xFF) | (u64::from(op.cb) << 8) | (idx(op.path) << 12) | (idx(op.path2) << 16) | (idx(op.fd) << 20)
+}
+
+fn other_probes() -> Vec<Probe> {
+    let mut v = vec![
+        Probe {
+            symbol: "uv__fs_work",
+            program: Program::FsWork,
+            role: Role::WorkStart,
+            cookie: 0,
+            if_missing: "fs spans have no threadpool queue/run split",
+        },
+        Probe {
+            symbol: "uv__fs_done",
+            program: Program::FsDone,
+            role: Role::Completion,
+            cookie: 0,
+            if_missing: "async fs spans end at uv_fs_req_cleanup (after the JS callback) instead",
+        },
+        Probe {
+            symbol: "uv_fs_req_cleanup",
+            program: Program::FsCleanup,
+            role: Role::Completion,
+            cookie: 0,
+            if_missing: "sync fs calls are not seen to end",
+        },
+        Probe {
+            symbol: "uv_async_send",
+            program: Program::WorkEnd,
+            role: Role::WorkEnd,
+            cookie: 0,
+            if_missing: "threadpool run time is not split from the wait for the loop",
+        },
+        Probe {
+            symbol: "uv_getaddrinfo",
+            program: Program::DnsSubmit,
+            role: Role::Submit,
+            cookie: 0,
+            if_missing: "no DNS spans",
+        },
+        Probe {
+            symbol: "uv__getaddrinfo_work",
+            program: Program::DnsWork,
+            role: Role::WorkStart,
+            cookie: 0,
+            if_missing: "DNS spans have no threadpool queue/run split",
+        },
+        Probe {
+            symbol: "uv__getaddrinfo_done",
+            program: Program::DnsDone,
+            role: Role::Completion,
+            cookie: 0,
+            if_missing: "DNS lookups are not seen to end: no DNS spans",
+        },
+    ];
+    for (i, (symbol, _)) in PHASES.iter().enumerate() {
+        v.push(Probe {
+            symbol,
+            program: Program::LoopPhase,
+            role: Role::Phase,
+            cookie: i as u64,
+            if_missing: "loop iterations are not split into this phase (its time joins the phase before)",
+        });
+    }
+    v
+}
+
+/// Every probe uvspan knows, fs submits first.
+pub fn all_probes() -> Vec<Probe> {
+    let mut v: Vec<Probe> = FS_OPS
+        .iter()
+        .enumerate()
+        .map(|(i, op)| Probe {
+            symbol: op.symbol,
+            program: Program::FsSubmit,
+            role: Role::Submit,
+            cookie: fs_cookie(i, op),
+            if_missing: "no spans for this fs operation",
+        })
+        .collect();
+    v.extend(other_probes());
+    v
+}
+
+/// The fs operation of an event's op id.
+pub fn fs_op(id: u8) -> Option<&'static FsOp> {
+    FS_OPS.get(usize::from(id))
+}
+
+/// The phase name of a phase index.
+pub fn phase_name(i: usize) -> &'static str {
+    PHASES.get(i).map_or("unknown", |p| p.1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_layout_matches_bpf() {
+        // uv_fs_rename(loop, req, path, new_path, cb): cb 4, path 2, path2 3, no fd
+        let (i, rename) = FS_OPS.iter().enumerate().find(|(_, o)| o.symbol == "uv_fs_rename").unwrap();
+        assert_eq!(fs_cookie(i, rename), i as u64 | 4 << 8 | 2 << 12 | 3 << 16 | 0xF << 20);
+        // uv_fs_read(loop, req, file, bufs, nbufs, offset, cb): cb on the stack
+        let (i, read) = FS_OPS.iter().enumerate().find(|(_, o)| o.symbol == "uv_fs_read").unwrap();
+        assert_eq!(fs_cookie(i, read), i as u64 | 6 << 8 | 0xF << 12 | 0xF << 16 | 2 << 20);
+    }
+
+    #[test]
+    fn symbols_and_spans_are_unique_and_ids_fit() {
+        let probes = all_probes();
+        let mut syms: Vec<_> = probes.iter().map(|p| p.symbol).collect();
+        syms.sort();
+        syms.dedup();
+        assert_eq!(syms.len(), probes.len());
+        assert!(FS_OPS.len() < 256);
+        for op in FS_OPS {
+            assert_eq!(op.span, op.symbol.replacen("uv_fs_", "fs.", 1));
+            assert!(op.cb <= 7 && op.path.is_some() != op.fd.is_some() || op.path.is_none());
+        }
+    }
+}

@@ -1,0 +1,2 @@
+//! What uvspan attaches to. See [`catalog`].
+pub mod catalog;

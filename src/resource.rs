@@ -1,0 +1,230 @@
+//! Resource attributes of a traced process, read from /proc. The parsing
+//! pieces are pure functions with their own tests.
+
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::Resource;
+
+/// What uvspan knows about a traced process.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: Option<u32>,
+    pub exe: String,
+    pub argv: Vec<String>,
+    pub cgroup: Option<String>,
+    /// The target's own OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
+    pub env_service_name: Option<String>,
+    pub env_resource_attributes: Vec<(String, String)>,
+    pub node_version: Option<String>,
+}
+
+impl ProcessInfo {
+    /// Reads /proc/PID. Missing pieces (a process that just exited, a
+    /// permission) are left empty rather than failing.
+    pub fn read(pid: u32, node_version: Option<String>) -> ProcessInfo {
+        let dir = format!("/proc/{pid}");
+        let exe = std::fs::read_link(format!("{dir}/exe"))
+            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_string())
+            .unwrap_or_default();
+        let argv = split_nul(&std::fs::read(format!("{dir}/cmdline")).unwrap_or_default());
+        let env = split_nul(&std::fs::read(format!("{dir}/environ")).unwrap_or_default());
+        let get = |k: &str| env.iter().find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
+        let cgroup = std::fs::read_to_string(format!("{dir}/cgroup"))
+            .ok()
+            .and_then(|c| cgroup_path(&c));
+        let ppid = std::fs::read_to_string(format!("{dir}/stat")).ok().and_then(|s| parse_ppid(&s));
+        ProcessInfo {
+            pid,
+            ppid,
+            exe,
+            argv,
+            cgroup,
+            env_service_name: get("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()),
+            env_resource_attributes: get("OTEL_RESOURCE_ATTRIBUTES").map(|s| parse_resource_attributes(&s)).unwrap_or_default(),
+            node_version,
+        }
+    }
+
+    /// service.name: the flag, else the target's OTEL_SERVICE_NAME, else
+    /// derived from its command line.
+    pub fn service_name(&self, flag: Option<&str>) -> String {
+        flag.map(str::to_string)
+            .or_else(|| self.env_service_name.clone())
+            .unwrap_or_else(|| derive_service_name(&self.argv, &self.exe))
+    }
+
+    pub fn resource(&self, service_flag: Option<&str>, host: &str) -> Resource {
+        let mut attrs: Vec<KeyValue> = self
+            .env_resource_attributes
+            .iter()
+            .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
+            .collect();
+        attrs.push(KeyValue::new("service.name", self.service_name(service_flag)));
+        attrs.push(KeyValue::new("process.pid", i64::from(self.pid)));
+        if let Some(pp) = self.ppid {
+            attrs.push(KeyValue::new("process.parent_pid", i64::from(pp)));
+        }
+        if !self.exe.is_empty() {
+            attrs.push(KeyValue::new("process.executable.path", self.exe.clone()));
+            let name = self.exe.rsplit('/').next().unwrap_or(&self.exe).to_string();
+            attrs.push(KeyValue::new("process.executable.name", name));
+        }
+        if !self.argv.is_empty() {
+            attrs.push(KeyValue::new("process.command_line", self.argv.join(" ")));
+        }
+        attrs.push(KeyValue::new("process.runtime.name", "nodejs"));
+        if let Some(v) = &self.node_version {
+            attrs.push(KeyValue::new("process.runtime.version", v.trim_start_matches('v').to_string()));
+        }
+        attrs.push(KeyValue::new("host.name", host.to_string()));
+        if let Some(cg) = &self.cgroup {
+            attrs.push(KeyValue::new("process.linux.cgroup", cg.clone()));
+            if let Some(id) = container_id(cg) {
+                attrs.push(KeyValue::new("container.id", id));
+            }
+        }
+        attrs.push(KeyValue::new("telemetry.sdk.name", "uvspan"));
+        attrs.push(KeyValue::new("telemetry.sdk.language", "rust"));
+        attrs.push(KeyValue::new("telemetry.sdk.version", env!("CARGO_PKG_VERSION")));
+        Resource::builder_empty().with_attributes(attrs).build()
+    }
+}
+
+/// This host's name.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+fn split_nul(b: &[u8]) -> Vec<String> {
+    b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
+}
+
+/// The cgroup path: the cgroup v2 entry ("0::/path"), else the first v1 line's path.
+pub fn cgroup_path(proc_cgroup: &str) -> Option<String> {
+    let lines: Vec<&str> = proc_cgroup.lines().filter(|l| !l.is_empty()).collect();
+    let v2 = lines.iter().find_map(|l| l.strip_prefix("0::"));
+    v2.or_else(|| lines.first().and_then(|l| l.splitn(3, ':').nth(2)))
+        .map(str::to_string)
+}
+
+/// A container id in a cgroup path: the last 64-hex-digit run in a path
+/// segment (docker-<id>.scope, /docker/<id>, cri-containerd-<id>.scope,
+/// crio-<id>.scope, libpod-<id>.scope, kubepods .../<id>).
+pub fn container_id(cgroup: &str) -> Option<String> {
+    cgroup.split('/').rev().find_map(|seg| {
+        let seg = seg.strip_suffix(".scope").unwrap_or(seg);
+        let id = seg.rsplit(['-', ':']).next()?;
+        (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
+    })
+}
+
+fn parse_ppid(stat: &str) -> Option<u32> {
+    // "pid (comm) state ppid ...": comm may contain spaces and parentheses.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// OTEL_RESOURCE_ATTRIBUTES: "k1=v1,k2=v2", values percent-decoded.
+pub fn parse_resource_attributes(s: &str) -> Vec<(String, String)> {
+    s.split(',')
+        .filter_map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            let k = k.trim();
+            (!k.is_empty()).then(|| (k.to_string(), percent_decode(v.trim())))
+        })
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let Ok(v) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A service name from a command line: the script node runs ("app" for
+/// `node --x app.js`), else the executable's name.
+pub fn derive_service_name(argv: &[String], exe: &str) -> String {
+    let script = argv.iter().skip(1).find(|a| !a.starts_with('-'));
+    let base = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
+    match script {
+        Some(s) => {
+            let b = base(s);
+            for ext in [".js", ".mjs", ".cjs", ".ts"] {
+                if let Some(stem) = b.strip_suffix(ext) {
+                    if stem == "index" || stem == "main" || stem == "server" {
+                        // index.js says little; use its folder when there is one.
+                        let parent = s.rsplit('/').nth(1).filter(|p| !p.is_empty() && *p != ".");
+                        return parent.map_or(stem.to_string(), str::to_string);
+                    }
+                    return stem.to_string();
+                }
+            }
+            b
+        }
+        None => {
+            let b = base(argv.first().map_or(exe, |a| a.as_str()));
+            if b.is_empty() { "node".to_string() } else { b }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn container_ids() {
+        let id = "a".repeat(64);
+        for path in [
+            format!("/system.slice/docker-{id}.scope"),
+            format!("/docker/{id}"),
+            format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/cri-containerd-{id}.scope"),
+            format!("/machine.slice/libpod-{id}.scope"),
+            format!("/kubepods/besteffort/pod5678/{id}"),
+            format!("/system.slice/crio-{id}.scope"),
+        ] {
+            assert_eq!(container_id(&path).as_deref(), Some(id.as_str()), "{path}");
+        }
+        assert_eq!(container_id("/user.slice/user-0.slice/session-3.scope"), None);
+    }
+
+    #[test]
+    fn cgroup_v1_and_v2() {
+        assert_eq!(cgroup_path("0::/user.slice/x.scope\n").as_deref(), Some("/user.slice/x.scope"));
+        assert_eq!(cgroup_path("12:pids:/docker/abc\n11:cpu:/docker/abc\n").as_deref(), Some("/docker/abc"));
+        assert_eq!(cgroup_path(""), None);
+    }
+
+    #[test]
+    fn service_names() {
+        let a = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(derive_service_name(&a(&["node", "--inspect", "srv/app.js"]), "/usr/bin/node"), "app");
+        assert_eq!(derive_service_name(&a(&["node", "/opt/shop/index.js"]), ""), "shop");
+        assert_eq!(derive_service_name(&a(&["node"]), "/usr/bin/node"), "node");
+        assert_eq!(derive_service_name(&[], "/usr/bin/node"), "node");
+    }
+
+    #[test]
+    fn resource_attribute_env() {
+        assert_eq!(
+            parse_resource_attributes("deployment.environment=prod, team=a%2Cb,bad,=x"),
+            vec![("deployment.environment".into(), "prod".into()), ("team".into(), "a,b".into())]
+        );
+    }
+
+    #[test]
+    fn ppid_with_odd_comm() {
+        assert_eq!(parse_ppid("42 (we (ird) name) S 7 42 42 0"), Some(7));
+    }
+}

@@ -1,0 +1,302 @@
+//! The run: resolve targets, load and attach, then read → spans → export
+//! until the targets exit or a signal arrives; flush; report.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
+
+use crate::cli::Cli;
+use crate::clock::Clock;
+use crate::decode::{self, Record};
+use crate::export::otlp::OtlpConfig;
+use crate::export::{BatchConfig, Destination, Exporter};
+use crate::resource::{self, ProcessInfo};
+use crate::spans::{self, SpanContextSource};
+use crate::symbols::Located;
+use crate::target::{self, Spawned};
+use crate::tracer::{ProbeStatus, Settings, Tracer};
+
+/// One traced process.
+struct Proc {
+    registered: bool,
+    exited: bool,
+    /// Given by --pid (its exit counts towards "all targets exited").
+    target: bool,
+    node_version: Option<String>,
+}
+
+struct State<'a> {
+    cli: &'a Cli,
+    exporter: Exporter,
+    procs: HashMap<u32, Proc>,
+    host: String,
+    clock: Clock,
+    ids: RandomIdGenerator,
+    scope: opentelemetry::InstrumentationScope,
+}
+
+impl State<'_> {
+    /// Sends the process's resource to the exporter (once, while it is alive).
+    fn register(&mut self, pid: u32) {
+        let host = self.host.clone();
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        if p.registered {
+            return;
+        }
+        let info = ProcessInfo::read(pid, p.node_version.clone());
+        let name = info.service_name(self.cli.service_name.as_deref());
+        self.exporter.process(pid, info.resource(self.cli.service_name.as_deref(), &host), format!("{name}[{pid}]"));
+        p.registered = true;
+    }
+
+    fn handle(&mut self, rec: Record, out: &mut HashMap<u32, Vec<SpanData>>) {
+        match &rec {
+            Record::Fork { pid, ppid } => {
+                let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
+                self.procs.insert(*pid, Proc { registered: false, exited: false, target: false, node_version: nv });
+                return;
+            }
+            Record::Exec { pid } => {
+                if let Some(p) = self.procs.get_mut(pid) {
+                    p.registered = false; // a new program: read its resource again
+                }
+                self.register(*pid);
+                return;
+            }
+            Record::Exit { pid } => {
+                if let Some(p) = self.procs.get_mut(pid) {
+                    p.exited = true;
+                }
+                return;
+            }
+            Record::Fs(r) => self.ensure(r.pid),
+            Record::Dns(r) => self.ensure(r.pid),
+            Record::Loop(r) => self.ensure(r.pid),
+        }
+        let src = SpanContextSource { clock: self.clock, ids: &self.ids, scope: self.scope.clone() };
+        let pid = match &rec {
+            Record::Fs(r) => r.pid,
+            Record::Dns(r) => r.pid,
+            Record::Loop(r) => r.pid,
+            _ => return,
+        };
+        out.entry(pid).or_default().extend(spans::build(&rec, &src));
+    }
+
+    fn ensure(&mut self, pid: u32) {
+        self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
+        self.register(pid);
+    }
+}
+
+fn announce(pid: Option<u32>, loc: &Located, report: &[ProbeStatus], took: Duration) {
+    let ok = report.iter().filter(|r| r.problem.is_none()).count();
+    let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
+    let version = loc.image.node_version.as_deref().unwrap_or("unknown version");
+    eprintln!(
+        "uvspan: tracing {who} ({} node {version}): {ok}/{} probes attached in {:.1} ms",
+        loc.path,
+        report.len(),
+        took.as_secs_f64() * 1e3
+    );
+    for r in report.iter().filter(|r| r.problem.is_some()) {
+        eprintln!("uvspan:   {}: {} — {}", r.symbol, r.problem.as_deref().unwrap_or(""), r.if_missing);
+    }
+}
+
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+fn batch_config() -> BatchConfig {
+    let mut c = BatchConfig::default();
+    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(v) = env("OTEL_BSP_MAX_QUEUE_SIZE") {
+        c.max_queue_spans = v.max(1);
+    }
+    if let Some(v) = env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
+        c.max_batch = v.max(1) as usize;
+    }
+    if let Some(v) = env("OTEL_BSP_SCHEDULE_DELAY") {
+        c.schedule_delay = Duration::from_millis(v.max(1));
+    }
+    c
+}
+
+/// Runs uvspan; returns the process exit code.
+pub fn run(cli: Cli) -> Result<i32> {
+    if cli.pids.is_empty() && cli.command.is_empty() {
+        bail!("nothing to trace: give --pid PID (repeatable) or -- COMMAND [ARGS...]; see uvspan --help");
+    }
+    // Resolve every target before touching the kernel, so bad input fails fast.
+    let mut pid_targets = Vec::new();
+    for &pid in &cli.pids {
+        pid_targets.push((pid, target::check_pid(pid)?));
+    }
+    let cmd_node = match cli.command.first() {
+        Some(argv0) => Some(target::node_binary_for(argv0)?),
+        None => None,
+    };
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("uvspan-export")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let dest = match &cli.otlp_endpoint {
+        Some(ep) if !ep.is_empty() => Destination::Otlp(OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol }),
+        _ => Destination::Console,
+    };
+    let exporter = Exporter::start(&dest, batch_config(), &rt)?;
+    let mut tracer = Tracer::load(&Settings { loop_threshold: cli.loop_threshold, follow_forks: cmd_node.is_some() })?;
+
+    let signal = Arc::new(AtomicI32::new(0));
+    {
+        let signal = signal.clone();
+        rt.spawn(async move {
+            use tokio::signal::unix::{signal as sig, SignalKind};
+            let (Ok(mut int), Ok(mut term)) = (sig(SignalKind::interrupt()), sig(SignalKind::terminate())) else { return };
+            loop {
+                let n = tokio::select! { _ = int.recv() => libc::SIGINT, _ = term.recv() => libc::SIGTERM };
+                signal.store(n, Ordering::SeqCst);
+            }
+        });
+    }
+
+    let mut st = State {
+        cli: &cli,
+        exporter,
+        procs: HashMap::new(),
+        host: resource::host_name(),
+        clock: Clock::estimate(25),
+        ids: RandomIdGenerator::default(),
+        scope: spans::scope(),
+    };
+
+    for (pid, loc) in &pid_targets {
+        let t = Instant::now();
+        tracer.add_pid(*pid)?;
+        let report = tracer.attach(loc, *pid as i32)?;
+        announce(Some(*pid), loc, &report, t.elapsed());
+        st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.image.node_version.clone() });
+        st.register(*pid);
+    }
+    let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
+        (Some(loc), false) => {
+            let child = target::spawn_held(&cli.command)?;
+            let t = Instant::now();
+            tracer.add_pid(child.pid)?;
+            let report = tracer.attach(loc, -1)?;
+            announce(None, loc, &report, t.elapsed());
+            st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.image.node_version.clone() });
+            child.release()?;
+            Some(child)
+        }
+        _ => None,
+    };
+
+    let records: Rc<RefCell<Vec<Record>>> = Rc::default();
+    let bad_records = Rc::new(std::cell::Cell::new(0u64));
+    let rb = {
+        let (records, bad) = (records.clone(), bad_records.clone());
+        tracer.ring_buffer(move |data| match decode::decode(data) {
+            Ok(r) => records.borrow_mut().push(r),
+            Err(_) => bad.set(bad.get() + 1),
+        })?
+    };
+
+    let mut exit_code = 0;
+    let mut forwarded_at: Option<Instant> = None;
+    let mut last_check = Instant::now();
+    let mut last_clock = Instant::now();
+    loop {
+        let _ = rb.poll(Duration::from_millis(100));
+        drain(&mut st, &records);
+
+        if let Some(child) = &spawned {
+            if let Ok(status) = child.status.try_recv() {
+                exit_code = match status {
+                    Ok(s) => s.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
+                    Err(e) => {
+                        eprintln!("uvspan: cannot run {}: {e}", cli.command[0]);
+                        127
+                    }
+                };
+                break;
+            }
+        }
+        let sig = signal.load(Ordering::SeqCst);
+        if sig != 0 {
+            match (&spawned, forwarded_at) {
+                // Pass the signal on to the command and wait (bounded) for it to end.
+                (Some(child), None) => {
+                    // SAFETY: kill(2) with a PID we started and a valid signal number.
+                    unsafe { libc::kill(child.pid as i32, sig) };
+                    forwarded_at = Some(Instant::now());
+                }
+                (Some(_), Some(at)) if at.elapsed() < Duration::from_secs(10) => {}
+                _ => break,
+            }
+        }
+        if last_check.elapsed() >= Duration::from_millis(500) {
+            last_check = Instant::now();
+            for (pid, p) in st.procs.iter_mut() {
+                if !p.exited && !alive(*pid) {
+                    p.exited = true;
+                }
+            }
+            if spawned.is_none() && st.procs.values().filter(|p| p.target).all(|p| p.exited) {
+                break;
+            }
+        }
+        if last_clock.elapsed() >= Duration::from_secs(10) {
+            last_clock = Instant::now();
+            st.clock = Clock::estimate(25);
+        }
+    }
+    // What the kernel still holds, then flush.
+    let _ = rb.consume();
+    drain(&mut st, &records);
+    let kstats = tracer.stats();
+    let nprocs = st.procs.len();
+    let sum = st.exporter.finish(cli.flush_timeout);
+    let fast = kstats.loop_iterations.saturating_sub(kstats.loop_emitted);
+    eprintln!(
+        "uvspan: {nprocs} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
+         {} records lost in the kernel (ring buffer full), {} undecodable; {} loop iterations, {} under {:?} not reported",
+        sum.exported,
+        sum.dropped,
+        sum.failed,
+        sum.unflushed,
+        kstats.ringbuf_lost,
+        bad_records.get(),
+        kstats.loop_iterations,
+        fast,
+        cli.loop_threshold
+    );
+    Ok(exit_code)
+}
+
+fn drain(st: &mut State<'_>, records: &Rc<RefCell<Vec<Record>>>) {
+    let recs = std::mem::take(&mut *records.borrow_mut());
+    if recs.is_empty() {
+        return;
+    }
+    let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
+    for r in recs {
+        st.handle(r, &mut out);
+    }
+    for (pid, spans) in out {
+        st.exporter.send(pid, spans);
+    }
+}
