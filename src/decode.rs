@@ -195,6 +195,26 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     }
 }
 
+/// Appends one record to a recording (UVSPAN_RECORD): u32 LE length, bytes.
+pub fn write_recorded(out: &mut impl std::io::Write, data: &[u8]) -> std::io::Result<()> {
+    out.write_all(&(data.len() as u32).to_le_bytes())?;
+    out.write_all(data)
+}
+
+/// Splits a recording back into records; a truncated tail is ignored.
+pub fn read_recording(mut b: &[u8]) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    while b.len() >= 4 {
+        let n = u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
+        if b.len() < 4 + n {
+            break;
+        }
+        out.push(&b[4..4 + n]);
+        b = &b[4 + n..];
+    }
+    out
+}
+
 /// Bytes of a generated record, for tests and recordings.
 pub fn as_bytes<T: Copy>(v: &T, len: usize) -> Vec<u8> {
     let len = len.min(std::mem::size_of::<T>());

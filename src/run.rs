@@ -207,11 +207,23 @@ pub fn run(cli: Cli) -> Result<i32> {
 
     let records: Rc<RefCell<Vec<Record>>> = Rc::default();
     let bad_records = Rc::new(std::cell::Cell::new(0u64));
+    // UVSPAN_RECORD=<file> keeps the raw records, for golden tests (tests/golden/).
+    let mut recording = match std::env::var_os("UVSPAN_RECORD") {
+        Some(p) => Some(std::io::BufWriter::new(
+            std::fs::File::create(&p).with_context(|| format!("cannot create UVSPAN_RECORD file {p:?}"))?,
+        )),
+        None => None,
+    };
     let rb = {
         let (records, bad) = (records.clone(), bad_records.clone());
-        tracer.ring_buffer(move |data| match decode::decode(data) {
-            Ok(r) => records.borrow_mut().push(r),
-            Err(_) => bad.set(bad.get() + 1),
+        tracer.ring_buffer(move |data| {
+            if let Some(w) = recording.as_mut() {
+                let _ = decode::write_recorded(w, data).and_then(|_| std::io::Write::flush(w));
+            }
+            match decode::decode(data) {
+                Ok(r) => records.borrow_mut().push(r),
+                Err(_) => bad.set(bad.get() + 1),
+            }
         })?
     };
 

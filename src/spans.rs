@@ -47,6 +47,19 @@ pub struct SpanContextSource<'a> {
     pub scope: InstrumentationScope,
 }
 
+/// Ids 1, 2, 3, … : deterministic spans for golden tests and replays.
+#[derive(Debug, Default)]
+pub struct SequentialIds(std::sync::atomic::AtomicU64);
+
+impl IdGenerator for SequentialIds {
+    fn new_trace_id(&self) -> TraceId {
+        TraceId::from(u128::from(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1))
+    }
+    fn new_span_id(&self) -> SpanId {
+        SpanId::from(self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1)
+    }
+}
+
 /// The instrumentation scope of every uvspan span.
 pub fn scope() -> InstrumentationScope {
     InstrumentationScope::builder("uvspan").with_version(env!("CARGO_PKG_VERSION")).build()

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The demo: set up, build, and trace examples/demo.js with spans on the console.
+# Pass OTEL_EXPORTER_OTLP_ENDPOINT=http://host:4317 to send them to a collector instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+cargo build --release --quiet
+exec ./target/release/uvspan --loop-threshold 20ms -- node examples/demo.js "$@"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building and testing uvspan needs on a fresh Debian/Ubuntu
+# machine (run as root): clang (compiles bpf/), libelf and zlib (libbpf),
+# pkg-config, and util-linux's setpriv (used by the privilege test).
+# Idempotent: it installs only what is missing.
+set -euo pipefail
+
+need=()
+command -v clang >/dev/null || need+=(clang)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v setpriv >/dev/null || need+=(util-linux)
+[ -e /usr/include/libelf.h ] || need+=(libelf-dev)
+[ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)
+[ -e /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing ${need[*]}; run this script as root (sudo $0)" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+command -v node >/dev/null || { echo "setup: node not found: install Node.js (the demo and tests trace it)" >&2; exit 1; }
+[ -e /sys/kernel/btf/vmlinux ] || { echo "setup: this kernel has no BTF (/sys/kernel/btf/vmlinux): uvspan needs it" >&2; exit 1; }
+echo "setup: ok (clang $(clang -dumpversion), node $(node --version), kernel $(uname -r))" >&2
