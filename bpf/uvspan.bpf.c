@@ -111,6 +111,7 @@ struct scratch {
 		struct loop_state loop;
 		struct proc_event proc; /* listed so the skeleton generates its type */
 		struct {
+			enum probe_kind probe;
 			enum ev_end end;
 			enum loop_phase phase;
 			enum stat_idx stat;
@@ -195,14 +196,10 @@ static __always_inline __u64 arg_at(struct pt_regs *ctx, __u32 idx)
 #define cookie_field(c, shift) ((__u32)(((c) >> (shift)) & 0xF))
 
 /* ---- fs ---- */
-SEC("uprobe")
-int fs_submit(struct pt_regs *ctx)
+static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!is_traced(pid))
-		return 0;
-	__u64 cookie = bpf_get_attach_cookie(ctx);
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
@@ -248,13 +245,10 @@ int fs_submit(struct pt_regs *ctx)
 }
 
 /* uv__fs_work(struct uv__work *w): a thread starts the request's work. */
-SEC("uprobe")
-int fs_work(struct pt_regs *ctx)
+static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
-		return 0;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - fs_work_off }, .kind = EV_FS };
 	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &job.key);
 	if (!e || e->sync)
@@ -273,8 +267,6 @@ static __always_inline __u32 fs_record_size(const struct fs_event *e)
 static __always_inline int fs_finish(struct pt_regs *ctx, __u64 req, __u8 end_kind)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (!is_traced(pid))
-		return 0;
 	struct req_key key = { .pid = pid, .req = req };
 	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &key);
 	if (!e)
@@ -289,28 +281,22 @@ static __always_inline int fs_finish(struct pt_regs *ctx, __u64 req, __u8 end_ki
 
 /* uv__fs_done(struct uv__work *w, int status): completion on the loop thread,
  * just before the callback runs. */
-SEC("uprobe")
-int fs_done(struct pt_regs *ctx)
+static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
 	return fs_finish(ctx, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
  * Ends sync requests, and async ones in builds where uv__fs_done is absent. */
-SEC("uprobe")
-int fs_cleanup(struct pt_regs *ctx)
+static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 {
 	return fs_finish(ctx, PT_REGS_PARM1(ctx), END_CLEANUP);
 }
 
 /* ---- threadpool job end: the worker wakes the loop right after w->work(w) ---- */
-SEC("uprobe")
-int work_end(struct pt_regs *ctx)
+static __always_inline int work_end(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
-		return 0;
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
 	struct worker_job *job = bpf_map_lookup_elem(&worker_jobs, &tid);
 	if (!job)
 		return 0;
@@ -330,13 +316,10 @@ int work_end(struct pt_regs *ctx)
 
 /* ---- DNS ---- */
 /* uv_getaddrinfo(loop, req, cb, node, service, hints) */
-SEC("uprobe")
-int dns_submit(struct pt_regs *ctx)
+static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!is_traced(pid))
-		return 0;
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
@@ -358,13 +341,10 @@ int dns_submit(struct pt_regs *ctx)
 }
 
 /* uv__getaddrinfo_work(struct uv__work *w) */
-SEC("uprobe")
-int dns_work(struct pt_regs *ctx)
+static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
-		return 0;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - gai_work_off }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
 	if (!e || e->sync)
@@ -381,12 +361,9 @@ int dns_work(struct pt_regs *ctx)
 #define AI_NEXT_OFF 40
 
 /* uv__getaddrinfo_done(struct uv__work *w, int status) */
-SEC("uprobe")
-int dns_done(struct pt_regs *ctx)
+static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
 {
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (!is_traced(pid))
-		return 0;
 	__u64 req = PT_REGS_PARM1(ctx) - gai_work_off;
 	struct req_key key = { .pid = pid, .req = req };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &key);
@@ -447,15 +424,12 @@ static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 n
  * uv__run_idle, uv__run_prepare); the cookie is the enum loop_phase.
  * A phase ends when the next one starts; an iteration runs from one
  * uv__io_poll entry to the next. */
-SEC("uprobe")
-int loop_phase(struct pt_regs *ctx)
+static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
-		return 0;
 	/* 64-bit on purpose: a 32-bit copy would lose the bounds check below */
-	__u64 phase = bpf_get_attach_cookie(ctx);
+	__u64 phase = cookie & 0xFF;
 	if (phase >= UVSPAN_PHASES)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
@@ -492,6 +466,38 @@ int loop_phase(struct pt_regs *ctx)
 	st->epoll_enter = 0;
 	return 0;
 }
+
+/* ---- the uprobe entry point ----
+ * One program serves every libuv attach point: the cookie's top byte says
+ * which handler (enum probe_kind), the rest is the handler's own cookie.
+ * It exists twice only because multi-uprobe links (one link per image,
+ * cheap to attach and detach) need their own program type; uv_single is the
+ * fallback for kernels without them (< 6.6). */
+static __always_inline int dispatch(struct pt_regs *ctx)
+{
+	__u32 pid = bpf_get_current_pid_tgid() >> 32;
+	if (!is_traced(pid))
+		return 0;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	switch (cookie >> 56) {
+	case PROBE_FS_SUBMIT: return fs_submit(ctx, cookie);
+	case PROBE_FS_WORK: return fs_work(ctx, cookie);
+	case PROBE_FS_DONE: return fs_done(ctx, cookie);
+	case PROBE_FS_CLEANUP: return fs_cleanup(ctx, cookie);
+	case PROBE_WORK_END: return work_end(ctx, cookie);
+	case PROBE_DNS_SUBMIT: return dns_submit(ctx, cookie);
+	case PROBE_DNS_WORK: return dns_work(ctx, cookie);
+	case PROBE_DNS_DONE: return dns_done(ctx, cookie);
+	case PROBE_LOOP_PHASE: return loop_phase(ctx, cookie);
+	}
+	return 0;
+}
+
+SEC("uprobe.multi")
+int uv_multi(struct pt_regs *ctx) { return dispatch(ctx); }
+
+SEC("uprobe")
+int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
 
 static __always_inline int epoll_enter(void)
 {

@@ -24,6 +24,20 @@ enum ev_kind {
 	EV_PROC_EXIT = 6,
 };
 
+/* Which handler an attach point runs: the top byte of its cookie. */
+enum probe_kind {
+	PROBE_FS_SUBMIT = 1, /* uv_fs_* entry; low bits: see fs_submit */
+	PROBE_FS_WORK = 2,
+	PROBE_FS_DONE = 3,
+	PROBE_FS_CLEANUP = 4,
+	PROBE_WORK_END = 5,
+	PROBE_DNS_SUBMIT = 6,
+	PROBE_DNS_WORK = 7,
+	PROBE_DNS_DONE = 8,
+	PROBE_LOOP_PHASE = 9, /* low byte: enum loop_phase */
+};
+#define PROBE_KIND_SHIFT 56
+
 /* Where an operation was seen to finish. */
 enum ev_end {
 	END_DONE = 1,    /* libuv completion function (uv__fs_done / uv__getaddrinfo_done) */

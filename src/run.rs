@@ -296,6 +296,8 @@ pub fn run(cli: Cli) -> Result<i32> {
         fast,
         cli.loop_threshold
     );
+    drop(rb);
+    drop(tracer);
     Ok(exit_code)
 }
 

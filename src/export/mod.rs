@@ -94,7 +94,11 @@ impl Exporter {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let task = match dest {
-            Destination::Console => rt.spawn(run(console::Console::stdout(), rx, counters.clone(), cfg.clone())),
+            Destination::Console => {
+                // A person is watching: print promptly.
+                let cfg = BatchConfig { schedule_delay: cfg.schedule_delay.min(Duration::from_millis(200)), ..cfg.clone() };
+                rt.spawn(run(console::Console::stdout(), rx, counters.clone(), cfg))
+            }
             Destination::Otlp(c) => {
                 let sink = rt.block_on(async { otlp::Otlp::new(c) })?;
                 rt.spawn(run(sink, rx, counters.clone(), cfg.clone()))

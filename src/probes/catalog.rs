@@ -28,6 +28,28 @@ pub enum Program {
     LoopPhase,
 }
 
+impl Program {
+    /// The handler id (enum probe_kind in bpf/uvspan.h).
+    pub fn kind(self) -> u64 {
+        use crate::bpf::types::probe_kind as k;
+        let v = match self {
+            Program::FsSubmit => k::PROBE_FS_SUBMIT,
+            Program::FsWork => k::PROBE_FS_WORK,
+            Program::FsDone => k::PROBE_FS_DONE,
+            Program::FsCleanup => k::PROBE_FS_CLEANUP,
+            Program::WorkEnd => k::PROBE_WORK_END,
+            Program::DnsSubmit => k::PROBE_DNS_SUBMIT,
+            Program::DnsWork => k::PROBE_DNS_WORK,
+            Program::DnsDone => k::PROBE_DNS_DONE,
+            Program::LoopPhase => k::PROBE_LOOP_PHASE,
+        };
+        u64::from(v.0)
+    }
+}
+
+/// Bit position of the handler id in a cookie (PROBE_KIND_SHIFT in bpf/uvspan.h).
+pub const KIND_SHIFT: u32 = 56;
+
 /// What a probe is for, so a missing one can be explained.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -45,9 +67,17 @@ pub struct Probe {
     pub symbol: &'static str,
     pub program: Program,
     pub role: Role,
+    /// The handler's own cookie; [`Probe::attach_cookie`] adds the handler id.
     pub cookie: u64,
     /// Shown when the symbol is missing: what is lost, or what takes over.
     pub if_missing: &'static str,
+}
+
+impl Probe {
+    /// The full attach cookie: handler id in the top byte, handler cookie below.
+    pub fn attach_cookie(&self) -> u64 {
+        (self.program.kind() << KIND_SHIFT) | self.cookie
+    }
 }
 
 /// An fs operation: libuv function, span name and where its arguments are.
@@ -233,6 +263,14 @@ mod tests {
         // uv_fs_read(loop, req, file, bufs, nbufs, offset, cb): cb on the stack
         let (i, read) = FS_OPS.iter().enumerate().find(|(_, o)| o.symbol == "uv_fs_read").unwrap();
         assert_eq!(fs_cookie(i, read), i as u64 | 6 << 8 | 0xF << 12 | 0xF << 16 | 2 << 20);
+    }
+
+    #[test]
+    fn attach_cookie_carries_the_handler() {
+        for p in all_probes() {
+            assert_eq!(p.attach_cookie() >> KIND_SHIFT, p.program.kind());
+            assert_eq!(p.attach_cookie() & ((1 << KIND_SHIFT) - 1), p.cookie);
+        }
     }
 
     #[test]

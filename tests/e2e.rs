@@ -1,0 +1,907 @@
+//! End-to-end tests: the real uvspan binary attaches eBPF uprobes to a real
+//! Node.js running the fixtures in tests/fixtures/, and exports to an OTLP
+//! receiver running inside the test (tests/common). Nothing is mocked.
+//!
+//! They need root (BPF) and `node` on PATH; without root they fail with a
+//! message saying so, they are never skipped. Each test has its own receiver
+//! port and temp dir, so they run in parallel.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// Clock agreement allowed between uvspan's span times and the fixture's own
+/// `performance.timeOrigin + performance.now()` markers.
+const CLOCK_SLACK_MS: f64 = 1.0;
+
+// ===========================================================================
+// Exact fs expectations for tests/fixtures/fs_ops.js
+// ===========================================================================
+
+/// Where an expected span's fd comes from.
+#[derive(Clone, Debug)]
+enum Fd {
+    /// The fixture printed it.
+    Known(i64),
+    /// The fd the (single) earlier fs.open of this path returned; on an
+    /// fs.open it names the path under which to remember the result.
+    OpenedAs(String),
+}
+
+#[derive(Clone, Debug)]
+struct Want {
+    name: &'static str,
+    sync: bool,
+    path: Option<String>,
+    new_path: Option<String>,
+    fd: Option<Fd>,
+    bytes: Option<i64>,
+    entries: Option<i64>,
+    error: Option<&'static str>,
+}
+
+fn want(name: &'static str, sync: bool) -> Want {
+    Want { name, sync, path: None, new_path: None, fd: None, bytes: None, entries: None, error: None }
+}
+
+impl Want {
+    fn path(mut self, p: &str) -> Self {
+        self.path = Some(p.to_string());
+        self
+    }
+    fn new_path(mut self, p: &str) -> Self {
+        self.new_path = Some(p.to_string());
+        self
+    }
+    fn fd(mut self, fd: i64) -> Self {
+        self.fd = Some(Fd::Known(fd));
+        self
+    }
+    fn fd_of(mut self, path: &str) -> Self {
+        self.fd = Some(Fd::OpenedAs(path.to_string()));
+        self
+    }
+    fn bytes(mut self, n: i64) -> Self {
+        self.bytes = Some(n);
+        self
+    }
+    fn entries(mut self, n: i64) -> Self {
+        self.entries = Some(n);
+        self
+    }
+    fn error(mut self, e: &'static str) -> Self {
+        self.error = Some(e);
+        self
+    }
+}
+
+/// The message uvspan gives an errno (its status description).
+fn errno_message(name: &str) -> &'static str {
+    match name {
+        "ENOENT" => "no such file or directory",
+        other => panic!("no message known for {other}"),
+    }
+}
+
+/// Every uv_fs_* request fs_ops.js makes between its 'fs_begin' and 'fs_end'
+/// markers, in order.
+fn fs_ops_expected(dir: &TempDir, m: &Markers) -> Vec<Want> {
+    let (a, b, c) = (dir.join("a.txt"), dir.join("b.txt"), dir.join("c.txt"));
+    let (d1, x, link) = (dir.join("d1"), dir.join("d1/x"), dir.join("link"));
+    let (missing, missing_async) = (dir.join("missing"), dir.join("missing-async"));
+    let fd_a = m.i64("fd_a", "fd");
+    let fd_r = m.i64("fd_a_read", "fd");
+    vec![
+        // open/write/fsync/ftruncate/close, then open/read/close
+        want("fs.open", true).path(&a).fd(fd_a),
+        want("fs.write", true).fd(fd_a).bytes(11),
+        want("fs.fsync", true).fd(fd_a),
+        want("fs.ftruncate", true).fd(fd_a),
+        want("fs.close", true).fd(fd_a),
+        want("fs.open", true).path(&a).fd(fd_r),
+        want("fs.read", true).fd(fd_r).bytes(m.i64("read_a", "bytes")),
+        want("fs.close", true).fd(fd_r),
+        want("fs.stat", true).path(&a),
+        want("fs.lstat", true).path(&a),
+        want("fs.rename", true).path(&a).new_path(&b),
+        want("fs.mkdir", true).path(&d1),
+        // writeFileSync(d1/x, ''): open + close, no write for empty data
+        want("fs.open", true).path(&x).fd_of(&x),
+        want("fs.close", true).fd_of(&x),
+        want("fs.unlink", true).path(&x),
+        want("fs.scandir", true).path(&dir.str()).entries(m.i64("readdir", "entries")),
+        want("fs.rmdir", true).path(&d1),
+        want("fs.realpath", true).path(&b),
+        want("fs.access", true).path(&b),
+        want("fs.copyfile", true).path(&b).new_path(&c),
+        // uv_fs_symlink(target, linkpath): file.path is the target
+        want("fs.symlink", true).path(&b).new_path(&link),
+        want("fs.readlink", true).path(&link),
+        want("fs.chmod", true).path(&c),
+        want("fs.utime", true).path(&c),
+        want("fs.unlink", true).path(&c),
+        want("fs.stat", true).path(&missing).error("ENOENT"),
+        // fs.readFile (callback): open, fstat, one read of the whole 5 bytes, close
+        want("fs.open", false).path(&b).fd_of(&b),
+        want("fs.fstat", false).fd_of(&b),
+        want("fs.read", false).fd_of(&b).bytes(5),
+        want("fs.close", false).fd_of(&b),
+        want("fs.stat", false).path(&missing_async).error("ENOENT"),
+    ]
+}
+
+const THREADPOOL_KEYS: [&str; 4] = [
+    "uvspan.threadpool.queue_wait_ms",
+    "uvspan.threadpool.run_ms",
+    "uvspan.loop.callback_wait_ms",
+    "uvspan.threadpool.thread.id",
+];
+
+/// An async request's threadpool attributes and events agree with each other
+/// and lie inside the span.
+fn check_threadpool(s: &Span, pid: i64) {
+    let ctx = s.brief();
+    let qw = s.double("uvspan.threadpool.queue_wait_ms").unwrap_or_else(|| panic!("no queue_wait_ms: {ctx}"));
+    let run = s.double("uvspan.threadpool.run_ms").unwrap_or_else(|| panic!("no run_ms: {ctx}"));
+    let cbw = s.double("uvspan.loop.callback_wait_ms").unwrap_or_else(|| panic!("no callback_wait_ms: {ctx}"));
+    let worker = s.int("uvspan.threadpool.thread.id").unwrap_or_else(|| panic!("no worker thread id: {ctx}"));
+    assert!(qw >= 0.0 && run >= 0.0 && cbw >= 0.0, "negative threadpool times: {ctx}");
+    assert_ne!(worker, pid, "the work ran on the loop thread, not in the threadpool: {ctx}");
+    assert!(worker > 0, "{ctx}");
+    let names: Vec<&str> = s.events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names, ["threadpool.start", "threadpool.end"], "events of {ctx}");
+    let (t1, t2) = (s.events[0].time_unix_nano, s.events[1].time_unix_nano);
+    assert!(
+        s.start_unix_nano <= t1 && t1 <= t2 && t2 <= s.end_unix_nano,
+        "threadpool events not ordered inside the span: start={} work_start={t1} work_end={t2} end={}: {ctx}",
+        s.start_unix_nano,
+        s.end_unix_nano
+    );
+    // The attributes are the gaps between the span ends and the events.
+    let close = |a: f64, b_ns: u64, what: &str| {
+        assert!((a - b_ns as f64 / 1e6).abs() < 0.001, "{what}={a} but the events say {} ms: {ctx}", b_ns as f64 / 1e6)
+    };
+    close(qw, t1 - s.start_unix_nano, "queue_wait_ms");
+    close(run, t2 - t1, "run_ms");
+    close(cbw, s.end_unix_nano - t2, "callback_wait_ms");
+}
+
+/// fs_ops.js's fs spans are exactly the expected ones, in order, with exact attributes.
+fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
+    let mut fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
+    fs.sort_by_key(|s| s.start_unix_nano);
+    let under_dir = |s: &Span| {
+        let prefix = format!("{}/", dir.str());
+        let p = |k: &str| s.str(k).is_some_and(|p| p == dir.str() || p.starts_with(&prefix));
+        p("file.path") || p("uvspan.file.new_path")
+    };
+    let a = dir.join("a.txt");
+    let first = fs
+        .iter()
+        .position(|s| s.name == "fs.open" && s.str("file.path") == Some(a.as_str()))
+        .unwrap_or_else(|| panic!("no fs.open of {a}; fs spans:\n{}", dump(&fs)));
+    let last_path = dir.join("missing-async");
+    let last = fs
+        .iter()
+        .position(|s| s.str("file.path") == Some(last_path.as_str()))
+        .unwrap_or_else(|| panic!("no span for {last_path}; fs spans:\n{}", dump(&fs)));
+    assert!(first < last, "spans out of order:\n{}", dump(&fs));
+    let got = &fs[first..=last];
+    for (i, s) in fs.iter().enumerate() {
+        if (i < first || i > last) && under_dir(s) {
+            panic!("unexpected fs span on the fixture's dir outside its fs section: {}\nall:\n{}", s.brief(), dump(&fs));
+        }
+    }
+
+    let wants = fs_ops_expected(dir, m);
+    let listing = || {
+        let w: Vec<String> = wants.iter().map(|w| format!("  {} {:?} {:?}", w.name, w.path, w.fd)).collect();
+        format!("expected:\n{}\ngot:\n{}", w.join("\n"), dump(got))
+    };
+    assert_eq!(got.len(), wants.len(), "wrong number of fs spans in the fixture's fs section\n{}", listing());
+
+    let mut opened: BTreeMap<String, i64> = BTreeMap::new();
+    for (s, w) in got.iter().zip(&wants) {
+        let ctx = format!("span {}\nwanted {w:?}\n{}", s.brief(), listing());
+        assert_eq!(s.name, w.name, "{ctx}");
+        assert_eq!(s.kind, 1, "fs spans are INTERNAL: {ctx}");
+        assert!(s.parent_span_id.is_empty(), "fs spans are roots: {ctx}");
+        assert_eq!(s.str("file.path"), w.path.as_deref(), "file.path: {ctx}");
+        assert_eq!(s.str("uvspan.file.new_path"), w.new_path.as_deref(), "uvspan.file.new_path: {ctx}");
+        assert_eq!(s.bool("uvspan.sync"), Some(w.sync), "uvspan.sync: {ctx}");
+        assert_eq!(s.int("thread.id"), Some(pid), "requests are made on the loop (main) thread: {ctx}");
+        assert_eq!(s.int("uvspan.fs.bytes"), w.bytes, "uvspan.fs.bytes: {ctx}");
+        assert_eq!(s.int("uvspan.fs.entries"), w.entries, "uvspan.fs.entries: {ctx}");
+        let fd = s.int("uvspan.fs.fd");
+        match &w.fd {
+            None => assert_eq!(fd, None, "uvspan.fs.fd: {ctx}"),
+            Some(Fd::Known(n)) => assert_eq!(fd, Some(*n), "uvspan.fs.fd: {ctx}"),
+            Some(Fd::OpenedAs(p)) if s.name == "fs.open" => {
+                let fd = fd.unwrap_or_else(|| panic!("fs.open without uvspan.fs.fd: {ctx}"));
+                assert!(fd >= 0, "{ctx}");
+                opened.insert(p.clone(), fd);
+            }
+            Some(Fd::OpenedAs(p)) => assert_eq!(fd, opened.get(p).copied(), "uvspan.fs.fd (fd of {p}): {ctx}"),
+        }
+        match w.error {
+            None => {
+                assert_eq!(s.status, StatusCode::Unset, "{ctx}");
+                assert_eq!(s.str("error.type"), None, "{ctx}");
+            }
+            Some(e) => {
+                assert_eq!(s.status, StatusCode::Error, "{ctx}");
+                assert_eq!(s.status_message, format!("{e}: {}", errno_message(e)), "{ctx}");
+                assert_eq!(s.str("error.type"), Some(e), "{ctx}");
+            }
+        }
+        // The attribute set is exact: nothing more than what is checked above.
+        let mut keys: BTreeSet<&str> = ["thread.id", "uvspan.sync"].into();
+        for (k, present) in [
+            ("file.path", w.path.is_some()),
+            ("uvspan.file.new_path", w.new_path.is_some()),
+            ("uvspan.fs.fd", w.fd.is_some()),
+            ("uvspan.fs.bytes", w.bytes.is_some()),
+            ("uvspan.fs.entries", w.entries.is_some()),
+            ("error.type", w.error.is_some()),
+        ] {
+            if present {
+                keys.insert(k);
+            }
+        }
+        if !w.sync {
+            keys.extend(THREADPOOL_KEYS);
+        }
+        let got_keys: BTreeSet<&str> = s.attributes.keys().map(String::as_str).collect();
+        assert_eq!(got_keys, keys, "attribute keys: {ctx}");
+        if w.sync {
+            assert!(s.events.is_empty(), "sync requests have no threadpool events: {ctx}");
+        } else {
+            check_threadpool(s, pid);
+        }
+    }
+
+    // Span times agree with the fixture's own clock.
+    let within = |path: &str, marker: &str| {
+        let s = got.iter().find(|s| s.name == "fs.stat" && s.str("file.path") == Some(path)).expect("stat span");
+        let (before, after) = (m.f64(marker, "before"), m.f64(marker, "after"));
+        assert!(
+            s.start_ms() >= before - CLOCK_SLACK_MS && s.end_ms() <= after + CLOCK_SLACK_MS,
+            "{} [{:.3}, {:.3}] is not within the fixture's markers [{before:.3}, {after:.3}] ± {CLOCK_SLACK_MS} ms",
+            s.brief(),
+            s.start_ms(),
+            s.end_ms()
+        );
+    };
+    within(&a, "stat_a");
+    within(&dir.join("missing"), "stat_missing");
+    assert_eq!(m.str("stat_missing", "code"), "ENOENT");
+}
+
+/// Two getaddrinfo spans: localhost (answers as Node got them) and
+/// nothing.invalid (failed the way Node saw it fail).
+fn check_dns(spans: &[Span], m: &Markers, pid: i64) {
+    let mut dns: Vec<&Span> = spans.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
+    dns.sort_by_key(|s| s.start_unix_nano);
+    assert_eq!(dns.len(), 2, "one getaddrinfo span per dns.lookup:\n{}", dump(&dns));
+    for s in &dns {
+        let ctx = s.brief();
+        assert_eq!(s.kind, 3, "getaddrinfo spans are CLIENT: {ctx}");
+        assert!(s.parent_span_id.is_empty(), "{ctx}");
+        assert_eq!(s.bool("uvspan.sync"), Some(false), "{ctx}");
+        assert_eq!(s.int("thread.id"), Some(pid), "{ctx}");
+        check_threadpool(s, pid);
+    }
+
+    let ok = dns[0];
+    assert_eq!(ok.str("dns.question.name"), Some("localhost"), "{}", ok.brief());
+    assert_eq!(ok.status, StatusCode::Unset, "{}", ok.brief());
+    assert_eq!(ok.str("error.type"), None, "{}", ok.brief());
+    let answers = ok.strings("dns.answers").unwrap_or_else(|| panic!("no dns.answers string array: {}", ok.brief()));
+    let node_saw: BTreeSet<String> = m.get("lookup_localhost")["addresses"]
+        .as_array()
+        .expect("addresses")
+        .iter()
+        .map(|v| v.as_str().expect("address").to_string())
+        .collect();
+    let answers_set: BTreeSet<String> = answers.iter().cloned().collect();
+    assert_eq!(answers.len(), answers_set.len(), "dns.answers has duplicates: {answers:?}");
+    assert_eq!(answers_set, node_saw, "dns.answers vs what dns.lookup('localhost', {{all: true}}) returned");
+    assert!(
+        answers_set.contains("127.0.0.1") || answers_set.contains("::1"),
+        "localhost resolved to neither 127.0.0.1 nor ::1: {answers:?}"
+    );
+
+    let bad = dns[1];
+    let errname = m.str("lookup_invalid", "errname");
+    assert!(
+        errname == "EAI_NONAME" || errname == "EAI_AGAIN",
+        "nothing.invalid failed in Node with {errname} (expected EAI_NONAME, or EAI_AGAIN without a resolver)"
+    );
+    assert_eq!(bad.str("dns.question.name"), Some("nothing.invalid"), "{}", bad.brief());
+    assert_eq!(bad.status, StatusCode::Error, "{}", bad.brief());
+    assert_eq!(bad.str("error.type"), Some(errname.as_str()), "{}", bad.brief());
+    assert!(bad.status_message.starts_with(&format!("{errname}: ")), "{}", bad.brief());
+    assert_eq!(bad.attr("dns.answers"), None, "a failed lookup has no answers: {}", bad.brief());
+}
+
+/// The loop iteration in which the fixture's 100 ms timer callback ran, and
+/// its timers phase.
+fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64) {
+    let (before, after) = (m.f64("busy", "before"), m.f64("busy", "after"));
+    let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
+    for it in &iters {
+        let busy = it.double("uvspan.loop.busy_ms").unwrap_or_else(|| panic!("no busy_ms: {}", it.brief()));
+        assert!(busy >= threshold_ms, "an iteration under --loop-threshold was reported: {}", it.brief());
+        assert!(it.double("uvspan.loop.poll_wait_ms").is_some_and(|w| w >= 0.0), "{}", it.brief());
+        assert!(it.int("uvspan.loop.fast_iterations_before").is_some_and(|n| n >= 0), "{}", it.brief());
+        assert_eq!(it.int("thread.id"), Some(pid), "{}", it.brief());
+        assert!(it.parent_span_id.is_empty(), "{}", it.brief());
+    }
+    let it = iters
+        .iter()
+        .find(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
+        .unwrap_or_else(|| {
+            panic!("no uv.loop.iteration covers the busy callback [{before:.3}, {after:.3}]; iterations:\n{}", dump(&iters))
+        });
+    assert!(it.duration_ms() >= 100.0, "the busy iteration lasted < 100 ms: {}", it.brief());
+    assert!(it.double("uvspan.loop.busy_ms").is_some_and(|b| b >= 100.0), "{}", it.brief());
+
+    let children: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == it.span_id).collect();
+    assert!(!children.is_empty(), "the iteration has no phase children");
+    for c in &children {
+        let ctx = format!("{} (parent {})", c.brief(), it.brief());
+        let phase = c.name.strip_prefix("uv.loop.").unwrap_or_else(|| panic!("child is not a phase: {ctx}"));
+        assert!(["poll", "check", "timers", "idle", "prepare"].contains(&phase), "{ctx}");
+        assert_eq!(c.str("uvspan.loop.phase"), Some(phase), "{ctx}");
+        assert_eq!(c.trace_id, it.trace_id, "{ctx}");
+        assert!(c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano, "child outside parent: {ctx}");
+    }
+    let timers = children
+        .iter()
+        .find(|c| c.name == "uv.loop.timers")
+        .unwrap_or_else(|| panic!("no uv.loop.timers child under {}:\n{}", it.brief(), dump(&children)));
+    assert!(timers.duration_ms() >= 100.0, "the timers phase ran the 100 ms callback: {}", timers.brief());
+    assert!(
+        timers.start_ms() <= before + CLOCK_SLACK_MS && timers.end_ms() >= after - CLOCK_SLACK_MS,
+        "the timers phase [{:.3}, {:.3}] does not cover the callback's markers [{before:.3}, {after:.3}]",
+        timers.start_ms(),
+        timers.end_ms()
+    );
+}
+
+/// Resource attributes of the fixture's process.
+fn check_resource(s: &Span, m: &Markers, service: &str, command_line: &str, uvspan_pid: u32) {
+    let r = &s.resource;
+    let ctx = format!("resource {r:?}");
+    assert_eq!(s.res_str("service.name"), Some(service), "{ctx}");
+    assert_eq!(s.res_int("process.pid"), Some(m.i64("info", "pid")), "{ctx}");
+    assert_eq!(s.res_int("process.parent_pid"), Some(i64::from(uvspan_pid)), "node's parent is uvspan: {ctx}");
+    assert_eq!(s.res_int("process.parent_pid"), Some(m.i64("info", "ppid")), "{ctx}");
+    assert_eq!(s.res_str("process.executable.path"), Some(m.str("info", "exec_path").as_str()), "{ctx}");
+    assert_eq!(s.res_str("process.executable.name"), Some("node"), "{ctx}");
+    assert_eq!(s.res_str("process.command_line"), Some(command_line), "{ctx}");
+    assert_eq!(s.res_str("process.runtime.name"), Some("nodejs"), "{ctx}");
+    assert_eq!(s.res_str("process.runtime.version"), Some(m.str("info", "node_version").as_str()), "{ctx}");
+    assert_eq!(s.res_str("host.name"), Some(host_name().as_str()), "{ctx}");
+    let cgroup = cgroup_of(&m.str("info", "cgroup"));
+    assert_eq!(s.res_str("process.linux.cgroup"), Some(cgroup.as_str()), "{ctx}");
+    assert_eq!(s.scope, "uvspan", "instrumentation scope");
+}
+
+/// uvspan's summary agrees with what the receiver got, and nothing was lost.
+fn check_summary(out: &Output, received: usize) {
+    let sum = summary(&out.stderr);
+    assert_eq!(sum.exported, received as u64, "spans exported per uvspan vs received\n{}", out.context());
+    assert_eq!(
+        (sum.dropped, sum.failed, sum.unflushed, sum.lost, sum.undecodable),
+        (0, 0, 0, 0, 0),
+        "nothing may be dropped, fail, stay unflushed or get lost\n{}",
+        out.context()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.context());
+    assert!(!out.stderr.contains("export failed"), "{}", out.context());
+}
+
+/// Runs fs_ops.js under uvspan exporting to `rx`, checks everything the
+/// fixture does. `env` goes to uvspan (and so to node).
+fn run_fs_ops(rx: &Receiver, tag: &str, args: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Span>) {
+    let dir = TempDir::new(tag);
+    let script = fixture("fs_ops.js");
+    let mut all: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    all.extend(["--".into(), "node".into(), script.clone(), dir.str()]);
+    let mut cmd = uvspan_cmd(&all);
+    cmd.envs(env.iter().copied());
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "uvspan's exit status is node's (0)\n{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let pid = m.i64("info", "pid");
+    let spans = rx.spans();
+    assert!(!spans.is_empty(), "no spans received\n{}", out.context());
+    check_summary(&out, spans.len());
+
+    let ids: BTreeSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    assert_eq!(ids.len(), spans.len(), "span ids are unique");
+    for s in &spans {
+        assert_eq!(s.res_int("process.pid"), Some(pid), "a span from another process: {}", s.brief());
+        assert!(s.end_unix_nano >= s.start_unix_nano, "{}", s.brief());
+        assert_eq!(s.trace_id.len(), 32, "{}", s.brief());
+        assert_eq!(s.span_id.len(), 16, "{}", s.brief());
+    }
+    check_fs_ops(&spans, &dir, &m, pid);
+    check_dns(&spans, &m, pid);
+    check_busy_iteration(&spans, &m, pid, 50.0);
+    let command_line = format!("node {script} {}", dir.str());
+    for s in &spans {
+        check_resource(s, &m, "fs_ops", &command_line, out.pid);
+    }
+    (out, spans)
+}
+
+// ===========================================================================
+// OTLP export
+// ===========================================================================
+
+#[test]
+fn grpc_export_of_fs_dns_loop_and_resource() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let args = ["--loop-threshold", "50ms", "--otlp-endpoint", ep.as_str(), "--otlp-protocol", "grpc"];
+    run_fs_ops(&rx, "grpc", &args, &[("OTEL_EXPORTER_OTLP_HEADERS", "x-test-token=grpc456")]);
+    let reqs = rx.requests();
+    assert!(!reqs.is_empty());
+    for r in &reqs {
+        assert_eq!(r.header("x-test-token"), Some("grpc456"), "OTEL_EXPORTER_OTLP_HEADERS as gRPC metadata: {:?}", r.headers);
+        assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/grpc")), "{:?}", r.headers);
+    }
+}
+
+#[test]
+fn http_protobuf_export_configured_from_env() {
+    require_root();
+    let rx = Receiver::start(Protocol::HttpProtobuf);
+    let ep = rx.endpoint();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-test-token=abc123"),
+    ];
+    run_fs_ops(&rx, "http", &["--loop-threshold", "50ms"], &env);
+    let reqs = rx.requests();
+    assert!(!reqs.is_empty());
+    for r in &reqs {
+        assert_eq!(r.path, "/v1/traces");
+        assert_eq!(r.header("x-test-token"), Some("abc123"), "OTEL_EXPORTER_OTLP_HEADERS was not honored: {:?}", r.headers);
+        assert_eq!(r.header("content-type"), Some("application/x-protobuf"), "{:?}", r.headers);
+    }
+}
+
+/// Runs stat_once.js under uvspan (gRPC) with `command` prefix and returns the
+/// service.name of its spans.
+fn service_name_of(tag: &str, uvspan_args: &[&str], command: &[&str]) -> String {
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new(tag);
+    let target = dir.join("stat-me");
+    std::fs::write(&target, "x").expect("write the stat target");
+    let script = fixture("stat_once.js");
+    let ep = rx.endpoint();
+    let mut args: Vec<&str> = vec!["--otlp-endpoint", &ep, "--otlp-protocol", "grpc"];
+    args.extend_from_slice(uvspan_args);
+    args.push("--");
+    args.extend_from_slice(command);
+    args.extend(["node", script.as_str(), target.as_str()]);
+    let out = run(uvspan_cmd(&args));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    let stat = spans
+        .iter()
+        .find(|s| s.name == "fs.stat" && s.str("file.path") == Some(target.as_str()))
+        .unwrap_or_else(|| panic!("no fs.stat of {target}\n{}", out.context()));
+    assert!(
+        stat.start_ms() >= m.f64("stat", "before") - CLOCK_SLACK_MS && stat.end_ms() <= m.f64("stat", "after") + CLOCK_SLACK_MS,
+        "{}",
+        stat.brief()
+    );
+    assert_eq!(stat.res_int("process.pid"), Some(m.i64("info", "pid")));
+    let names: BTreeSet<String> = spans.iter().filter_map(|s| s.res_str("service.name")).map(str::to_string).collect();
+    assert_eq!(names.len(), 1, "one service.name for one process: {names:?}");
+    let name = names.into_iter().next().expect("a name");
+    name
+}
+
+#[test]
+fn service_name_is_derived_from_the_script() {
+    require_root();
+    assert_eq!(service_name_of("svc-derived", &[], &[]), "stat_once");
+}
+
+#[test]
+fn service_name_comes_from_the_targets_otel_service_name() {
+    require_root();
+    // Only the target has OTEL_SERVICE_NAME (env(1) sets it and execs node).
+    assert_eq!(service_name_of("svc-env", &[], &["env", "OTEL_SERVICE_NAME=xyz"]), "xyz");
+}
+
+#[test]
+fn service_name_flag_overrides_the_targets_env() {
+    require_root();
+    assert_eq!(service_name_of("svc-flag", &["--service-name", "abc"], &["env", "OTEL_SERVICE_NAME=xyz"]), "abc");
+}
+
+// ===========================================================================
+// --pid: attach to a running process
+// ===========================================================================
+
+#[test]
+fn attach_to_running_process_by_pid() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("pid");
+    let script = fixture("wait_stdin.js");
+    let mut node_cmd = Command::new("node");
+    node_cmd.args([script.as_str(), &dir.str()]).stdin(Stdio::piped());
+    let mut node = Running::spawn(node_cmd);
+    let mut node_stdin = node.child.stdin.take().expect("node's stdin");
+    let ready = Instant::now() + RUN_TIMEOUT;
+    while !node.stdout().contains("{\"marker\":\"ready\"}") {
+        assert!(Instant::now() < ready, "node never printed ready\n{}\n{}", node.stdout(), node.stderr());
+        if let Ok(Some(st)) = node.child.try_wait() {
+            panic!("node exited early ({st})\n{}\n{}", node.stdout(), node.stderr());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let node_pid = node.pid;
+
+    let ep = rx.endpoint();
+    let pid_arg = node_pid.to_string();
+    let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
+    let attached = format!("uvspan: tracing process {node_pid} ");
+    uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&attached)));
+
+    node_stdin.write_all(b"go\n").expect("poke node");
+    drop(node_stdin);
+    let node_out = node.finish(RUN_TIMEOUT);
+    assert_eq!(node_out.code(), Some(0), "{}", node_out.context());
+    let m = Markers::parse(&node_out.stdout);
+    assert_eq!(m.i64("info", "pid"), i64::from(node_pid));
+
+    // uvspan notices the target is gone and exits 0 by itself.
+    let node_gone = Instant::now();
+    let out = uv.finish(RUN_TIMEOUT);
+    let took = node_gone.elapsed();
+    assert_eq!(out.code(), Some(0), "uvspan --pid exits 0 after its target exits\n{}", out.context());
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    eprintln!("uvspan --pid exited {took:?} after the target");
+
+    let (before, after) = (dir.join("before-attach"), dir.join("after-attach"));
+    let fs: Vec<&Span> = {
+        let mut v: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
+        v.sort_by_key(|s| s.start_unix_nano);
+        v
+    };
+    // Before attaching: writeFileSync + statSync of before-attach, not traced.
+    // After: statSync(before-attach), writeFileSync(after-attach) = open/write/close,
+    // readFile(after-attach) = open/fstat/read/close (async).
+    let on = |name: &str, path: &str| fs.iter().filter(|s| s.name == name && s.str("file.path") == Some(path)).count();
+    assert_eq!(on("fs.stat", &before), 1, "only the stat after attaching:\n{}", dump(&fs));
+    assert_eq!(on("fs.open", &before), 0, "the write before attaching was not traced:\n{}", dump(&fs));
+    let opens: Vec<&&Span> = fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(after.as_str())).collect();
+    assert_eq!(opens.len(), 2, "writeFileSync + readFile:\n{}", dump(&fs));
+    assert_eq!(opens[0].bool("uvspan.sync"), Some(true));
+    assert_eq!(opens[1].bool("uvspan.sync"), Some(false));
+    check_threadpool(opens[1], i64::from(node_pid));
+    let (wfd, rfd) = (opens[0].int("uvspan.fs.fd").expect("fd"), opens[1].int("uvspan.fs.fd").expect("fd"));
+    let has = |name: &str, fd: i64, sync: bool, bytes: Option<i64>| {
+        fs.iter().any(|s| {
+            s.name == name
+                && s.int("uvspan.fs.fd") == Some(fd)
+                && s.bool("uvspan.sync") == Some(sync)
+                && (bytes.is_none() || s.int("uvspan.fs.bytes") == bytes)
+        })
+    };
+    assert!(has("fs.write", wfd, true, Some(5)), "{}", dump(&fs));
+    assert!(has("fs.close", wfd, true, None), "{}", dump(&fs));
+    assert!(has("fs.fstat", rfd, false, None), "{}", dump(&fs));
+    assert!(has("fs.read", rfd, false, Some(5)), "{}", dump(&fs));
+    assert!(has("fs.close", rfd, false, None), "{}", dump(&fs));
+    let dns: Vec<&Span> = spans.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
+    assert_eq!(dns.len(), 1, "{}", dump(&dns));
+    assert_eq!(dns[0].str("dns.question.name"), Some("localhost"));
+    let address = m.str("done", "address");
+    assert!(dns[0].strings("dns.answers").is_some_and(|a| a.contains(&address)), "{}", dns[0].brief());
+
+    for s in &spans {
+        assert_eq!(s.res_int("process.pid"), Some(i64::from(node_pid)), "{}", s.brief());
+        assert_eq!(s.res_int("process.parent_pid"), Some(i64::from(std::process::id())), "node's parent is this test");
+        assert_eq!(s.res_str("service.name"), Some("wait_stdin"));
+        assert_eq!(s.res_str("process.runtime.version"), Some(m.str("info", "node_version").as_str()));
+        assert_eq!(s.res_str("process.command_line"), Some(format!("node {script} {}", dir.str()).as_str()));
+    }
+}
+
+// ===========================================================================
+// Console output
+// ===========================================================================
+
+#[test]
+fn console_output_without_endpoint() {
+    require_root();
+    let dir = TempDir::new("console");
+    let target = dir.join("console-target");
+    std::fs::write(&target, "x").expect("write the stat target");
+    let script = fixture("stat_once.js");
+    let out = run(uvspan_cmd(["--loop-threshold", "0", "--", "node", script.as_str(), target.as_str()]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let label = format!("stat_once[{}]", m.i64("info", "pid"));
+    let sum = summary(&out.stderr);
+    assert!(sum.exported > 0 && sum.failed == 0 && sum.lost == 0, "{}", out.context());
+
+    // "<HH:MM:SS.micro> <label> <indent><name> <dur>ms k=v ..."
+    let lines: Vec<&str> = out.stdout.lines().filter(|l| !l.starts_with('{')).collect();
+    let body = |l: &str| -> Option<String> {
+        let (clock, rest) = l.split_once(' ')?;
+        let ok = clock.len() == 15 && clock.as_bytes()[2] == b':' && clock.as_bytes()[8] == b'.';
+        (ok).then(|| rest.strip_prefix(&format!("{label} ")).map(str::to_string)).flatten()
+    };
+    for l in &lines {
+        assert!(body(l).is_some(), "a stdout line that is neither a fixture marker nor a span line of {label}: {l:?}\n{}", out.context());
+    }
+    let want_path = format!("file.path={target}");
+    let stat = lines
+        .iter()
+        .filter_map(|l| body(l))
+        .find(|b| b.starts_with("fs.stat ") && b.split(' ').any(|w| w == want_path))
+        .unwrap_or_else(|| panic!("no fs.stat line with {want_path}\n{}", out.stdout));
+    let words: Vec<&str> = stat.split(' ').collect();
+    assert!(words[1].ends_with("ms") && words[1].trim_end_matches("ms").parse::<f64>().is_ok(), "{stat}");
+    assert!(words.contains(&"uvspan.sync=true"), "{stat}");
+
+    let mut nested = false;
+    for (i, l) in lines.iter().enumerate() {
+        let Some(b) = body(l) else { continue };
+        if b.starts_with("uv.loop.iteration ") {
+            let next = lines.get(i + 1).and_then(|n| body(n)).unwrap_or_default();
+            assert!(next.starts_with("  uv.loop."), "the line after an iteration is an indented phase: {next:?}\n{}", out.stdout);
+            assert!(!next.starts_with("   "), "one level of indent: {next:?}");
+            nested = true;
+        }
+    }
+    assert!(nested, "no uv.loop.iteration line with --loop-threshold 0\n{}", out.stdout);
+}
+
+// ===========================================================================
+// Exit status
+// ===========================================================================
+
+#[test]
+fn exit_status_is_the_commands() {
+    require_root();
+    let out = run(uvspan_cmd(["--", "node", "-e", "process.exit(7)"]));
+    assert_eq!(out.code(), Some(7), "{}", out.context());
+    summary(&out.stderr);
+    let out = run(uvspan_cmd(["--", "node", "-e", "process.kill(process.pid, 'SIGKILL')"]));
+    assert_eq!(out.code(), Some(128 + 9), "killed by SIGKILL: 128 + 9\n{}", out.context());
+    assert!(!out.stderr.contains("panicked"), "{}", out.context());
+}
+
+// ===========================================================================
+// Bad input: one line, no panic
+// ===========================================================================
+
+/// Fails unless uvspan exited with `code` and printed exactly one stderr
+/// line, starting with "uvspan: " and containing every one of `needles`.
+fn assert_one_line_error(out: &Output, code: i32, needles: &[&str]) -> String {
+    assert_eq!(out.code(), Some(code), "{}", out.context());
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one line on stderr\n{}", out.context());
+    let line = lines[0];
+    assert!(line.starts_with("uvspan: "), "{}", out.context());
+    for n in needles {
+        assert!(line.contains(n), "the error does not mention {n:?}: {line}");
+    }
+    assert!(!out.stderr.contains("panicked") && !out.stderr.contains("backtrace"), "{}", out.context());
+    assert!(out.stdout.is_empty(), "nothing on stdout\n{}", out.context());
+    line.to_string()
+}
+
+/// clap's own error for a bad flag value: "error: invalid value ..." and a
+/// hint, exit status 2, no panic.
+fn assert_clap_value_error(out: &Output, flag: &str, value: &str, reason: &str) {
+    assert_eq!(out.code(), Some(2), "{}", out.context());
+    let first = out.stderr.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with(&format!("error: invalid value '{value}' for '{flag} ")),
+        "unexpected first line {first:?}\n{}",
+        out.context()
+    );
+    assert!(first.contains(reason), "{first}");
+    assert!(!out.stderr.contains("panicked") && !out.stderr.contains("backtrace"), "{}", out.context());
+}
+
+fn free_pid() -> u32 {
+    (999_999..).find(|p| !std::path::Path::new(&format!("/proc/{p}")).exists()).expect("a free pid")
+}
+
+#[test]
+fn bad_input_nonexistent_pid() {
+    let pid = free_pid().to_string();
+    let out = run(uvspan_cmd(["--pid", &pid]));
+    assert_one_line_error(&out, 1, &[&format!("no process with PID {pid}")]);
+}
+
+#[test]
+fn bad_input_pid_of_a_non_node_process() {
+    require_root();
+    let mut sleep = Command::new("sleep").arg("30").stdin(Stdio::null()).spawn().expect("start sleep");
+    let pid = sleep.id().to_string();
+    let out = run(uvspan_cmd(["--pid", &pid]));
+    let _ = sleep.kill();
+    let _ = sleep.wait();
+    assert_one_line_error(&out, 1, &[&format!("cannot trace process {pid}"), "not a Node.js process"]);
+}
+
+#[test]
+fn bad_input_command_not_found() {
+    let out = run(uvspan_cmd(["--", "/no/such/command"]));
+    assert_one_line_error(&out, 127, &["command not found: /no/such/command"]);
+}
+
+#[test]
+fn bad_input_nothing_to_trace() {
+    let out = run(uvspan_cmd(Vec::<&str>::new()));
+    assert_one_line_error(&out, 1, &["nothing to trace", "--pid"]);
+}
+
+#[test]
+fn bad_input_loop_threshold() {
+    let out = run(uvspan_cmd(["--loop-threshold", "ten", "--", "node", "-e", "1"]));
+    assert_clap_value_error(&out, "--loop-threshold", "ten", "invalid duration");
+    let out = run(uvspan_cmd(["--loop-threshold", "5 parsecs", "--", "node", "-e", "1"]));
+    assert_clap_value_error(&out, "--loop-threshold", "5 parsecs", "invalid duration unit");
+}
+
+#[test]
+fn bad_input_otlp_protocol() {
+    let out = run(uvspan_cmd(["--otlp-protocol", "http/json", "--otlp-endpoint", "http://127.0.0.1:9", "--", "node", "-e", "1"]));
+    assert_clap_value_error(&out, "--otlp-protocol", "http/json", "use grpc or http/protobuf");
+}
+
+#[test]
+fn unprivileged_run_explains_what_is_needed() {
+    require_root();
+    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .expect("setpriv (util-linux) is needed to drop privileges for this test");
+    let mut drop_privs = Command::new(setpriv);
+    drop_privs.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]);
+    drop_privs.args([uvspan_bin(), "--", "node", "-e", "1"]).stdin(Stdio::null());
+    scrub_env(&mut drop_privs);
+    let out = run(drop_privs);
+    let line = assert_one_line_error(&out, 1, &["permission denied", "root", "CAP_BPF"]);
+    assert!(line.contains("capabilities"), "{line}");
+}
+
+// ===========================================================================
+// Known src/ bugs, reproduced. Ignored so the suite stays green; run with
+// `cargo test --test e2e -- --ignored` once they are fixed, then un-ignore.
+// ===========================================================================
+
+/// spans.rs documents that a uv.loop.iteration span starts "from the moment
+/// the loop woke up in poll". Node enables UV_METRICS_IDLE_TIME, so libuv's
+/// uv__io_poll first calls epoll_pwait with timeout 0 and only then blocks:
+/// the BPF side records wake_ns at the end of that first, non-blocking call,
+/// and the iteration span includes the whole idle wait.
+#[test]
+#[ignore = "src bug: loop iteration start = end of the first (zero-timeout) epoll_pwait, not the wake-up"]
+fn loop_iteration_starts_when_the_loop_wakes() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let script = fixture("busy_timer.js");
+    let out = run(uvspan_cmd([
+        "--loop-threshold",
+        "50ms",
+        "--otlp-endpoint",
+        &ep,
+        "--otlp-protocol",
+        "grpc",
+        "--",
+        "node",
+        &script,
+    ]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let spans = rx.spans();
+    let (scheduled, delay) = (m.f64("busy", "scheduled"), m.f64("busy", "delay"));
+    let (before, after) = (m.f64("busy", "before"), m.f64("busy", "after"));
+    let it = spans
+        .iter()
+        .find(|s| s.name == "uv.loop.iteration" && s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
+        .unwrap_or_else(|| panic!("no iteration around the busy callback\n{}", out.context()));
+    // The timer cannot fire before `delay` ms (libuv's loop time may be up to
+    // 1 ms stale): the loop cannot have woken up for it earlier than this.
+    let earliest_wake = scheduled + delay - 1.0 - CLOCK_SLACK_MS;
+    assert!(
+        it.start_ms() >= earliest_wake,
+        "the iteration starts {:.1} ms before the loop could have woken up (it includes the idle wait): {}",
+        earliest_wake - it.start_ms(),
+        it.brief()
+    );
+}
+
+/// Node >= 20 serves fs.readFileSync(path, 'utf8') (and CommonJS module
+/// loading) from C++ ReadFileUtf8: one uv_fs_t for the open and every read,
+/// with uv_fs_req_cleanup only after the open. Sync requests end only at
+/// uv_fs_req_cleanup, so those reads are never reported.
+#[test]
+#[ignore = "src bug: sync uv_fs_read without a following uv_fs_req_cleanup yields no span"]
+fn sync_reads_without_req_cleanup_are_reported() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new("utf8");
+    let script = fixture("read_utf8.js");
+    let out = run(uvspan_cmd([
+        "--otlp-endpoint",
+        &ep,
+        "--otlp-protocol",
+        "grpc",
+        "--",
+        "node",
+        &script,
+        &dir.str(),
+    ]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    assert_eq!(m.str("info", "text"), "hello");
+    let file = m.str("info", "file");
+    let spans = rx.spans();
+    let mut fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
+    fs.sort_by_key(|s| s.start_unix_nano);
+    // writeFileSync opens it first, readFileSync second.
+    let opens: Vec<&&Span> = fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str())).collect();
+    assert_eq!(opens.len(), 2, "{}", dump(&fs));
+    let fd = opens[1].int("uvspan.fs.fd").expect("fd");
+    assert!(
+        fs.iter().any(|s| s.name == "fs.read"
+            && s.int("uvspan.fs.fd") == Some(fd)
+            && s.int("uvspan.fs.bytes") == Some(5)
+            && s.start_unix_nano > opens[1].start_unix_nano),
+        "no fs.read of the 5 bytes readFileSync(…, 'utf8') read:\n{}",
+        dump(&fs)
+    );
+}
+
+/// resource.rs says service.name falls back to "the executable's name" when
+/// node runs no script; for `node -e CODE` it takes CODE as the script.
+#[test]
+#[ignore = "src bug: `node -e CODE` gets service.name = CODE"]
+fn service_name_of_node_eval_is_the_executable() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let out = run(uvspan_cmd([
+        "--otlp-endpoint",
+        &ep,
+        "--otlp-protocol",
+        "grpc",
+        "--",
+        "node",
+        "-e",
+        "require('fs').statSync('/')",
+    ]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = rx.spans();
+    let s = spans.iter().find(|s| s.name == "fs.stat" && s.str("file.path") == Some("/")).expect("the stat");
+    assert_eq!(s.res_str("service.name"), Some("node"));
+}
