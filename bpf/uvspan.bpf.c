@@ -86,7 +86,7 @@ struct loop_state {
 	__u64 phase_start;
 	__u64 epoll_enter;
 	__u32 cur_phase; /* UVSPAN_PHASES = none yet */
-	__u32 _pad;
+	__u32 epoll_only; /* no phase probes: epoll waits delimit iterations */
 };
 
 struct {
@@ -361,17 +361,15 @@ static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
 #define AI_NEXT_OFF 40
 
 /* uv__getaddrinfo_done(struct uv__work *w, int status) */
-static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
+/* Ends a DNS request: result code, the addresses it returned, one record. */
+static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_kind)
 {
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	__u64 req = PT_REGS_PARM1(ctx) - gai_work_off;
-	struct req_key key = { .pid = pid, .req = req };
-	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &key);
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, key);
 	if (!e)
 		return 0;
+	__u64 req = key->req;
 	e->end_ns = bpf_ktime_get_ns();
-	e->end_kind = END_DONE;
-	int status = (int)PT_REGS_PARM2(ctx);
+	e->end_kind = end_kind;
 	bpf_probe_read_user(&e->retcode, sizeof(e->retcode), (void *)(req + gai_retcode_off));
 	if (status == -125 /* UV_ECANCELED */)
 		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
@@ -399,8 +397,72 @@ static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
 	}
 	e->n_answers = n;
 	emit(e, sizeof(*e), wake_flags());
-	bpf_map_delete_elem(&inflight_dns, &key);
+	bpf_map_delete_elem(&inflight_dns, key);
 	return 0;
+}
+
+/* uv__getaddrinfo_done(struct uv__work *w, int status) */
+static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
+{
+	struct req_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .req = PT_REGS_PARM1(ctx) - gai_work_off };
+	return dns_finish(&key, (int)PT_REGS_PARM2(ctx), END_DONE);
+}
+
+/* Fallback for builds without uv__getaddrinfo_work (stripped): libc's
+ * getaddrinfo(node, service, hints, &req->addrinfo) on the pool thread. */
+static __always_inline int dns_work_libc(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM4(ctx) - gai_addrinfo_off }, .kind = EV_DNS };
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
+	if (!e || e->sync || e->work_start_ns)
+		return 0; /* not a libuv request (another getaddrinfo caller) */
+	e->work_start_ns = bpf_ktime_get_ns();
+	e->worker_tid = tid;
+	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
+	return 0;
+}
+
+struct bpf_map;
+
+struct gai_match {
+	__u64 ai;
+	__u64 best;
+	struct req_key key;
+	__u32 pid;
+	__u32 found;
+};
+
+static long match_gai(struct bpf_map *map, struct req_key *key, struct dns_event *e, struct gai_match *m)
+{
+	if (key->pid != m->pid)
+		return 0;
+	__u64 ai = 1;
+	bpf_probe_read_user(&ai, sizeof(ai), (void *)(key->req + gai_addrinfo_off));
+	if (ai != m->ai)
+		return 0;
+	/* Results reach the loop in the order the pool finished them. */
+	__u64 when = e->work_end_ns ? e->work_end_ns : ~0ULL - 1;
+	if (!m->found || when < m->best) {
+		m->found = 1;
+		m->best = when;
+		m->key = *key;
+	}
+	return 0;
+}
+
+/* Fallback for builds without uv__getaddrinfo_done (stripped): Node frees the
+ * result with uv_freeaddrinfo(req->addrinfo) once its callback has run (also
+ * on failure, with NULL). Find the request whose result this is. */
+static __always_inline int dns_free(struct pt_regs *ctx, __u64 cookie)
+{
+	struct gai_match m = { .ai = PT_REGS_PARM1(ctx), .pid = bpf_get_current_pid_tgid() >> 32 };
+	bpf_for_each_map_elem(&inflight_dns, match_gai, &m, 0);
+	if (!m.found)
+		return 0;
+	struct req_key key = m.key;
+	return dns_finish(&key, 0, END_FREE);
 }
 
 /* ---- event loop ---- */
@@ -424,30 +486,30 @@ static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 n
  * uv__run_idle, uv__run_prepare); the cookie is the enum loop_phase.
  * A phase ends when the next one starts; an iteration runs from one
  * uv__io_poll entry to the next. */
-static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
+static __always_inline struct loop_state *loop_state_of(__u32 pid, __u32 tid)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 pid = id >> 32, tid = (__u32)id;
-	/* 64-bit on purpose: a 32-bit copy would lose the bounds check below */
-	__u64 phase = cookie & 0xFF;
-	if (phase >= UVSPAN_PHASES)
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
-	if (!st) {
-		struct scratch *s = get_scratch();
-		if (!s)
-			return 0;
-		__builtin_memset(&s->loop, 0, sizeof(s->loop));
-		s->loop.cur_phase = UVSPAN_PHASES;
-		s->loop.ev.hdr.kind = EV_LOOP;
-		s->loop.ev.hdr.pid = pid;
-		s->loop.ev.hdr.tid = tid;
-		bpf_map_update_elem(&loops, &tid, &s->loop, BPF_ANY);
-		st = bpf_map_lookup_elem(&loops, &tid);
-		if (!st)
-			return 0;
-	}
+	if (st)
+		return st;
+	struct scratch *s = get_scratch();
+	if (!s)
+		return NULL;
+	__builtin_memset(&s->loop, 0, sizeof(s->loop));
+	s->loop.cur_phase = UVSPAN_PHASES;
+	s->loop.ev.hdr.kind = EV_LOOP;
+	s->loop.ev.hdr.pid = pid;
+	s->loop.ev.hdr.tid = tid;
+	bpf_map_update_elem(&loops, &tid, &s->loop, BPF_ANY);
+	return bpf_map_lookup_elem(&loops, &tid);
+}
+
+/* A phase starts (and the current one ends). Entering poll closes the
+ * iteration. `phase` is 64-bit on purpose: a 32-bit copy would lose the
+ * verifier's bounds on it. */
+static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase, __u64 now)
+{
+	if (phase >= UVSPAN_PHASES)
+		return;
 	__u32 cur = st->cur_phase;
 	if (cur < UVSPAN_PHASES)
 		st->ev.phases[cur].end_ns = now;
@@ -464,6 +526,31 @@ static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
 		st->ev.phases[phase].start_ns = now;
 	st->cur_phase = phase;
 	st->epoll_enter = 0;
+}
+
+/* Phase function entry (uv__io_poll, uv__run_check, uv__run_timers,
+ * uv__run_idle, uv__run_prepare); the cookie's low byte is the enum
+ * loop_phase. A phase ends when the next one starts; an iteration runs from
+ * one uv__io_poll entry to the next. */
+static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct loop_state *st = loop_state_of(id >> 32, (__u32)id);
+	if (st)
+		loop_enter_phase(st, cookie & 0xFF, bpf_ktime_get_ns());
+	return 0;
+}
+
+/* Fallback for builds without the phase functions (stripped): uv_run marks
+ * the thread as running a loop; its epoll waits then delimit iterations. */
+static __always_inline int loop_run(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct loop_state *st = loop_state_of(id >> 32, (__u32)id);
+	if (st) {
+		st->epoll_only = 1;
+		st->ev.epoll_only = 1;
+	}
 	return 0;
 }
 
@@ -489,6 +576,9 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_DNS_WORK: return dns_work(ctx, cookie);
 	case PROBE_DNS_DONE: return dns_done(ctx, cookie);
 	case PROBE_LOOP_PHASE: return loop_phase(ctx, cookie);
+	case PROBE_DNS_WORK_LIBC: return dns_work_libc(ctx, cookie);
+	case PROBE_DNS_FREE: return dns_free(ctx, cookie);
+	case PROBE_LOOP_RUN: return loop_run(ctx, cookie);
 	}
 	return 0;
 }
@@ -506,8 +596,13 @@ static __always_inline int epoll_enter(void)
 	if (!is_traced(pid))
 		return 0;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
-	if (st && st->cur_phase == PHASE_POLL)
-		st->epoll_enter = bpf_ktime_get_ns();
+	if (!st)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (st->epoll_only)
+		loop_enter_phase(st, PHASE_POLL, now);
+	if (st->cur_phase == PHASE_POLL)
+		st->epoll_enter = now;
 	return 0;
 }
 

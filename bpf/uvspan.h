@@ -35,6 +35,10 @@ enum probe_kind {
 	PROBE_DNS_WORK = 7,
 	PROBE_DNS_DONE = 8,
 	PROBE_LOOP_PHASE = 9, /* low byte: enum loop_phase */
+	/* fallbacks for builds without libuv's internal symbols */
+	PROBE_DNS_WORK_LIBC = 10, /* libc getaddrinfo on a pool thread */
+	PROBE_DNS_FREE = 11,      /* uv_freeaddrinfo: DNS completion */
+	PROBE_LOOP_RUN = 12,      /* uv_run: epoll waits delimit iterations */
 };
 #define PROBE_KIND_SHIFT 56
 
@@ -42,6 +46,7 @@ enum probe_kind {
 enum ev_end {
 	END_DONE = 1,    /* libuv completion function (uv__fs_done / uv__getaddrinfo_done) */
 	END_CLEANUP = 2, /* uv_fs_req_cleanup: sync calls, or builds without uv__fs_done */
+	END_FREE = 3,    /* uv_freeaddrinfo: builds without uv__getaddrinfo_done */
 };
 
 /* Loop phases, in the order an iteration (poll entry to next poll entry) sees them. */
@@ -125,6 +130,8 @@ struct loop_event {
 	unsigned long long end_ns;        /* next uv__io_poll entry */
 	unsigned long long poll_wait_ns;  /* time blocked in epoll during the poll phase */
 	unsigned long long skipped;       /* fast iterations on this thread since the last record */
+	unsigned int epoll_only;          /* no phase probes: bounds from epoll waits, no phases */
+	unsigned int _pad;
 	struct phase_span phases[UVSPAN_PHASES];
 };
 

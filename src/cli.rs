@@ -11,10 +11,15 @@ use crate::export::otlp::OtlpProtocol;
     name = "uvspan",
     version,
     about = "Trace libuv inside unmodified Node.js processes with eBPF and export OpenTelemetry spans",
+    args_conflicts_with_subcommands = true,
     after_help = "Examples:\n  uvspan --pid 4242\n  uvspan -- node app.js\n  \
-                  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317 uvspan --pid 4242"
+                  OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4317 uvspan --pid 4242\n  \
+                  uvspan probes --pid 4242"
 )]
 pub struct Cli {
+    #[command(subcommand)]
+    pub sub: Option<Sub>,
+
     /// Trace this running Node.js process (repeatable).
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
@@ -44,6 +49,22 @@ pub struct Cli {
     /// Command to start and trace (after `--`); uvspan exits with its status.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+#[derive(clap::Subcommand, Debug, Clone)]
+pub enum Sub {
+    /// List where libuv is and which probes uvspan can use there (attaches nothing).
+    Probes {
+        /// A running process.
+        #[arg(short, long, conflicts_with = "path")]
+        pid: Option<u32>,
+        /// A node binary, libnode.so or libuv.so.
+        #[arg(value_name = "PATH", required_unless_present = "pid")]
+        path: Option<std::path::PathBuf>,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// "10ms", "1.5s", "250us", "2m", "0" (a bare number is milliseconds).
@@ -79,6 +100,15 @@ mod tests {
         assert!(parse_duration("ten").is_err());
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[test]
+    fn probes_subcommand() {
+        let c = Cli::try_parse_from(["uvspan", "probes", "--pid", "7", "--json"]).unwrap();
+        assert!(matches!(c.sub, Some(Sub::Probes { pid: Some(7), path: None, json: true })));
+        let c = Cli::try_parse_from(["uvspan", "probes", "/usr/bin/node"]).unwrap();
+        assert!(matches!(c.sub, Some(Sub::Probes { pid: None, path: Some(_), json: false })));
+        assert!(Cli::try_parse_from(["uvspan", "probes"]).is_err());
     }
 
     #[test]

@@ -17,8 +17,8 @@ pub struct FsRecord {
     pub result: i64,
     pub fd: Option<i32>,
     pub worker_tid: Option<u32>,
-    /// Ended at uv_fs_req_cleanup rather than at libuv's completion.
-    pub ended_at_cleanup: bool,
+    /// The fallback function it was seen to end at, when not libuv's completion.
+    pub ended_at: Option<&'static str>,
     pub path: Option<String>,
     pub path2: Option<String>,
 }
@@ -35,6 +35,7 @@ pub struct DnsRecord {
     pub end_ns: u64,
     pub retcode: i32,
     pub worker_tid: Option<u32>,
+    pub ended_at: Option<&'static str>,
     pub host: String,
     pub answers: Vec<std::net::IpAddr>,
 }
@@ -50,7 +51,8 @@ pub struct LoopRecord {
     pub poll_wait_ns: u64,
     /// Fast iterations on this thread since the previous record.
     pub skipped: u64,
-    /// (phase index, start, end) for the phases seen, in catalog order.
+    /// (phase index, start, end) for the phases seen, in catalog order;
+    /// empty when the build has no phase probes (epoll waits only).
     pub phases: Vec<(usize, u64, u64)>,
 }
 
@@ -113,6 +115,14 @@ fn cstr(buf: &[i8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+fn ended_at(end_kind: u8) -> Option<&'static str> {
+    match u32::from(end_kind) {
+        k if k == ev_end::END_CLEANUP.0 => Some("uv_fs_req_cleanup"),
+        k if k == ev_end::END_FREE.0 => Some("uv_freeaddrinfo"),
+        _ => None,
+    }
+}
+
 pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     let hdr: ev_header = read(data, 0, std::mem::size_of::<ev_header>())?;
     let kind = hdr.kind;
@@ -133,7 +143,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 result: e.result,
                 fd: (e.fd >= 0).then_some(e.fd),
                 worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
-                ended_at_cleanup: e.end_kind == ev_end::END_CLEANUP.0 as u8,
+                ended_at: ended_at(e.end_kind),
                 path: (!path.is_empty()).then_some(path),
                 path2: (e.has_path2 != 0 && data.len() >= std::mem::size_of::<fs_event>()).then(|| cstr(&e.path2)),
             }))
@@ -158,6 +168,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 end_ns: e.end_ns,
                 retcode: e.retcode,
                 worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
+                ended_at: ended_at(e.end_kind),
                 host: cstr(&e.host),
                 answers,
             }))
@@ -168,7 +179,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 .phases
                 .iter()
                 .enumerate()
-                .filter(|(_, p)| p.start_ns != 0 && p.end_ns >= p.start_ns)
+                .filter(|(_, p)| e.epoll_only == 0 && p.start_ns != 0 && p.end_ns >= p.start_ns)
                 .map(|(i, p)| (i, p.start_ns, p.end_ns))
                 .collect();
             Ok(Record::Loop(LoopRecord {
@@ -253,7 +264,7 @@ mod tests {
         assert_eq!(r.path2, None);
         assert_eq!(r.fd, None);
         assert_eq!(r.result, -2);
-        assert!(!r.ended_at_cleanup);
+        assert_eq!(r.ended_at, None);
     }
 
     #[test]

@@ -2,7 +2,13 @@ use clap::Parser;
 
 fn main() {
     let cli = uvspan::cli::Cli::parse();
-    let code = match uvspan::run::run(cli) {
+    let result = match &cli.sub {
+        Some(uvspan::cli::Sub::Probes { pid, path, json }) => {
+            uvspan::probes::list::run(*pid, path.as_deref(), *json).map(|()| 0)
+        }
+        None => uvspan::run::run(cli),
+    };
+    let code = match result {
         Ok(code) => code,
         Err(e) => {
             // One line: what went wrong, why, what to do.

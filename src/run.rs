@@ -18,9 +18,9 @@ use crate::export::otlp::OtlpConfig;
 use crate::export::{BatchConfig, Destination, Exporter};
 use crate::resource::{self, ProcessInfo};
 use crate::spans::{self, SpanContextSource};
-use crate::symbols::Located;
+use crate::symbols::{Images, Located};
 use crate::target::{self, Spawned};
-use crate::tracer::{ProbeStatus, Settings, Tracer};
+use crate::tracer::{ProbeState, ProbeStatus, Settings, Tracer};
 
 /// One traced process.
 struct Proc {
@@ -95,19 +95,51 @@ impl State<'_> {
     }
 }
 
-fn announce(pid: Option<u32>, loc: &Located, report: &[ProbeStatus], took: Duration) {
-    let ok = report.iter().filter(|r| r.problem.is_none()).count();
+fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration) {
+    let loc = &images.libuv;
+    let attached = report.iter().filter(|r| r.state == ProbeState::Attached).count();
     let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
-    let version = loc.image.node_version.as_deref().unwrap_or("unknown version");
+    let version = loc.image.node_version.as_deref().or(loc.image.libuv_version.as_deref()).unwrap_or("unknown version");
     eprintln!(
-        "uvspan: tracing {who} ({} node {version}): {ok}/{} probes attached in {:.1} ms",
+        "uvspan: tracing {who} ({}, {version}): {attached} probes attached in {:.1} ms",
         loc.path,
-        report.len(),
         took.as_secs_f64() * 1e3
     );
-    for r in report.iter().filter(|r| r.problem.is_some()) {
-        eprintln!("uvspan:   {}: {} — {}", r.symbol, r.problem.as_deref().unwrap_or(""), r.if_missing);
+    for line in notices(loc, report) {
+        eprintln!("uvspan:   {line}");
     }
+}
+
+/// What cannot be traced on this build, and why, one line each.
+pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
+    let mut out = Vec::new();
+    let missing: Vec<&ProbeStatus> = report
+        .iter()
+        .filter(|r| matches!(r.state, ProbeState::Missing | ProbeState::Failed(_)) && r.fallback_for.is_none())
+        .collect();
+    if missing.is_empty() {
+        return out;
+    }
+    if !loc.image.has_symtab {
+        out.push(format!(
+            "{} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed",
+            loc.path
+        ));
+    }
+    for r in missing {
+        let why = match &r.state {
+            ProbeState::Failed(e) => e.clone(),
+            _ => "not found".into(),
+        };
+        out.push(format!("{} {why}: {}", r.symbol, r.if_missing));
+    }
+    for r in report.iter().filter(|r| r.fallback_for.is_some() && r.state == ProbeState::Attached) {
+        out.push(format!("fallback in use: {} instead of {}", r.symbol, r.fallback_for.unwrap_or("")));
+    }
+    for r in report.iter().filter(|r| r.fallback_for.is_some() && matches!(r.state, ProbeState::Missing | ProbeState::Failed(_))) {
+        out.push(format!("fallback {} unavailable: {}", r.symbol, r.if_missing));
+    }
+    out
 }
 
 fn alive(pid: u32) -> bool {
@@ -188,7 +220,7 @@ pub fn run(cli: Cli) -> Result<i32> {
         tracer.add_pid(*pid)?;
         let report = tracer.attach(loc, *pid as i32)?;
         announce(Some(*pid), loc, &report, t.elapsed());
-        st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.image.node_version.clone() });
+        st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.libuv.image.node_version.clone() });
         st.register(*pid);
     }
     let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
@@ -198,7 +230,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             tracer.add_pid(child.pid)?;
             let report = tracer.attach(loc, -1)?;
             announce(None, loc, &report, t.elapsed());
-            st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.image.node_version.clone() });
+            st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.libuv.image.node_version.clone() });
             child.release()?;
             Some(child)
         }

@@ -170,8 +170,8 @@ fn fs_span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
             _ => {}
         }
     }
-    if r.ended_at_cleanup && !r.sync {
-        attrs.push(KeyValue::new(keys::ENDED_AT, "uv_fs_req_cleanup"));
+    if let Some(at) = r.ended_at.filter(|_| !r.sync) {
+        attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
     let mut span = b.span(name, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
     threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
@@ -196,6 +196,9 @@ fn dns_span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
     ];
     if !answers.is_empty() {
         attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Array(Array::String(answers))));
+    }
+    if let Some(at) = r.ended_at {
+        attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
     let mut span = b.span(DNS, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
     span.span_kind = SpanKind::Client;

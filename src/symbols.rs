@@ -1,6 +1,6 @@
 //! Where libuv lives in a process, and the file offsets of the catalog's
-//! symbols there. ELF files are parsed once per build-id (or path when there
-//! is none) and the result cached, so attaching to the 50th process of a
+//! symbols there. ELF files are parsed once per build-id and size (or inode
+//! when there is no build-id) and the result cached, so attaching to the 50th process of a
 //! build costs no re-parse of its ~100 MB binary.
 
 use std::collections::HashMap;
@@ -22,6 +22,8 @@ pub struct Image {
     pub has_symtab: bool,
     /// Node version found in the file ("v20.20.2"), when it can be told.
     pub node_version: Option<String>,
+    /// libuv version found in a libuv.so ("1.44.2"), when it can be told.
+    pub libuv_version: Option<String>,
 }
 
 impl Image {
@@ -30,7 +32,15 @@ impl Image {
     }
 }
 
-/// libuv inside one process.
+/// The files a process's probes go into: where libuv is, and libc (for the
+/// getaddrinfo fallback of builds that only export libuv's API).
+#[derive(Clone, Debug)]
+pub struct Images {
+    pub libuv: Located,
+    pub libc: Option<Located>,
+}
+
+/// One ELF file of a process.
 #[derive(Clone, Debug)]
 pub struct Located {
     /// Path uprobes attach to: opens the very file the process maps, even if
@@ -56,14 +66,26 @@ pub fn inspect(path: &Path) -> Result<Arc<Image>> {
     let elf = object::File::parse(&*map).with_context(|| format!("{} is not an ELF file", path.display()))?;
     let build_id = elf.build_id().ok().flatten().map(hex);
     let meta = file.metadata()?;
-    let key = build_id.clone().unwrap_or_else(|| {
-        use std::os::unix::fs::MetadataExt;
-        format!("{}:{}:{}", meta.dev(), meta.ino(), meta.mtime())
-    });
+    // `strip` keeps the build-id but moves code: the size tells them apart.
+    let key = match &build_id {
+        Some(id) => format!("{id}:{}", meta.len()),
+        None => {
+            use std::os::unix::fs::MetadataExt;
+            format!("{}:{}:{}", meta.dev(), meta.ino(), meta.mtime())
+        }
+    };
     if let Some(img) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(img.clone());
     }
-    let img = Arc::new(parse(&elf, &map, build_id));
+    let is_libuv_so = path
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("libuv"))
+        || std::fs::read_link(path).is_ok_and(|t| t.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libuv")));
+    let mut img = parse(&elf, &map, build_id);
+    if is_libuv_so {
+        img.libuv_version = libuv_version(&map);
+    }
+    let img = Arc::new(img);
     cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, img.clone());
     Ok(img)
 }
@@ -87,7 +109,7 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
             }
         }
     }
-    Image { build_id, offsets, has_symtab, node_version: node_version(data) }
+    Image { build_id, offsets, has_symtab, node_version: node_version(data), libuv_version: None }
 }
 
 /// Virtual address to file offset, through the PT_LOAD segment holding it.
@@ -108,6 +130,58 @@ fn node_version(data: &[u8]) -> Option<String> {
     v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())).then(|| v.to_string())
 }
 
+/// A libuv version string in a libuv.so: a NUL-delimited "1.NN.N".
+fn libuv_version(data: &[u8]) -> Option<String> {
+    data.split(|&b| b == 0).find_map(|s| {
+        let t = std::str::from_utf8(s).ok()?;
+        let parts: Vec<&str> = t.split('.').collect();
+        (parts.len() == 3 && parts[0] == "1" && parts.iter().all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit())))
+            .then(|| t.to_string())
+    })
+}
+
+/// The path to attach to for a file a process maps: /proc/PID/map_files
+/// opens the very file (deleted, replaced or in another mount namespace).
+fn mapped_file(pid: u32, range: &str, path: &str) -> PathBuf {
+    let attach = PathBuf::from(format!("/proc/{pid}/map_files/{range}"));
+    if attach.exists() {
+        attach
+    } else {
+        PathBuf::from(format!("/proc/{pid}/root/{}", path.trim_start_matches('/')))
+    }
+}
+
+/// (address range, path) of each file a process maps, first mapping only.
+fn mapped_files(pid: u32) -> Result<Vec<(String, String)>> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in maps.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() >= 6 && f[5].starts_with('/') && !out.iter().any(|(_, p)| p == f[5]) {
+            out.push((f[0].to_string(), f[5..].join(" ")));
+        }
+    }
+    Ok(out)
+}
+
+fn is_libc(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.starts_with("libc.so") || (name.starts_with("libc-") && name.ends_with(".so"))
+}
+
+/// libc as mapped by a process.
+pub fn locate_libc(pid: u32) -> Option<Located> {
+    let (range, path) = mapped_files(pid).ok()?.into_iter().find(|(_, p)| is_libc(p))?;
+    let attach = mapped_file(pid, &range, &path);
+    let image = inspect(&attach).ok()?;
+    Some(Located { attach_path: attach, path, image })
+}
+
+/// Everything to attach to in a running process.
+pub fn images(pid: u32) -> Result<Images> {
+    Ok(Images { libuv: locate(pid)?, libc: locate_libc(pid) })
+}
+
 /// Finds libuv in a running process: the executable itself, or a shared
 /// library it maps (libuv.so, libnode.so).
 pub fn locate(pid: u32) -> Result<Located> {
@@ -121,26 +195,15 @@ pub fn locate(pid: u32) -> Result<Located> {
         return Ok(Located { attach_path: exe_link, path: exe_str, image: img });
     }
     // Shared libraries, in the order the process mapped them.
-    let maps = std::fs::read_to_string(proc.join("maps")).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
-    let mut seen = Vec::new();
-    for line in maps.lines() {
-        let mut f = line.split_whitespace();
-        let (Some(range), Some(_perms), Some(_off), Some(_dev), Some(_ino), Some(path)) =
-            (f.next(), f.next(), f.next(), f.next(), f.next(), f.next())
-        else {
-            continue;
-        };
-        let name = path.rsplit('/').next().unwrap_or(path);
-        if !(name.starts_with("libuv") || name.starts_with("libnode")) || seen.contains(&path) {
+    for (range, path) in mapped_files(pid)? {
+        let name = path.rsplit('/').next().unwrap_or(&path);
+        if !(name.starts_with("libuv") || name.starts_with("libnode")) {
             continue;
         }
-        seen.push(path);
-        // map_files opens the mapped file itself (deleted or in another mount namespace).
-        let attach = proc.join("map_files").join(range);
-        let attach = if attach.exists() { attach } else { proc.join("root").join(path.trim_start_matches('/')) };
+        let attach = mapped_file(pid, &range, &path);
         if let Ok(img) = inspect(&attach) {
             if img.has_libuv() {
-                return Ok(Located { attach_path: attach, path: path.to_string(), image: img });
+                return Ok(Located { attach_path: attach, path, image: img });
             }
         }
     }
@@ -148,18 +211,54 @@ pub fn locate(pid: u32) -> Result<Located> {
 }
 
 /// libuv in an executable not yet started (the `--` command): the file
-/// itself, or the libuv.so / libnode.so it links against.
+/// itself, or the libuv.so / libnode.so it links against, looked up like the
+/// dynamic loader would (LD_LIBRARY_PATH, then the system directories).
 pub fn locate_file(path: &Path) -> Result<Located> {
     let img = inspect(path)?;
     if img.has_libuv() {
         return Ok(Located { attach_path: path.to_path_buf(), path: path.display().to_string(), image: img });
     }
-    bail!("{} contains no libuv symbols: it is not a Node.js binary", path.display())
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let needs = |lib: &str| memchr::memmem::find(&data, lib.as_bytes()).is_some();
+    if needs("libuv.so") || needs("libnode.so") {
+        let ld = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        let dirs = ld
+            .split(':')
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from)
+            .chain(["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/usr/local/lib", "/usr/lib", "/lib"].map(PathBuf::from));
+        for dir in dirs {
+            for name in ["libuv.so.1", "libuv.so"] {
+                let cand = dir.join(name);
+                if let Ok(img) = inspect(&cand) {
+                    if img.has_libuv() {
+                        return Ok(Located { attach_path: cand.clone(), path: cand.display().to_string(), image: img });
+                    }
+                }
+            }
+        }
+    }
+    bail!("{} contains no libuv symbols, and no libuv.so it links against was found: it is not a Node.js binary", path.display())
+}
+
+/// libc of this system (for a command not started yet: it will load the same).
+pub fn system_libc() -> Option<Located> {
+    locate_libc(std::process::id()).map(|mut l| {
+        // Our own map_files entry dies with us: attach by path instead.
+        l.attach_path = PathBuf::from(&l.path);
+        l
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn libuv_version_string() {
+        assert_eq!(libuv_version(b"\0x\01.44.2\0abc").as_deref(), Some("1.44.2"));
+        assert_eq!(libuv_version(b"\01.2\0 1.44.2\0"), None);
+    }
 
     #[test]
     fn node_version_from_release_url() {

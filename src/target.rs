@@ -10,7 +10,7 @@ use std::sync::mpsc;
 
 use anyhow::{anyhow, bail, Context, Result};
 
-use crate::symbols::{self, Located};
+use crate::symbols::{self, Images};
 
 /// A user-facing error with its own exit code (127: command not found).
 #[derive(Debug)]
@@ -27,7 +27,7 @@ impl std::fmt::Display for ExitCodeError {
 impl std::error::Error for ExitCodeError {}
 
 /// Checks that `pid` is a live process and finds its libuv.
-pub fn check_pid(pid: u32) -> Result<Located> {
+pub fn check_pid(pid: u32) -> Result<Images> {
     let dir = PathBuf::from(format!("/proc/{pid}"));
     if pid == 0 || !dir.exists() {
         bail!("no process with PID {pid}: check the PID (ps -C node -o pid,args)");
@@ -37,7 +37,7 @@ pub fn check_pid(pid: u32) -> Result<Located> {
             bail!("process {pid} has already exited (zombie)");
         }
     }
-    symbols::locate(pid).map_err(|e| anyhow!("cannot trace process {pid}: {e:#}"))
+    symbols::images(pid).map_err(|e| anyhow!("cannot trace process {pid}: {e:#}"))
 }
 
 /// Finds `prog` like execvp would: as given when it holds a '/', else on PATH.
@@ -71,7 +71,7 @@ pub fn shebang(head: &[u8]) -> Option<(String, Option<String>)> {
 /// The Node.js binary a command will run: the command itself, the
 /// interpreter of a node script, or else `node` on PATH (for wrappers such as
 /// `npm` or `sh -c "node …"`, whose node children are followed).
-pub fn node_binary_for(argv0: &str) -> Result<Located> {
+pub fn node_binary_for(argv0: &str) -> Result<Images> {
     let path_var = std::env::var("PATH").ok();
     let prog = resolve_program(argv0, path_var.as_deref()).ok_or_else(|| ExitCodeError {
         code: 127,
@@ -96,8 +96,8 @@ pub fn node_binary_for(argv0: &str) -> Result<Located> {
         candidates.push(node);
     }
     for c in &candidates {
-        if let Ok(loc) = symbols::locate_file(c) {
-            return Ok(loc);
+        if let Ok(libuv) = symbols::locate_file(c) {
+            return Ok(Images { libuv, libc: symbols::system_libc() });
         }
     }
     bail!(

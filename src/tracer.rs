@@ -13,8 +13,8 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 
 use crate::bpf::types::stat_idx;
 use crate::bpf::{UvspanSkel, UvspanSkelBuilder};
-use crate::probes::catalog::{self, Program};
-use crate::symbols::Located;
+use crate::probes::catalog::{self, ImageKind, Program, Use};
+use crate::symbols::{Images, Located};
 
 /// Settings fixed at load time.
 #[derive(Clone, Debug)]
@@ -24,19 +24,74 @@ pub struct Settings {
     pub follow_forks: bool,
 }
 
-/// How one catalog probe fared on one image.
+/// How one catalog probe fares on one process's images.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ProbeStatus {
     pub symbol: &'static str,
+    pub image: ImageKind,
+    /// The file the symbol is in (as the process sees it).
+    pub path: Option<String>,
     pub program: Program,
     /// File offset of the symbol, when found.
     pub offset: Option<u64>,
-    /// None when attached (or attachable), else why not.
-    pub problem: Option<String>,
-    #[serde(skip)]
+    #[serde(rename = "status", serialize_with = "state_word")]
+    pub state: ProbeState,
+    /// What is lost when missing (or, for a fallback, what it stands in for).
     pub if_missing: &'static str,
+    pub fallback_for: Option<&'static str>,
     #[serde(skip)]
     cookie: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeState {
+    /// Attached (or, for `uvspan probes`, attachable).
+    Attached,
+    /// A fallback whose primary symbol exists.
+    NotNeeded,
+    /// The symbol is not in the file.
+    Missing,
+    /// Found but the kernel refused to attach.
+    Failed(String),
+}
+
+fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> std::result::Result<S::Ok, S::Error> {
+    match s {
+        ProbeState::Attached => ser.serialize_str("usable"),
+        ProbeState::NotNeeded => ser.serialize_str("not_needed"),
+        ProbeState::Missing => ser.serialize_str("missing"),
+        ProbeState::Failed(e) => ser.serialize_str(&format!("failed: {e}")),
+    }
+}
+
+/// The plan for a process's images, as statuses (nothing attached yet).
+pub fn plan(images: &Images) -> Vec<ProbeStatus> {
+    let libc = images.libc.as_ref().map(|l| &l.image.offsets);
+    catalog::plan(&images.libuv.image.offsets, libc)
+        .into_iter()
+        .map(|(p, u)| {
+            let path = match p.image {
+                ImageKind::Libuv => Some(images.libuv.path.clone()),
+                ImageKind::Libc => images.libc.as_ref().map(|l| l.path.clone()),
+            };
+            let (offset, state) = match u {
+                Use::Attach(off) => (Some(off), ProbeState::Attached),
+                Use::NotNeeded => (None, ProbeState::NotNeeded),
+                Use::Missing => (None, ProbeState::Missing),
+            };
+            ProbeStatus {
+                symbol: p.symbol,
+                image: p.image,
+                path,
+                program: p.program,
+                offset,
+                state,
+                if_missing: p.if_missing,
+                fallback_for: p.fallback_for,
+                cookie: p.attach_cookie(),
+            }
+        })
+        .collect()
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -144,62 +199,61 @@ impl Tracer {
         self.uprobes.retain(|(_, p), _| *p != pid as i32);
     }
 
-    /// Attaches every catalog probe found in `loc`, for process `pid_filter`
-    /// (-1: every process mapping the file; the kernel-side filter then
-    /// decides). Missing symbols are reported, not fatal; an image with no
+    /// Attaches the planned probes of a process's images, for process
+    /// `pid_filter` (-1: every process mapping the files; the kernel-side
+    /// filter then decides). Missing symbols are reported, not fatal; no
     /// probe attached at all is an error.
-    pub fn attach(&mut self, loc: &Located, pid_filter: i32) -> Result<Vec<ProbeStatus>> {
-        let mut report: Vec<ProbeStatus> = catalog::all_probes()
-            .into_iter()
-            .map(|p| {
-                let offset = loc.image.offsets.get(p.symbol).copied();
-                ProbeStatus {
-                    symbol: p.symbol,
-                    program: p.program,
-                    offset,
-                    problem: offset.is_none().then(|| "symbol not found".to_string()),
-                    if_missing: p.if_missing,
-                    cookie: p.attach_cookie(),
-                }
-            })
-            .collect();
-        let found: Vec<&ProbeStatus> = report.iter().filter(|r| r.offset.is_some()).collect();
-        if found.is_empty() {
-            return Err(anyhow!("no libuv probe symbol found in {}", loc.path));
+    pub fn attach(&mut self, images: &Images, pid_filter: i32) -> Result<Vec<ProbeStatus>> {
+        let mut report = plan(images);
+        let mut attached = 0;
+        for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
+            let Some(loc) = loc else { continue };
+            let mine: Vec<&mut ProbeStatus> =
+                report.iter_mut().filter(|r| r.image == kind && r.state == ProbeState::Attached).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let links = self.attach_image(loc, pid_filter, mine);
+            attached += links.len();
+            if !links.is_empty() {
+                self.uprobes.entry((loc.attach_path.clone(), pid_filter)).or_default().extend(links);
+            }
         }
-        let mut links = Vec::new();
+        if attached == 0 {
+            let why = report
+                .iter()
+                .find_map(|r| match &r.state {
+                    ProbeState::Failed(e) => Some(e.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "no libuv probe symbol found".into());
+            return Err(anyhow!("no probe could be attached to {} ({why})", images.libuv.path));
+        }
+        Ok(report)
+    }
+
+    /// One multi-uprobe link for the image when the kernel has them, else one
+    /// link per probe (so a failure is reported per probe).
+    fn attach_image(&self, loc: &Located, pid: i32, mut probes: Vec<&mut ProbeStatus>) -> Vec<Link> {
         if self.multi {
-            // One link for the whole image: all or nothing.
             let opts = UprobeMultiOpts {
-                offsets: found.iter().map(|r| r.offset.unwrap_or(0) as usize).collect(),
-                cookies: found.iter().map(|r| r.cookie).collect(),
+                offsets: probes.iter().map(|r| r.offset.unwrap_or(0) as usize).collect(),
+                cookies: probes.iter().map(|r| r.cookie).collect(),
                 ..Default::default()
             };
-            if let Ok(link) = self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid_filter, &loc.attach_path, "", opts) {
-                links.push(link);
+            if let Ok(link) = self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, &loc.attach_path, "", opts) {
+                return vec![link];
             }
         }
-        if links.is_empty() {
-            // One link per probe, so a failure is reported per probe.
-            for r in report.iter_mut().filter(|r| r.offset.is_some()) {
-                let opts = UprobeOpts { cookie: r.cookie, retprobe: false, ..Default::default() };
-                match self.skel.progs.uv_single.attach_uprobe_with_opts(
-                    pid_filter,
-                    &loc.attach_path,
-                    r.offset.unwrap_or(0) as usize,
-                    opts,
-                ) {
-                    Ok(link) => links.push(link),
-                    Err(e) => r.problem = Some(format!("attach failed: {e}")),
-                }
+        let mut links = Vec::new();
+        for r in probes.iter_mut() {
+            let opts = UprobeOpts { cookie: r.cookie, retprobe: false, ..Default::default() };
+            match self.skel.progs.uv_single.attach_uprobe_with_opts(pid, &loc.attach_path, r.offset.unwrap_or(0) as usize, opts) {
+                Ok(link) => links.push(link),
+                Err(e) => r.state = ProbeState::Failed(format!("attach failed: {e}")),
             }
         }
-        if links.is_empty() {
-            let why = report.iter().find_map(|r| r.problem.clone()).unwrap_or_default();
-            return Err(anyhow!("no probe could be attached to {} ({why})", loc.path));
-        }
-        self.uprobes.insert((loc.attach_path.clone(), pid_filter), links);
-        Ok(report)
+        links
     }
 
     /// A ring-buffer reader that hands each raw record to `on_record`.

@@ -26,6 +26,12 @@ pub enum Program {
     DnsDone,
     /// Loop phase function entry (cookie: the phase).
     LoopPhase,
+    /// Fallback: libc `getaddrinfo` on a pool thread (DNS work start).
+    DnsWorkLibc,
+    /// Fallback: `uv_freeaddrinfo` (DNS completion, after the callback).
+    DnsFree,
+    /// Fallback: `uv_run` marks loop threads; epoll waits delimit iterations.
+    LoopRun,
 }
 
 impl Program {
@@ -42,6 +48,9 @@ impl Program {
             Program::DnsWork => k::PROBE_DNS_WORK,
             Program::DnsDone => k::PROBE_DNS_DONE,
             Program::LoopPhase => k::PROBE_LOOP_PHASE,
+            Program::DnsWorkLibc => k::PROBE_DNS_WORK_LIBC,
+            Program::DnsFree => k::PROBE_DNS_FREE,
+            Program::LoopRun => k::PROBE_LOOP_RUN,
         };
         u64::from(v.0)
     }
@@ -61,16 +70,29 @@ pub enum Role {
     Phase,
 }
 
+/// Which file a probe's symbol lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageKind {
+    /// The node executable, libnode.so or libuv.so: wherever libuv is.
+    Libuv,
+    /// The C library (for getaddrinfo).
+    Libc,
+}
+
 /// One attach point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
     pub symbol: &'static str,
+    pub image: ImageKind,
     pub program: Program,
     pub role: Role,
     /// The handler's own cookie; [`Probe::attach_cookie`] adds the handler id.
     pub cookie: u64,
     /// Shown when the symbol is missing: what is lost, or what takes over.
     pub if_missing: &'static str,
+    /// A fallback: attached only when this (libuv) symbol is missing.
+    pub fallback_for: Option<&'static str>,
 }
 
 impl Probe {
@@ -160,85 +182,99 @@ pub fn fs_cookie(id: usize, op: &FsOp) -> u64 {
     (id as u64 & 0xFF) | (u64::from(op.cb) << 8) | (idx(op.path) << 12) | (idx(op.path2) << 16) | (idx(op.fd) << 20)
 }
 
-fn other_probes() -> Vec<Probe> {
-    let mut v = vec![
-        Probe {
-            symbol: "uv__fs_work",
-            program: Program::FsWork,
-            role: Role::WorkStart,
-            cookie: 0,
-            if_missing: "fs spans have no threadpool queue/run split",
-        },
-        Probe {
-            symbol: "uv__fs_done",
-            program: Program::FsDone,
-            role: Role::Completion,
-            cookie: 0,
-            if_missing: "async fs spans end at uv_fs_req_cleanup (after the JS callback) instead",
-        },
-        Probe {
-            symbol: "uv_fs_req_cleanup",
-            program: Program::FsCleanup,
-            role: Role::Completion,
-            cookie: 0,
-            if_missing: "sync fs calls are not seen to end",
-        },
-        Probe {
-            symbol: "uv_async_send",
-            program: Program::WorkEnd,
-            role: Role::WorkEnd,
-            cookie: 0,
-            if_missing: "threadpool run time is not split from the wait for the loop",
-        },
-        Probe {
-            symbol: "uv_getaddrinfo",
-            program: Program::DnsSubmit,
-            role: Role::Submit,
-            cookie: 0,
-            if_missing: "no DNS spans",
-        },
-        Probe {
-            symbol: "uv__getaddrinfo_work",
-            program: Program::DnsWork,
-            role: Role::WorkStart,
-            cookie: 0,
-            if_missing: "DNS spans have no threadpool queue/run split",
-        },
-        Probe {
-            symbol: "uv__getaddrinfo_done",
-            program: Program::DnsDone,
-            role: Role::Completion,
-            cookie: 0,
-            if_missing: "DNS lookups are not seen to end: no DNS spans",
-        },
-    ];
-    for (i, (symbol, _)) in PHASES.iter().enumerate() {
-        v.push(Probe {
-            symbol,
-            program: Program::LoopPhase,
-            role: Role::Phase,
-            cookie: i as u64,
-            if_missing: "loop iterations are not split into this phase (its time joins the phase before)",
-        });
-    }
-    v
-}
+/// The probes besides the fs submits: (symbol, image, program, role, cookie,
+/// if missing, fallback for).
+#[rustfmt::skip]
+const OTHER: &[(&str, ImageKind, Program, Role, u64, &str, Option<&str>)] = &[
+    ("uv__fs_work", ImageKind::Libuv, Program::FsWork, Role::WorkStart, 0,
+        "async fs spans have no threadpool queue/run split", None),
+    ("uv__fs_done", ImageKind::Libuv, Program::FsDone, Role::Completion, 0,
+        "async fs spans end at uv_fs_req_cleanup, after the JS callback ran", None),
+    ("uv_fs_req_cleanup", ImageKind::Libuv, Program::FsCleanup, Role::Completion, 0,
+        "sync fs calls are not seen to end: no spans for them", None),
+    ("uv_async_send", ImageKind::Libuv, Program::WorkEnd, Role::WorkEnd, 0,
+        "threadpool run time is not split from the wait for the loop", None),
+    ("uv_getaddrinfo", ImageKind::Libuv, Program::DnsSubmit, Role::Submit, 0,
+        "no DNS spans", None),
+    ("uv__getaddrinfo_work", ImageKind::Libuv, Program::DnsWork, Role::WorkStart, 0,
+        "DNS threadpool start is taken from libc getaddrinfo", None),
+    ("uv__getaddrinfo_done", ImageKind::Libuv, Program::DnsDone, Role::Completion, 0,
+        "DNS spans end at uv_freeaddrinfo, after the JS callback ran", None),
+    ("uv__io_poll", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 0,
+        "loop iterations are delimited by the loop thread's epoll waits, without phases", None),
+    ("uv__run_check", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 1,
+        "no check phase span (its time joins the phase before)", None),
+    ("uv__run_timers", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 2,
+        "no timers phase span (its time joins the phase before)", None),
+    ("uv__run_idle", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 3,
+        "no idle phase span (its time joins the phase before)", None),
+    ("uv__run_prepare", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 4,
+        "no prepare phase span (its time joins the phase before)", None),
+    // Fallbacks, for builds that only export libuv's public API.
+    ("getaddrinfo", ImageKind::Libc, Program::DnsWorkLibc, Role::WorkStart, 0,
+        "DNS spans have no threadpool queue/run split", Some("uv__getaddrinfo_work")),
+    ("uv_freeaddrinfo", ImageKind::Libuv, Program::DnsFree, Role::Completion, 0,
+        "DNS lookups are not seen to end: no DNS spans", Some("uv__getaddrinfo_done")),
+    ("uv_run", ImageKind::Libuv, Program::LoopRun, Role::Phase, 0,
+        "no loop iterations", Some("uv__io_poll")),
+];
 
 /// Every probe uvspan knows, fs submits first.
 pub fn all_probes() -> Vec<Probe> {
-    let mut v: Vec<Probe> = FS_OPS
-        .iter()
-        .enumerate()
-        .map(|(i, op)| Probe {
-            symbol: op.symbol,
-            program: Program::FsSubmit,
-            role: Role::Submit,
-            cookie: fs_cookie(i, op),
-            if_missing: "no spans for this fs operation",
+    let fs = FS_OPS.iter().enumerate().map(|(i, op)| Probe {
+        symbol: op.symbol,
+        image: ImageKind::Libuv,
+        program: Program::FsSubmit,
+        role: Role::Submit,
+        cookie: fs_cookie(i, op),
+        if_missing: "no spans for this fs operation",
+        fallback_for: None,
+    });
+    let other = OTHER.iter().map(|&(symbol, image, program, role, cookie, if_missing, fallback_for)| Probe {
+        symbol,
+        image,
+        program,
+        role,
+        cookie,
+        if_missing,
+        fallback_for,
+    });
+    fs.chain(other).collect()
+}
+
+/// What uvspan does with one probe on a given build.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// Found: attach it.
+    Attach(u64),
+    /// A fallback whose primary symbol exists: not needed.
+    NotNeeded,
+    /// Not found in the image (or no image of its kind).
+    Missing,
+}
+
+/// The plan for one build: each probe with the symbol offset to attach at,
+/// given the symbols found in the libuv image and (optionally) in libc.
+/// Pure, so what `uvspan probes` shows is what `uvspan` attaches.
+pub fn plan(
+    libuv: &std::collections::HashMap<&'static str, u64>,
+    libc: Option<&std::collections::HashMap<&'static str, u64>>,
+) -> Vec<(Probe, Use)> {
+    all_probes()
+        .into_iter()
+        .map(|p| {
+            let syms = match p.image {
+                ImageKind::Libuv => Some(libuv),
+                ImageKind::Libc => libc,
+            };
+            let u = match (p.fallback_for, syms.and_then(|s| s.get(p.symbol))) {
+                (Some(primary), _) if libuv.contains_key(primary) => Use::NotNeeded,
+                (_, Some(&off)) => Use::Attach(off),
+                (_, None) => Use::Missing,
+            };
+            (p, u)
         })
-        .collect();
-    v.extend(other_probes());
-    v
+        .collect()
 }
 
 /// The fs operation of an event's op id.
@@ -263,6 +299,39 @@ mod tests {
         // uv_fs_read(loop, req, file, bufs, nbufs, offset, cb): cb on the stack
         let (i, read) = FS_OPS.iter().enumerate().find(|(_, o)| o.symbol == "uv_fs_read").unwrap();
         assert_eq!(fs_cookie(i, read), i as u64 | 6 << 8 | 0xF << 12 | 0xF << 16 | 2 << 20);
+    }
+
+    #[test]
+    fn phase_cookies_match_phase_table() {
+        for p in all_probes().iter().filter(|p| p.program == Program::LoopPhase) {
+            assert_eq!(PHASES[p.cookie as usize].0, p.symbol);
+        }
+    }
+
+    #[test]
+    fn plan_uses_fallbacks_only_when_needed() {
+        use std::collections::HashMap;
+        let full: HashMap<&'static str, u64> = all_probes()
+            .iter()
+            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
+            .map(|p| (p.symbol, 0x1000))
+            .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
+            .collect();
+        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
+        let plan_full = plan(&full, Some(&libc));
+        let get = |pl: &[(Probe, Use)], s: &str| pl.iter().find(|(p, _)| p.symbol == s).unwrap().1.clone();
+        assert_eq!(get(&plan_full, "uv_run"), Use::NotNeeded);
+        assert_eq!(get(&plan_full, "getaddrinfo"), Use::NotNeeded);
+        assert_eq!(get(&plan_full, "uv__io_poll"), Use::Attach(0x1000));
+
+        // Stripped: only the exported API.
+        let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
+        let plan_s = plan(&stripped, Some(&libc));
+        assert_eq!(get(&plan_s, "uv__io_poll"), Use::Missing);
+        assert_eq!(get(&plan_s, "uv_run"), Use::Attach(0x3000));
+        assert_eq!(get(&plan_s, "uv_freeaddrinfo"), Use::Attach(0x2000));
+        assert_eq!(get(&plan_s, "getaddrinfo"), Use::Attach(0x10));
+        assert_eq!(plan(&stripped, None).iter().find(|(p, _)| p.symbol == "getaddrinfo").unwrap().1, Use::Missing);
     }
 
     #[test]

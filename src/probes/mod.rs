@@ -1,2 +1,3 @@
 //! What uvspan attaches to. See [`catalog`].
 pub mod catalog;
+pub mod list;

@@ -1,0 +1,122 @@
+//! `uvspan probes`: where libuv is and which probes uvspan can use there,
+//! like `tplist` for this domain. Nothing is attached; the plan shown is the
+//! one `uvspan` would attach.
+
+use anyhow::Result;
+use serde::Serialize;
+
+use crate::symbols::{self, Images, Located};
+use crate::tracer::{self, ProbeState, ProbeStatus};
+
+#[derive(Serialize)]
+struct ImageInfo<'a> {
+    path: &'a str,
+    build_id: Option<&'a str>,
+    node_version: Option<&'a str>,
+    libuv_version: Option<&'a str>,
+    symbol_table: bool,
+}
+
+impl<'a> ImageInfo<'a> {
+    fn of(l: &'a Located) -> Self {
+        ImageInfo {
+            path: &l.path,
+            build_id: l.image.build_id.as_deref(),
+            node_version: l.image.node_version.as_deref(),
+            libuv_version: l.image.libuv_version.as_deref(),
+            symbol_table: l.image.has_symtab,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Listing<'a> {
+    pid: Option<u32>,
+    libuv: ImageInfo<'a>,
+    libc: Option<ImageInfo<'a>>,
+    probes: &'a [ProbeStatus],
+}
+
+/// The images for `uvspan probes --pid PID` or `uvspan probes PATH`.
+pub fn images_for(pid: Option<u32>, path: Option<&std::path::Path>) -> Result<Images> {
+    match (pid, path) {
+        (Some(pid), _) => crate::target::check_pid(pid),
+        (None, Some(p)) => Ok(Images { libuv: symbols::locate_file(p)?, libc: symbols::system_libc() }),
+        (None, None) => anyhow::bail!("give --pid PID or the path of a node binary or libuv.so"),
+    }
+}
+
+pub fn render_json(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -> String {
+    let l = Listing { pid, libuv: ImageInfo::of(&images.libuv), libc: images.libc.as_ref().map(ImageInfo::of), probes };
+    serde_json::to_string_pretty(&l).unwrap_or_default()
+}
+
+fn state_word(r: &ProbeStatus) -> &'static str {
+    match (&r.state, r.fallback_for.is_some()) {
+        (ProbeState::Attached, false) => "attachable",
+        (ProbeState::Attached, true) => "fallback",
+        (ProbeState::NotNeeded, _) => "not needed",
+        (ProbeState::Missing, _) => "missing",
+        (ProbeState::Failed(_), _) => "failed",
+    }
+}
+
+fn note(r: &ProbeStatus) -> String {
+    match (&r.state, r.fallback_for) {
+        (ProbeState::Attached, Some(primary)) => format!("in use for missing {primary}"),
+        (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
+        (ProbeState::Missing, _) => r.if_missing.to_string(),
+        (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
+        _ => String::new(),
+    }
+}
+
+/// The human view: the images, then one row per probe.
+pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -> String {
+    let mut out = String::new();
+    let l = &images.libuv;
+    let version = [l.image.node_version.as_deref().map(|v| format!("node {v}")), l.image.libuv_version.as_deref().map(|v| format!("libuv {v}"))]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(", ");
+    if let Some(pid) = pid {
+        out.push_str(&format!("process: {pid}\n"));
+    }
+    out.push_str(&format!(
+        "libuv:   {} ({}; build-id {}; symbol table: {})\n",
+        l.path,
+        if version.is_empty() { "version unknown".into() } else { version },
+        l.image.build_id.as_deref().unwrap_or("none"),
+        if l.image.has_symtab { "yes" } else { "no, stripped: exported API only" }
+    ));
+    match &images.libc {
+        Some(c) => out.push_str(&format!("libc:    {}\n", c.path)),
+        None => out.push_str("libc:    not found\n"),
+    }
+    let attachable = probes.iter().filter(|r| r.state == ProbeState::Attached).count();
+    out.push_str(&format!("probes:  {attachable} of {} usable\n\n", probes.len()));
+    out.push_str(&format!("{:<24} {:<6} {:<12} {:<11} {}\n", "SYMBOL", "IN", "OFFSET", "STATUS", "NOTE"));
+    for r in probes {
+        let image = match r.image {
+            crate::probes::catalog::ImageKind::Libuv => "libuv",
+            crate::probes::catalog::ImageKind::Libc => "libc",
+        };
+        let off = r.offset.map_or_else(|| "-".to_string(), |o| format!("{o:#x}"));
+        out.push_str(&format!("{:<24} {:<6} {:<12} {:<11} {}\n", r.symbol, image, off, state_word(r), note(r)).trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// Runs `uvspan probes`.
+pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool) -> Result<()> {
+    let images = images_for(pid, path)?;
+    let probes = tracer::plan(&images);
+    if json {
+        println!("{}", render_json(pid, &images, &probes));
+    } else {
+        print!("{}", render_table(pid, &images, &probes));
+    }
+    Ok(())
+}
