@@ -99,9 +99,14 @@ fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Dur
     let loc = &images.libuv;
     let attached = report.iter().filter(|r| r.state == ProbeState::Attached).count();
     let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
-    let version = loc.image.node_version.as_deref().or(loc.image.libuv_version.as_deref()).unwrap_or("unknown version");
+    let version = match (&images.node_version, &loc.image.libuv_version) {
+        (Some(n), Some(u)) => format!("node {n}, libuv {u}"),
+        (Some(n), None) => format!("node {n}"),
+        (None, Some(u)) => format!("libuv {u}"),
+        (None, None) => "version unknown".into(),
+    };
     eprintln!(
-        "uvspan: tracing {who} ({}, {version}): {attached} probes attached in {:.1} ms",
+        "uvspan: tracing {who} ({}, {version}): {attached} probes live {:.1} ms after it was found",
         loc.path,
         took.as_secs_f64() * 1e3
     );
@@ -172,10 +177,16 @@ pub fn run(cli: Cli) -> Result<i32> {
     // Resolve every target before touching the kernel, so bad input fails fast.
     let mut pid_targets = Vec::new();
     for &pid in &cli.pids {
-        pid_targets.push((pid, target::check_pid(pid)?));
+        let t = Instant::now();
+        let images = target::check_pid(pid)?;
+        pid_targets.push((pid, images, t.elapsed()));
     }
     let cmd_node = match cli.command.first() {
-        Some(argv0) => Some(target::node_binary_for(argv0)?),
+        Some(argv0) => {
+            let t = Instant::now();
+            let images = target::node_binary_for(argv0)?;
+            Some((images, t.elapsed()))
+        }
         None => None,
     };
 
@@ -215,22 +226,22 @@ pub fn run(cli: Cli) -> Result<i32> {
         scope: spans::scope(),
     };
 
-    for (pid, loc) in &pid_targets {
-        let t = Instant::now();
+    for (pid, loc, lookup) in &pid_targets {
+        let t = Instant::now() - *lookup; // "found" = before its symbols were looked up
         tracer.add_pid(*pid)?;
         let report = tracer.attach(loc, *pid as i32)?;
         announce(Some(*pid), loc, &report, t.elapsed());
-        st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.libuv.image.node_version.clone() });
+        st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
         st.register(*pid);
     }
     let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
-        (Some(loc), false) => {
+        (Some((loc, lookup)), false) => {
             let child = target::spawn_held(&cli.command)?;
-            let t = Instant::now();
+            let t = Instant::now() - *lookup;
             tracer.add_pid(child.pid)?;
             let report = tracer.attach(loc, -1)?;
             announce(None, loc, &report, t.elapsed());
-            st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.libuv.image.node_version.clone() });
+            st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.node_version.clone() });
             child.release()?;
             Some(child)
         }

@@ -38,6 +38,28 @@ impl Image {
 pub struct Images {
     pub libuv: Located,
     pub libc: Option<Located>,
+    /// Node's version: from the libuv image, or from the libnode.so next to
+    /// a shared libuv.
+    pub node_version: Option<String>,
+}
+
+impl Images {
+    pub fn new(libuv: Located, libc: Option<Located>) -> Images {
+        let node_version = libuv.image.node_version.clone().or_else(|| {
+            // A shared libuv: Node's version is in the libnode.so beside it.
+            let dir = Path::new(&libuv.path).parent()?.to_path_buf();
+            let root = libuv.attach_path.to_string_lossy().split("/map_files/").next().map(|p| PathBuf::from(p).join("root"));
+            let dir = match root.filter(|r| r.exists()) {
+                Some(r) => r.join(dir.strip_prefix("/").unwrap_or(&dir)),
+                None => dir,
+            };
+            std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.starts_with("libnode.so") { inspect(&e.path()).ok()?.node_version.clone() } else { None }
+            })
+        });
+        Images { libuv, libc, node_version }
+    }
 }
 
 /// One ELF file of a process.
@@ -130,9 +152,9 @@ fn node_version(data: &[u8]) -> Option<String> {
     v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())).then(|| v.to_string())
 }
 
-/// A libuv version string in a libuv.so: a NUL-delimited "1.NN.N".
+/// A libuv version string in a libuv.so: a standalone "1.NN.N".
 fn libuv_version(data: &[u8]) -> Option<String> {
-    data.split(|&b| b == 0).find_map(|s| {
+    data.split(|b| !b.is_ascii_graphic()).find_map(|s| {
         let t = std::str::from_utf8(s).ok()?;
         let parts: Vec<&str> = t.split('.').collect();
         (parts.len() == 3 && parts[0] == "1" && parts.iter().all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit())))
@@ -179,7 +201,7 @@ pub fn locate_libc(pid: u32) -> Option<Located> {
 
 /// Everything to attach to in a running process.
 pub fn images(pid: u32) -> Result<Images> {
-    Ok(Images { libuv: locate(pid)?, libc: locate_libc(pid) })
+    Ok(Images::new(locate(pid)?, locate_libc(pid)))
 }
 
 /// Finds libuv in a running process: the executable itself, or a shared

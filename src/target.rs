@@ -97,7 +97,7 @@ pub fn node_binary_for(argv0: &str) -> Result<Images> {
     }
     for c in &candidates {
         if let Ok(libuv) = symbols::locate_file(c) {
-            return Ok(Images { libuv, libc: symbols::system_libc() });
+            return Ok(Images::new(libuv, symbols::system_libc()));
         }
     }
     bail!(

@@ -32,6 +32,7 @@ impl<'a> ImageInfo<'a> {
 #[derive(Serialize)]
 struct Listing<'a> {
     pid: Option<u32>,
+    node_version: Option<&'a str>,
     libuv: ImageInfo<'a>,
     libc: Option<ImageInfo<'a>>,
     probes: &'a [ProbeStatus],
@@ -41,13 +42,13 @@ struct Listing<'a> {
 pub fn images_for(pid: Option<u32>, path: Option<&std::path::Path>) -> Result<Images> {
     match (pid, path) {
         (Some(pid), _) => crate::target::check_pid(pid),
-        (None, Some(p)) => Ok(Images { libuv: symbols::locate_file(p)?, libc: symbols::system_libc() }),
+        (None, Some(p)) => Ok(Images::new(symbols::locate_file(p)?, symbols::system_libc())),
         (None, None) => anyhow::bail!("give --pid PID or the path of a node binary or libuv.so"),
     }
 }
 
 pub fn render_json(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -> String {
-    let l = Listing { pid, libuv: ImageInfo::of(&images.libuv), libc: images.libc.as_ref().map(ImageInfo::of), probes };
+    let l = Listing { pid, node_version: images.node_version.as_deref(), libuv: ImageInfo::of(&images.libuv), libc: images.libc.as_ref().map(ImageInfo::of), probes };
     serde_json::to_string_pretty(&l).unwrap_or_default()
 }
 
@@ -75,7 +76,7 @@ fn note(r: &ProbeStatus) -> String {
 pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -> String {
     let mut out = String::new();
     let l = &images.libuv;
-    let version = [l.image.node_version.as_deref().map(|v| format!("node {v}")), l.image.libuv_version.as_deref().map(|v| format!("libuv {v}"))]
+    let version = [images.node_version.as_deref().map(|v| format!("node {v}")), l.image.libuv_version.as_deref().map(|v| format!("libuv {v}"))]
         .into_iter()
         .flatten()
         .collect::<Vec<_>>()
