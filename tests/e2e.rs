@@ -194,7 +194,11 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
     let got = &fs[first..=last];
     for (i, s) in fs.iter().enumerate() {
         if (i < first || i > last) && under_dir(s) {
-            panic!("unexpected fs span on the fixture's dir outside its fs section: {}\nall:\n{}", s.brief(), dump(&fs));
+            panic!(
+                "unexpected fs span on the fixture's dir outside its fs section: {}\nall:\n{}",
+                s.brief(),
+                dump(&fs)
+            );
         }
     }
 
@@ -346,7 +350,10 @@ fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64
         .iter()
         .find(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
         .unwrap_or_else(|| {
-            panic!("no uv.loop.iteration covers the busy callback [{before:.3}, {after:.3}]; iterations:\n{}", dump(&iters))
+            panic!(
+                "no uv.loop.iteration covers the busy callback [{before:.3}, {after:.3}]; iterations:\n{}",
+                dump(&iters)
+            )
         });
     assert!(it.duration_ms() >= 100.0, "the busy iteration lasted < 100 ms: {}", it.brief());
     assert!(it.double("uvspan.loop.busy_ms").is_some_and(|b| b >= 100.0), "{}", it.brief());
@@ -359,7 +366,10 @@ fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64
         assert!(["poll", "check", "timers", "idle", "prepare"].contains(&phase), "{ctx}");
         assert_eq!(c.str("uvspan.loop.phase"), Some(phase), "{ctx}");
         assert_eq!(c.trace_id, it.trace_id, "{ctx}");
-        assert!(c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano, "child outside parent: {ctx}");
+        assert!(
+            c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano,
+            "child outside parent: {ctx}"
+        );
     }
     let timers = children
         .iter()
@@ -456,7 +466,12 @@ fn grpc_export_of_fs_dns_loop_and_resource() {
     let reqs = rx.requests();
     assert!(!reqs.is_empty());
     for r in &reqs {
-        assert_eq!(r.header("x-test-token"), Some("grpc456"), "OTEL_EXPORTER_OTLP_HEADERS as gRPC metadata: {:?}", r.headers);
+        assert_eq!(
+            r.header("x-test-token"),
+            Some("grpc456"),
+            "OTEL_EXPORTER_OTLP_HEADERS as gRPC metadata: {:?}",
+            r.headers
+        );
         assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/grpc")), "{:?}", r.headers);
     }
 }
@@ -476,7 +491,12 @@ fn http_protobuf_export_configured_from_env() {
     assert!(!reqs.is_empty());
     for r in &reqs {
         assert_eq!(r.path, "/v1/traces");
-        assert_eq!(r.header("x-test-token"), Some("abc123"), "OTEL_EXPORTER_OTLP_HEADERS was not honored: {:?}", r.headers);
+        assert_eq!(
+            r.header("x-test-token"),
+            Some("abc123"),
+            "OTEL_EXPORTER_OTLP_HEADERS was not honored: {:?}",
+            r.headers
+        );
         assert_eq!(r.header("content-type"), Some("application/x-protobuf"), "{:?}", r.headers);
     }
 }
@@ -505,15 +525,15 @@ fn service_name_of(tag: &str, uvspan_args: &[&str], command: &[&str]) -> String 
         .find(|s| s.name == "fs.stat" && s.str("file.path") == Some(target.as_str()))
         .unwrap_or_else(|| panic!("no fs.stat of {target}\n{}", out.context()));
     assert!(
-        stat.start_ms() >= m.f64("stat", "before") - CLOCK_SLACK_MS && stat.end_ms() <= m.f64("stat", "after") + CLOCK_SLACK_MS,
+        stat.start_ms() >= m.f64("stat", "before") - CLOCK_SLACK_MS
+            && stat.end_ms() <= m.f64("stat", "after") + CLOCK_SLACK_MS,
         "{}",
         stat.brief()
     );
     assert_eq!(stat.res_int("process.pid"), Some(m.i64("info", "pid")));
     let names: BTreeSet<String> = spans.iter().filter_map(|s| s.res_str("service.name")).map(str::to_string).collect();
     assert_eq!(names.len(), 1, "one service.name for one process: {names:?}");
-    let name = names.into_iter().next().expect("a name");
-    name
+    names.into_iter().next().expect("a name")
 }
 
 #[test]
@@ -593,7 +613,8 @@ fn attach_to_running_process_by_pid() {
     let on = |name: &str, path: &str| fs.iter().filter(|s| s.name == name && s.str("file.path") == Some(path)).count();
     assert_eq!(on("fs.stat", &before), 1, "only the stat after attaching:\n{}", dump(&fs));
     assert_eq!(on("fs.open", &before), 0, "the write before attaching was not traced:\n{}", dump(&fs));
-    let opens: Vec<&&Span> = fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(after.as_str())).collect();
+    let opens: Vec<&&Span> =
+        fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(after.as_str())).collect();
     assert_eq!(opens.len(), 2, "writeFileSync + readFile:\n{}", dump(&fs));
     assert_eq!(opens[0].bool("uvspan.sync"), Some(true));
     assert_eq!(opens[1].bool("uvspan.sync"), Some(false));
@@ -638,22 +659,41 @@ fn console_output_without_endpoint() {
     let target = dir.join("console-target");
     std::fs::write(&target, "x").expect("write the stat target");
     let script = fixture("stat_once.js");
-    let out = run(uvspan_cmd(["--loop-threshold", "0", "--", "node", script.as_str(), target.as_str()]));
+    // --quiet: the fixture prints nothing, so stdout is uvspan's alone.
+    let out = run(uvspan_cmd(["--loop-threshold", "0", "--", "node", script.as_str(), target.as_str(), "--quiet"]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
-    let m = Markers::parse(&out.stdout);
-    let label = format!("stat_once[{}]", m.i64("info", "pid"));
     let sum = summary(&out.stderr);
     assert!(sum.exported > 0 && sum.failed == 0 && sum.lost == 0, "{}", out.context());
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert!(!lines.is_empty(), "nothing on stdout\n{}", out.context());
 
-    // "<HH:MM:SS.micro> <label> <indent><name> <dur>ms k=v ..."
-    let lines: Vec<&str> = out.stdout.lines().filter(|l| !l.starts_with('{')).collect();
+    // "<HH:MM:SS.micro> stat_once[<pid>] <indent><name> <dur>ms k=v ..."
+    let label = lines[0].split(' ').nth(1).unwrap_or_default().to_string();
+    let pid = label
+        .strip_prefix("stat_once[")
+        .and_then(|r| r.strip_suffix(']'))
+        .and_then(|p| p.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("no stat_once[PID] label in {:?}\n{}", lines[0], out.context()));
+    assert!(pid > 0);
     let body = |l: &str| -> Option<String> {
         let (clock, rest) = l.split_once(' ')?;
-        let ok = clock.len() == 15 && clock.as_bytes()[2] == b':' && clock.as_bytes()[8] == b'.';
-        (ok).then(|| rest.strip_prefix(&format!("{label} ")).map(str::to_string)).flatten()
+        let b = clock.as_bytes();
+        let clock_ok = b.len() == 15
+            && b[2] == b':'
+            && b[5] == b':'
+            && b[8] == b'.'
+            && clock.bytes().filter(|c| c.is_ascii_digit()).count() == 12;
+        if !clock_ok {
+            return None;
+        }
+        rest.strip_prefix(&format!("{label} ")).map(str::to_string)
     };
     for l in &lines {
-        assert!(body(l).is_some(), "a stdout line that is neither a fixture marker nor a span line of {label}: {l:?}\n{}", out.context());
+        let b = body(l).unwrap_or_else(|| panic!("not a span line of {label}: {l:?}\n{}", out.context()));
+        let name_and_dur: Vec<&str> = b.trim_start().splitn(3, ' ').collect();
+        assert!(name_and_dur.len() >= 2, "{l:?}");
+        let dur = name_and_dur[1];
+        assert!(dur.ends_with("ms") && dur.trim_end_matches("ms").parse::<f64>().is_ok(), "duration in {l:?}");
     }
     let want_path = format!("file.path={target}");
     let stat = lines
@@ -662,20 +702,26 @@ fn console_output_without_endpoint() {
         .find(|b| b.starts_with("fs.stat ") && b.split(' ').any(|w| w == want_path))
         .unwrap_or_else(|| panic!("no fs.stat line with {want_path}\n{}", out.stdout));
     let words: Vec<&str> = stat.split(' ').collect();
-    assert!(words[1].ends_with("ms") && words[1].trim_end_matches("ms").parse::<f64>().is_ok(), "{stat}");
     assert!(words.contains(&"uvspan.sync=true"), "{stat}");
+    assert!(words.contains(&format!("thread.id={pid}").as_str()), "{stat}");
 
-    let mut nested = false;
+    let mut nested = 0;
     for (i, l) in lines.iter().enumerate() {
-        let Some(b) = body(l) else { continue };
+        let b = body(l).expect("checked above");
         if b.starts_with("uv.loop.iteration ") {
             let next = lines.get(i + 1).and_then(|n| body(n)).unwrap_or_default();
-            assert!(next.starts_with("  uv.loop."), "the line after an iteration is an indented phase: {next:?}\n{}", out.stdout);
+            assert!(
+                next.starts_with("  uv.loop."),
+                "the line after an iteration is an indented phase: {next:?}\n{}",
+                out.stdout
+            );
             assert!(!next.starts_with("   "), "one level of indent: {next:?}");
-            nested = true;
+            nested += 1;
+        } else if b.starts_with("  ") {
+            assert!(b.starts_with("  uv.loop."), "only loop phases are indented: {l:?}");
         }
     }
-    assert!(nested, "no uv.loop.iteration line with --loop-threshold 0\n{}", out.stdout);
+    assert!(nested > 0, "no uv.loop.iteration line with --loop-threshold 0\n{}", out.stdout);
 }
 
 // ===========================================================================
@@ -771,7 +817,16 @@ fn bad_input_loop_threshold() {
 
 #[test]
 fn bad_input_otlp_protocol() {
-    let out = run(uvspan_cmd(["--otlp-protocol", "http/json", "--otlp-endpoint", "http://127.0.0.1:9", "--", "node", "-e", "1"]));
+    let out = run(uvspan_cmd([
+        "--otlp-protocol",
+        "http/json",
+        "--otlp-endpoint",
+        "http://127.0.0.1:9",
+        "--",
+        "node",
+        "-e",
+        "1",
+    ]));
     assert_clap_value_error(&out, "--otlp-protocol", "http/json", "use grpc or http/protobuf");
 }
 
@@ -826,7 +881,11 @@ fn loop_iteration_starts_when_the_loop_wakes() {
     let (before, after) = (m.f64("busy", "before"), m.f64("busy", "after"));
     let it = spans
         .iter()
-        .find(|s| s.name == "uv.loop.iteration" && s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
+        .find(|s| {
+            s.name == "uv.loop.iteration"
+                && s.start_ms() <= before + CLOCK_SLACK_MS
+                && s.end_ms() >= after - CLOCK_SLACK_MS
+        })
         .unwrap_or_else(|| panic!("no iteration around the busy callback\n{}", out.context()));
     // The timer cannot fire before `delay` ms (libuv's loop time may be up to
     // 1 ms stale): the loop cannot have woken up for it earlier than this.
@@ -851,16 +910,7 @@ fn sync_reads_without_req_cleanup_are_reported() {
     let ep = rx.endpoint();
     let dir = TempDir::new("utf8");
     let script = fixture("read_utf8.js");
-    let out = run(uvspan_cmd([
-        "--otlp-endpoint",
-        &ep,
-        "--otlp-protocol",
-        "grpc",
-        "--",
-        "node",
-        &script,
-        &dir.str(),
-    ]));
+    let out = run(uvspan_cmd(["--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", &script, &dir.str()]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let m = Markers::parse(&out.stdout);
     assert_eq!(m.str("info", "text"), "hello");
@@ -869,7 +919,8 @@ fn sync_reads_without_req_cleanup_are_reported() {
     let mut fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
     fs.sort_by_key(|s| s.start_unix_nano);
     // writeFileSync opens it first, readFileSync second.
-    let opens: Vec<&&Span> = fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str())).collect();
+    let opens: Vec<&&Span> =
+        fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str())).collect();
     assert_eq!(opens.len(), 2, "{}", dump(&fs));
     let fd = opens[1].int("uvspan.fs.fd").expect("fd");
     assert!(

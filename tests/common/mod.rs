@@ -374,7 +374,11 @@ pub fn flatten(rs: &[ResourceSpans]) -> Vec<Span> {
                     events: s
                         .events
                         .iter()
-                        .map(|e| Event { name: e.name.clone(), time_unix_nano: e.time_unix_nano, attributes: attrs(&e.attributes) })
+                        .map(|e| Event {
+                            name: e.name.clone(),
+                            time_unix_nano: e.time_unix_nano,
+                            attributes: attrs(&e.attributes),
+                        })
                         .collect(),
                     status,
                     status_message,
