@@ -80,6 +80,18 @@ struct {
 	__type(value, struct worker_job);
 } worker_jobs SEC(".maps");
 
+/* Per thread: its last sync fs request, not yet seen to end. Some Node code
+ * (ReadFileUtf8: module loading, readFileSync(path, 'utf8')) reuses one
+ * request for several sync calls without uv_fs_req_cleanup between them;
+ * the thread's next libuv call ends it then, since a sync call has
+ * returned by the time its thread does anything else. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct req_key);
+} sync_pending SEC(".maps");
+
 /* Per loop thread: the iteration in progress. */
 struct loop_state {
 	struct loop_event ev;
@@ -87,6 +99,8 @@ struct loop_state {
 	__u64 epoll_enter;
 	__u32 cur_phase; /* UVSPAN_PHASES = none yet */
 	__u32 epoll_only; /* no phase probes: epoll waits delimit iterations */
+	__u32 wake_frozen; /* an epoll wait in this poll phase returned events */
+	__u32 _pad;
 };
 
 struct {
@@ -196,6 +210,37 @@ static __always_inline __u64 arg_at(struct pt_regs *ctx, __u32 idx)
 #define cookie_field(c, shift) ((__u32)(((c) >> (shift)) & 0xF))
 
 /* ---- fs ---- */
+static __always_inline __u32 fs_record_size(const struct fs_event *e)
+{
+	return e->has_path2 ? sizeof(*e) : sizeof(*e) - UVSPAN_PATH_MAX;
+}
+
+/* Ends an fs request: reads req->result, sends one record. */
+static __always_inline int fs_finish(__u32 pid, __u64 req, __u8 end_kind)
+{
+	struct req_key key = { .pid = pid, .req = req };
+	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &key);
+	if (!e)
+		return 0;
+	e->end_ns = bpf_ktime_get_ns();
+	e->end_kind = end_kind;
+	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + fs_result_off));
+	emit(e, fs_record_size(e), wake_flags());
+	bpf_map_delete_elem(&inflight_fs, &key);
+	return 0;
+}
+
+/* Ends the thread's pending sync request, if any (see sync_pending). */
+static __always_inline void end_pending_sync(__u32 tid)
+{
+	struct req_key *k = bpf_map_lookup_elem(&sync_pending, &tid);
+	if (!k)
+		return;
+	struct req_key key = *k;
+	bpf_map_delete_elem(&sync_pending, &tid);
+	fs_finish(key.pid, key.req, END_NEXT);
+}
+
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -205,6 +250,8 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	struct fs_event *e = &s->fs;
 	__u32 idx;
+
+	end_pending_sync((__u32)id);
 
 	e->hdr.kind = EV_FS;
 	e->hdr.pid = pid;
@@ -241,6 +288,10 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	if (bpf_map_lookup_elem(&inflight_fs, &key))
 		stat_inc(STAT_INFLIGHT_REPLACED);
 	bpf_map_update_elem(&inflight_fs, &key, e, BPF_ANY);
+	if (e->sync) {
+		__u32 tid = (__u32)id;
+		bpf_map_update_elem(&sync_pending, &tid, &key, BPF_ANY);
+	}
 	return 0;
 }
 
@@ -259,38 +310,24 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 	return 0;
 }
 
-static __always_inline __u32 fs_record_size(const struct fs_event *e)
-{
-	return e->has_path2 ? sizeof(*e) : sizeof(*e) - UVSPAN_PATH_MAX;
-}
-
-static __always_inline int fs_finish(struct pt_regs *ctx, __u64 req, __u8 end_kind)
-{
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	struct req_key key = { .pid = pid, .req = req };
-	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &key);
-	if (!e)
-		return 0;
-	e->end_ns = bpf_ktime_get_ns();
-	e->end_kind = end_kind;
-	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + fs_result_off));
-	emit(e, fs_record_size(e), wake_flags());
-	bpf_map_delete_elem(&inflight_fs, &key);
-	return 0;
-}
-
 /* uv__fs_done(struct uv__work *w, int status): completion on the loop thread,
  * just before the callback runs. */
 static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_finish(ctx, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
+	return fs_finish(bpf_get_current_pid_tgid() >> 32, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
  * Ends sync requests, and async ones in builds where uv__fs_done is absent. */
 static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_finish(ctx, PT_REGS_PARM1(ctx), END_CLEANUP);
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	__u64 req = PT_REGS_PARM1(ctx);
+	struct req_key *k = bpf_map_lookup_elem(&sync_pending, &tid);
+	if (k && k->req == req)
+		bpf_map_delete_elem(&sync_pending, &tid);
+	return fs_finish(id >> 32, req, END_CLEANUP);
 }
 
 /* ---- threadpool job end: the worker wakes the loop right after w->work(w) ---- */
@@ -520,6 +557,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 		st->ev.wake_ns = 0;
 		st->ev.end_ns = 0;
 		st->ev.poll_wait_ns = 0;
+		st->wake_frozen = 0;
 		__builtin_memset(st->ev.phases, 0, sizeof(st->ev.phases));
 	}
 	if (st->ev.start_ns && !st->ev.phases[phase].start_ns)
@@ -535,6 +573,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
+	end_pending_sync((__u32)id);
 	struct loop_state *st = loop_state_of(id >> 32, (__u32)id);
 	if (st)
 		loop_enter_phase(st, cookie & 0xFF, bpf_ktime_get_ns());
@@ -606,7 +645,17 @@ static __always_inline int epoll_enter(void)
 	return 0;
 }
 
-static __always_inline int epoll_exit(void)
+/* Format of the syscalls:sys_exit_* tracepoints (common fields, nr, ret). */
+struct sys_exit_args {
+	__u64 common;
+	long nr;
+	long ret;
+};
+
+/* The loop woke up when an epoll wait returned events (or, if none did, when
+ * the last one returned: a timeout). libuv with idle-time metrics (Node)
+ * first polls with timeout 0, so the first return is not the wake-up. */
+static __always_inline int epoll_exit(struct sys_exit_args *args)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
@@ -617,8 +666,10 @@ static __always_inline int epoll_exit(void)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	st->ev.poll_wait_ns += now - st->epoll_enter;
-	if (!st->ev.wake_ns)
+	if (!st->wake_frozen) {
 		st->ev.wake_ns = now;
+		st->wake_frozen = args->ret > 0;
+	}
 	st->epoll_enter = 0;
 	return 0;
 }
@@ -626,15 +677,15 @@ static __always_inline int epoll_exit(void)
 SEC("tracepoint/syscalls/sys_enter_epoll_wait")
 int epoll_wait_enter(void *ctx) { return epoll_enter(); }
 SEC("tracepoint/syscalls/sys_exit_epoll_wait")
-int epoll_wait_exit(void *ctx) { return epoll_exit(); }
+int epoll_wait_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 SEC("tracepoint/syscalls/sys_enter_epoll_pwait")
 int epoll_pwait_enter(void *ctx) { return epoll_enter(); }
 SEC("tracepoint/syscalls/sys_exit_epoll_pwait")
-int epoll_pwait_exit(void *ctx) { return epoll_exit(); }
+int epoll_pwait_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 SEC("tracepoint/syscalls/sys_enter_epoll_pwait2")
 int epoll_pwait2_enter(void *ctx) { return epoll_enter(); }
 SEC("tracepoint/syscalls/sys_exit_epoll_pwait2")
-int epoll_pwait2_exit(void *ctx) { return epoll_exit(); }
+int epoll_pwait2_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 
 /* ---- process lifecycle ---- */
 struct task_struct {

@@ -47,6 +47,7 @@ enum ev_end {
 	END_DONE = 1,    /* libuv completion function (uv__fs_done / uv__getaddrinfo_done) */
 	END_CLEANUP = 2, /* uv_fs_req_cleanup: sync calls, or builds without uv__fs_done */
 	END_FREE = 3,    /* uv_freeaddrinfo: builds without uv__getaddrinfo_done */
+	END_NEXT = 4,    /* sync call with no cleanup: the thread's next libuv call */
 };
 
 /* Loop phases, in the order an iteration (poll entry to next poll entry) sees them. */
@@ -126,7 +127,7 @@ struct phase_span {
 struct loop_event {
 	struct ev_header hdr;
 	unsigned long long start_ns;      /* uv__io_poll entry */
-	unsigned long long wake_ns;       /* end of the first epoll wait (0 = none seen) */
+	unsigned long long wake_ns;       /* an epoll wait returned events, or the last one timed out (0 = none seen) */
 	unsigned long long end_ns;        /* next uv__io_poll entry */
 	unsigned long long poll_wait_ns;  /* time blocked in epoll during the poll phase */
 	unsigned long long skipped;       /* fast iterations on this thread since the last record */

@@ -17,7 +17,7 @@ pub struct FsRecord {
     pub result: i64,
     pub fd: Option<i32>,
     pub worker_tid: Option<u32>,
-    /// The fallback function it was seen to end at, when not libuv's completion.
+    /// Where it was seen to end (see [`ended_at`]).
     pub ended_at: Option<&'static str>,
     pub path: Option<String>,
     pub path2: Option<String>,
@@ -115,10 +115,15 @@ fn cstr(buf: &[i8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-fn ended_at(end_kind: u8) -> Option<&'static str> {
+/// Where an operation was seen to end: libuv's completion function
+/// (`uv__fs_done`, `uv__getaddrinfo_done`), `uv_fs_req_cleanup`,
+/// `uv_freeaddrinfo`, or `next_libuv_call` (a sync call with no cleanup).
+pub fn ended_at(end_kind: u8) -> Option<&'static str> {
     match u32::from(end_kind) {
+        k if k == ev_end::END_DONE.0 => Some("libuv_done"),
         k if k == ev_end::END_CLEANUP.0 => Some("uv_fs_req_cleanup"),
         k if k == ev_end::END_FREE.0 => Some("uv_freeaddrinfo"),
+        k if k == ev_end::END_NEXT.0 => Some("next_libuv_call"),
         _ => None,
     }
 }
@@ -264,7 +269,7 @@ mod tests {
         assert_eq!(r.path2, None);
         assert_eq!(r.fd, None);
         assert_eq!(r.result, -2);
-        assert_eq!(r.ended_at, None);
+        assert_eq!(r.ended_at, Some("libuv_done"));
     }
 
     #[test]

@@ -1,7 +1,17 @@
 use clap::Parser;
 
 fn main() {
-    let cli = uvspan::cli::Cli::parse();
+    let cli = match uvspan::cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // One line, like every other uvspan error.
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            eprintln!("uvspan: {first} (see uvspan --help)");
+            std::process::exit(2);
+        }
+    };
     let result = match &cli.sub {
         Some(uvspan::cli::Sub::Probes { pid, path, json }) => {
             uvspan::probes::list::run(*pid, path.as_deref(), *json).map(|()| 0)

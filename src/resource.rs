@@ -152,31 +152,53 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Node options whose value is the next argument.
+const OPTS_WITH_VALUE: &[&str] = &[
+    "-r", "--require", "--import", "--loader", "--experimental-loader", "-C", "--conditions", "--title",
+    "--inspect-port", "--env-file", "--input-type", "--stack-size", "--max-old-space-size",
+];
+
 /// A service name from a command line: the script node runs ("app" for
-/// `node --x app.js`), else the executable's name.
+/// `node --x app.js`, the folder for `.../shop/index.js`), else the
+/// executable's name (also for `node -e CODE` / `-p`).
 pub fn derive_service_name(argv: &[String], exe: &str) -> String {
-    let script = argv.iter().skip(1).find(|a| !a.starts_with('-'));
     let base = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
-    match script {
-        Some(s) => {
-            let b = base(s);
-            for ext in [".js", ".mjs", ".cjs", ".ts"] {
-                if let Some(stem) = b.strip_suffix(ext) {
-                    if stem == "index" || stem == "main" || stem == "server" {
-                        // index.js says little; use its folder when there is one.
-                        let parent = s.rsplit('/').nth(1).filter(|p| !p.is_empty() && *p != ".");
-                        return parent.map_or(stem.to_string(), str::to_string);
-                    }
-                    return stem.to_string();
-                }
+    let exe_name = || {
+        let b = base(argv.first().map_or(exe, |a| a.as_str()));
+        if b.is_empty() { "node".to_string() } else { b }
+    };
+    let mut script = None;
+    let mut it = argv.iter().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-e" | "--eval" | "-p" | "--print" => return exe_name(),
+            "--" => {
+                script = it.next();
+                break;
             }
-            b
-        }
-        None => {
-            let b = base(argv.first().map_or(exe, |a| a.as_str()));
-            if b.is_empty() { "node".to_string() } else { b }
+            o if OPTS_WITH_VALUE.contains(&o) => {
+                it.next();
+            }
+            o if o.starts_with('-') => {}
+            _ => {
+                script = Some(a);
+                break;
+            }
         }
     }
+    let Some(s) = script else { return exe_name() };
+    let b = base(s);
+    for ext in [".js", ".mjs", ".cjs", ".ts"] {
+        if let Some(stem) = b.strip_suffix(ext) {
+            if stem == "index" || stem == "main" || stem == "server" {
+                // index.js says little; use its folder when there is one.
+                let parent = s.rsplit('/').nth(1).filter(|p| !p.is_empty() && *p != ".");
+                return parent.map_or(stem.to_string(), str::to_string);
+            }
+            return stem.to_string();
+        }
+    }
+    b
 }
 
 #[cfg(test)]
@@ -213,6 +235,10 @@ mod tests {
         assert_eq!(derive_service_name(&a(&["node", "/opt/shop/index.js"]), ""), "shop");
         assert_eq!(derive_service_name(&a(&["node"]), "/usr/bin/node"), "node");
         assert_eq!(derive_service_name(&[], "/usr/bin/node"), "node");
+        assert_eq!(derive_service_name(&a(&["node", "-e", "require('fs')"]), ""), "node");
+        assert_eq!(derive_service_name(&a(&["/opt/n/bin/node", "-p", "1"]), ""), "node");
+        assert_eq!(derive_service_name(&a(&["node", "-r", "dotenv/config", "api.js"]), ""), "api");
+        assert_eq!(derive_service_name(&a(&["node", "--", "x.mjs"]), ""), "x");
     }
 
     #[test]

@@ -170,7 +170,10 @@ fn fs_span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
             _ => {}
         }
     }
-    if let Some(at) = r.ended_at.filter(|_| !r.sync) {
+    // Said only when the end is not the usual one: sync calls end at
+    // uv_fs_req_cleanup, async ones at libuv's completion.
+    let usual = if r.sync { "uv_fs_req_cleanup" } else { "libuv_done" };
+    if let Some(at) = r.ended_at.filter(|&at| at != usual) {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
     let mut span = b.span(name, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
@@ -197,7 +200,7 @@ fn dns_span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
     if !answers.is_empty() {
         attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Array(Array::String(answers))));
     }
-    if let Some(at) = r.ended_at {
+    if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
     let mut span = b.span(DNS, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
