@@ -25,6 +25,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 const volatile unsigned long long loop_threshold_ns = 10000000ULL;
 const volatile unsigned long long wakeup_bytes = 256 * 1024;
 const volatile unsigned int follow_forks = 0;
+/* --all: report every exec, so user space can pick up new Node processes */
+const volatile unsigned int discover = 0;
 /* libuv request layout (x86_64, libuv 1.x ABI) */
 const volatile unsigned int fs_work_off = 336;     /* offsetof(uv_fs_t, work_req) */
 const volatile unsigned int fs_result_off = 88;    /* offsetof(uv_fs_t, result) */
@@ -724,7 +726,7 @@ int proc_exec(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	if (!is_traced(pid))
+	if (!discover && !is_traced(pid))
 		return 0;
 	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0);
 	return 0;
@@ -739,6 +741,7 @@ int proc_exit(void *ctx)
 		return 0;
 	bpf_map_delete_elem(&loops, &tid);
 	bpf_map_delete_elem(&worker_jobs, &tid);
+	bpf_map_delete_elem(&sync_pending, &tid);
 	if (pid != tid)
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);

@@ -24,6 +24,28 @@ pub struct Cli {
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
 
+    /// Trace every Node.js process in uvspan's PID namespace, including ones
+    /// started later (found at exec).
+    #[arg(long)]
+    pub all: bool,
+
+    /// With --all (implied): only processes whose cgroup path starts with this.
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
+
+    /// With --all (implied): only processes in this container (id or prefix).
+    #[arg(long, value_name = "ID")]
+    pub container: Option<String>,
+
+    /// With --all: skip processes started with the OpenTelemetry JS SDK
+    /// (an @opentelemetry/ module in --require/--import or NODE_OPTIONS).
+    #[arg(long)]
+    pub exclude_already_instrumented: bool,
+
+    /// YAML file with any of these options (flags > environment > file).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+
     /// OTLP endpoint; without one, spans are printed to stdout.
     #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
@@ -46,9 +68,21 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub flush_timeout: Duration,
 
+    /// Print a status line (processes, spans exported, dropped, lost, export
+    /// errors) this often; 0 = only at exit.
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
+    pub status_interval: Duration,
+
     /// Command to start and trace (after `--`); uvspan exits with its status.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+impl Cli {
+    /// Discovery mode: --all, or a scope that implies it.
+    pub fn discover(&self) -> bool {
+        self.all || self.cgroup.is_some() || self.container.is_some()
+    }
 }
 
 #[derive(clap::Subcommand, Debug, Clone)]

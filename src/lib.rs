@@ -10,7 +10,9 @@
 pub mod bpf;
 pub mod cli;
 pub mod clock;
+pub mod config;
 pub mod decode;
+pub mod discover;
 pub mod errno;
 pub mod export;
 pub mod probes;

@@ -1,8 +1,8 @@
-use clap::Parser;
+use clap::CommandFactory;
 
 fn main() {
-    let cli = match uvspan::cli::Cli::try_parse() {
-        Ok(cli) => cli,
+    let matches = match uvspan::cli::Cli::command().try_get_matches() {
+        Ok(m) => m,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
             // One line, like every other uvspan error.
@@ -12,11 +12,18 @@ fn main() {
             std::process::exit(2);
         }
     };
+    let (cli, file) = match uvspan::config::cli_with_file(&matches) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("uvspan: {e:#}");
+            std::process::exit(2);
+        }
+    };
     let result = match &cli.sub {
         Some(uvspan::cli::Sub::Probes { pid, path, json }) => {
             uvspan::probes::list::run(*pid, path.as_deref(), *json).map(|()| 0)
         }
-        None => uvspan::run::run(cli),
+        None => uvspan::run::run(cli, file),
     };
     let code = match result {
         Ok(code) => code,

@@ -12,6 +12,10 @@ pub struct ProcessInfo {
     pub exe: String,
     pub argv: Vec<String>,
     pub cgroup: Option<String>,
+    /// Every path in /proc/PID/cgroup (v1 hierarchies and v2).
+    pub cgroups: Vec<String>,
+    /// The target's environment, for the Kubernetes downward API names.
+    pub env: Vec<(String, String)>,
     /// The target's own OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES.
     pub env_service_name: Option<String>,
     pub env_resource_attributes: Vec<(String, String)>,
@@ -29,9 +33,9 @@ impl ProcessInfo {
         let argv = split_nul(&std::fs::read(format!("{dir}/cmdline")).unwrap_or_default());
         let env = split_nul(&std::fs::read(format!("{dir}/environ")).unwrap_or_default());
         let get = |k: &str| env.iter().find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
-        let cgroup = std::fs::read_to_string(format!("{dir}/cgroup"))
-            .ok()
-            .and_then(|c| cgroup_path(&c));
+        let cgroup_text = std::fs::read_to_string(format!("{dir}/cgroup")).unwrap_or_default();
+        let cgroup = cgroup_path(&cgroup_text);
+        let cgroups = cgroup_paths(&cgroup_text);
         let ppid = std::fs::read_to_string(format!("{dir}/stat")).ok().and_then(|s| parse_ppid(&s));
         ProcessInfo {
             pid,
@@ -39,6 +43,8 @@ impl ProcessInfo {
             exe,
             argv,
             cgroup,
+            cgroups,
+            env: env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             env_service_name: get("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()),
             env_resource_attributes: get("OTEL_RESOURCE_ATTRIBUTES").map(|s| parse_resource_attributes(&s)).unwrap_or_default(),
             node_version,
@@ -79,9 +85,13 @@ impl ProcessInfo {
         attrs.push(KeyValue::new("host.name", host.to_string()));
         if let Some(cg) = &self.cgroup {
             attrs.push(KeyValue::new("process.linux.cgroup", cg.clone()));
-            if let Some(id) = container_id(cg) {
-                attrs.push(KeyValue::new("container.id", id));
-            }
+        }
+        if let Some(id) = self.cgroups.iter().find_map(|p| container_id(p)) {
+            attrs.push(KeyValue::new("container.id", id));
+        }
+        let own: Vec<(String, String)> = std::env::vars().collect();
+        for (k, v) in k8s_attributes(&self.cgroups, &self.env, &own) {
+            attrs.push(KeyValue::new(k, v));
         }
         attrs.push(KeyValue::new("telemetry.sdk.name", "uvspan"));
         attrs.push(KeyValue::new("telemetry.sdk.language", "rust"));
@@ -99,12 +109,73 @@ fn split_nul(b: &[u8]) -> Vec<String> {
     b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
 }
 
-/// The cgroup path: the cgroup v2 entry ("0::/path"), else the first v1 line's path.
+/// Every cgroup path in /proc/PID/cgroup, v2 ("0::/path") first.
+pub fn cgroup_paths(proc_cgroup: &str) -> Vec<String> {
+    let mut v: Vec<(bool, String)> = proc_cgroup
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (id, _, path) = (f.next()?, f.next()?, f.next()?);
+            Some((id != "0", path.to_string()))
+        })
+        .collect();
+    v.sort_by_key(|(v1, _)| *v1);
+    let mut out: Vec<String> = Vec::new();
+    for (_, p) in v {
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The process's cgroup: the v2 path, unless it is the root "/" while a v1
+/// hierarchy says more (hybrid hosts), then the first such v1 path.
 pub fn cgroup_path(proc_cgroup: &str) -> Option<String> {
-    let lines: Vec<&str> = proc_cgroup.lines().filter(|l| !l.is_empty()).collect();
-    let v2 = lines.iter().find_map(|l| l.strip_prefix("0::"));
-    v2.or_else(|| lines.first().and_then(|l| l.splitn(3, ':').nth(2)))
-        .map(str::to_string)
+    let paths = cgroup_paths(proc_cgroup);
+    paths.iter().find(|p| p.as_str() != "/").or(paths.first()).cloned()
+}
+
+/// Kubernetes attributes: `k8s.pod.uid` from the cgroup path
+/// (`kubepods-…-pod<uid>.slice` or `/kubepods/…/pod<uid>/`), and
+/// `k8s.pod.name`, `k8s.namespace.name`, `k8s.node.name` from downward-API
+/// variables in the target's environment, else in uvspan's own (a sidecar
+/// shares its pod; a DaemonSet shares only the node name).
+pub fn k8s_attributes(cgroups: &[String], target_env: &[(String, String)], own_env: &[(String, String)]) -> Vec<(&'static str, String)> {
+    let get = |env: &[(String, String)], keys: &[&str]| {
+        keys.iter().find_map(|k| env.iter().find(|(ek, v)| ek == k && !v.is_empty()).map(|(_, v)| v.clone()))
+    };
+    let mut out = Vec::new();
+    let uid = cgroups.iter().find_map(|p| pod_uid(p));
+    let in_pod = uid.is_some() || get(target_env, &["K8S_POD_NAME", "POD_NAME"]).is_some();
+    if let Some(uid) = uid {
+        out.push(("k8s.pod.uid", uid));
+    }
+    let pod_keys: [(&'static str, &[&str]); 2] = [
+        ("k8s.pod.name", &["K8S_POD_NAME", "POD_NAME"]),
+        ("k8s.namespace.name", &["K8S_NAMESPACE_NAME", "K8S_POD_NAMESPACE", "POD_NAMESPACE"]),
+    ];
+    for (attr, keys) in pod_keys {
+        // uvspan's own pod names only apply to a target in a pod (a sidecar's neighbour).
+        if let Some(v) = get(target_env, keys).or_else(|| if in_pod { get(own_env, keys) } else { None }) {
+            out.push((attr, v));
+        }
+    }
+    if let Some(v) = get(target_env, &["K8S_NODE_NAME", "NODE_NAME"]).or_else(|| get(own_env, &["K8S_NODE_NAME", "NODE_NAME"])) {
+        out.push(("k8s.node.name", v));
+    }
+    out
+}
+
+/// The pod UID in a kubelet cgroup path (systemd driver writes it with '_').
+pub fn pod_uid(cgroup: &str) -> Option<String> {
+    cgroup.split('/').find_map(|seg| {
+        let seg = seg.strip_suffix(".slice").unwrap_or(seg);
+        let idx = seg.rfind("pod")?;
+        let uid = seg[idx + 3..].replace('_', "-");
+        let ok = uid.len() == 36 && uid.bytes().all(|b| b.is_ascii_hexdigit() || b == b'-');
+        ok.then_some(uid)
+    })
 }
 
 /// A container id in a cgroup path: the last 64-hex-digit run in a path
@@ -219,6 +290,29 @@ mod tests {
             assert_eq!(container_id(&path).as_deref(), Some(id.as_str()), "{path}");
         }
         assert_eq!(container_id("/user.slice/user-0.slice/session-3.scope"), None);
+    }
+
+    #[test]
+    fn kubernetes() {
+        let uid = "1f2e3d4c-5b6a-7988-a1b2-c3d4e5f6a7b8";
+        let systemd = format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope", uid.replace('-', "_"), "a".repeat(64));
+        let cgroupfs = format!("/kubepods/besteffort/pod{uid}/{}", "b".repeat(64));
+        assert_eq!(pod_uid(&systemd).as_deref(), Some(uid));
+        assert_eq!(pod_uid(&cgroupfs).as_deref(), Some(uid));
+        assert_eq!(pod_uid("/user.slice"), None);
+        let e = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        let attrs = k8s_attributes(&[systemd], &e(&[("K8S_POD_NAME", "web-1")]), &e(&[("K8S_NODE_NAME", "n1"), ("K8S_NAMESPACE_NAME", "shop")]));
+        assert_eq!(attrs, vec![("k8s.pod.uid", uid.to_string()), ("k8s.pod.name", "web-1".into()), ("k8s.namespace.name", "shop".into()), ("k8s.node.name", "n1".into())]);
+        // Not in a pod: uvspan's own pod names do not apply, the node does.
+        let attrs = k8s_attributes(&["/user.slice".into()], &[], &e(&[("K8S_POD_NAME", "uvspan-x"), ("K8S_NODE_NAME", "n1")]));
+        assert_eq!(attrs, vec![("k8s.node.name", "n1".into())]);
+    }
+
+    #[test]
+    fn cgroup_hybrid_host() {
+        let text = "4:memory:/process_api/c57c\n1:cpu:/\n0::/\n";
+        assert_eq!(cgroup_path(text).as_deref(), Some("/process_api/c57c"));
+        assert_eq!(cgroup_paths(text), vec!["/".to_string(), "/process_api/c57c".into()]);
     }
 
     #[test]

@@ -12,13 +12,15 @@ use anyhow::{bail, Context, Result};
 use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
 
 use crate::cli::Cli;
+use crate::config::FileConfig;
+use crate::discover::{self, Candidate, Filter};
 use crate::clock::Clock;
 use crate::decode::{self, Record};
 use crate::export::otlp::OtlpConfig;
-use crate::export::{BatchConfig, Destination, Exporter};
+use crate::export::{Destination, Exporter};
 use crate::resource::{self, ProcessInfo};
 use crate::spans::{self, SpanContextSource};
-use crate::symbols::{Images, Located};
+use crate::symbols::{self, Images, Located};
 use crate::target::{self, Spawned};
 use crate::tracer::{ProbeState, ProbeStatus, Settings, Tracer};
 
@@ -95,7 +97,7 @@ impl State<'_> {
     }
 }
 
-fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration) {
+fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
     let loc = &images.libuv;
     let attached = report.iter().filter(|r| r.state == ProbeState::Attached).count();
     let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
@@ -110,8 +112,10 @@ fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Dur
         loc.path,
         took.as_secs_f64() * 1e3
     );
-    for line in notices(loc, report) {
-        eprintln!("uvspan:   {line}");
+    if notices_too {
+        for line in notices(loc, report) {
+            eprintln!("uvspan:   {line}");
+        }
     }
 }
 
@@ -154,25 +158,96 @@ fn alive(pid: u32) -> bool {
     }
 }
 
-fn batch_config() -> BatchConfig {
-    let mut c = BatchConfig::default();
-    let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u64>().ok());
-    if let Some(v) = env("OTEL_BSP_MAX_QUEUE_SIZE") {
-        c.max_queue_spans = v.max(1);
+/// Counters of the run, besides the exporter's and the kernel's.
+#[derive(Default)]
+struct RunStats {
+    /// Requests a process had in flight when it exited (dropped, counted).
+    unfinished_at_exit: u64,
+    processes_seen: u64,
+}
+
+/// Discovery (--all): which binaries are attached for every process, and
+/// processes to look at again (a shared libuv is mapped after exec).
+#[derive(Default)]
+struct Discovery {
+    filter: Filter,
+    /// (dev, inode) of images attached with no pid filter.
+    attached: std::collections::HashSet<(u64, u64)>,
+    retry: Vec<(u32, Instant, u32)>,
+}
+
+fn file_id(p: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+impl State<'_> {
+    /// A process seen in --all mode: trace it if it is Node and the filter keeps it.
+    fn consider(&mut self, tracer: &mut Tracer, d: &mut Discovery, pid: u32, tries: u32) {
+        if pid == std::process::id() || self.procs.contains_key(&pid) {
+            return;
+        }
+        let Some(cand) = Candidate::read(pid) else { return };
+        if !d.filter.admits(&cand) {
+            return;
+        }
+        let t = Instant::now();
+        let images = match symbols::images(pid) {
+            Ok(i) => i,
+            Err(_) => {
+                // A dynamically linked node maps libuv.so / libnode.so just after
+                // exec: look again shortly (5 times, 20 ms apart).
+                let needs_lib = std::fs::read(format!("/proc/{pid}/exe"))
+                    .map(|b| memchr::memmem::find(&b, b"libuv.so").is_some() || memchr::memmem::find(&b, b"libnode.so").is_some())
+                    .unwrap_or(false);
+                if needs_lib && tries < 5 {
+                    d.retry.push((pid, Instant::now() + Duration::from_millis(20), tries + 1));
+                }
+                return;
+            }
+        };
+        // One link per binary for all its processes; then a pid is one map update.
+        let mut fresh = false;
+        for loc in std::iter::once(&images.libuv).chain(images.libc.as_ref()) {
+            let Some(id) = file_id(&loc.attach_path) else { return };
+            if !d.attached.contains(&id) {
+                fresh = true;
+            }
+        }
+        let report = if fresh {
+            let r = match tracer.attach(&images, -1) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("uvspan: cannot trace process {pid}: {e:#}");
+                    return;
+                }
+            };
+            for loc in std::iter::once(&images.libuv).chain(images.libc.as_ref()) {
+                if let Some(id) = file_id(&loc.attach_path) {
+                    d.attached.insert(id);
+                }
+            }
+            r
+        } else {
+            crate::tracer::plan(&images)
+        };
+        if tracer.add_pid(pid).is_err() {
+            return;
+        }
+        announce(Some(pid), &images, &report, t.elapsed(), fresh);
+        self.procs.insert(pid, Proc { registered: false, exited: false, target: false, node_version: images.node_version.clone() });
+        self.register(pid);
     }
-    if let Some(v) = env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
-        c.max_batch = v.max(1) as usize;
-    }
-    if let Some(v) = env("OTEL_BSP_SCHEDULE_DELAY") {
-        c.schedule_delay = Duration::from_millis(v.max(1));
-    }
-    c
 }
 
 /// Runs uvspan; returns the process exit code.
-pub fn run(cli: Cli) -> Result<i32> {
-    if cli.pids.is_empty() && cli.command.is_empty() {
-        bail!("nothing to trace: give --pid PID (repeatable) or -- COMMAND [ARGS...]; see uvspan --help");
+pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
+    let discovering = cli.discover();
+    if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
+        bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
+    }
+    if discovering && !cli.command.is_empty() {
+        bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
     }
     // Resolve every target before touching the kernel, so bad input fails fast.
     let mut pid_targets = Vec::new();
@@ -197,11 +272,19 @@ pub fn run(cli: Cli) -> Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     let dest = match &cli.otlp_endpoint {
-        Some(ep) if !ep.is_empty() => Destination::Otlp(OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol }),
+        Some(ep) if !ep.is_empty() => Destination::Otlp(OtlpConfig {
+            endpoint: ep.clone(),
+            protocol: cli.otlp_protocol,
+            headers: file.headers(),
+        }),
         _ => Destination::Console,
     };
-    let exporter = Exporter::start(&dest, batch_config(), &rt)?;
-    let mut tracer = Tracer::load(&Settings { loop_threshold: cli.loop_threshold, follow_forks: cmd_node.is_some() })?;
+    let exporter = Exporter::start(&dest, file.batch()?, &rt)?;
+    let mut tracer = Tracer::load(&Settings {
+        loop_threshold: cli.loop_threshold,
+        follow_forks: cmd_node.is_some(),
+        discover: discovering,
+    })?;
 
     let signal = Arc::new(AtomicI32::new(0));
     {
@@ -225,14 +308,29 @@ pub fn run(cli: Cli) -> Result<i32> {
         ids: RandomIdGenerator::default(),
         scope: spans::scope(),
     };
+    let mut stats = RunStats::default();
 
     for (pid, loc, lookup) in &pid_targets {
         let t = Instant::now() - *lookup; // "found" = before its symbols were looked up
         tracer.add_pid(*pid)?;
         let report = tracer.attach(loc, *pid as i32)?;
-        announce(Some(*pid), loc, &report, t.elapsed());
+        announce(Some(*pid), loc, &report, t.elapsed(), true);
         st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
         st.register(*pid);
+    }
+    let mut discovery = Discovery {
+        filter: Filter {
+            cgroup: cli.cgroup.clone(),
+            container: cli.container.clone(),
+            exclude_instrumented: cli.exclude_already_instrumented,
+        },
+        ..Default::default()
+    };
+    if discovering {
+        for pid in discover::all_pids() {
+            st.consider(&mut tracer, &mut discovery, pid, 0);
+        }
+        eprintln!("uvspan: watching for Node.js processes ({} traced now)", st.procs.len());
     }
     let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
         (Some((loc, lookup)), false) => {
@@ -240,7 +338,7 @@ pub fn run(cli: Cli) -> Result<i32> {
             let t = Instant::now() - *lookup;
             tracer.add_pid(child.pid)?;
             let report = tracer.attach(loc, -1)?;
-            announce(None, loc, &report, t.elapsed());
+            announce(None, loc, &report, t.elapsed(), true);
             st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.node_version.clone() });
             child.release()?;
             Some(child)
@@ -274,9 +372,34 @@ pub fn run(cli: Cli) -> Result<i32> {
     let mut forwarded_at: Option<Instant> = None;
     let mut last_check = Instant::now();
     let mut last_clock = Instant::now();
+    let mut last_status = Instant::now();
     loop {
         let _ = rb.poll(Duration::from_millis(100));
-        drain(&mut st, &records);
+        let recs = std::mem::take(&mut *records.borrow_mut());
+        let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
+        for r in recs {
+            match r {
+                Record::Exec { pid } if discovering && !st.procs.contains_key(&pid) => {
+                    st.consider(&mut tracer, &mut discovery, pid, 0);
+                }
+                Record::Exit { pid } => {
+                    st.handle(r, &mut out);
+                    stats.unfinished_at_exit += tracer.remove_pid(pid);
+                }
+                r => st.handle(r, &mut out),
+            }
+        }
+        for (pid, spans) in out {
+            st.exporter.send(pid, spans);
+        }
+        if !discovery.retry.is_empty() {
+            let now = Instant::now();
+            let due: Vec<(u32, Instant, u32)> = discovery.retry.iter().filter(|r| r.1 <= now).copied().collect();
+            discovery.retry.retain(|r| r.1 > now);
+            for (pid, _, tries) in due {
+                st.consider(&mut tracer, &mut discovery, pid, tries);
+            }
+        }
 
         if let Some(child) = &spawned {
             if let Ok(status) = child.status.try_recv() {
@@ -305,12 +428,17 @@ pub fn run(cli: Cli) -> Result<i32> {
         }
         if last_check.elapsed() >= Duration::from_millis(500) {
             last_check = Instant::now();
-            for (pid, p) in st.procs.iter_mut() {
-                if !p.exited && !alive(*pid) {
+            let gone: Vec<u32> = st.procs.iter().filter(|(pid, p)| !p.exited && !alive(**pid)).map(|(p, _)| *p).collect();
+            for pid in gone {
+                if let Some(p) = st.procs.get_mut(&pid) {
                     p.exited = true;
                 }
+                stats.unfinished_at_exit += tracer.remove_pid(pid);
             }
-            if spawned.is_none() && st.procs.values().filter(|p| p.target).all(|p| p.exited) {
+            // Exited processes are forgotten (their spans are already queued), except --pid targets.
+            stats.processes_seen += st.procs.values().filter(|p| p.exited && !p.target).count() as u64;
+            st.procs.retain(|_, p| !p.exited || p.target);
+            if spawned.is_none() && !discovering && st.procs.values().filter(|p| p.target).all(|p| p.exited) {
                 break;
             }
         }
@@ -318,23 +446,39 @@ pub fn run(cli: Cli) -> Result<i32> {
             last_clock = Instant::now();
             st.clock = Clock::estimate(25);
         }
+        if !cli.status_interval.is_zero() && last_status.elapsed() >= cli.status_interval {
+            last_status = Instant::now();
+            let sum = st.exporter.summary();
+            let k = tracer.stats();
+            eprintln!(
+                "uvspan: status: {} processes traced; spans: {} exported, {} dropped (queue full), {} failed to export, {} export errors; {} records lost in the kernel; {} unfinished at process exit",
+                st.procs.values().filter(|p| !p.exited).count(),
+                sum.exported,
+                sum.dropped,
+                sum.failed,
+                sum.export_errors,
+                k.ringbuf_lost,
+                stats.unfinished_at_exit
+            );
+        }
     }
     // What the kernel still holds, then flush.
     let _ = rb.consume();
     drain(&mut st, &records);
     let kstats = tracer.stats();
-    let nprocs = st.procs.len();
+    let nprocs = stats.processes_seen + st.procs.len() as u64;
     let sum = st.exporter.finish(cli.flush_timeout);
     let fast = kstats.loop_iterations.saturating_sub(kstats.loop_emitted);
     eprintln!(
         "uvspan: {nprocs} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
-         {} records lost in the kernel (ring buffer full), {} undecodable; {} loop iterations, {} under {:?} not reported",
+         {} records lost in the kernel (ring buffer full), {} undecodable, {} unfinished at process exit; {} loop iterations, {} under {:?} not reported",
         sum.exported,
         sum.dropped,
         sum.failed,
         sum.unflushed,
         kstats.ringbuf_lost,
         bad_records.get(),
+        stats.unfinished_at_exit,
         kstats.loop_iterations,
         fast,
         cli.loop_threshold

@@ -22,6 +22,8 @@ pub struct Settings {
     pub loop_threshold: Duration,
     /// Trace children forked by traced processes (the `--` command mode).
     pub follow_forks: bool,
+    /// Report every exec on the host (--all).
+    pub discover: bool,
 }
 
 /// How one catalog probe fares on one process's images.
@@ -178,6 +180,7 @@ impl Tracer {
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.loop_threshold_ns = settings.loop_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
             ro.follow_forks = u32::from(settings.follow_forks);
+            ro.discover = u32::from(settings.discover);
         }
         if !multi {
             open.progs.uv_multi.set_autoload(false);
@@ -194,9 +197,27 @@ impl Tracer {
             .with_context(|| format!("cannot add process {pid} to the traced set"))
     }
 
-    pub fn remove_pid(&mut self, pid: u32) {
+    /// Forgets a process that exited: its per-pid links, and the requests
+    /// it had in flight (returned: how many were dropped unfinished).
+    pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
         self.uprobes.retain(|(_, p), _| *p != pid as i32);
+        let mut dropped = 0;
+        for map in [&self.skel.maps.inflight_fs, &self.skel.maps.inflight_dns] {
+            // struct req_key { u32 pid; u32 pad; u64 req; }
+            let stale: Vec<Vec<u8>> = map.keys().filter(|k| k.len() >= 4 && k[..4] == pid.to_ne_bytes()).collect();
+            for k in stale {
+                if map.delete(&k).is_ok() {
+                    dropped += 1;
+                }
+            }
+        }
+        dropped
+    }
+
+    /// Processes currently in the kernel-side traced set.
+    pub fn traced_count(&self) -> usize {
+        self.skel.maps.traced.keys().count()
     }
 
     /// Attaches the planned probes of a process's images, for process

@@ -2,7 +2,7 @@
 //! Spans of each traced process are exported under that process's resource.
 
 use anyhow::{bail, Context, Result};
-use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig};
+use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
 use opentelemetry_sdk::Resource;
 
@@ -30,6 +30,9 @@ pub struct OtlpConfig {
     /// Base endpoint (`http://collector:4317`); for HTTP `/v1/traces` is added.
     pub endpoint: String,
     pub protocol: OtlpProtocol,
+    /// Extra headers (from the config file; OTEL_EXPORTER_OTLP_HEADERS is
+    /// read by the exporter itself).
+    pub headers: Vec<(String, String)>,
 }
 
 impl OtlpConfig {
@@ -57,11 +60,25 @@ impl Otlp {
             bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", c.endpoint);
         }
         let exporter = match c.protocol {
-            OtlpProtocol::Grpc => SpanExporter::builder().with_tonic().with_endpoint(url.clone()).build(),
+            OtlpProtocol::Grpc => {
+                let mut b = SpanExporter::builder().with_tonic().with_endpoint(url.clone());
+                if !c.headers.is_empty() {
+                    let mut md = tonic::metadata::MetadataMap::new();
+                    for (k, v) in &c.headers {
+                        let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                            .with_context(|| format!("invalid OTLP header name {k:?}"))?;
+                        let val = v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?;
+                        md.insert(key, val);
+                    }
+                    b = b.with_metadata(md);
+                }
+                b.build()
+            }
             OtlpProtocol::HttpProtobuf => SpanExporter::builder()
                 .with_http()
                 .with_protocol(Protocol::HttpBinary)
                 .with_endpoint(url.clone())
+                .with_headers(c.headers.iter().cloned().collect())
                 .build(),
         }
         .with_context(|| format!("cannot set up the OTLP exporter for {url}"))?;
@@ -82,7 +99,7 @@ mod tests {
 
     #[test]
     fn urls() {
-        let c = |e: &str, p| OtlpConfig { endpoint: e.into(), protocol: p };
+        let c = |e: &str, p| OtlpConfig { endpoint: e.into(), protocol: p, headers: vec![] };
         assert_eq!(c("http://h:4318", OtlpProtocol::HttpProtobuf).traces_url(), "http://h:4318/v1/traces");
         assert_eq!(c("http://h:4318/", OtlpProtocol::HttpProtobuf).traces_url(), "http://h:4318/v1/traces");
         assert_eq!(c("http://h:4318/v1/traces", OtlpProtocol::HttpProtobuf).traces_url(), "http://h:4318/v1/traces");

@@ -1,0 +1,194 @@
+//! The configuration file (`--config`, YAML). Every command-line option can
+//! be set there; precedence is flag > environment variable > file > default.
+//! See otel-config/uvspan.yaml for a documented example.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use clap::parser::ValueSource;
+use clap::ArgMatches;
+use serde::Deserialize;
+
+use crate::cli::{parse_duration, Cli};
+use crate::export::BatchConfig;
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct FileConfig {
+    pub pids: Option<Vec<u32>>,
+    pub all: Option<bool>,
+    pub cgroup: Option<String>,
+    pub container: Option<String>,
+    pub exclude_already_instrumented: Option<bool>,
+    pub service_name: Option<String>,
+    pub loop_threshold: Option<String>,
+    pub flush_timeout: Option<String>,
+    pub status_interval: Option<String>,
+    pub otlp: Option<OtlpSection>,
+    pub batch: Option<BatchSection>,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct OtlpSection {
+    pub endpoint: Option<String>,
+    pub protocol: Option<String>,
+    /// Sent with every export, like OTEL_EXPORTER_OTLP_HEADERS.
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub struct BatchSection {
+    pub max_queue_size: Option<u64>,
+    pub max_export_batch_size: Option<usize>,
+    pub schedule_delay: Option<String>,
+}
+
+impl FileConfig {
+    pub fn parse(text: &str) -> Result<FileConfig> {
+        Ok(serde_yaml::from_str::<Option<FileConfig>>(text)?.unwrap_or_default())
+    }
+
+    pub fn load(path: &Path) -> Result<FileConfig> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+        FileConfig::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
+    }
+
+    /// Fills the options that neither a flag nor an environment variable set.
+    pub fn apply(&self, cli: &mut Cli, m: &ArgMatches) -> Result<()> {
+        let unset = |id: &str| !matches!(m.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
+        let dur = |name: &str, v: &Option<String>| -> Result<Option<std::time::Duration>> {
+            v.as_deref().map(parse_duration).transpose().map_err(|e| anyhow::anyhow!("config {name}: {e}"))
+        };
+        if let (true, Some(v)) = (unset("pids"), &self.pids) {
+            cli.pids = v.clone();
+        }
+        if let (true, Some(v)) = (unset("all"), self.all) {
+            cli.all = v;
+        }
+        if let (true, Some(v)) = (unset("cgroup"), &self.cgroup) {
+            cli.cgroup = Some(v.clone());
+        }
+        if let (true, Some(v)) = (unset("container"), &self.container) {
+            cli.container = Some(v.clone());
+        }
+        if let (true, Some(v)) = (unset("exclude_already_instrumented"), self.exclude_already_instrumented) {
+            cli.exclude_already_instrumented = v;
+        }
+        if let (true, Some(v)) = (unset("service_name"), &self.service_name) {
+            cli.service_name = Some(v.clone());
+        }
+        if let (true, Some(v)) = (unset("loop_threshold"), dur("loop_threshold", &self.loop_threshold)?) {
+            cli.loop_threshold = v;
+        }
+        if let (true, Some(v)) = (unset("flush_timeout"), dur("flush_timeout", &self.flush_timeout)?) {
+            cli.flush_timeout = v;
+        }
+        if let (true, Some(v)) = (unset("status_interval"), dur("status_interval", &self.status_interval)?) {
+            cli.status_interval = v;
+        }
+        if let Some(o) = &self.otlp {
+            if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {
+                cli.otlp_endpoint = Some(v.clone());
+            }
+            if let (true, Some(v)) = (unset("otlp_protocol"), &o.protocol) {
+                cli.otlp_protocol = v.parse().map_err(|e: String| anyhow::anyhow!("config otlp.protocol: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// OTLP headers from the file, when OTEL_EXPORTER_OTLP_HEADERS is unset.
+    pub fn headers(&self) -> Vec<(String, String)> {
+        if std::env::var_os("OTEL_EXPORTER_OTLP_HEADERS").is_some() {
+            return vec![];
+        }
+        self.otlp.as_ref().and_then(|o| o.headers.clone()).map(|h| h.into_iter().collect()).unwrap_or_default()
+    }
+
+    /// Batching: OTEL_BSP_* environment > file > default.
+    pub fn batch(&self) -> Result<BatchConfig> {
+        let mut c = BatchConfig::default();
+        if let Some(b) = &self.batch {
+            if let Some(v) = b.max_queue_size {
+                c.max_queue_spans = v.max(1);
+            }
+            if let Some(v) = b.max_export_batch_size {
+                c.max_batch = v.max(1);
+            }
+            if let Some(v) = &b.schedule_delay {
+                c.schedule_delay = parse_duration(v).map_err(|e| anyhow::anyhow!("config batch.schedule_delay: {e}"))?.max(std::time::Duration::from_millis(1));
+            }
+        }
+        let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(v) = env("OTEL_BSP_MAX_QUEUE_SIZE") {
+            c.max_queue_spans = v.max(1);
+        }
+        if let Some(v) = env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") {
+            c.max_batch = v.max(1) as usize;
+        }
+        if let Some(v) = env("OTEL_BSP_SCHEDULE_DELAY") {
+            c.schedule_delay = std::time::Duration::from_millis(v.max(1));
+        }
+        Ok(c)
+    }
+}
+
+/// Parses the command line, then applies the config file under it.
+pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
+    use clap::FromArgMatches;
+    let mut cli = Cli::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let file = match &cli.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    file.apply(&mut cli, m)?;
+    Ok((cli, file))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn with(args: &[&str], yaml: &str) -> Cli {
+        let m = Cli::command().try_get_matches_from(args).unwrap();
+        use clap::FromArgMatches;
+        let mut cli = Cli::from_arg_matches(&m).unwrap();
+        FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
+        cli
+    }
+
+    #[test]
+    fn file_fills_what_flags_do_not_set() {
+        let yaml = "all: true\nloop_threshold: 50ms\nservice_name: shop\notlp:\n  endpoint: http://c:4317\n  protocol: http/protobuf\n";
+        let c = with(&["uvspan"], yaml);
+        assert!(c.all);
+        assert_eq!(c.loop_threshold, std::time::Duration::from_millis(50));
+        assert_eq!(c.service_name.as_deref(), Some("shop"));
+        assert_eq!(c.otlp_protocol, crate::export::otlp::OtlpProtocol::HttpProtobuf);
+        // A flag wins over the file.
+        let c = with(&["uvspan", "--loop-threshold", "5ms", "--service-name", "cli"], yaml);
+        assert_eq!(c.loop_threshold, std::time::Duration::from_millis(5));
+        assert_eq!(c.service_name.as_deref(), Some("cli"));
+    }
+
+    #[test]
+    fn bad_files_are_errors() {
+        assert!(FileConfig::parse("bogus_key: 1").is_err());
+        assert!(FileConfig::parse("all: maybe").is_err());
+        assert_eq!(FileConfig::parse("").unwrap(), FileConfig::default());
+        let m = Cli::command().try_get_matches_from(["uvspan"]).unwrap();
+        use clap::FromArgMatches;
+        let mut cli = Cli::from_arg_matches(&m).unwrap();
+        assert!(FileConfig::parse("loop_threshold: soon").unwrap().apply(&mut cli, &m).is_err());
+    }
+
+    #[test]
+    fn shipped_example_parses() {
+        let text = include_str!("../otel-config/uvspan.yaml");
+        FileConfig::parse(text).unwrap();
+    }
+}
