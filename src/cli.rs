@@ -68,6 +68,12 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub flush_timeout: Duration,
 
+    /// Kernel ring buffer size (a power of two, at least 4096): room for
+    /// bursts while uvspan is not reading. Records that do not fit are
+    /// dropped and counted.
+    #[arg(long, value_name = "BYTES", default_value = "8MiB", value_parser = parse_size)]
+    pub ring_buffer_size: u32,
+
     /// Print a status line (processes, spans exported, dropped, lost, export
     /// errors) this often; 0 = only at exit.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
@@ -101,6 +107,24 @@ pub enum Sub {
     },
 }
 
+/// "8MiB", "64KiB", "4096": a power of two from 4 KiB to 1 GiB.
+pub fn parse_size(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let (num, mult) = if let Some(n) = t.strip_suffix("MiB") {
+        (n, 1 << 20)
+    } else if let Some(n) = t.strip_suffix("KiB") {
+        (n, 1 << 10)
+    } else {
+        (t, 1)
+    };
+    let n: u64 = num.trim().parse().map_err(|_| format!("invalid size {s:?}: expected e.g. 8MiB, 256KiB, 65536"))?;
+    let v = n * mult;
+    if !v.is_power_of_two() || !(4096..=1 << 30).contains(&v) {
+        return Err(format!("invalid size {s:?}: must be a power of two from 4KiB to 1024MiB"));
+    }
+    Ok(v as u32)
+}
+
 /// "10ms", "1.5s", "250us", "2m", "0" (a bare number is milliseconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -124,6 +148,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8MiB"), Ok(8 << 20));
+        assert_eq!(parse_size("64KiB"), Ok(65536));
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert!(parse_size("3MiB").is_err());
+        assert!(parse_size("1KiB").is_err());
+        assert!(parse_size("lots").is_err());
+    }
 
     #[test]
     fn durations() {

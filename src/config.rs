@@ -25,6 +25,7 @@ pub struct FileConfig {
     pub loop_threshold: Option<String>,
     pub flush_timeout: Option<String>,
     pub status_interval: Option<String>,
+    pub ring_buffer_size: Option<String>,
     pub otlp: Option<OtlpSection>,
     pub batch: Option<BatchSection>,
 }
@@ -88,6 +89,9 @@ impl FileConfig {
         }
         if let (true, Some(v)) = (unset("status_interval"), dur("status_interval", &self.status_interval)?) {
             cli.status_interval = v;
+        }
+        if let (true, Some(v)) = (unset("ring_buffer_size"), &self.ring_buffer_size) {
+            cli.ring_buffer_size = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config ring_buffer_size: {e}"))?;
         }
         if let Some(o) = &self.otlp {
             if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {

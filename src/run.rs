@@ -284,6 +284,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         loop_threshold: cli.loop_threshold,
         follow_forks: cmd_node.is_some(),
         discover: discovering,
+        ring_buffer_size: cli.ring_buffer_size,
     })?;
 
     let signal = Arc::new(AtomicI32::new(0));

@@ -24,6 +24,8 @@ pub struct Settings {
     pub follow_forks: bool,
     /// Report every exec on the host (--all).
     pub discover: bool,
+    /// Ring buffer bytes (power of two).
+    pub ring_buffer_size: u32,
 }
 
 /// How one catalog probe fares on one process's images.
@@ -181,10 +183,13 @@ impl Tracer {
             ro.loop_threshold_ns = settings.loop_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
             ro.follow_forks = u32::from(settings.follow_forks);
             ro.discover = u32::from(settings.discover);
+            // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
+            ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
         if !multi {
             open.progs.uv_multi.set_autoload(false);
         }
+        open.maps.events.set_max_entries(settings.ring_buffer_size)?;
         open.load()
     }
 
