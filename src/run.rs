@@ -17,6 +17,7 @@ use crate::discover::{self, Candidate, Filter};
 use crate::clock::Clock;
 use crate::decode::{self, Record};
 use crate::export::otlp::OtlpConfig;
+use crate::export::health::{Health, HealthMetrics};
 use crate::export::{Destination, Exporter};
 use crate::resource::{self, ProcessInfo};
 use crate::spans::{self, SpanContextSource};
@@ -122,6 +123,13 @@ fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Dur
 /// What cannot be traced on this build, and why, one line each.
 pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
     let mut out = Vec::new();
+    let slow: Vec<&str> = report.iter().filter(|r| r.single_stepped && r.state == ProbeState::Attached).map(|r| r.symbol).collect();
+    if !slow.is_empty() {
+        out.push(format!(
+            "single-stepped by the kernel (no emulatable instruction near the start; each hit costs more): {}",
+            slow.join(", ")
+        ));
+    }
     let missing: Vec<&ProbeStatus> = report
         .iter()
         .filter(|r| matches!(r.state, ProbeState::Missing | ProbeState::Failed(_)) && r.fallback_for.is_none())
@@ -280,6 +288,14 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         _ => Destination::Console,
     };
     let exporter = Exporter::start(&dest, file.batch()?, &rt)?;
+    let health = Arc::new(Health::default());
+    let health_metrics = match &dest {
+        Destination::Otlp(c) => {
+            let _guard = rt.enter();
+            Some(HealthMetrics::start(c, health.clone(), exporter.counters())?)
+        }
+        Destination::Console => None,
+    };
     let mut tracer = Tracer::load(&Settings {
         loop_threshold: cli.loop_threshold,
         follow_forks: cmd_node.is_some(),
@@ -374,6 +390,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     let mut last_check = Instant::now();
     let mut last_clock = Instant::now();
     let mut last_status = Instant::now();
+    let mut last_health = Instant::now();
     loop {
         let _ = rb.poll(Duration::from_millis(100));
         let recs = std::mem::take(&mut *records.borrow_mut());
@@ -443,6 +460,14 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
                 break;
             }
         }
+        if last_health.elapsed() >= Duration::from_secs(1) {
+            last_health = Instant::now();
+            let k = tracer.stats();
+            health.processes_traced.store(st.procs.values().filter(|p| !p.exited).count() as u64, Ordering::Relaxed);
+            health.records_lost.store(k.ringbuf_lost, Ordering::Relaxed);
+            health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
+            health.unfinished_at_exit.store(stats.unfinished_at_exit, Ordering::Relaxed);
+        }
         if last_clock.elapsed() >= Duration::from_secs(10) {
             last_clock = Instant::now();
             st.clock = Clock::estimate(25);
@@ -468,7 +493,20 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     drain(&mut st, &records);
     let kstats = tracer.stats();
     let nprocs = stats.processes_seen + st.procs.len() as u64;
+    health.records_lost.store(kstats.ringbuf_lost, Ordering::Relaxed);
+    health.loop_iterations.store(kstats.loop_iterations, Ordering::Relaxed);
+    health.unfinished_at_exit.store(stats.unfinished_at_exit, Ordering::Relaxed);
+    health.processes_traced.store(0, Ordering::Relaxed);
     let sum = st.exporter.finish(cli.flush_timeout);
+    if let Some(m) = health_metrics {
+        // The last values, within a short deadline: the collector may be gone.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            m.finish();
+            let _ = tx.send(());
+        });
+        let _ = rx.recv_timeout(Duration::from_secs(2));
+    }
     let fast = kstats.loop_iterations.saturating_sub(kstats.loop_emitted);
     eprintln!(
         "uvspan: {nprocs} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \

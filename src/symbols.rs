@@ -8,16 +8,19 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{bail, Context, Result};
-use object::{Object, ObjectSegment, ObjectSymbol};
+use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
-use crate::probes::catalog;
+use crate::probes::{catalog, point};
 
 /// What uvspan knows about one ELF file holding libuv.
 #[derive(Debug)]
 pub struct Image {
     pub build_id: Option<String>,
-    /// symbol -> file offset, for the catalog symbols present.
+    /// symbol -> file offset of its probe point, for the catalog symbols
+    /// present (see probes::point: possibly a few bytes into the function).
     pub offsets: HashMap<&'static str, u64>,
+    /// Symbols whose probe point the kernel must single-step (slow).
+    pub single_stepped: Vec<&'static str>,
     /// Whether a .symtab was present (else only .dynsym exports).
     pub has_symtab: bool,
     /// Node version found in the file ("v20.20.2"), when it can be told.
@@ -117,21 +120,36 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image {
-    let wanted: Vec<&'static str> = catalog::all_probes().iter().map(|p| p.symbol).chain(["uv_run"]).collect();
+    let wanted: std::collections::HashSet<&'static str> =
+        catalog::all_probes().iter().map(|p| p.symbol).chain(["uv_run"]).collect();
     let mut offsets = HashMap::new();
+    let mut single_stepped = Vec::new();
     let has_symtab = elf.section_by_name(".symtab").is_some();
     for sym in elf.symbols().chain(elf.dynamic_symbols()) {
         if sym.kind() != object::SymbolKind::Text || sym.address() == 0 {
             continue;
         }
         let Ok(name) = sym.name() else { continue };
-        if let Some(w) = wanted.iter().find(|w| **w == name) {
-            if let Some(off) = file_offset(elf, sym.address()) {
-                offsets.entry(*w).or_insert(off);
+        let Some(&w) = wanted.get(name) else { continue };
+        if offsets.contains_key(w) {
+            continue;
+        }
+        if let Some(off) = file_offset(elf, sym.address()) {
+            let code = data.get(off as usize..(off as usize + 32).min(data.len())).unwrap_or(&[]);
+            let point = point::choose(code);
+            if !point.emulated {
+                single_stepped.push(w);
             }
+            offsets.insert(w, off + point.delta);
         }
     }
-    Image { build_id, offsets, has_symtab, node_version: node_version(data), libuv_version: None }
+    // Node's version lives in read-only data: search only there.
+    let rodata = elf
+        .section_by_name(".rodata")
+        .and_then(|s| s.file_range())
+        .and_then(|(o, n)| data.get(o as usize..(o + n) as usize))
+        .unwrap_or(data);
+    Image { build_id, offsets, single_stepped, has_symtab, node_version: node_version(rodata), libuv_version: None }
 }
 
 /// Virtual address to file offset, through the PT_LOAD segment holding it.

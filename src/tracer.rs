@@ -43,6 +43,9 @@ pub struct ProbeStatus {
     /// What is lost when missing (or, for a fallback, what it stands in for).
     pub if_missing: &'static str,
     pub fallback_for: Option<&'static str>,
+    /// The kernel cannot emulate the instruction at the probe point, so each
+    /// hit is single-stepped (much slower).
+    pub single_stepped: bool,
     #[serde(skip)]
     cookie: u64,
 }
@@ -74,11 +77,13 @@ pub fn plan(images: &Images) -> Vec<ProbeStatus> {
     catalog::plan(&images.libuv.image.offsets, libc)
         .into_iter()
         .map(|(p, u)| {
-            let path = match p.image {
-                ImageKind::Libuv => Some(images.libuv.path.clone()),
-                ImageKind::Libc => images.libc.as_ref().map(|l| l.path.clone()),
+            let loc = match p.image {
+                ImageKind::Libuv => Some(&images.libuv),
+                ImageKind::Libc => images.libc.as_ref(),
             };
-            let (offset, state) = match u {
+            let path = loc.map(|l| l.path.clone());
+            let single_stepped = loc.is_some_and(|l| l.image.single_stepped.contains(&p.symbol));
+            let (offset, state) = match u.clone() {
                 Use::Attach(off) => (Some(off), ProbeState::Attached),
                 Use::NotNeeded => (None, ProbeState::NotNeeded),
                 Use::Missing => (None, ProbeState::Missing),
@@ -92,6 +97,7 @@ pub fn plan(images: &Images) -> Vec<ProbeStatus> {
                 state,
                 if_missing: p.if_missing,
                 fallback_for: p.fallback_for,
+                single_stepped: single_stepped && matches!(u, Use::Attach(_)),
                 cookie: p.attach_cookie(),
             }
         })

@@ -7,6 +7,7 @@
 //! and counted, never buffered without limit.
 
 pub mod console;
+pub mod health;
 pub mod otlp;
 
 use std::collections::HashMap;
@@ -123,6 +124,11 @@ impl Exporter {
             return;
         }
         self.counters.queued.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// The live counters (for the health metrics).
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
     }
 
     pub fn summary(&self) -> Summary {

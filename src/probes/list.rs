@@ -63,6 +63,9 @@ fn state_word(r: &ProbeStatus) -> &'static str {
 }
 
 fn note(r: &ProbeStatus) -> String {
+    if r.single_stepped {
+        return "single-stepped by the kernel: slower hits".into();
+    }
     match (&r.state, r.fallback_for) {
         (ProbeState::Attached, Some(primary)) => format!("in use for missing {primary}"),
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),

@@ -1,3 +1,4 @@
 //! What uvspan attaches to. See [`catalog`].
 pub mod catalog;
 pub mod list;
+pub mod point;

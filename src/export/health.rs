@@ -1,0 +1,95 @@
+//! uvspan's own health: the counters behind the status line, also exported
+//! as OTLP metrics (`uvspan.*`) to the same endpoint as the spans, under the
+//! resource `service.name=uvspan`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use opentelemetry::metrics::MeterProvider as _;
+use opentelemetry::KeyValue;
+use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
+use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+use opentelemetry_sdk::Resource;
+
+use super::otlp::{OtlpConfig, OtlpProtocol};
+use super::Counters;
+
+/// Counters published by the tracer thread (the kernel's and the run's).
+#[derive(Debug, Default)]
+pub struct Health {
+    pub processes_traced: AtomicU64,
+    pub records_lost: AtomicU64,
+    pub unfinished_at_exit: AtomicU64,
+    pub loop_iterations: AtomicU64,
+}
+
+/// Keeps the metrics pipeline alive; flushes on drop.
+pub struct HealthMetrics {
+    provider: SdkMeterProvider,
+}
+
+impl HealthMetrics {
+    /// Starts exporting every `interval` (OTEL_METRIC_EXPORT_INTERVAL, ms,
+    /// default 60 s). Must be called inside the tokio runtime.
+    pub fn start(c: &OtlpConfig, health: Arc<Health>, export: Arc<Counters>) -> Result<HealthMetrics> {
+        let base = c.endpoint.trim_end_matches('/').trim_end_matches("/v1/traces").to_string();
+        let exporter = match c.protocol {
+            OtlpProtocol::Grpc => MetricExporter::builder().with_tonic().with_endpoint(base).build(),
+            OtlpProtocol::HttpProtobuf => MetricExporter::builder()
+                .with_http()
+                .with_protocol(Protocol::HttpBinary)
+                .with_endpoint(format!("{base}/v1/metrics"))
+                .build(),
+        }
+        .context("cannot set up the OTLP metrics exporter")?;
+        let interval = std::env::var("OTEL_METRIC_EXPORT_INTERVAL")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(Duration::from_secs(60), |ms| Duration::from_millis(ms.max(100)));
+        let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio).with_interval(interval).build();
+        let resource = Resource::builder_empty()
+            .with_attributes([
+                KeyValue::new("service.name", "uvspan"),
+                KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
+                KeyValue::new("host.name", crate::resource::host_name()),
+                KeyValue::new("process.pid", i64::from(std::process::id())),
+            ])
+            .build();
+        let provider = SdkMeterProvider::builder().with_reader(reader).with_resource(resource).build();
+        let meter = provider.meter("uvspan");
+
+        let counter = |name: &'static str, desc: &'static str, read: Box<dyn Fn() -> u64 + Send + Sync>| {
+            meter.u64_observable_counter(name).with_description(desc).with_callback(move |o| o.observe(read(), &[])).build()
+        };
+        let e = export.clone();
+        let _ = counter("uvspan.spans.exported", "Spans exported", Box::new(move || e.exported.load(Ordering::Relaxed)));
+        let e = export.clone();
+        let _ = counter("uvspan.spans.dropped", "Spans dropped: export queue full", Box::new(move || e.dropped.load(Ordering::Relaxed)));
+        let e = export.clone();
+        let _ = counter("uvspan.spans.failed", "Spans lost in failed exports", Box::new(move || e.failed.load(Ordering::Relaxed)));
+        let e = export;
+        let _ = counter("uvspan.export.errors", "Failed export requests", Box::new(move || e.export_errors.load(Ordering::Relaxed)));
+        let h = health.clone();
+        let _ = counter("uvspan.records.lost", "Kernel records lost: ring buffer full", Box::new(move || h.records_lost.load(Ordering::Relaxed)));
+        let h = health.clone();
+        let _ = counter("uvspan.operations.unfinished", "Requests in flight when their process exited", Box::new(move || h.unfinished_at_exit.load(Ordering::Relaxed)));
+        let h = health.clone();
+        let _ = counter("uvspan.loop.iterations", "Event-loop iterations seen", Box::new(move || h.loop_iterations.load(Ordering::Relaxed)));
+        let h = health;
+        let _ = meter
+            .u64_observable_gauge("uvspan.processes.traced")
+            .with_description("Processes being traced")
+            .with_callback(move |o| o.observe(h.processes_traced.load(Ordering::Relaxed), &[]))
+            .build();
+        Ok(HealthMetrics { provider })
+    }
+
+    /// Exports the final values.
+    pub fn finish(self) {
+        let _ = self.provider.force_flush();
+        let _ = self.provider.shutdown();
+    }
+}
