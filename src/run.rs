@@ -257,20 +257,19 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     if discovering && !cli.command.is_empty() {
         bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
     }
-    // Resolve every target before touching the kernel, so bad input fails fast.
-    let mut pid_targets = Vec::new();
-    for &pid in &cli.pids {
-        let t = Instant::now();
-        let images = target::check_pid(pid)?;
-        pid_targets.push((pid, images, t.elapsed()));
-    }
-    let cmd_node = match cli.command.first() {
-        Some(argv0) => {
-            let t = Instant::now();
-            let images = target::node_binary_for(argv0)?;
-            Some((images, t.elapsed()))
-        }
-        None => None,
+    // Targets are resolved (ELF symbols read: tens of ms for a 100 MB node)
+    // while the BPF program loads; errors are reported right after.
+    let lookup = {
+        let (pids, argv0) = (cli.pids.clone(), cli.command.first().cloned());
+        std::thread::spawn(move || -> Result<_> {
+            let found = Instant::now();
+            let mut pid_targets = Vec::new();
+            for pid in pids {
+                pid_targets.push((pid, target::check_pid(pid)?));
+            }
+            let cmd_node = argv0.map(|a| target::node_binary_for(&a)).transpose()?;
+            Ok((found, pid_targets, cmd_node))
+        })
     };
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -296,12 +295,14 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         }
         Destination::Console => None,
     };
-    let mut tracer = Tracer::load(&Settings {
+    let loaded = Tracer::load(&Settings {
         loop_threshold: cli.loop_threshold,
-        follow_forks: cmd_node.is_some(),
+        follow_forks: !cli.command.is_empty(),
         discover: discovering,
         ring_buffer_size: cli.ring_buffer_size,
-    })?;
+    });
+    let (found, pid_targets, cmd_node) = lookup.join().map_err(|_| anyhow::anyhow!("target lookup panicked"))??;
+    let mut tracer = loaded?;
 
     let signal = Arc::new(AtomicI32::new(0));
     {
@@ -327,11 +328,10 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     };
     let mut stats = RunStats::default();
 
-    for (pid, loc, lookup) in &pid_targets {
-        let t = Instant::now() - *lookup; // "found" = before its symbols were looked up
+    for (pid, loc) in &pid_targets {
         tracer.add_pid(*pid)?;
         let report = tracer.attach(loc, *pid as i32)?;
-        announce(Some(*pid), loc, &report, t.elapsed(), true);
+        announce(Some(*pid), loc, &report, found.elapsed(), true);
         st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
         st.register(*pid);
     }
@@ -350,12 +350,11 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         eprintln!("uvspan: watching for Node.js processes ({} traced now)", st.procs.len());
     }
     let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
-        (Some((loc, lookup)), false) => {
+        (Some(loc), false) => {
             let child = target::spawn_held(&cli.command)?;
-            let t = Instant::now() - *lookup;
             tracer.add_pid(child.pid)?;
             let report = tracer.attach(loc, -1)?;
-            announce(None, loc, &report, t.elapsed(), true);
+            announce(None, loc, &report, found.elapsed(), true);
             st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.node_version.clone() });
             child.release()?;
             Some(child)

@@ -192,7 +192,10 @@ impl Tracer {
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
-        if !multi {
+        // Load only the program that will be used: each costs verifier time.
+        if multi {
+            open.progs.uv_single.set_autoload(false);
+        } else {
             open.progs.uv_multi.set_autoload(false);
         }
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
@@ -273,9 +276,15 @@ impl Tracer {
                 cookies: probes.iter().map(|r| r.cookie).collect(),
                 ..Default::default()
             };
-            if let Ok(link) = self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, &loc.attach_path, "", opts) {
-                return vec![link];
-            }
+            return match self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, &loc.attach_path, "", opts) {
+                Ok(link) => vec![link],
+                Err(e) => {
+                    for r in probes.iter_mut() {
+                        r.state = ProbeState::Failed(format!("attach failed: {e}"));
+                    }
+                    vec![]
+                }
+            };
         }
         let mut links = Vec::new();
         for r in probes.iter_mut() {
