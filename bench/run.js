@@ -1,0 +1,741 @@
+#!/usr/bin/env node
+// The uvspan benchmark harness (run it through scripts/bench.sh).
+//
+//   node bench/run.js --uvspan PATH --node PATH [--quick] [--out DIR]
+//
+// 1. overhead:   app CPU per request and p99 latency: (a) bare, (b) under
+//                uvspan -> OTLP, (c) OpenTelemetry JS SDK -> OTLP; interleaved.
+// 2. statloop:   fs.statSync ns/op, bare vs under uvspan, same process.
+// 3. throughput: uvspan CPU per span, RSS and loss at increasing op rates.
+// 4. attach:     time from `uvspan --pid` start to "tracing", and the delay
+//                `uvspan -- node` adds before the app's first instruction.
+// Writes results.json and results.md into --out (default bench/results).
+'use strict';
+const { spawn, execFileSync } = require('child_process');
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+const http = require('http');
+
+const BENCH = __dirname;
+const ROOT = path.resolve(BENCH, '..');
+
+// ---------------------------------------------------------------- options
+const argv = process.argv.slice(2);
+const opt = (name, dflt) => {
+  const i = argv.indexOf(name);
+  return i >= 0 ? argv[i + 1] : dflt;
+};
+const QUICK = argv.includes('--quick');
+const UVSPAN = opt('--uvspan', path.join(ROOT, 'target/release/uvspan'));
+const NODE = opt('--node', process.execPath);
+const OUT = opt('--out', path.join(BENCH, 'results', QUICK ? 'quick' : ''));
+const ONLY = (opt('--only', '') || '').split(',').filter(Boolean); // e.g. --only overhead,attach
+// Analysis knobs for the throughput part: where uvspan sends spans (otlp: the
+// sink; console: stdout to /dev/null; down: an OTLP endpoint nobody listens
+// on), the op rates, and `perf record` of uvspan during each step.
+const DEST = opt('--dest', 'otlp');
+const RATES = opt('--rates', null);
+const PERF = argv.includes('--perf');
+const env = (k, d) => (process.env[k] !== undefined && process.env[k] !== '' ? Number(process.env[k]) : d);
+
+const CFG = QUICK
+  ? {
+      overhead: { rounds: 1, warm_s: 1, measure_s: 2, rate: 1000, conns: 10 },
+      statloop: { rounds: 1, ops: 100000, warm_ops: 50000 },
+      throughput: { rates: [10000, 50000], seconds: 1.5 },
+      attach: { trials: 2 },
+    }
+  : {
+      overhead: {
+        rounds: env('BENCH_ROUNDS', 5),
+        warm_s: 2,
+        measure_s: env('BENCH_SECONDS', 6),
+        rate: env('BENCH_RATE', 1000),
+        conns: 10,
+      },
+      statloop: { rounds: env('BENCH_ROUNDS', 5), ops: 300000, warm_ops: 300000 },
+      throughput: { rates: [10000, 25000, 50000, 100000, 150000, 200000, 300000, 0], seconds: env('BENCH_TP_SECONDS', 5) },
+      attach: { trials: 7 },
+    };
+if (RATES) CFG.throughput.rates = RATES.split(',').map(Number);
+const want = (part) => ONLY.length === 0 || ONLY.includes(part);
+
+// ---------------------------------------------------------------- helpers
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const median = (xs) => {
+  const v = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b);
+  if (!v.length) return null;
+  const m = v.length >> 1;
+  return v.length % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+};
+const round = (x, d = 3) => (x === null || x === undefined || !Number.isFinite(x) ? null : Number(x.toFixed(d)));
+const log = (...a) => process.stderr.write(`bench: ${a.join(' ')}\n`);
+
+/** Line reader over a child's stream: next(pred, timeoutMs) resolves with the first matching line. */
+function lines(stream, keep) {
+  const queue = [];
+  const waiters = [];
+  let buf = '';
+  stream.setEncoding('utf8');
+  stream.on('data', (d) => {
+    buf += d;
+    let i;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      const l = buf.slice(0, i);
+      buf = buf.slice(i + 1);
+      if (keep) keep.push(l);
+      const w = waiters.findIndex((x) => x.pred(l));
+      if (w >= 0) {
+        const [x] = waiters.splice(w, 1);
+        clearTimeout(x.timer);
+        x.resolve(l);
+      } else queue.push(l);
+    }
+  });
+  return {
+    next(pred = () => true, timeoutMs = 30000, what = 'a line') {
+      const i = queue.findIndex(pred);
+      if (i >= 0) return Promise.resolve(queue.splice(i, 1)[0]);
+      return new Promise((resolve, reject) => {
+        const x = { pred, resolve };
+        x.timer = setTimeout(() => {
+          waiters.splice(waiters.indexOf(x), 1);
+          reject(new Error(`timed out waiting for ${what}`));
+        }, timeoutMs);
+        waiters.push(x);
+      });
+    },
+  };
+}
+const json = (l) => { try { return JSON.parse(l); } catch { return null; } };
+const exited = (child) =>
+  child.exitCode !== null || child.signalCode !== null
+    ? Promise.resolve(child.exitCode)
+    : new Promise((r) => child.once('exit', (c) => r(c)));
+
+/** Start a node script that prints a JSON line when ready. */
+async function startNode(args, extraEnv = {}, withStdin = false) {
+  const child = spawn(NODE, args, {
+    cwd: BENCH,
+    env: { ...process.env, ...extraEnv },
+    stdio: [withStdin ? 'pipe' : 'ignore', 'pipe', 'inherit'],
+  });
+  const out = lines(child.stdout);
+  const first = json(await out.next((l) => json(l) !== null, 30000, `${args.join(' ')} to start`));
+  return { child, out, info: first, pid: first.pid || child.pid };
+}
+
+async function stop(child, sig = 'SIGTERM', graceMs = 10000) {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  child.kill(sig);
+  const t = setTimeout(() => child.kill('SIGKILL'), graceMs);
+  await exited(child);
+  clearTimeout(t);
+}
+
+// ---- /proc
+function procCpu(pid) {
+  // utime+stime (clock ticks) of the whole process, and the exact on-CPU time
+  // (ns) summed over its threads' schedstat.
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  const ticks = Number(f[11]) + Number(f[12]);
+  let ns = 0;
+  for (const t of fs.readdirSync(`/proc/${pid}/task`)) {
+    try { ns += Number(fs.readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[0]); } catch {}
+  }
+  return { ticks, ns };
+}
+const HZ = 100;
+function procMem(pid) {
+  const m = {};
+  for (const l of fs.readFileSync(`/proc/${pid}/status`, 'utf8').split('\n')) {
+    const r = /^(VmRSS|VmHWM|RssAnon|RssFile|RssShmem):\s+(\d+) kB/.exec(l);
+    if (r) m[r[1]] = Number(r[2]) * 1024;
+  }
+  return m;
+}
+
+// ---- sink
+let SINK;
+async function startSink() {
+  const s = await startNode([path.join(BENCH, 'sink.js')]);
+  SINK = { ...s, grpc: s.info.grpc, http: s.info.http, pid: s.child.pid };
+  return SINK;
+}
+function sinkStats() {
+  return new Promise((resolve, reject) => {
+    http
+      .get({ host: '127.0.0.1', port: SINK.http, path: '/stats' }, (res) => {
+        let b = '';
+        res.on('data', (d) => (b += d));
+        res.on('end', () => {
+          const s = JSON.parse(b);
+          s.spans = s.grpc.spans + s.http.spans;
+          s.bytes = s.grpc.bytes + s.http.bytes;
+          s.requests = s.grpc.requests + s.http.requests;
+          resolve(s);
+        });
+      })
+      .on('error', reject);
+  });
+}
+async function sinkQuiet(quietMs = 1500, maxMs = 15000) {
+  // Waits until the sink's span count has not moved for quietMs.
+  const t0 = Date.now();
+  let last = (await sinkStats()).spans, since = Date.now();
+  while (Date.now() - t0 < maxMs) {
+    await sleep(250);
+    const n = (await sinkStats()).spans;
+    if (n !== last) { last = n; since = Date.now(); }
+    else if (Date.now() - since >= quietMs) break;
+  }
+  return last;
+}
+
+// ---- uvspan
+const OTLP_PROTOCOL = process.env.BENCH_OTLP_PROTOCOL || 'grpc';
+function endpoint() {
+  return OTLP_PROTOCOL === 'grpc' ? `http://127.0.0.1:${SINK.grpc}` : `http://127.0.0.1:${SINK.http}`;
+}
+const SUMMARY_RE =
+  /spans: (\d+) exported, (\d+) dropped[^,]*, (\d+) failed to export, (\d+) not flushed; (\d+) records lost in the kernel[^,]*, (\d+) undecodable/;
+async function startUvspan(args, { otlp = true } = {}) {
+  const full = [...args];
+  if (otlp) full.unshift('--otlp-endpoint', endpoint(), '--otlp-protocol', OTLP_PROTOCOL);
+  const t0 = process.hrtime.bigint();
+  const errLines = [];
+  const child = spawn(UVSPAN, full, {
+    env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '' },
+    stdio: ['ignore', otlp ? 'ignore' : 'pipe', 'pipe'],
+  });
+  if (!otlp) child.stdout.resume();
+  const err = lines(child.stderr, errLines);
+  const exitP = exited(child);
+  const line = await Promise.race([
+    err.next((l) => /^uvspan: tracing /.test(l), 30000, 'uvspan to attach'),
+    exitP.then((c) => { throw new Error(`uvspan exited (${c}) before tracing: ${errLines.join(' | ')}`); }),
+  ]);
+  const ready_ms = Number(process.hrtime.bigint() - t0) / 1e6;
+  // "N/M probes attached in X ms" or "N probes live X ms after it was found"
+  const m = /attached in ([\d.]+) ms/.exec(line) || /live ([\d.]+) ms/.exec(line);
+  const probes = /(\d+)\/(\d+) probes/.exec(line) || /(\d+) probes live/.exec(line);
+  return {
+    child,
+    pid: child.pid,
+    ready_ms,
+    attach_ms_internal: m ? Number(m[1]) : null,
+    probes: probes ? (probes[2] ? `${probes[1]}/${probes[2]}` : probes[1]) : null,
+    errLines,
+    async done(sig) {
+      if (sig) await stop(child, sig, 20000);
+      else await exitP;
+      await sleep(50); // let stderr drain
+      const s = errLines.map((l) => SUMMARY_RE.exec(l)).find(Boolean);
+      return s
+        ? { exported: +s[1], dropped: +s[2], failed: +s[3], unflushed: +s[4], lost_kernel: +s[5], undecodable: +s[6] }
+        : { error: `no summary line: ${errLines.slice(-3).join(' | ')}` };
+    },
+  };
+}
+
+// ---- wrk
+function runWrk(port, seconds, rate, conns) {
+  const delay = rate > 0 ? Math.max(0, Math.round((conns * 1000) / rate)) : 0;
+  return new Promise((resolve, reject) => {
+    const child = spawn('wrk', ['-t1', `-c${conns}`, `-d${seconds}s`, '--timeout', '5s', '-s', path.join(BENCH, 'pace.lua'), `http://127.0.0.1:${port}/`], {
+      env: { ...process.env, BENCH_DELAY_MS: String(delay) },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    let out = '';
+    child.stdout.on('data', (d) => (out += d));
+    child.on('exit', () => {
+      const m = /WRKJSON (\{.*\})/.exec(out);
+      if (!m) return reject(new Error(`wrk: no summary: ${out}`));
+      resolve(JSON.parse(m[1]));
+    });
+  });
+}
+
+// ---- bpf
+function bpftool(args) {
+  try { return JSON.parse(execFileSync('bpftool', [...args, '--json'], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'ignore'] })); }
+  catch { return null; }
+}
+function foreignUprobes(exclude = []) {
+  const list = bpftool(['perf', 'list']) || [];
+  const ours = new Set(exclude);
+  const up = list.filter((p) => /uprobe/.test(p.fd_type || '') && !ours.has(p.pid));
+  const byFile = {};
+  for (const p of up) byFile[p.filename] = (byFile[p.filename] || 0) + 1;
+  return { count: up.length, owners: [...new Set(up.map((p) => p.pid))], by_file: byFile };
+}
+function progStatsOf(ownerPid) {
+  // uvspan's own programs: the BPF program fds it holds (/proc/PID/fdinfo has
+  // prog_id, run_cnt, run_time_ns); names from bpftool.
+  const names = {};
+  for (const p of bpftool(['prog', 'show']) || []) names[p.id] = p.name;
+  const out = {};
+  for (const fd of fs.readdirSync(`/proc/${ownerPid}/fdinfo`)) {
+    let info;
+    try { info = fs.readFileSync(`/proc/${ownerPid}/fdinfo/${fd}`, 'utf8'); } catch { continue; }
+    if (!/^prog_type:/m.test(info)) continue;
+    const num = (k) => Number((new RegExp(`^${k}:\\s+(\\d+)`, 'm').exec(info) || [])[1] || 0);
+    const id = num('prog_id');
+    const name = names[id] || `prog_${id}`;
+    out[name] = { run_cnt: num('run_cnt'), run_time_ns: num('run_time_ns') };
+  }
+  return out;
+}
+function sysctl(name, value) {
+  const f = `/proc/sys/${name.replace(/\./g, '/')}`;
+  try {
+    const old = fs.readFileSync(f, 'utf8').trim();
+    if (value !== undefined) fs.writeFileSync(f, String(value));
+    return old;
+  } catch { return null; }
+}
+
+// ---------------------------------------------------------------- machine
+function machine() {
+  const cpuinfo = fs.readFileSync('/proc/cpuinfo', 'utf8');
+  const model = (/model name\s*:\s*(.*)/.exec(cpuinfo) || [])[1] || null;
+  const mhz = (/cpu MHz\s*:\s*(.*)/.exec(cpuinfo) || [])[1] || null;
+  const sh = (cmd, args) => { try { return execFileSync(cmd, args, { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] }).trim(); } catch (e) { return (e.stdout || e.stderr || '').toString().trim() || null; } };
+  const git = sh('git', ['-C', ROOT, 'rev-parse', '--short', 'HEAD']);
+  const dirty = sh('git', ['-C', ROOT, 'status', '--porcelain', '--', 'src', 'bpf', 'Cargo.toml', 'Cargo.lock', 'build.rs']);
+  return {
+    nproc: os.cpus().length,
+    model_name: model,
+    cpu_mhz: mhz ? Number(mhz) : null,
+    mem_total_mib: Math.round(os.totalmem() / 1048576),
+    kernel: os.release(),
+    os: (sh('sh', ['-c', '. /etc/os-release && echo "$PRETTY_NAME"']) || '').trim(),
+    node: sh(NODE, ['--version']),
+    node_binary: NODE,
+    wrk: (sh('wrk', ['--version']) || '').split('\n')[0].replace(/ Copyright.*/, ''),
+    uvspan_commit: git ? `${git}${dirty ? ' (+ uncommitted changes in src/bpf)' : ''}` : null,
+    uvspan_binary: UVSPAN,
+    otlp_protocol: OTLP_PROTOCOL,
+    loadavg_start: os.loadavg().map((x) => round(x, 2)),
+    hw_counters: 'none (VM): CPU times from /proc',
+  };
+}
+
+// ---------------------------------------------------------------- 1. overhead
+async function overhead() {
+  const c = CFG.overhead;
+  const configs = ['bare', 'uvspan', 'otel_sdk'];
+  const runs = [];
+  log(`overhead: ${c.rounds} round(s) of bare/uvspan/otel-sdk, ~${c.rate} req/s paced, ${c.measure_s}s each`);
+  for (let r = 0; r < c.rounds; r++) {
+    for (const cfg of configs) {
+      const args = cfg === 'otel_sdk' ? ['-r', path.join(BENCH, 'otel.js'), path.join(BENCH, 'app.js')] : [path.join(BENCH, 'app.js')];
+      const envx =
+        cfg === 'otel_sdk'
+          ? { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${SINK.grpc}`, OTEL_METRICS_EXPORTER: 'none', OTEL_LOGS_EXPORTER: 'none', OTEL_SERVICE_NAME: 'bench-app' }
+          : {};
+      const sink0 = await sinkStats();
+      const app = await startNode(args, envx);
+      let uv = null;
+      if (cfg === 'uvspan') uv = await startUvspan(['--pid', String(app.pid)]);
+      const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
+      const a0 = procCpu(app.pid);
+      const u0 = uv ? procCpu(uv.pid) : null;
+      const s0 = await sinkStats();
+      const w = await runWrk(app.info.port, c.measure_s, c.rate, c.conns);
+      const a1 = procCpu(app.pid);
+      const u1 = uv ? procCpu(uv.pid) : null;
+      const s1 = await sinkStats();
+      await stop(app.child, 'SIGTERM');
+      const sum = uv ? await uv.done() : null;
+      const sink1 = await sinkStats();
+      const total_req = w.requests; // measured window only
+      const run = {
+        round: r + 1,
+        config: cfg,
+        requests: w.requests,
+        warm_requests: warm.requests,
+        req_per_s: round(w.requests / (w.duration_us / 1e6), 1),
+        errors: w.errors,
+        cpu_us_per_req: round((a1.ns - a0.ns) / 1e3 / total_req, 2),
+        cpu_us_per_req_ticks: round(((a1.ticks - a0.ticks) * 1e6) / HZ / total_req, 2),
+        p50_ms: round(w.p50_us / 1e3), p90_ms: round(w.p90_us / 1e3), p99_ms: round(w.p99_us / 1e3),
+        sink_spans_in_window: s1.spans - s0.spans,
+        sink_spans_total: sink1.spans - sink0.spans,
+        sink_cpu_us_per_req: round((s1.cpu_us - s0.cpu_us) / total_req, 2),
+      };
+      if (uv) {
+        run.uvspan_cpu_us_per_req = round((u1.ns - u0.ns) / 1e3 / total_req, 2);
+        run.uvspan_summary = sum;
+      }
+      runs.push(run);
+      log(`  round ${r + 1} ${cfg.padEnd(8)} ${run.req_per_s} req/s  cpu ${run.cpu_us_per_req} us/req  p99 ${run.p99_ms} ms` + (uv ? `  uvspan ${run.uvspan_cpu_us_per_req} us/req` : ''));
+    }
+  }
+  const med = {};
+  for (const cfg of configs) {
+    const rs = runs.filter((x) => x.config === cfg);
+    const m = (k) => median(rs.map((x) => x[k]));
+    med[cfg] = {
+      cpu_us_per_req: round(m('cpu_us_per_req'), 2),
+      cpu_us_per_req_ticks: round(m('cpu_us_per_req_ticks'), 2),
+      p50_ms: round(m('p50_ms')), p99_ms: round(m('p99_ms')),
+      req_per_s: round(m('req_per_s'), 1),
+      spans_per_req: round(median(rs.map((x) => x.sink_spans_total / Math.max(1, x.requests + x.warm_requests))), 2),
+      sink_cpu_us_per_req: round(m('sink_cpu_us_per_req'), 2),
+    };
+    if (cfg === 'uvspan') med[cfg].uvspan_cpu_us_per_req = round(m('uvspan_cpu_us_per_req'), 2);
+  }
+  // Ratios per round (paired: the same round's bare run), then median.
+  const ratio = (cfg, k) =>
+    median(runs.filter((x) => x.config === cfg).map((x) => x[k] / runs.find((y) => y.round === x.round && y.config === 'bare')[k]));
+  const added = (cfg) =>
+    runs.filter((x) => x.config === cfg).map((x) => x.cpu_us_per_req - runs.find((y) => y.round === x.round && y.config === 'bare').cpu_us_per_req);
+  const addB = median(added('uvspan')), addC = median(added('otel_sdk'));
+  return {
+    config: { ...c, load: 'wrk -t1, paced per connection (pace.lua)', app: 'bench/app.js: fs.readFile + dns.lookup(localhost) per request', cpu: 'sum of /proc/PID/task/*/schedstat on-CPU ns (utime+stime ticks also recorded)' },
+    runs,
+    median: med,
+    ratios: {
+      uvspan_cpu: round(ratio('uvspan', 'cpu_us_per_req')),
+      otel_sdk_cpu: round(ratio('otel_sdk', 'cpu_us_per_req')),
+      uvspan_p99: round(ratio('uvspan', 'p99_ms')),
+      otel_sdk_p99: round(ratio('otel_sdk', 'p99_ms')),
+      uvspan_added_us_per_req: round(addB, 2),
+      otel_sdk_added_us_per_req: round(addC, 2),
+      uvspan_added_over_sdk_added: round(addB / addC),
+    },
+  };
+}
+
+// ---------------------------------------------------------------- 2. statloop
+async function statloop() {
+  const c = CFG.statloop;
+  log(`statloop: ${c.rounds} round(s) of ${c.ops} fs.statSync, bare vs uvspan (same process)`);
+  const p = await startNode([path.join(BENCH, 'statloop.js')], {}, true);
+  const cmd = async (line) => {
+    p.child.stdin.write(line + '\n');
+    return json(await p.out.next((l) => json(l)?.n !== undefined, 120000, 'statloop'));
+  };
+  await cmd(`run ${c.warm_ops}`);
+  const rounds = [];
+  for (let r = 0; r < c.rounds; r++) {
+    const bare = await cmd(`run ${c.ops}`);
+    const uv = await startUvspan(['--pid', String(p.pid)]);
+    const traced = await cmd(`run ${c.ops}`);
+    const sum = await uv.done('SIGINT');
+    rounds.push({
+      round: r + 1,
+      bare_cpu_ns: round(bare.cpu_ns_per_op, 1), traced_cpu_ns: round(traced.cpu_ns_per_op, 1),
+      bare_wall_ns: round(bare.wall_ns_per_op, 1), traced_wall_ns: round(traced.wall_ns_per_op, 1),
+      added_cpu_ns: round(traced.cpu_ns_per_op - bare.cpu_ns_per_op, 1),
+      added_wall_ns: round(traced.wall_ns_per_op - bare.wall_ns_per_op, 1),
+      uvspan_summary: sum,
+    });
+    log(`  round ${r + 1}: bare ${rounds[r].bare_cpu_ns} ns/op, traced ${rounds[r].traced_cpu_ns} ns/op (cpu), added ${rounds[r].added_cpu_ns}`);
+  }
+  // Anatomy: one more traced run with kernel.bpf_stats_enabled, for probe hits per op and in-BPF time.
+  let anatomy = null;
+  const old = sysctl('kernel.bpf_stats_enabled');
+  if (old !== null && bpftool(['prog', 'show']) !== null) {
+    const uv = await startUvspan(['--pid', String(p.pid)]);
+    sysctl('kernel.bpf_stats_enabled', 1);
+    const before = progStatsOf(uv.pid);
+    const traced = await cmd(`run ${c.ops}`);
+    const after = progStatsOf(uv.pid);
+    sysctl('kernel.bpf_stats_enabled', old);
+    await uv.done('SIGINT');
+    const progs = {};
+    let hits = 0, bpfNs = 0;
+    for (const [name, a] of Object.entries(after)) {
+      const b = before[name] || { run_cnt: 0, run_time_ns: 0 };
+      const cnt = a.run_cnt - b.run_cnt;
+      if (!cnt) continue;
+      progs[name] = { hits_per_op: round(cnt / c.ops, 3), ns_per_hit: round((a.run_time_ns - b.run_time_ns) / cnt, 1) };
+      hits += cnt; bpfNs += a.run_time_ns - b.run_time_ns;
+    }
+    anatomy = {
+      note: 'one extra traced run with kernel.bpf_stats_enabled=1 (adds ~20-40 ns per program run)',
+      traced_cpu_ns: round(traced.cpu_ns_per_op, 1),
+      probe_hits_per_op: round(hits / c.ops, 3),
+      bpf_ns_per_op: round(bpfNs / c.ops, 1),
+      outside_bpf_ns_per_hit: null,
+      programs: progs,
+    };
+  }
+  p.child.stdin.end();
+  await stop(p.child);
+  const m = (k) => round(median(rounds.map((x) => x[k])), 1);
+  if (anatomy && anatomy.probe_hits_per_op > 0) {
+    // Added time not spent inside BPF programs, per probe hit: the uprobe mechanism itself.
+    anatomy.outside_bpf_ns_per_hit = round((m('added_cpu_ns') - anatomy.bpf_ns_per_op) / anatomy.probe_hits_per_op, 0);
+  }
+  return {
+    config: c,
+    rounds,
+    median: {
+      bare_cpu_ns: m('bare_cpu_ns'), traced_cpu_ns: m('traced_cpu_ns'), added_cpu_ns: m('added_cpu_ns'),
+      bare_wall_ns: m('bare_wall_ns'), traced_wall_ns: m('traced_wall_ns'), added_wall_ns: m('added_wall_ns'),
+    },
+    anatomy,
+  };
+}
+
+// ---------------------------------------------------------------- 3. throughput
+async function throughput() {
+  const c = CFG.throughput;
+  log(`throughput: fs.statSync at ${c.rates.map((r) => r || 'max').join(', ')} ops/s, ${c.seconds}s each, until loss`);
+  const steps = [];
+  let appBound = false;
+  for (const rate of c.rates) {
+    if (appBound) break;
+    const d = await startNode([path.join(BENCH, 'driver.js')], {}, true);
+    const uv = DEST === 'otlp'
+      ? await startUvspan(['--pid', String(d.pid)])
+      : DEST === 'console'
+        ? await startUvspan(['--pid', String(d.pid)], { otlp: false })
+        : await startUvspan(['--pid', String(d.pid), '--otlp-endpoint', 'http://127.0.0.1:9', '--flush-timeout', '1s'], { otlp: false });
+    const sink0 = await sinkStats();
+    const perf = PERF
+      ? spawn('perf', ['record', '-q', '-F', '999', '-e', 'cpu-clock', ...(process.env.BENCH_PERF_CALLGRAPH ? ['--call-graph', process.env.BENCH_PERF_CALLGRAPH] : ['-g']), '-p', String(uv.pid), '-o', path.join(OUT, `perf-${DEST}-${rate || 'max'}.data`)], { stdio: 'ignore' })
+      : null;
+    const u0 = procCpu(uv.pid);
+    const samples = [];
+    const sampler = setInterval(() => { try { samples.push({ t: Date.now(), ...procMem(uv.pid) }); } catch {} }, 200);
+    const tStart = Date.now();
+    d.child.stdin.write(`go ${rate} ${c.seconds}\n`);
+    const res = json(await d.out.next((l) => json(l)?.ops !== undefined, (c.seconds + 60) * 1000, 'driver'));
+    const tLoadEnd = Date.now();
+    if (perf) { perf.kill('SIGINT'); await exited(perf); }
+    if (DEST === 'otlp') await sinkQuiet(1500, 20000);
+    else await sleep(1500);
+    clearInterval(sampler);
+    const u1 = procCpu(uv.pid);
+    const memEnd = procMem(uv.pid);
+    const sink1 = await sinkStats();
+    d.child.stdin.write('exit\n');
+    await exited(d.child);
+    const sum = await uv.done();
+    const sinkFinal = await sinkStats();
+    const cpuS = (u1.ns - u0.ns) / 1e9;
+    const exported = DEST === 'down' ? res.ops : sum.exported ?? sink1.spans - sink0.spans; // down: spans built and encoded, then failed
+    // Steady RSS: the largest VmRSS seen in the second half of the load.
+    const half = tStart + (tLoadEnd - tStart) / 2;
+    const steady = samples.filter((s) => s.t >= half && s.t <= tLoadEnd).map((s) => s.VmRSS);
+    const step = {
+      target_rate: rate || 'max',
+      ops: res.ops,
+      ops_per_s: round(res.rate, 0),
+      spans_exported: exported,
+      sink_spans: sinkFinal.spans - sink0.spans,
+      spans_per_s: round(exported / res.seconds, 0),
+      uvspan_cpu_s: round(cpuS, 3),
+      uvspan_cpu_ns_per_span: round((cpuS * 1e9) / Math.max(1, exported), 0),
+      spans_per_core_s: round(exported / Math.max(1e-9, cpuS), 0),
+      uvspan_cpu_share_of_core: round(cpuS / res.seconds, 3),
+      rss_steady_mib: steady.length ? round(Math.max(...steady) / 1048576, 1) : null,
+      rss_end_mib: round(memEnd.VmRSS / 1048576, 1),
+      rss_anon_end_mib: round(memEnd.RssAnon / 1048576, 1),
+      rss_file_end_mib: round(memEnd.RssFile / 1048576, 1),
+      rss_shmem_end_mib: round(memEnd.RssShmem / 1048576, 1),
+      hwm_mib: round(memEnd.VmHWM / 1048576, 1),
+      lost_kernel: sum.lost_kernel,
+      dropped_queue: sum.dropped,
+      failed_export: sum.failed,
+      unflushed: sum.unflushed,
+      sink_bytes_per_span: round((sinkFinal.bytes - sink0.bytes) / Math.max(1, sinkFinal.spans - sink0.spans), 0),
+    };
+    // The driver could not issue the target rate (the traced app itself is the limit):
+    // higher targets would only repeat this step.
+    step.app_bound = rate > 0 && res.rate < 0.9 * rate;
+    if (step.app_bound || rate === 0) appBound = true;
+    steps.push(step);
+    log(`  ${String(step.target_rate).padStart(6)} ops/s -> ${step.ops_per_s} ops/s, ${step.spans_per_s} spans/s, ${step.uvspan_cpu_ns_per_span} ns/span, ${step.spans_per_core_s} spans/core-s, RSS ${step.rss_steady_mib} MiB, lost ${step.lost_kernel}, dropped ${step.dropped_queue}`);
+    if (step.lost_kernel > 0 || step.dropped_queue > 0) break; // loss started
+  }
+  return { config: { ...c, op: 'fs.statSync (sync: 1 span per op)', dest: DEST }, steps };
+}
+
+// ---------------------------------------------------------------- 4. attach
+async function attach() {
+  const c = CFG.attach;
+  log(`attach: ${c.trials} trial(s), uvspan --pid on a fresh node process; uvspan -- node startup delay`);
+  const trials = [];
+  for (let i = 0; i < c.trials; i++) {
+    const app = await startNode([path.join(BENCH, 'app.js')]);
+    await sleep(200);
+    const uv = await startUvspan(['--pid', String(app.pid)]);
+    trials.push({ trial: i + 1, ready_ms: round(uv.ready_ms, 1), attach_ms_internal: uv.attach_ms_internal, probes: uv.probes });
+    await stop(app.child);
+    await uv.done();
+  }
+  // `uvspan -- node`: time until the command's first output, vs plain node.
+  const firstOutput = async (cmd, args) => {
+    const t0 = process.hrtime.bigint();
+    const ch = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '' } });
+    ch.stderr.resume();
+    await lines(ch.stdout).next((l) => l.includes('up'), 30000, 'first output');
+    const ms = Number(process.hrtime.bigint() - t0) / 1e6;
+    await exited(ch);
+    return ms;
+  };
+  const script = ['-e', 'process.stdout.write("up\\n")'];
+  const cmdMode = [];
+  for (let i = 0; i < c.trials; i++) {
+    const bare = await firstOutput(NODE, script);
+    const traced = await firstOutput(UVSPAN, ['--otlp-endpoint', endpoint(), '--otlp-protocol', OTLP_PROTOCOL, '--', NODE, ...script]);
+    cmdMode.push({ trial: i + 1, bare_ms: round(bare, 1), uvspan_ms: round(traced, 1), added_ms: round(traced - bare, 1) });
+  }
+  return {
+    config: c,
+    pid_mode: trials,
+    command_mode: cmdMode,
+    median: {
+      pid_ready_ms: round(median(trials.map((t) => t.ready_ms)), 1),
+      pid_attach_ms_internal: round(median(trials.map((t) => t.attach_ms_internal)), 1),
+      command_added_ms: round(median(cmdMode.map((t) => t.added_ms)), 1),
+    },
+  };
+}
+
+// ---------------------------------------------------------------- report
+function targets(R) {
+  const t = [];
+  const add = (name, target, value, pass, note = '') => t.push({ name, target, value, pass, note });
+  if (R.overhead) {
+    const o = R.overhead.ratios;
+    add('app CPU/request under uvspan', '<= 1.05x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.05);
+    add('uvspan added CPU / OTel SDK added CPU', '<= 0.05', o.uvspan_added_over_sdk_added, o.uvspan_added_over_sdk_added !== null && o.uvspan_added_over_sdk_added <= 0.05,
+      `added ${o.uvspan_added_us_per_req} vs ${o.otel_sdk_added_us_per_req} us/req; SDK ratio ${o.otel_sdk_cpu}x`);
+  }
+  if (R.statloop) {
+    const v = R.statloop.median.added_cpu_ns;
+    add('added per traced op (statSync)', '<= 800 ns', v, v !== null && v <= 800, `bare ${R.statloop.median.bare_cpu_ns} ns/op`);
+  }
+  if (R.throughput) {
+    const steps = R.throughput.steps;
+    const lossless = steps.filter((s) => !s.lost_kernel && !s.dropped_queue);
+    const best = lossless.length ? lossless.reduce((a, b) => (b.spans_per_s > a.spans_per_s ? b : a)) : null;
+    const v = best ? best.spans_per_core_s : null;
+    add('spans/s per sidecar core (OTLP)', '>= 300000', v, v !== null && v >= 300000, best ? `at ${best.spans_per_s} spans/s (highest lossless step)` : 'no lossless step');
+    const s100 = steps.find((s) => s.target_rate === 100000);
+    const top = steps.reduce((a, b) => (b.ops_per_s > a.ops_per_s ? b : a), steps[0]);
+    add('no lost events at 100k ops/s', '0 lost, 0 dropped',
+      s100 && !s100.app_bound ? `${s100.lost_kernel} lost, ${s100.dropped_queue} dropped` : `not reached: the traced driver peaks at ${top.ops_per_s} ops/s (${top.lost_kernel} lost, ${top.dropped_queue} dropped there)`,
+      s100 && !s100.app_bound ? s100.lost_kernel === 0 && s100.dropped_queue === 0 : null);
+    const s50 = steps.find((s) => s.target_rate === 50000) || top;
+    add('RSS steady at 50k spans/s', '<= 32 MiB', s50 ? s50.rss_steady_mib : 'not run', s50 ? s50.rss_steady_mib <= 32 : null,
+      s50 ? `at ${s50.spans_per_s} spans/s; anon ${s50.rss_anon_end_mib}, file ${s50.rss_file_end_mib}, shmem ${s50.rss_shmem_end_mib} MiB at end` : '');
+  }
+  if (R.attach) {
+    const v = R.attach.median.pid_ready_ms;
+    add('attach latency (uvspan --pid start -> "tracing")', '<= 100 ms', v, v !== null && v <= 100, `uvspan's own "attached in": ${R.attach.median.pid_attach_ms_internal} ms`);
+  }
+  return t;
+}
+
+function markdown(R) {
+  const M = R.machine;
+  const L = [];
+  const row = (...c) => L.push(`| ${c.map((x) => (x === null || x === undefined ? '–' : String(x))).join(' | ')} |`);
+  L.push(`# uvspan benchmark results${QUICK ? ' (quick smoke — not a measurement)' : ''}`, '');
+  L.push(`${R.finished_at} · ${M.nproc} × ${M.model_name} · ${M.mem_total_mib} MiB · Linux ${M.kernel} · ${M.os} · node ${M.node} · ${M.wrk} · uvspan ${M.uvspan_commit} · OTLP ${M.otlp_protocol} to bench/sink.js`);
+  L.push(`load average at start ${M.loadavg_start.join(' ')}, at end ${M.loadavg_end.join(' ')}; other processes' uprobes on the machine at start: ${M.foreign_uprobes.count}. No hardware counters: CPU time from /proc; medians of interleaved rounds.`, '');
+  L.push('## Targets', '');
+  row('target', 'goal', 'measured', 'pass', 'note');
+  row('---', '---', '---', '---', '---');
+  for (const t of R.targets) row(t.name, t.target, t.value, t.pass === null ? '–' : t.pass ? 'yes' : '**no**', t.note);
+  if (R.overhead) {
+    const o = R.overhead;
+    L.push('', `## 1. Overhead on the app (${o.config.rounds} interleaved rounds, ~${o.config.rate} req/s paced, ${o.config.measure_s} s each)`, '');
+    row('config', 'app CPU µs/req', 'ratio', 'p50 ms', 'p99 ms', 'p99 ratio', 'req/s', 'spans/req', 'sidecar CPU µs/req');
+    row('---', '---', '---', '---', '---', '---', '---', '---', '---');
+    const m = o.median;
+    row('(a) bare', m.bare.cpu_us_per_req, '1.00', m.bare.p50_ms, m.bare.p99_ms, '1.00', m.bare.req_per_s, m.bare.spans_per_req, '');
+    row('(b) uvspan → OTLP', m.uvspan.cpu_us_per_req, o.ratios.uvspan_cpu, m.uvspan.p50_ms, m.uvspan.p99_ms, o.ratios.uvspan_p99, m.uvspan.req_per_s, m.uvspan.spans_per_req, m.uvspan.uvspan_cpu_us_per_req);
+    row('(c) OTel JS SDK → OTLP', m.otel_sdk.cpu_us_per_req, o.ratios.otel_sdk_cpu, m.otel_sdk.p50_ms, m.otel_sdk.p99_ms, o.ratios.otel_sdk_p99, m.otel_sdk.req_per_s, m.otel_sdk.spans_per_req, '(in-process)');
+    L.push('', `Added CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}). Ratios are medians of per-round ratios to that round's bare run.`);
+  }
+  if (R.statloop) {
+    const s = R.statloop;
+    L.push('', `## 2. Per-operation cost (fs.statSync, ${s.config.ops} ops × ${s.config.rounds} rounds, same process attached/detached)`, '');
+    row('', 'bare ns/op', 'uvspan ns/op', 'added ns/op');
+    row('---', '---', '---', '---');
+    row('CPU time', s.median.bare_cpu_ns, s.median.traced_cpu_ns, s.median.added_cpu_ns);
+    row('wall time', s.median.bare_wall_ns, s.median.traced_wall_ns, s.median.added_wall_ns);
+    if (s.anatomy) {
+      L.push('', `Probe anatomy (bpf_stats run): ${s.anatomy.probe_hits_per_op} probe hits per op, ${s.anatomy.bpf_ns_per_op} ns/op inside BPF programs; the other ${s.anatomy.outside_bpf_ns_per_hit} ns per hit is the uprobe mechanism (int3 trap, then the probed instruction emulated or single-stepped out of line).`, '');
+      row('program', 'hits/op', 'ns/hit in BPF');
+      row('---', '---', '---');
+      for (const [n, p] of Object.entries(s.anatomy.programs)) row(n, p.hits_per_op, p.ns_per_hit);
+    }
+  }
+  if (R.throughput) {
+    L.push('', `## 3. Sidecar throughput (fs.statSync driver, ${R.throughput.config.seconds} s per step, ${DEST === 'otlp' ? 'OTLP to the sink' : DEST === 'console' ? 'console output to /dev/null' : 'OTLP to an endpoint that is down'})`, '');
+    row('target ops/s', 'reached ops/s', 'spans/s exported', 'uvspan CPU ns/span', 'spans/s per core', 'uvspan core share', 'RSS steady MiB', 'RSS anon/file/shmem MiB', 'lost (kernel)', 'dropped (queue)');
+    row('---', '---', '---', '---', '---', '---', '---', '---', '---', '---');
+    for (const s of R.throughput.steps)
+      row(s.target_rate, s.app_bound ? `${s.ops_per_s} (app-bound)` : s.ops_per_s, s.spans_per_s, s.uvspan_cpu_ns_per_span, s.spans_per_core_s, s.uvspan_cpu_share_of_core, s.rss_steady_mib, `${s.rss_anon_end_mib}/${s.rss_file_end_mib}/${s.rss_shmem_end_mib}`, s.lost_kernel, s.dropped_queue);
+  }
+  if (R.attach) {
+    const a = R.attach;
+    L.push('', `## 4. Attach latency (${a.config.trials} trials, fresh node process each)`, '');
+    row('measure', 'median ms', 'all trials');
+    row('---', '---', '---');
+    row('`uvspan --pid` start → "tracing" line (external)', a.median.pid_ready_ms, a.pid_mode.map((t) => t.ready_ms).join(', '));
+    row('uvspan\'s own figure ("attached in" / "live … after it was found")', a.median.pid_attach_ms_internal, a.pid_mode.map((t) => t.attach_ms_internal).join(', '));
+    row('`uvspan -- node -e …`: added delay before first output', a.median.command_added_ms, a.command_mode.map((t) => t.added_ms).join(', '));
+  }
+  L.push('', 'Raw numbers, every round: `results.json`. Reproduce: `sudo ./scripts/bench.sh`.', '');
+  return L.join('\n');
+}
+
+// ---------------------------------------------------------------- main
+async function main() {
+  if (process.getuid && process.getuid() !== 0) throw new Error('run as root (uvspan loads eBPF)');
+  fs.mkdirSync(OUT, { recursive: true });
+  const R = { quick: QUICK, started_at: new Date().toISOString(), machine: machine() };
+  R.machine.foreign_uprobes = foreignUprobes([]);
+  if (R.machine.foreign_uprobes.count) log(`note: ${R.machine.foreign_uprobes.count} uprobes of other processes are attached (${Object.keys(R.machine.foreign_uprobes.by_file).join(', ')})`);
+  await startSink();
+  const cleanup = () => { try { SINK.child.kill('SIGKILL'); } catch {} };
+  process.on('exit', cleanup);
+  const t0 = Date.now();
+  try {
+    if (want('overhead')) R.overhead = await overhead();
+    if (want('statloop')) R.statloop = await statloop();
+    if (want('throughput')) R.throughput = await throughput();
+    if (want('attach')) R.attach = await attach();
+  } finally {
+    const s = await sinkStats().catch(() => null);
+    R.sink = s ? { spans: s.spans, requests: s.requests, bytes: s.bytes, errors: s.errors, cpu_s: round(s.cpu_us / 1e6, 2) } : null;
+    await stop(SINK.child);
+  }
+  R.finished_at = new Date().toISOString();
+  R.elapsed_s = round((Date.now() - t0) / 1000, 1);
+  R.machine.loadavg_end = os.loadavg().map((x) => round(x, 2));
+  R.targets = targets(R);
+  fs.writeFileSync(path.join(OUT, 'results.json'), JSON.stringify(R, null, 2) + '\n');
+  const md = markdown(R);
+  fs.writeFileSync(path.join(OUT, 'results.md'), md);
+  process.stdout.write(md);
+  log(`done in ${R.elapsed_s} s: ${path.relative(process.cwd(), path.join(OUT, 'results.md'))}, results.json`);
+  if (QUICK) {
+    // Smoke: every part must have produced numbers and spans must have arrived.
+    const bad = [];
+    if (R.overhead && !(R.overhead.median.uvspan.spans_per_req > 0)) bad.push('no uvspan spans reached the sink in the overhead run');
+    if (R.overhead && !(R.overhead.median.otel_sdk.spans_per_req > 0)) bad.push('no OTel SDK spans reached the sink');
+    if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
+    if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
+    if (R.attach && !(R.attach.median.pid_ready_ms > 0)) bad.push('attach not measured');
+    if (bad.length) throw new Error(`smoke failed: ${bad.join('; ')}`);
+  }
+}
+
+main().catch((e) => {
+  log(`error: ${e.stack || e}`);
+  try { SINK && SINK.child.kill('SIGKILL'); } catch {}
+  process.exit(1);
+});
