@@ -287,9 +287,10 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	}
 
 	struct req_key key = { .pid = pid, .req = e->req };
-	if (bpf_map_lookup_elem(&inflight_fs, &key))
+	if (bpf_map_update_elem(&inflight_fs, &key, e, BPF_NOEXIST)) {
 		stat_inc(STAT_INFLIGHT_REPLACED);
-	bpf_map_update_elem(&inflight_fs, &key, e, BPF_ANY);
+		bpf_map_update_elem(&inflight_fs, &key, e, BPF_ANY);
+	}
 	if (e->sync) {
 		__u32 tid = (__u32)id;
 		bpf_map_update_elem(&sync_pending, &tid, &key, BPF_ANY);
@@ -373,9 +374,10 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 	e->host[0] = 0;
 	bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
 	struct req_key key = { .pid = pid, .req = e->req };
-	if (bpf_map_lookup_elem(&inflight_dns, &key))
+	if (bpf_map_update_elem(&inflight_dns, &key, e, BPF_NOEXIST)) {
 		stat_inc(STAT_INFLIGHT_REPLACED);
-	bpf_map_update_elem(&inflight_dns, &key, e, BPF_ANY);
+		bpf_map_update_elem(&inflight_dns, &key, e, BPF_ANY);
+	}
 	return 0;
 }
 

@@ -109,10 +109,13 @@ fn nonzero(v: u64) -> Option<u64> {
     (v != 0).then_some(v)
 }
 
-/// C string in a fixed array: up to the first NUL, lossy UTF-8.
+/// C string in a fixed array: up to the first NUL, lossy UTF-8, one copy.
 fn cstr(buf: &[i8]) -> String {
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    // SAFETY: i8 and u8 have the same size and alignment; the slice is
+    // reinterpreted in place for the same length and lifetime.
+    let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) };
+    let end = memchr::memchr(0, bytes).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
 }
 
 /// Where an operation was seen to end: libuv's completion function

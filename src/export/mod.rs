@@ -37,7 +37,9 @@ pub struct BatchConfig {
 
 impl Default for BatchConfig {
     fn default() -> Self {
-        BatchConfig { max_queue_spans: 65_536, max_batch: 512, schedule_delay: Duration::from_millis(1000) }
+        // Larger export requests than the SDK default (512): less per-request
+        // overhead at high span rates (bench/, sidecar throughput).
+        BatchConfig { max_queue_spans: 65_536, max_batch: 2048, schedule_delay: Duration::from_millis(1000) }
     }
 }
 
