@@ -40,7 +40,7 @@ struct {
 	__uint(max_entries, 8 * 1024 * 1024);
 } events SEC(".maps");
 
-/* Processes being traced (tgid -> 1). Every program checks it first. */
+/* Processes being traced (tgid -> flags: TRACED_*). Every program checks it first. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 4096);
@@ -102,7 +102,9 @@ struct loop_state {
 	__u32 cur_phase; /* UVSPAN_PHASES = none yet */
 	__u32 epoll_only; /* no phase probes: epoll waits delimit iterations */
 	__u32 wake_frozen; /* an epoll wait in this poll phase returned events */
-	__u32 _pad;
+	__u8 poll_timeout_zero; /* epoll-only: the current wait has timeout 0 */
+	__u8 last_poll_empty;   /* epoll-only: the last wait had timeout 0 and no events */
+	__u16 _pad;
 };
 
 struct {
@@ -154,6 +156,10 @@ static __always_inline int is_traced(__u32 pid)
 {
 	return bpf_map_lookup_elem(&traced, &pid) != NULL;
 }
+
+/* Traced-map value bits. */
+#define TRACED 1
+#define TRACED_EPOLL_ONLY 2 /* no phase probes: epoll waits delimit iterations */
 
 static __always_inline struct scratch *get_scratch(void)
 {
@@ -632,18 +638,40 @@ int uv_multi(struct pt_regs *ctx) { return dispatch(ctx); }
 SEC("uprobe")
 int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
 
-static __always_inline int epoll_enter(void)
+/* Format of the syscalls:sys_enter_* tracepoints (common fields, nr, args). */
+struct sys_enter_args {
+	__u64 common;
+	long nr;
+	unsigned long args[6];
+};
+
+static __always_inline int epoll_enter(struct sys_enter_args *args, int has_timeout)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
+	__u8 *flags = bpf_map_lookup_elem(&traced, &pid);
+	if (!flags)
 		return 0;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	if (!st && (*flags & TRACED_EPOLL_ONLY)) {
+		/* A process already running when it was attached: its threads
+		 * entered uv_run long ago, so the fallback probe never fired. */
+		st = loop_state_of(pid, tid);
+		if (st) {
+			st->epoll_only = 1;
+			st->ev.epoll_only = 1;
+		}
+	}
 	if (!st)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	if (st->epoll_only)
-		loop_enter_phase(st, PHASE_POLL, now);
+	if (st->epoll_only) {
+		/* libuv with idle-time metrics (Node) first polls with timeout 0;
+		 * the wait that follows an empty one belongs to the same iteration. */
+		if (!st->last_poll_empty)
+			loop_enter_phase(st, PHASE_POLL, now);
+		st->poll_timeout_zero = has_timeout && (int)args->args[3] == 0;
+	}
 	if (st->cur_phase == PHASE_POLL)
 		st->epoll_enter = now;
 	return 0;
@@ -670,6 +698,7 @@ static __always_inline int epoll_exit(struct sys_exit_args *args)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	st->ev.poll_wait_ns += now - st->epoll_enter;
+	st->last_poll_empty = st->poll_timeout_zero && args->ret == 0;
 	if (!st->wake_frozen) {
 		st->ev.wake_ns = now;
 		st->wake_frozen = args->ret > 0;
@@ -679,15 +708,15 @@ static __always_inline int epoll_exit(struct sys_exit_args *args)
 }
 
 SEC("tracepoint/syscalls/sys_enter_epoll_wait")
-int epoll_wait_enter(void *ctx) { return epoll_enter(); }
+int epoll_wait_enter(struct sys_enter_args *ctx) { return epoll_enter(ctx, 1); }
 SEC("tracepoint/syscalls/sys_exit_epoll_wait")
 int epoll_wait_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 SEC("tracepoint/syscalls/sys_enter_epoll_pwait")
-int epoll_pwait_enter(void *ctx) { return epoll_enter(); }
+int epoll_pwait_enter(struct sys_enter_args *ctx) { return epoll_enter(ctx, 1); }
 SEC("tracepoint/syscalls/sys_exit_epoll_pwait")
 int epoll_pwait_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 SEC("tracepoint/syscalls/sys_enter_epoll_pwait2")
-int epoll_pwait2_enter(void *ctx) { return epoll_enter(); }
+int epoll_pwait2_enter(struct sys_enter_args *ctx) { return epoll_enter(ctx, 0); }
 SEC("tracepoint/syscalls/sys_exit_epoll_pwait2")
 int epoll_pwait2_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 
@@ -717,8 +746,10 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 cpid = BPF_CORE_READ(child, tgid);
 	if (ppid == cpid || !is_traced(ppid))
 		return 0;
-	__u8 one = 1;
-	bpf_map_update_elem(&traced, &cpid, &one, BPF_ANY);
+	/* the child inherits how its parent is traced */
+	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
+	__u8 f = flags ? *flags : TRACED;
+	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
 	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid);
 	return 0;
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing uvspan needs on a fresh Debian/Ubuntu
 # machine (run as root): clang (compiles bpf/), libelf and zlib (libbpf),
-# pkg-config, and util-linux's setpriv (used by the privilege test).
+# pkg-config, util-linux's setpriv (used by the privilege test), and
+# binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
+# clang pulls binutils in on Debian, but not every clang install does).
 # Idempotent: it installs only what is missing.
 set -euo pipefail
 
@@ -9,6 +11,7 @@ need=()
 command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v setpriv >/dev/null || need+=(util-linux)
+command -v strip >/dev/null || need+=(binutils)
 [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
 [ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)
 [ -e /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)

@@ -239,7 +239,7 @@ impl State<'_> {
         } else {
             crate::tracer::plan(&images)
         };
-        if tracer.add_pid(pid).is_err() {
+        if tracer.add_pid(pid, &report).is_err() {
             return;
         }
         announce(Some(pid), &images, &report, t.elapsed(), fresh);
@@ -329,8 +329,8 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     let mut stats = RunStats::default();
 
     for (pid, loc) in &pid_targets {
-        tracer.add_pid(*pid)?;
         let report = tracer.attach(loc, *pid as i32)?;
+        tracer.add_pid(*pid, &report)?;
         announce(Some(*pid), loc, &report, found.elapsed(), true);
         st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
         st.register(*pid);
@@ -352,8 +352,8 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
         (Some(loc), false) => {
             let child = target::spawn_held(&cli.command)?;
-            tracer.add_pid(child.pid)?;
             let report = tracer.attach(loc, -1)?;
+            tracer.add_pid(child.pid, &report)?;
             announce(None, loc, &report, found.elapsed(), true);
             st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.node_version.clone() });
             child.release()?;

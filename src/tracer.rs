@@ -203,11 +203,16 @@ impl Tracer {
     }
 
     /// Marks a process as traced: its events pass the kernel-side filter.
-    pub fn add_pid(&self, pid: u32) -> Result<()> {
+    /// `report` is what was attached for it: without phase probes (a build
+    /// with only libuv's exported API), its epoll waits delimit iterations.
+    pub fn add_pid(&self, pid: u32, report: &[ProbeStatus]) -> Result<()> {
+        let epoll_only = report.iter().any(|r| r.program == Program::LoopRun && r.state == ProbeState::Attached);
+        // TRACED | TRACED_EPOLL_ONLY in bpf/uvspan.bpf.c
+        let flags = 1u8 | if epoll_only { 2 } else { 0 };
         self.skel
             .maps
             .traced
-            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+            .update(&pid.to_ne_bytes(), &[flags], MapFlags::ANY)
             .with_context(|| format!("cannot add process {pid} to the traced set"))
     }
 

