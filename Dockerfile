@@ -3,9 +3,7 @@
 FROM rust:1-bookworm AS build
 WORKDIR /src
 COPY scripts/setup.sh scripts/setup.sh
-# setup.sh also checks for node and BTF, which the build stage does not need.
-RUN apt-get update -qq && apt-get install -y -qq nodejs >/dev/null && \
-    (./scripts/setup.sh || true) && command -v clang
+RUN ./scripts/setup.sh --build
 COPY . .
 RUN cargo build --release --locked && strip target/release/uvspan
 

@@ -5,7 +5,11 @@
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
 # clang pulls binutils in on Debian, but not every clang install does).
 # Idempotent: it installs only what is missing.
+#   scripts/setup.sh           build + test machine (also checks node and BTF)
+#   scripts/setup.sh --build   build only (the Dockerfile's build stage)
 set -euo pipefail
+build_only=0
+[ "${1:-}" = "--build" ] && build_only=1
 
 need=()
 command -v clang >/dev/null || need+=(clang)
@@ -28,6 +32,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust (https://rustup.rs)" >&2; exit 1; }
+if [ $build_only -eq 1 ]; then
+  echo "setup: ok for building (clang $(clang -dumpversion))" >&2
+  exit 0
+fi
 command -v node >/dev/null || { echo "setup: node not found: install Node.js (the demo and tests trace it)" >&2; exit 1; }
 [ -e /sys/kernel/btf/vmlinux ] || { echo "setup: this kernel has no BTF (/sys/kernel/btf/vmlinux): uvspan needs it" >&2; exit 1; }
 echo "setup: ok (clang $(clang -dumpversion), node $(node --version), kernel $(uname -r))" >&2
