@@ -90,7 +90,9 @@ impl ProcessInfo {
             attrs.push(KeyValue::new("container.id", id));
         }
         let own: Vec<(String, String)> = std::env::vars().collect();
-        for (k, v) in k8s_attributes(&self.cgroups, &self.env, &own) {
+        let own_cgroups = std::fs::read_to_string("/proc/self/cgroup").map(|c| cgroup_paths(&c)).unwrap_or_default();
+        let own_pod = own_cgroups.iter().find_map(|p| pod_uid(p));
+        for (k, v) in k8s_attributes(&self.cgroups, &self.env, &own, own_pod.as_deref()) {
             attrs.push(KeyValue::new(k, v));
         }
         attrs.push(KeyValue::new("telemetry.sdk.name", "uvspan"));
@@ -139,15 +141,21 @@ pub fn cgroup_path(proc_cgroup: &str) -> Option<String> {
 /// Kubernetes attributes: `k8s.pod.uid` from the cgroup path
 /// (`kubepods-…-pod<uid>.slice` or `/kubepods/…/pod<uid>/`), and
 /// `k8s.pod.name`, `k8s.namespace.name`, `k8s.node.name` from downward-API
-/// variables in the target's environment, else in uvspan's own (a sidecar
-/// shares its pod; a DaemonSet shares only the node name).
-pub fn k8s_attributes(cgroups: &[String], target_env: &[(String, String)], own_env: &[(String, String)]) -> Vec<(&'static str, String)> {
+/// variables in the target's environment, else in uvspan's own: the pod
+/// names only when the target is in uvspan's own pod (a sidecar), the node
+/// name always (a DaemonSet shares the node).
+pub fn k8s_attributes(
+    cgroups: &[String],
+    target_env: &[(String, String)],
+    own_env: &[(String, String)],
+    own_pod_uid: Option<&str>,
+) -> Vec<(&'static str, String)> {
     let get = |env: &[(String, String)], keys: &[&str]| {
         keys.iter().find_map(|k| env.iter().find(|(ek, v)| ek == k && !v.is_empty()).map(|(_, v)| v.clone()))
     };
     let mut out = Vec::new();
     let uid = cgroups.iter().find_map(|p| pod_uid(p));
-    let in_pod = uid.is_some() || get(target_env, &["K8S_POD_NAME", "POD_NAME"]).is_some();
+    let same_pod = uid.is_some() && uid.as_deref() == own_pod_uid;
     if let Some(uid) = uid {
         out.push(("k8s.pod.uid", uid));
     }
@@ -156,8 +164,8 @@ pub fn k8s_attributes(cgroups: &[String], target_env: &[(String, String)], own_e
         ("k8s.namespace.name", &["K8S_NAMESPACE_NAME", "K8S_POD_NAMESPACE", "POD_NAMESPACE"]),
     ];
     for (attr, keys) in pod_keys {
-        // uvspan's own pod names only apply to a target in a pod (a sidecar's neighbour).
-        if let Some(v) = get(target_env, keys).or_else(|| if in_pod { get(own_env, keys) } else { None }) {
+        // uvspan's own pod names only apply to a target in uvspan's own pod (a sidecar's neighbour).
+        if let Some(v) = get(target_env, keys).or_else(|| if same_pod { get(own_env, keys) } else { None }) {
             out.push((attr, v));
         }
     }
@@ -301,10 +309,15 @@ mod tests {
         assert_eq!(pod_uid(&cgroupfs).as_deref(), Some(uid));
         assert_eq!(pod_uid("/user.slice"), None);
         let e = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
-        let attrs = k8s_attributes(&[systemd], &e(&[("K8S_POD_NAME", "web-1")]), &e(&[("K8S_NODE_NAME", "n1"), ("K8S_NAMESPACE_NAME", "shop")]));
+        let own = e(&[("K8S_NODE_NAME", "n1"), ("K8S_NAMESPACE_NAME", "shop")]);
+        // A sidecar: the target is in uvspan's own pod, uvspan's pod names apply.
+        let attrs = k8s_attributes(&[systemd.clone()], &e(&[("K8S_POD_NAME", "web-1")]), &own, Some(uid));
         assert_eq!(attrs, vec![("k8s.pod.uid", uid.to_string()), ("k8s.pod.name", "web-1".into()), ("k8s.namespace.name", "shop".into()), ("k8s.node.name", "n1".into())]);
-        // Not in a pod: uvspan's own pod names do not apply, the node does.
-        let attrs = k8s_attributes(&["/user.slice".into()], &[], &e(&[("K8S_POD_NAME", "uvspan-x"), ("K8S_NODE_NAME", "n1")]));
+        // A DaemonSet: the target is in another pod; only the node name is shared.
+        let attrs = k8s_attributes(&[systemd], &[], &own, Some("00000000-0000-0000-0000-000000000000"));
+        assert_eq!(attrs, vec![("k8s.pod.uid", uid.to_string()), ("k8s.node.name", "n1".into())]);
+        // Not in a pod at all.
+        let attrs = k8s_attributes(&["/user.slice".into()], &[], &e(&[("K8S_POD_NAME", "uvspan-x"), ("K8S_NODE_NAME", "n1")]), None);
         assert_eq!(attrs, vec![("k8s.node.name", "n1".into())]);
     }
 

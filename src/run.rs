@@ -391,7 +391,10 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     let mut last_status = Instant::now();
     let mut last_health = Instant::now();
     loop {
+        // Records are sent without a wakeup until a batch has piled up (see
+        // wake_flags in bpf/): poll waits for that, consume takes the rest.
         let _ = rb.poll(Duration::from_millis(100));
+        let _ = rb.consume();
         let recs = std::mem::take(&mut *records.borrow_mut());
         let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
         for r in recs {
@@ -454,6 +457,9 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
             }
             // Exited processes are forgotten (their spans are already queued), except --pid targets.
             stats.processes_seen += st.procs.values().filter(|p| p.exited && !p.target).count() as u64;
+            for (pid, _) in st.procs.iter().filter(|(_, p)| p.exited && !p.target) {
+                st.exporter.forget(*pid);
+            }
             st.procs.retain(|_, p| !p.exited || p.target);
             if spawned.is_none() && !discovering && st.procs.values().filter(|p| p.target).all(|p| p.exited) {
                 break;

@@ -70,6 +70,8 @@ pub(crate) enum Msg {
     Process { pid: u32, resource: Resource, label: String },
     Spans { pid: u32, spans: Vec<SpanData> },
     Flush(tokio::sync::oneshot::Sender<()>),
+    /// The process exited: drop its resource once its queued spans are out.
+    Forget(u32),
 }
 
 /// The sending side, used from the tracer thread.
@@ -108,6 +110,11 @@ impl Exporter {
             }
         };
         Ok(Exporter { tx, counters, cfg, task, rt: rt.handle().clone() })
+    }
+
+    /// A process is gone: its resource is dropped after its last spans.
+    pub fn forget(&self, pid: u32) {
+        let _ = self.tx.send(Msg::Forget(pid));
     }
 
     pub fn process(&self, pid: u32, resource: Resource, label: String) {
@@ -157,6 +164,7 @@ impl Exporter {
 async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
     let mut procs: HashMap<u32, (Resource, String)> = HashMap::new();
     let mut pending: HashMap<u32, Vec<SpanData>> = HashMap::new();
+    let mut forgotten: Vec<u32> = Vec::new();
     let mut pending_n = 0usize;
     let mut tick = tokio::time::interval(cfg.schedule_delay);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -172,6 +180,10 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                     if pending_n < cfg.max_batch { continue; }
                 }
                 Some(Msg::Flush(ack)) => flush_ack = Some(ack),
+                Some(Msg::Forget(pid)) => {
+                    if pending.contains_key(&pid) { forgotten.push(pid); } else { procs.remove(&pid); }
+                    continue;
+                }
                 None => closed = true,
             },
             _ = tick.tick() => {}
@@ -197,6 +209,9 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
             counters.queued.fetch_sub(n, Ordering::Relaxed);
         }
         pending_n = 0;
+        for pid in forgotten.drain(..) {
+            procs.remove(&pid);
+        }
         if let Some(ack) = flush_ack {
             let _ = ack.send(());
         }
