@@ -770,12 +770,12 @@ int proc_exit(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
-		return 0;
+	/* Per-thread state goes whatever the order of exits: in exit_group the
+	 * main thread may exit (and leave the traced set) before the others. */
 	bpf_map_delete_elem(&loops, &tid);
 	bpf_map_delete_elem(&worker_jobs, &tid);
 	bpf_map_delete_elem(&sync_pending, &tid);
-	if (pid != tid)
+	if (pid != tid || !is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);
 	emit_proc(EV_PROC_EXIT, pid, tid, 0);
