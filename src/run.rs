@@ -174,14 +174,50 @@ struct RunStats {
     processes_seen: u64,
 }
 
-/// Discovery (--all): which binaries are attached for every process, and
-/// processes to look at again (a shared libuv is mapped after exec).
-#[derive(Default)]
+/// Discovery (--all): which binaries are attached for every process,
+/// which executables are known (Node or not), and processes to look at again
+/// (a shared libuv is mapped after exec). Reading a new binary's symbols
+/// (tens to hundreds of ms for a 100 MB node) happens on a worker thread, so
+/// processes of known binaries are traced at once meanwhile.
 struct Discovery {
     filter: Filter,
     /// (dev, inode) of images attached with no pid filter.
     attached: std::collections::HashSet<(u64, u64)>,
+    /// Executables seen to be Node (fast path) or not (skipped).
+    node_exes: std::collections::HashSet<(u64, u64)>,
+    other_exes: std::collections::HashSet<(u64, u64)>,
     retry: Vec<(u32, Instant, u32)>,
+    in_worker: std::collections::HashSet<u32>,
+    to_worker: std::sync::mpsc::Sender<(u32, u32)>,
+    from_worker: std::sync::mpsc::Receiver<(u32, u32, Instant, Result<Images>)>,
+}
+
+impl Discovery {
+    fn new(filter: Filter) -> Discovery {
+        let (to_worker, jobs) = std::sync::mpsc::channel::<(u32, u32)>();
+        let (done, from_worker) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("uvspan-symbols".into())
+            .spawn(move || {
+                for (pid, tries) in jobs {
+                    let t = Instant::now();
+                    if done.send((pid, tries, t, symbols::images(pid))).is_err() {
+                        return;
+                    }
+                }
+            })
+            .ok();
+        Discovery {
+            filter,
+            attached: Default::default(),
+            node_exes: Default::default(),
+            other_exes: Default::default(),
+            retry: Vec::new(),
+            in_worker: Default::default(),
+            to_worker,
+            from_worker,
+        }
+    }
 }
 
 fn file_id(p: &std::path::Path) -> Option<(u64, u64)> {
@@ -189,53 +225,79 @@ fn file_id(p: &std::path::Path) -> Option<(u64, u64)> {
     std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
 }
 
+fn exe_id(pid: u32) -> Option<(u64, u64)> {
+    file_id(std::path::Path::new(&format!("/proc/{pid}/exe")))
+}
+
 impl State<'_> {
     /// A process seen in --all mode: trace it if it is Node and the filter keeps it.
     fn consider(&mut self, tracer: &mut Tracer, d: &mut Discovery, pid: u32, tries: u32) {
-        if pid == std::process::id() || self.procs.contains_key(&pid) {
+        if pid == std::process::id() || self.procs.contains_key(&pid) || d.in_worker.contains(&pid) {
+            return;
+        }
+        let Some(exe) = exe_id(pid) else { return };
+        if d.other_exes.contains(&exe) {
             return;
         }
         let Some(cand) = Candidate::read(pid) else { return };
         if !d.filter.admits(&cand) {
             return;
         }
-        let t = Instant::now();
-        let images = match symbols::images(pid) {
-            Ok(i) => i,
-            Err(_) => {
-                // A dynamically linked node maps libuv.so / libnode.so just after
-                // exec: look again shortly (5 times, 20 ms apart).
-                let needs_lib = std::fs::read(format!("/proc/{pid}/exe"))
-                    .map(|b| memchr::memmem::find(&b, b"libuv.so").is_some() || memchr::memmem::find(&b, b"libnode.so").is_some())
-                    .unwrap_or(false);
-                if needs_lib && tries < 5 {
-                    d.retry.push((pid, Instant::now() + Duration::from_millis(20), tries + 1));
-                }
-                return;
+        if d.node_exes.contains(&exe) {
+            let t = Instant::now();
+            if let Ok(images) = symbols::images(pid) {
+                self.start_tracing(tracer, d, pid, images, t);
             }
-        };
-        // One link per binary for all its processes; then a pid is one map update.
-        let mut fresh = false;
-        for loc in std::iter::once(&images.libuv).chain(images.libc.as_ref()) {
-            let Some(id) = file_id(&loc.attach_path) else { return };
-            if !d.attached.contains(&id) {
-                fresh = true;
+        } else if d.to_worker.send((pid, tries)).is_ok() {
+            d.in_worker.insert(pid);
+        }
+    }
+
+    /// Symbols the worker has read: trace, look again later, or remember "not Node".
+    fn worker_results(&mut self, tracer: &mut Tracer, d: &mut Discovery) {
+        while let Ok((pid, tries, t, result)) = d.from_worker.try_recv() {
+            d.in_worker.remove(&pid);
+            let Some(exe) = exe_id(pid) else { continue };
+            match result {
+                Ok(images) => {
+                    d.node_exes.insert(exe);
+                    self.start_tracing(tracer, d, pid, images, t);
+                }
+                Err(_) => {
+                    // A dynamically linked node maps libuv.so / libnode.so just after
+                    // exec: look again shortly (5 times, 20 ms apart).
+                    let needs_lib = std::fs::read(format!("/proc/{pid}/exe"))
+                        .map(|b| memchr::memmem::find(&b, b"libuv.so").is_some() || memchr::memmem::find(&b, b"libnode.so").is_some())
+                        .unwrap_or(false);
+                    if !needs_lib {
+                        d.other_exes.insert(exe);
+                    } else if tries < 5 {
+                        d.retry.push((pid, Instant::now() + Duration::from_millis(20), tries + 1));
+                    }
+                }
             }
         }
+    }
+
+    fn start_tracing(&mut self, tracer: &mut Tracer, d: &mut Discovery, pid: u32, images: Images, t: Instant) {
+        // One link per binary for all its processes; then a pid is one map update.
+        let ids: Vec<Option<(u64, u64)>> =
+            std::iter::once(&images.libuv).chain(images.libc.as_ref()).map(|l| file_id(&l.attach_path)).collect();
+        if ids.iter().any(Option::is_none) {
+            return; // gone meanwhile
+        }
+        let fresh = ids.iter().flatten().any(|id| !d.attached.contains(id));
         let report = if fresh {
-            let r = match tracer.attach(&images, -1) {
-                Ok(r) => r,
+            match tracer.attach(&images, -1) {
+                Ok(r) => {
+                    d.attached.extend(ids.into_iter().flatten());
+                    r
+                }
                 Err(e) => {
                     eprintln!("uvspan: cannot trace process {pid}: {e:#}");
                     return;
                 }
-            };
-            for loc in std::iter::once(&images.libuv).chain(images.libc.as_ref()) {
-                if let Some(id) = file_id(&loc.attach_path) {
-                    d.attached.insert(id);
-                }
             }
-            r
         } else {
             crate::tracer::plan(&images)
         };
@@ -335,17 +397,21 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
         st.register(*pid);
     }
-    let mut discovery = Discovery {
-        filter: Filter {
-            cgroup: cli.cgroup.clone(),
-            container: cli.container.clone(),
-            exclude_instrumented: cli.exclude_already_instrumented,
-        },
-        ..Default::default()
-    };
+    let mut discovery = Discovery::new(Filter {
+        cgroup: cli.cgroup.clone(),
+        container: cli.container.clone(),
+        exclude_instrumented: cli.exclude_already_instrumented,
+    });
     if discovering {
-        for pid in discover::all_pids() {
+        let pids = discover::all_pids();
+        for &pid in &pids {
             st.consider(&mut tracer, &mut discovery, pid, 0);
+        }
+        // The processes already running: wait (bounded) for their symbols.
+        let until = Instant::now() + Duration::from_secs(5);
+        while !discovery.in_worker.is_empty() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+            st.worker_results(&mut tracer, &mut discovery);
         }
         eprintln!("uvspan: watching for Node.js processes ({} traced now)", st.procs.len());
     }
@@ -393,7 +459,9 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     loop {
         // Records are sent without a wakeup until a batch has piled up (see
         // wake_flags in bpf/): poll waits for that, consume takes the rest.
-        let _ = rb.poll(Duration::from_millis(100));
+        // Short waits while the symbol worker has something for us.
+        let wait = if discovery.in_worker.is_empty() && discovery.retry.is_empty() { 100 } else { 5 };
+        let _ = rb.poll(Duration::from_millis(wait));
         let _ = rb.consume();
         let recs = std::mem::take(&mut *records.borrow_mut());
         let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
@@ -411,6 +479,9 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         }
         for (pid, spans) in out {
             st.exporter.send(pid, spans);
+        }
+        if discovering {
+            st.worker_results(&mut tracer, &mut discovery);
         }
         if !discovery.retry.is_empty() {
             let now = Instant::now();

@@ -189,7 +189,6 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
             _ = tick.tick() => {}
         }
         for (pid, spans) in pending.drain() {
-            let n = spans.len() as u64;
             let (resource, label) = procs
                 .get(&pid)
                 .cloned()
@@ -205,8 +204,10 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                         counters.failed.fetch_add(m, Ordering::Relaxed)
                     }
                 };
+                // Per chunk: if the flush deadline cuts the export short, what was
+                // sent is not also counted as not flushed.
+                counters.queued.fetch_sub(m, Ordering::Relaxed);
             }
-            counters.queued.fetch_sub(n, Ordering::Relaxed);
         }
         pending_n = 0;
         for pid in forgotten.drain(..) {
