@@ -188,9 +188,14 @@ struct Discovery {
     other_exes: std::collections::HashSet<(u64, u64)>,
     retry: Vec<(u32, Instant, u32)>,
     in_worker: std::collections::HashSet<u32>,
+    /// Processes that exec'd again while the worker looked at them.
+    exec_again: std::collections::HashSet<u32>,
     to_worker: std::sync::mpsc::Sender<(u32, u32)>,
-    from_worker: std::sync::mpsc::Receiver<(u32, u32, Instant, Result<Images>)>,
+    from_worker: std::sync::mpsc::Receiver<WorkerResult>,
 }
+
+/// (pid, tries, found at, executable looked at, its images).
+type WorkerResult = (u32, u32, Instant, Option<(u64, u64)>, Result<Images>);
 
 impl Discovery {
     fn new(filter: Filter) -> Discovery {
@@ -201,7 +206,9 @@ impl Discovery {
             .spawn(move || {
                 for (pid, tries) in jobs {
                     let t = Instant::now();
-                    if done.send((pid, tries, t, symbols::images(pid))).is_err() {
+                    // The executable is noted first: the process may exec again meanwhile.
+                    let exe = exe_id(pid);
+                    if done.send((pid, tries, t, exe, symbols::images(pid))).is_err() {
                         return;
                     }
                 }
@@ -214,6 +221,7 @@ impl Discovery {
             other_exes: Default::default(),
             retry: Vec::new(),
             in_worker: Default::default(),
+            exec_again: Default::default(),
             to_worker,
             from_worker,
         }
@@ -232,7 +240,11 @@ fn exe_id(pid: u32) -> Option<(u64, u64)> {
 impl State<'_> {
     /// A process seen in --all mode: trace it if it is Node and the filter keeps it.
     fn consider(&mut self, tracer: &mut Tracer, d: &mut Discovery, pid: u32, tries: u32) {
-        if pid == std::process::id() || self.procs.contains_key(&pid) || d.in_worker.contains(&pid) {
+        if d.in_worker.contains(&pid) {
+            d.exec_again.insert(pid); // look again once the worker is done with it
+            return;
+        }
+        if pid == std::process::id() || self.procs.contains_key(&pid) {
             return;
         }
         let Some(exe) = exe_id(pid) else { return };
@@ -255,9 +267,16 @@ impl State<'_> {
 
     /// Symbols the worker has read: trace, look again later, or remember "not Node".
     fn worker_results(&mut self, tracer: &mut Tracer, d: &mut Discovery) {
-        while let Ok((pid, tries, t, result)) = d.from_worker.try_recv() {
+        while let Ok((pid, tries, t, exe, result)) = d.from_worker.try_recv() {
             d.in_worker.remove(&pid);
-            let Some(exe) = exe_id(pid) else { continue };
+            let again = d.exec_again.remove(&pid);
+            let Some(exe) = exe else { continue };
+            if again || exe_id(pid) != Some(exe) {
+                // It exec'd something else while the worker looked (a shell
+                // starting node): what was read may be either; look again.
+                self.consider(tracer, d, pid, tries);
+                continue;
+            }
             match result {
                 Ok(images) => {
                     d.node_exes.insert(exe);
