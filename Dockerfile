@@ -12,5 +12,5 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends libelf1
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/uvspan /usr/local/bin/uvspan
 # Needs: hostPID (or a shared process namespace), and CAP_BPF, CAP_PERFMON,
-# CAP_SYS_PTRACE, CAP_SYS_RESOURCE (or privileged).
+# CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (see deploy/k8s/README.md).
 ENTRYPOINT ["/usr/local/bin/uvspan"]

@@ -133,7 +133,7 @@ fn load_error(e: libbpf_rs::Error) -> anyhow::Error {
     if eperm || (eacces && !root) {
         anyhow!(
             "cannot load the eBPF program: permission denied. uvspan needs root, or the capabilities \
-             CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_SYS_RESOURCE; run it with sudo"
+             CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH; run it with sudo"
         )
     } else if eacces {
         // EACCES for root is the verifier refusing a program, not a privilege problem.
