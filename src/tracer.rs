@@ -175,7 +175,20 @@ impl Tracer {
             &p.proc_exec,
             &p.proc_exit,
         ] {
-            global.push(prog.attach().map_err(load_error).with_context(|| format!("attaching {}", prog.name().to_string_lossy()))?);
+            let name = prog.name().to_string_lossy().into_owned();
+            let link = prog.attach().map_err(|e| {
+                let msg = e.to_string();
+                if msg.contains("os error 2)") {
+                    // Tracepoint ids are read from tracefs.
+                    anyhow!(
+                        "cannot attach the {name} tracepoint: tracefs not found; mount it at /sys/kernel/tracing \
+                         (in a container: mount the host's /sys/kernel/tracing read-only)"
+                    )
+                } else {
+                    load_error(e).context(format!("attaching the {name} tracepoint"))
+                }
+            })?;
+            global.push(link);
         }
         Ok(Tracer { skel, multi, uprobes: HashMap::new(), _global: global })
     }
