@@ -142,35 +142,6 @@ const THREADPOOL_KEYS: [&str; 4] = [
     "uvspan.threadpool.thread.id",
 ];
 
-/// An async request's threadpool attributes and events agree with each other
-/// and lie inside the span.
-fn check_threadpool(s: &Span, pid: i64) {
-    let ctx = s.brief();
-    let qw = s.double("uvspan.threadpool.queue_wait_ms").unwrap_or_else(|| panic!("no queue_wait_ms: {ctx}"));
-    let run = s.double("uvspan.threadpool.run_ms").unwrap_or_else(|| panic!("no run_ms: {ctx}"));
-    let cbw = s.double("uvspan.loop.callback_wait_ms").unwrap_or_else(|| panic!("no callback_wait_ms: {ctx}"));
-    let worker = s.int("uvspan.threadpool.thread.id").unwrap_or_else(|| panic!("no worker thread id: {ctx}"));
-    assert!(qw >= 0.0 && run >= 0.0 && cbw >= 0.0, "negative threadpool times: {ctx}");
-    assert_ne!(worker, pid, "the work ran on the loop thread, not in the threadpool: {ctx}");
-    assert!(worker > 0, "{ctx}");
-    let names: Vec<&str> = s.events.iter().map(|e| e.name.as_str()).collect();
-    assert_eq!(names, ["threadpool.start", "threadpool.end"], "events of {ctx}");
-    let (t1, t2) = (s.events[0].time_unix_nano, s.events[1].time_unix_nano);
-    assert!(
-        s.start_unix_nano <= t1 && t1 <= t2 && t2 <= s.end_unix_nano,
-        "threadpool events not ordered inside the span: start={} work_start={t1} work_end={t2} end={}: {ctx}",
-        s.start_unix_nano,
-        s.end_unix_nano
-    );
-    // The attributes are the gaps between the span ends and the events.
-    let close = |a: f64, b_ns: u64, what: &str| {
-        assert!((a - b_ns as f64 / 1e6).abs() < 0.001, "{what}={a} but the events say {} ms: {ctx}", b_ns as f64 / 1e6)
-    };
-    close(qw, t1 - s.start_unix_nano, "queue_wait_ms");
-    close(run, t2 - t1, "run_ms");
-    close(cbw, s.end_unix_nano - t2, "callback_wait_ms");
-}
-
 /// fs_ops.js's fs spans are exactly the expected ones, in order, with exact attributes.
 fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
     let mut fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
@@ -265,7 +236,7 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
         if w.sync {
             assert!(s.events.is_empty(), "sync requests have no threadpool events: {ctx}");
         } else {
-            check_threadpool(s, pid);
+            check_threadpool_split(s, pid);
         }
     }
 
@@ -298,7 +269,7 @@ fn check_dns(spans: &[Span], m: &Markers, pid: i64) {
         assert!(s.parent_span_id.is_empty(), "{ctx}");
         assert_eq!(s.bool("uvspan.sync"), Some(false), "{ctx}");
         assert_eq!(s.int("thread.id"), Some(pid), "{ctx}");
-        check_threadpool(s, pid);
+        check_threadpool_split(s, pid);
     }
 
     let ok = dns[0];
@@ -618,7 +589,7 @@ fn attach_to_running_process_by_pid() {
     assert_eq!(opens.len(), 2, "writeFileSync + readFile:\n{}", dump(&fs));
     assert_eq!(opens[0].bool("uvspan.sync"), Some(true));
     assert_eq!(opens[1].bool("uvspan.sync"), Some(false));
-    check_threadpool(opens[1], i64::from(node_pid));
+    check_threadpool_split(opens[1], i64::from(node_pid));
     let (wfd, rfd) = (opens[0].int("uvspan.fs.fd").expect("fd"), opens[1].int("uvspan.fs.fd").expect("fd"));
     let has = |name: &str, fd: i64, sync: bool, bytes: Option<i64>| {
         fs.iter().any(|s| {

@@ -1,6 +1,7 @@
 //! Golden tests, no root needed: raw ring-buffer records recorded from a real
-//! run (UVSPAN_RECORD=tests/golden/NAME.rec uvspan -- node tests/golden/NAME.js)
-//! are decoded and turned into spans; the result must match NAME.golden.
+//! run (UVSPAN_RECORD=tests/golden/NAME.rec uvspan -- node tests/golden/fs_dns_loop.js;
+//! stripped.rec with a stripped copy of node instead of node) are decoded and
+//! turned into spans; the result must match NAME.golden.
 //! Regenerate after an intended change with UPDATE_GOLDEN=1 cargo test --test golden.
 
 use std::fmt::Write;
