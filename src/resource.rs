@@ -20,6 +20,9 @@ pub struct ProcessInfo {
     pub env_service_name: Option<String>,
     pub env_resource_attributes: Vec<(String, String)>,
     pub node_version: Option<String>,
+    /// /proc/PID/environ could not be read (no CAP_DAC_READ_SEARCH for
+    /// another user's process): its OTEL_* and K8S_* settings are unknown.
+    pub environ_denied: bool,
 }
 
 impl ProcessInfo {
@@ -31,7 +34,9 @@ impl ProcessInfo {
             .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_string())
             .unwrap_or_default();
         let argv = split_nul(&std::fs::read(format!("{dir}/cmdline")).unwrap_or_default());
-        let env = split_nul(&std::fs::read(format!("{dir}/environ")).unwrap_or_default());
+        let environ = std::fs::read(format!("{dir}/environ"));
+        let environ_denied = matches!(&environ, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
+        let env = split_nul(&environ.unwrap_or_default());
         let get = |k: &str| env.iter().find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
         let cgroup_text = std::fs::read_to_string(format!("{dir}/cgroup")).unwrap_or_default();
         let cgroup = cgroup_path(&cgroup_text);
@@ -48,6 +53,7 @@ impl ProcessInfo {
             env_service_name: get("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()),
             env_resource_attributes: get("OTEL_RESOURCE_ATTRIBUTES").map(|s| parse_resource_attributes(&s)).unwrap_or_default(),
             node_version,
+            environ_denied,
         }
     }
 

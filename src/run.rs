@@ -42,6 +42,8 @@ struct State<'a> {
     clock: Clock,
     ids: RandomIdGenerator,
     scope: opentelemetry::InstrumentationScope,
+    /// The environ notice was printed.
+    warned_environ: bool,
 }
 
 impl State<'_> {
@@ -53,6 +55,13 @@ impl State<'_> {
             return;
         }
         let info = ProcessInfo::read(pid, p.node_version.clone());
+        if info.environ_denied && !self.warned_environ {
+            self.warned_environ = true;
+            eprintln!(
+                "uvspan: cannot read /proc/{pid}/environ (permission denied): the target's OTEL_SERVICE_NAME, \
+                 OTEL_RESOURCE_ATTRIBUTES and K8S_* are not used; give uvspan CAP_DAC_READ_SEARCH (said once)"
+            );
+        }
         let name = info.service_name(self.cli.service_name.as_deref());
         self.exporter.process(pid, info.resource(self.cli.service_name.as_deref(), &host), format!("{name}[{pid}]"));
         p.registered = true;
@@ -406,6 +415,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         clock: Clock::estimate(25),
         ids: RandomIdGenerator::default(),
         scope: spans::scope(),
+        warned_environ: false,
     };
     let mut stats = RunStats::default();
 

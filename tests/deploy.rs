@@ -1184,7 +1184,8 @@ fn least_privilege_capability_set_gets_spans() {
 /// process cannot be inspected (/proc/PID/exe); without CAP_DAC_READ_SEARCH
 /// a non-root uvspan cannot read the tracepoint ids in tracefs, and a
 /// container-root one cannot read another user's /proc/PID/environ
-/// (service.name, k8s names and OTEL_RESOURCE_ATTRIBUTES silently fall back).
+/// (service.name, k8s names and OTEL_RESOURCE_ATTRIBUTES fall back; uvspan
+/// says so once).
 #[test]
 fn each_capability_of_the_set_is_needed() {
     require_root();
@@ -1221,6 +1222,9 @@ fn each_capability_of_the_set_is_needed() {
     assert_eq!(count_under(&spans, &dir.join("nodac-")), 1, "{}", out.context());
     let s = spans.iter().find(|s| s.str("file.path").is_some_and(|p| p.starts_with(&dir.join("nodac-")))).expect("span");
     assert_eq!(s.res_str("service.name"), Some("ops"), "without CAP_DAC_READ_SEARCH the environ should be unreadable");
+    // ... and says so, once.
+    let notices = out.stderr.lines().filter(|l| l.contains("/environ (permission denied)") && l.contains("CAP_DAC_READ_SEARCH")).count();
+    assert_eq!(notices, 1, "one notice about the unreadable environ\n{}", out.context());
 }
 
 /// The manifests parse, and say what the tests prove: capabilities drop ALL
