@@ -61,28 +61,34 @@ impl HealthMetrics {
         let provider = SdkMeterProvider::builder().with_reader(reader).with_resource(resource).build();
         let meter = provider.meter("uvspan");
 
-        let counter = |name: &'static str, desc: &'static str, read: Box<dyn Fn() -> u64 + Send + Sync>| {
-            meter.u64_observable_counter(name).with_description(desc).with_callback(move |o| o.observe(read(), &[])).build()
+        type Read = Box<dyn Fn() -> u64 + Send + Sync>;
+        let (e, h) = (export, health);
+        let read_e = |f: fn(&Counters) -> &AtomicU64| -> Read {
+            let e = e.clone();
+            Box::new(move || f(&e).load(Ordering::Relaxed))
         };
-        let e = export.clone();
-        let _ = counter("uvspan.spans.exported", "Spans exported", Box::new(move || e.exported.load(Ordering::Relaxed)));
-        let e = export.clone();
-        let _ = counter("uvspan.spans.dropped", "Spans dropped: export queue full", Box::new(move || e.dropped.load(Ordering::Relaxed)));
-        let e = export.clone();
-        let _ = counter("uvspan.spans.failed", "Spans lost in failed exports", Box::new(move || e.failed.load(Ordering::Relaxed)));
-        let e = export;
-        let _ = counter("uvspan.export.errors", "Failed export requests", Box::new(move || e.export_errors.load(Ordering::Relaxed)));
-        let h = health.clone();
-        let _ = counter("uvspan.records.lost", "Kernel records lost: ring buffer full", Box::new(move || h.records_lost.load(Ordering::Relaxed)));
-        let h = health.clone();
-        let _ = counter("uvspan.operations.unfinished", "Requests in flight when their process exited", Box::new(move || h.unfinished_at_exit.load(Ordering::Relaxed)));
-        let h = health.clone();
-        let _ = counter("uvspan.loop.iterations", "Event-loop iterations seen", Box::new(move || h.loop_iterations.load(Ordering::Relaxed)));
-        let h = health;
+        let read_h = |f: fn(&Health) -> &AtomicU64| -> Read {
+            let h = h.clone();
+            Box::new(move || f(&h).load(Ordering::Relaxed))
+        };
+        let counters: [(&'static str, &'static str, Read); 7] = [
+            ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
+            ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
+            ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
+            ("uvspan.export.errors", "Failed export requests", read_e(|c| &c.export_errors)),
+            ("uvspan.records.lost", "Kernel records lost: ring buffer full", read_h(|h| &h.records_lost)),
+            ("uvspan.operations.unfinished", "Requests in flight when their process exited", read_h(|h| &h.unfinished_at_exit)),
+            ("uvspan.loop.iterations", "Event-loop iterations seen", read_h(|h| &h.loop_iterations)),
+        ];
+        for (name, desc, read) in counters {
+            // The callback stays registered with the provider; the handle is not needed.
+            let _ = meter.u64_observable_counter(name).with_description(desc).with_callback(move |o| o.observe(read(), &[])).build();
+        }
+        let traced = read_h(|h| &h.processes_traced);
         let _ = meter
             .u64_observable_gauge("uvspan.processes.traced")
             .with_description("Processes being traced")
-            .with_callback(move |o| o.observe(h.processes_traced.load(Ordering::Relaxed), &[]))
+            .with_callback(move |o| o.observe(traced(), &[]))
             .build();
         Ok(HealthMetrics { provider })
     }
