@@ -27,12 +27,24 @@ const volatile unsigned long long wakeup_bytes = 256 * 1024;
 const volatile unsigned int follow_forks = 0;
 /* --all: report every exec, so user space can pick up new Node processes */
 const volatile unsigned int discover = 0;
+/* Benchmark only (UVSPAN_BENCH_TRAP_ONLY=1): probes fire, programs return at
+ * once. Measures what the kernel's uprobe mechanism alone costs per hit. */
+const volatile unsigned int trap_only = 0;
 /* libuv request layout (x86_64, libuv 1.x ABI) */
 const volatile unsigned int fs_work_off = 336;     /* offsetof(uv_fs_t, work_req) */
 const volatile unsigned int fs_result_off = 88;    /* offsetof(uv_fs_t, result) */
+const volatile unsigned int fs_path_off = 104;     /* offsetof(uv_fs_t, path) */
+const volatile unsigned int fs_new_path_off = 272; /* offsetof(uv_fs_t, new_path) */
+const volatile unsigned int fs_file_off = 280;     /* offsetof(uv_fs_t, file) */
 const volatile unsigned int gai_work_off = 72;     /* offsetof(uv_getaddrinfo_t, work_req) */
 const volatile unsigned int gai_addrinfo_off = 144;/* offsetof(uv_getaddrinfo_t, addrinfo) */
 const volatile unsigned int gai_retcode_off = 152; /* offsetof(uv_getaddrinfo_t, retcode) */
+
+/* Kernel types (CO-RE: only the fields used). */
+struct task_struct {
+	int pid;
+	int tgid;
+} __attribute__((preserve_access_index));
 
 /* ---- maps ---- */
 struct {
@@ -54,11 +66,29 @@ struct req_key {
 	__u64 req;
 };
 
+/* An async fs request between submit and completion (what the request
+ * itself no longer says by then). */
+struct fs_async {
+	__u64 start_ns;
+	__u64 work_start_ns; /* --detail threadpool */
+	__u64 work_end_ns;
+	__u32 tid;
+	__u32 worker_tid;
+	__u8 op;
+	__u8 has_path;
+	__u8 has_path2;
+	__u8 has_fd;
+	__u32 _pad;
+};
+
+/* A plain (preallocated) hash, not LRU: cheaper per operation. Entries of
+ * processes that exit are removed by user space; a full table counts the
+ * spans it cannot hold as lost. */
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct req_key);
-	__type(value, struct fs_event);
+	__type(value, struct fs_async);
 } inflight_fs SEC(".maps");
 
 struct {
@@ -82,17 +112,22 @@ struct {
 	__type(value, struct worker_job);
 } worker_jobs SEC(".maps");
 
-/* Per thread: its last sync fs request, not yet seen to end. Some Node code
+/* Per thread: its sync fs call in progress (req != 0). Some Node code
  * (ReadFileUtf8: module loading, readFileSync(path, 'utf8')) reuses one
  * request for several sync calls without uv_fs_req_cleanup between them;
- * the thread's next libuv call ends it then, since a sync call has
- * returned by the time its thread does anything else. */
+ * the thread's next libuv call (or loop poll) ends it then, since a sync
+ * call has returned by the time its thread does anything else. */
+struct sync_slot {
+	__u64 req;
+	struct fs_event ev;
+};
+
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u32);
-	__type(value, struct req_key);
-} sync_pending SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sync_slot);
+} sync_slots SEC(".maps");
 
 /* Per loop thread: the iteration in progress. */
 struct loop_state {
@@ -217,56 +252,134 @@ static __always_inline __u64 arg_at(struct pt_regs *ctx, __u32 idx)
 #define COOKIE_NONE 0xF
 #define cookie_field(c, shift) ((__u32)(((c) >> (shift)) & 0xF))
 
-/* ---- fs ---- */
+/* ---- fs ----
+ * Sync calls (cb == NULL) are per thread: their state lives in task-local
+ * storage (no hash update, freed with the thread) and is filled in place.
+ * Async requests keep a small record in inflight_fs, keyed by request; the
+ * rest (fd, paths, result) is read from the request when it ends: libuv
+ * keeps its own copy of an async request's paths until uv_fs_req_cleanup. */
 static __always_inline __u32 fs_record_size(const struct fs_event *e)
 {
 	return e->has_path2 ? sizeof(*e) : sizeof(*e) - UVSPAN_PATH_MAX;
 }
 
-/* Ends an fs request: reads req->result, sends one record. */
-static __always_inline int fs_finish(__u32 pid, __u64 req, __u8 end_kind)
+static __always_inline struct sync_slot *sync_slot_of(int create)
 {
-	struct req_key key = { .pid = pid, .req = req };
-	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &key);
-	if (!e)
-		return 0;
-	e->end_ns = bpf_ktime_get_ns();
-	e->end_kind = end_kind;
-	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + fs_result_off));
-	emit(e, fs_record_size(e), wake_flags());
-	bpf_map_delete_elem(&inflight_fs, &key);
-	return 0;
+	struct task_struct *task = bpf_get_current_task_btf();
+	return bpf_task_storage_get(&sync_slots, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
 }
 
-/* Ends the thread's pending sync request, if any (see sync_pending). */
-static __always_inline void end_pending_sync(__u32 tid)
+/* Ends the thread's sync call: result from the request, one record. */
+static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 {
-	struct req_key *k = bpf_map_lookup_elem(&sync_pending, &tid);
-	if (!k)
-		return;
-	struct req_key key = *k;
-	bpf_map_delete_elem(&sync_pending, &tid);
-	fs_finish(key.pid, key.req, END_NEXT);
+	struct fs_event *e = &slot->ev;
+	e->end_ns = bpf_ktime_get_ns();
+	e->end_kind = end_kind;
+	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + fs_result_off));
+	emit(e, fs_record_size(e), wake_flags());
+	slot->req = 0;
+}
+
+/* Ends the thread's pending sync call, if any: a sync call has returned by
+ * the time its thread does anything else in libuv (see sync_slot). */
+static __always_inline void end_pending_sync(void)
+{
+	struct sync_slot *slot = sync_slot_of(0);
+	if (slot && slot->req)
+		sync_finish(slot, END_NEXT);
+}
+
+/* Ends an async request: reads what it needs from the request, one record. */
+static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
+{
+	struct req_key key = { .pid = pid, .req = req };
+	struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &key);
+	if (!a)
+		return 0;
+	struct scratch *s = get_scratch();
+	if (!s)
+		return 0;
+	struct fs_event *e = &s->fs;
+	e->hdr.kind = EV_FS;
+	e->hdr.pid = pid;
+	e->hdr.tid = a->tid;
+	e->hdr._pad = 0;
+	e->req = req;
+	e->start_ns = a->start_ns;
+	e->work_start_ns = a->work_start_ns;
+	e->work_end_ns = a->work_end_ns;
+	e->end_ns = bpf_ktime_get_ns();
+	e->worker_tid = a->worker_tid;
+	e->op = a->op;
+	e->sync = 0;
+	e->end_kind = end_kind;
+	e->_pad = 0;
+	e->result = 0;
+	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + fs_result_off));
+	e->fd = -1;
+	if (a->has_fd)
+		bpf_probe_read_user(&e->fd, sizeof(e->fd), (void *)(req + fs_file_off));
+	e->path[0] = 0;
+	e->has_path2 = a->has_path2;
+	__u64 p = 0;
+	if (a->has_path) {
+		bpf_probe_read_user(&p, sizeof(p), (void *)(req + fs_path_off));
+		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)p);
+	}
+	if (a->has_path2) {
+		e->path2[0] = 0;
+		p = 0;
+		bpf_probe_read_user(&p, sizeof(p), (void *)(req + fs_new_path_off));
+		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)p);
+	}
+	bpf_map_delete_elem(&inflight_fs, &key);
+	emit(e, fs_record_size(e), wake_flags());
+	return 0;
 }
 
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
-	struct scratch *s = get_scratch();
-	if (!s)
-		return 0;
-	struct fs_event *e = &s->fs;
+	__u64 req = PT_REGS_PARM2(ctx);
+	__u64 now = bpf_ktime_get_ns();
 	__u32 idx;
+	int sync = arg_at(ctx, cookie_field(cookie, 8)) == 0;
 
-	end_pending_sync((__u32)id);
+	struct sync_slot *slot = sync_slot_of(sync);
+	if (slot && slot->req)
+		sync_finish(slot, END_NEXT);
 
+	if (!sync) {
+		struct fs_async a = {
+			.start_ns = now,
+			.tid = (__u32)id,
+			.op = cookie & 0xFF,
+			.has_path = cookie_field(cookie, 12) != COOKIE_NONE,
+			.has_path2 = cookie_field(cookie, 16) != COOKIE_NONE,
+			.has_fd = cookie_field(cookie, 20) != COOKIE_NONE,
+		};
+		struct req_key key = { .pid = pid, .req = req };
+		if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_NOEXIST)) {
+			if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_ANY))
+				stat_inc(STAT_RINGBUF_LOST); /* table full: this span is lost */
+			else
+				stat_inc(STAT_INFLIGHT_REPLACED);
+		}
+		return 0;
+	}
+	if (!slot)
+		return 0;
+
+	/* A sync call: its arguments are only valid now, so read them now. */
+	struct fs_event *e = &slot->ev;
+	slot->req = req;
 	e->hdr.kind = EV_FS;
 	e->hdr.pid = pid;
 	e->hdr.tid = (__u32)id;
 	e->hdr._pad = 0;
-	e->req = PT_REGS_PARM2(ctx);
-	e->start_ns = bpf_ktime_get_ns();
+	e->req = req;
+	e->start_ns = now;
 	e->work_start_ns = 0;
 	e->work_end_ns = 0;
 	e->end_ns = 0;
@@ -275,7 +388,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->end_kind = 0;
 	e->_pad = 0;
 	e->op = cookie & 0xFF;
-	e->sync = arg_at(ctx, cookie_field(cookie, 8)) == 0;
+	e->sync = 1;
 
 	idx = cookie_field(cookie, 20);
 	e->fd = idx == COOKIE_NONE ? -1 : (int)arg_at(ctx, idx);
@@ -284,37 +397,29 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	idx = cookie_field(cookie, 12);
 	if (idx != COOKIE_NONE)
 		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)arg_at(ctx, idx));
-	e->path2[0] = 0;
 	e->has_path2 = 0;
 	idx = cookie_field(cookie, 16);
 	if (idx != COOKIE_NONE) {
+		e->path2[0] = 0;
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)arg_at(ctx, idx));
 		e->has_path2 = 1;
-	}
-
-	struct req_key key = { .pid = pid, .req = e->req };
-	if (bpf_map_update_elem(&inflight_fs, &key, e, BPF_NOEXIST)) {
-		stat_inc(STAT_INFLIGHT_REPLACED);
-		bpf_map_update_elem(&inflight_fs, &key, e, BPF_ANY);
-	}
-	if (e->sync) {
-		__u32 tid = (__u32)id;
-		bpf_map_update_elem(&sync_pending, &tid, &key, BPF_ANY);
 	}
 	return 0;
 }
 
-/* uv__fs_work(struct uv__work *w): a thread starts the request's work. */
+/* uv__fs_work(struct uv__work *w): a pool thread starts an async request
+ * (sync calls run it inline on the calling thread: not in inflight_fs).
+ * Attached with --detail threadpool. */
 static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - fs_work_off }, .kind = EV_FS };
-	struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &job.key);
-	if (!e || e->sync)
-		return 0; /* sync calls run uv__fs_work inline on the calling thread */
-	e->work_start_ns = bpf_ktime_get_ns();
-	e->worker_tid = tid;
+	struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &job.key);
+	if (!a)
+		return 0;
+	a->work_start_ns = bpf_ktime_get_ns();
+	a->worker_tid = tid;
 	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
 	return 0;
 }
@@ -323,20 +428,20 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
  * just before the callback runs. */
 static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_finish(bpf_get_current_pid_tgid() >> 32, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
+	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
- * Ends sync requests, and async ones in builds where uv__fs_done is absent. */
+ * Ends sync calls, and async requests in builds where uv__fs_done is absent. */
 static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
 	__u64 req = PT_REGS_PARM1(ctx);
-	struct req_key *k = bpf_map_lookup_elem(&sync_pending, &tid);
-	if (k && k->req == req)
-		bpf_map_delete_elem(&sync_pending, &tid);
-	return fs_finish(id >> 32, req, END_CLEANUP);
+	struct sync_slot *slot = sync_slot_of(0);
+	if (slot && slot->req == req) {
+		sync_finish(slot, END_CLEANUP);
+		return 0;
+	}
+	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, req, END_CLEANUP);
 }
 
 /* ---- threadpool job end: the worker wakes the loop right after w->work(w) ---- */
@@ -348,9 +453,9 @@ static __always_inline int work_end(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	if (job->kind == EV_FS) {
-		struct fs_event *e = bpf_map_lookup_elem(&inflight_fs, &job->key);
-		if (e && e->worker_tid == tid && !e->work_end_ns)
-			e->work_end_ns = now;
+		struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &job->key);
+		if (a && a->worker_tid == tid && !a->work_end_ns)
+			a->work_end_ns = now;
 	} else {
 		struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job->key);
 		if (e && e->worker_tid == tid && !e->work_end_ns)
@@ -583,7 +688,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	end_pending_sync((__u32)id);
+	end_pending_sync();
 	struct loop_state *st = loop_state_of(id >> 32, (__u32)id);
 	if (st)
 		loop_enter_phase(st, cookie & 0xFF, bpf_ktime_get_ns());
@@ -611,6 +716,8 @@ static __always_inline int loop_run(struct pt_regs *ctx, __u64 cookie)
  * fallback for kernels without them (< 6.6). */
 static __always_inline int dispatch(struct pt_regs *ctx)
 {
+	if (trap_only)
+		return 0;
 	__u32 pid = bpf_get_current_pid_tgid() >> 32;
 	if (!is_traced(pid))
 		return 0;
@@ -664,6 +771,7 @@ static __always_inline int epoll_enter(struct sys_enter_args *args, int has_time
 	}
 	if (!st)
 		return 0;
+	end_pending_sync();
 	__u64 now = bpf_ktime_get_ns();
 	if (st->epoll_only) {
 		/* libuv with idle-time metrics (Node) first polls with timeout 0;
@@ -721,11 +829,6 @@ SEC("tracepoint/syscalls/sys_exit_epoll_pwait2")
 int epoll_pwait2_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
 
 /* ---- process lifecycle ---- */
-struct task_struct {
-	int pid;
-	int tgid;
-} __attribute__((preserve_access_index));
-
 static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid)
 {
 	struct proc_event ev = {};
@@ -774,7 +877,6 @@ int proc_exit(void *ctx)
 	 * main thread may exit (and leave the traced set) before the others. */
 	bpf_map_delete_elem(&loops, &tid);
 	bpf_map_delete_elem(&worker_jobs, &tid);
-	bpf_map_delete_elem(&sync_pending, &tid);
 	if (pid != tid || !is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);

@@ -487,13 +487,15 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 
 /// uvspan's maps keyed by process (tgid).
 const PER_PROCESS_MAPS: [&str; 3] = ["traced", "inflight_fs", "inflight_dns"];
-/// uvspan's maps keyed by thread (tid), each value naming its process.
-const PER_THREAD_MAPS: [&str; 3] = ["sync_pending", "worker_jobs", "loops"];
+/// uvspan's maps keyed by thread (tid), each value naming its process. (A
+/// thread's sync call in progress is in task-local storage, sync_slots,
+/// which the kernel frees with the thread.)
+const PER_THREAD_MAPS: [&str; 2] = ["worker_jobs", "loops"];
 
 /// Entries of uvspan's kernel maps `names` that still name one of `pids`
 /// (None when bpftool is missing). Where the pid is: traced: the key;
-/// inflight_fs/dns: key.pid; sync_pending, worker_jobs: value (a struct
-/// req_key first); loops: value.ev.hdr.pid.
+/// inflight_fs/dns: key.pid; worker_jobs: value (a struct req_key first);
+/// loops: value.ev.hdr.pid.
 fn stale_kernel_entries(uv_pid: u32, pids: &BTreeSet<u32>, names: &[&str]) -> Option<Vec<String>> {
     if !on_path("bpftool") {
         eprintln!("deploy: bpftool is not installed: SKIPPING the check of uvspan's kernel map entries");
@@ -504,7 +506,7 @@ fn stale_kernel_entries(uv_pid: u32, pids: &BTreeSet<u32>, names: &[&str]) -> Op
     for &name in names {
         let (key_pid, value_off) = match name {
             "traced" | "inflight_fs" | "inflight_dns" => (true, 0),
-            "sync_pending" | "worker_jobs" => (false, 0),
+            "worker_jobs" => (false, 0),
             "loops" => (false, 4),
             other => panic!("unknown map {other}"),
         };
@@ -1537,7 +1539,12 @@ fn sigkill_in_all_mode() -> Vec<String> {
     let fifo = dir.join("fifo");
     mkfifo(&fifo);
     let cg = Cgroup::create(&unique("uvspan-kill"));
-    let mut uv = uvspan(&["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "200ms"], &rx.endpoint(), &[]);
+    // --detail threadpool: the pool threads' current jobs are in worker_jobs too.
+    let mut uv = uvspan(
+        &["--cgroup", &cg.path, "--detail", "threadpool", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "200ms"],
+        &rx.endpoint(),
+        &[],
+    );
     wait_watching(&mut uv);
     let mut node = Node::ops(&dir, &[], Some(&cg));
     wait_traced(&mut uv, node.pid);
