@@ -5,6 +5,7 @@ use std::time::Duration;
 use clap::Parser;
 
 use crate::export::otlp::OtlpProtocol;
+use crate::probes::catalog::DetailKind;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -59,6 +60,14 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", default_value = "10ms", value_parser = parse_duration)]
     pub loop_threshold: Duration,
 
+    /// More detail, for more probe hits (comma-separated): `threadpool`
+    /// splits fs and DNS spans into queue/run/callback wait (+2 probe hits
+    /// per threadpool job), `phases` adds loop phase spans under slow
+    /// iterations (+5 per loop iteration), `all` both. The default traces
+    /// every fs/DNS operation and slow iteration at the lowest cost.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', env = "UVSPAN_DETAIL")]
+    pub detail: Vec<DetailKind>,
+
     /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
     /// else derived from its command line).
     #[arg(long, value_name = "NAME")]
@@ -104,6 +113,9 @@ pub enum Sub {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
+        /// Show the plan with these optional probe groups on (see uvspan --help).
+        #[arg(long, value_name = "LIST", value_delimiter = ',')]
+        detail: Vec<DetailKind>,
     },
 }
 
@@ -173,9 +185,9 @@ mod tests {
     #[test]
     fn probes_subcommand() {
         let c = Cli::try_parse_from(["uvspan", "probes", "--pid", "7", "--json"]).unwrap();
-        assert!(matches!(c.sub, Some(Sub::Probes { pid: Some(7), path: None, json: true })));
+        assert!(matches!(c.sub, Some(Sub::Probes { pid: Some(7), path: None, json: true, .. })));
         let c = Cli::try_parse_from(["uvspan", "probes", "/usr/bin/node"]).unwrap();
-        assert!(matches!(c.sub, Some(Sub::Probes { pid: None, path: Some(_), json: false })));
+        assert!(matches!(c.sub, Some(Sub::Probes { pid: None, path: Some(_), json: false, .. })));
         assert!(Cli::try_parse_from(["uvspan", "probes"]).is_err());
     }
 

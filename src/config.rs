@@ -26,6 +26,8 @@ pub struct FileConfig {
     pub flush_timeout: Option<String>,
     pub status_interval: Option<String>,
     pub ring_buffer_size: Option<String>,
+    /// Optional probe groups: [threadpool, phases] or [all].
+    pub detail: Option<Vec<String>>,
     pub otlp: Option<OtlpSection>,
     pub batch: Option<BatchSection>,
 }
@@ -92,6 +94,16 @@ impl FileConfig {
         }
         if let (true, Some(v)) = (unset("ring_buffer_size"), &self.ring_buffer_size) {
             cli.ring_buffer_size = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config ring_buffer_size: {e}"))?;
+        }
+        if let (true, Some(v)) = (unset("detail"), &self.detail) {
+            use clap::ValueEnum;
+            cli.detail = v
+                .iter()
+                .map(|k| {
+                    crate::probes::catalog::DetailKind::from_str(k.trim(), true)
+                        .map_err(|_| anyhow::anyhow!("config detail: unknown group {k:?}: use threadpool, phases or all"))
+                })
+                .collect::<Result<_>>()?;
         }
         if let Some(o) = &self.otlp {
             if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {

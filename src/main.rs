@@ -20,8 +20,9 @@ fn main() {
         }
     };
     let result = match &cli.sub {
-        Some(uvspan::cli::Sub::Probes { pid, path, json }) => {
-            uvspan::probes::list::run(*pid, path.as_deref(), *json).map(|()| 0)
+        Some(uvspan::cli::Sub::Probes { pid, path, json, detail }) => {
+            let detail = uvspan::probes::catalog::Detail::from_kinds(detail);
+            uvspan::probes::list::run(*pid, path.as_deref(), *json, detail).map(|()| 0)
         }
         None => uvspan::run::run(cli, file),
     };

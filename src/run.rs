@@ -327,7 +327,7 @@ impl State<'_> {
                 }
             }
         } else {
-            crate::tracer::plan(&images)
+            crate::tracer::plan(&images, tracer.detail())
         };
         if tracer.add_pid(pid, &report).is_err() {
             return;
@@ -336,6 +336,16 @@ impl State<'_> {
         self.procs.insert(pid, Proc { registered: false, exited: false, target: false, node_version: images.node_version.clone() });
         self.register(pid);
     }
+}
+
+/// Benchmark mode (scripts/bench.sh): probes attach and fire, but record
+/// nothing, so a run measures the kernel's uprobe mechanism alone.
+fn bench_trap_only() -> bool {
+    let on = std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1");
+    if on {
+        eprintln!("uvspan: UVSPAN_BENCH_TRAP_ONLY=1: probes fire but record nothing (benchmark mode, no spans)");
+    }
+    on
 }
 
 /// Runs uvspan; returns the process exit code.
@@ -390,6 +400,8 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         follow_forks: !cli.command.is_empty(),
         discover: discovering,
         ring_buffer_size: cli.ring_buffer_size,
+        detail: crate::probes::catalog::Detail::from_kinds(&cli.detail),
+        trap_only: bench_trap_only(),
     });
     let (found, pid_targets, cmd_node) = lookup.join().map_err(|_| anyhow::anyhow!("target lookup panicked"))??;
     let mut tracer = loaded?;

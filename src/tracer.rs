@@ -13,7 +13,7 @@ use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuild
 
 use crate::bpf::types::stat_idx;
 use crate::bpf::{UvspanSkel, UvspanSkelBuilder};
-use crate::probes::catalog::{self, ImageKind, Program, Use};
+use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Program, Use};
 use crate::symbols::{Images, Located};
 
 /// Settings fixed at load time.
@@ -26,6 +26,10 @@ pub struct Settings {
     pub discover: bool,
     /// Ring buffer bytes (power of two).
     pub ring_buffer_size: u32,
+    /// Optional probe groups (--detail).
+    pub detail: Detail,
+    /// Benchmark only: probe programs return at once (UVSPAN_BENCH_TRAP_ONLY=1).
+    pub trap_only: bool,
 }
 
 /// How one catalog probe fares on one process's images.
@@ -60,6 +64,8 @@ pub enum ProbeState {
     Missing,
     /// Found but the kernel refused to attach.
     Failed(String),
+    /// In a --detail group that is off.
+    Off(DetailKind),
 }
 
 fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> std::result::Result<S::Ok, S::Error> {
@@ -68,13 +74,14 @@ fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> std::result::Resu
         ProbeState::NotNeeded => ser.serialize_str("not_needed"),
         ProbeState::Missing => ser.serialize_str("missing"),
         ProbeState::Failed(e) => ser.serialize_str(&format!("failed: {e}")),
+        ProbeState::Off(k) => ser.serialize_str(&format!("off: --detail {}", k.name())),
     }
 }
 
 /// The plan for a process's images, as statuses (nothing attached yet).
-pub fn plan(images: &Images) -> Vec<ProbeStatus> {
+pub fn plan(images: &Images, detail: Detail) -> Vec<ProbeStatus> {
     let libc = images.libc.as_ref().map(|l| &l.image.offsets);
-    catalog::plan(&images.libuv.image.offsets, libc)
+    catalog::plan(&images.libuv.image.offsets, libc, detail)
         .into_iter()
         .map(|(p, u)| {
             let loc = match p.image {
@@ -87,6 +94,7 @@ pub fn plan(images: &Images) -> Vec<ProbeStatus> {
                 Use::Attach(off) => (Some(off), ProbeState::Attached),
                 Use::NotNeeded => (None, ProbeState::NotNeeded),
                 Use::Missing => (None, ProbeState::Missing),
+                Use::Off(k) => (None, ProbeState::Off(k)),
             };
             ProbeStatus {
                 symbol: p.symbol,
@@ -117,6 +125,7 @@ pub struct Tracer {
     skel: UvspanSkel<'static>,
     /// Multi-uprobe links available (one link per image: fast attach and detach).
     multi: bool,
+    detail: Detail,
     /// Uprobe links per (image path, pid filter); dropped = detached.
     uprobes: HashMap<(PathBuf, i32), Vec<Link>>,
     /// Tracepoint links (syscalls, process lifecycle).
@@ -190,7 +199,7 @@ impl Tracer {
             })?;
             global.push(link);
         }
-        Ok(Tracer { skel, multi, uprobes: HashMap::new(), _global: global })
+        Ok(Tracer { skel, multi, detail: settings.detail, uprobes: HashMap::new(), _global: global })
     }
 
     fn open_and_load(settings: &Settings, multi: bool) -> std::result::Result<UvspanSkel<'static>, libbpf_rs::Error> {
@@ -202,6 +211,7 @@ impl Tracer {
             ro.loop_threshold_ns = settings.loop_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
             ro.follow_forks = u32::from(settings.follow_forks);
             ro.discover = u32::from(settings.discover);
+            ro.trap_only = u32::from(settings.trap_only);
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
@@ -216,10 +226,11 @@ impl Tracer {
     }
 
     /// Marks a process as traced: its events pass the kernel-side filter.
-    /// `report` is what was attached for it: without phase probes (a build
-    /// with only libuv's exported API), its epoll waits delimit iterations.
+    /// `report` is what was attached for it.
     pub fn add_pid(&self, pid: u32, report: &[ProbeStatus]) -> Result<()> {
-        let epoll_only = report.iter().any(|r| r.program == Program::LoopRun && r.state == ProbeState::Attached);
+        // Without phase probes (not asked for, or a stripped build), the
+        // loop thread's epoll waits delimit iterations.
+        let epoll_only = !report.iter().any(|r| r.program == Program::LoopPhase && r.state == ProbeState::Attached);
         // TRACED | TRACED_EPOLL_ONLY in bpf/uvspan.bpf.c
         let flags = 1u8 | if epoll_only { 2 } else { 0 };
         self.skel
@@ -247,6 +258,11 @@ impl Tracer {
         dropped
     }
 
+    /// The optional probe groups this tracer attaches.
+    pub fn detail(&self) -> Detail {
+        self.detail
+    }
+
     /// Processes currently in the kernel-side traced set.
     pub fn traced_count(&self) -> usize {
         self.skel.maps.traced.keys().count()
@@ -257,7 +273,7 @@ impl Tracer {
     /// filter then decides). Missing symbols are reported, not fatal; no
     /// probe attached at all is an error.
     pub fn attach(&mut self, images: &Images, pid_filter: i32) -> Result<Vec<ProbeStatus>> {
-        let mut report = plan(images);
+        let mut report = plan(images, self.detail);
         let mut attached = 0;
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
             let Some(loc) = loc else { continue };

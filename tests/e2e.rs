@@ -143,7 +143,9 @@ const THREADPOOL_KEYS: [&str; 4] = [
 ];
 
 /// fs_ops.js's fs spans are exactly the expected ones, in order, with exact attributes.
-fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
+/// `detail`: uvspan ran with `--detail all` (threadpool split and phases);
+/// without it, the default probe set.
+fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64, detail: bool) {
     let mut fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
     fs.sort_by_key(|s| s.start_unix_nano);
     let under_dir = |s: &Span| {
@@ -228,13 +230,13 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
                 keys.insert(k);
             }
         }
-        if !w.sync {
+        if !w.sync && detail {
             keys.extend(THREADPOOL_KEYS);
         }
         let got_keys: BTreeSet<&str> = s.attributes.keys().map(String::as_str).collect();
         assert_eq!(got_keys, keys, "attribute keys: {ctx}");
-        if w.sync {
-            assert!(s.events.is_empty(), "sync requests have no threadpool events: {ctx}");
+        if w.sync || !detail {
+            assert!(s.events.is_empty(), "no threadpool events (sync, or no --detail threadpool): {ctx}");
         } else {
             check_threadpool_split(s, pid);
         }
@@ -259,7 +261,7 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64) {
 
 /// Two getaddrinfo spans: localhost (answers as Node got them) and
 /// nothing.invalid (failed the way Node saw it fail).
-fn check_dns(spans: &[Span], m: &Markers, pid: i64) {
+fn check_dns(spans: &[Span], m: &Markers, pid: i64, detail: bool) {
     let mut dns: Vec<&Span> = spans.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
     dns.sort_by_key(|s| s.start_unix_nano);
     assert_eq!(dns.len(), 2, "one getaddrinfo span per dns.lookup:\n{}", dump(&dns));
@@ -269,7 +271,12 @@ fn check_dns(spans: &[Span], m: &Markers, pid: i64) {
         assert!(s.parent_span_id.is_empty(), "{ctx}");
         assert_eq!(s.bool("uvspan.sync"), Some(false), "{ctx}");
         assert_eq!(s.int("thread.id"), Some(pid), "{ctx}");
-        check_threadpool_split(s, pid);
+        if detail {
+            check_threadpool_split(s, pid);
+        } else {
+            assert!(s.events.is_empty(), "no threadpool events without --detail threadpool: {ctx}");
+            assert_eq!(s.attr("uvspan.threadpool.queue_wait_ms"), None, "{ctx}");
+        }
     }
 
     let ok = dns[0];
@@ -305,8 +312,8 @@ fn check_dns(spans: &[Span], m: &Markers, pid: i64) {
 }
 
 /// The loop iteration in which the fixture's 100 ms timer callback ran, and
-/// its timers phase.
-fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64) {
+/// (with `phases`) its timers phase.
+fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64, phases: bool) {
     let (before, after) = (m.f64("busy", "before"), m.f64("busy", "after"));
     let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
     for it in &iters {
@@ -330,6 +337,10 @@ fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64
     assert!(it.double("uvspan.loop.busy_ms").is_some_and(|b| b >= 100.0), "{}", it.brief());
 
     let children: Vec<&Span> = spans.iter().filter(|s| s.parent_span_id == it.span_id).collect();
+    if !phases {
+        assert!(children.is_empty(), "phase spans without --detail phases:\n{}", dump(&children));
+        return;
+    }
     assert!(!children.is_empty(), "the iteration has no phase children");
     for c in &children {
         let ctx = format!("{} (parent {})", c.brief(), it.brief());
@@ -413,9 +424,10 @@ fn run_fs_ops(rx: &Receiver, tag: &str, args: &[&str], env: &[(&str, &str)]) -> 
         assert_eq!(s.trace_id.len(), 32, "{}", s.brief());
         assert_eq!(s.span_id.len(), 16, "{}", s.brief());
     }
-    check_fs_ops(&spans, &dir, &m, pid);
-    check_dns(&spans, &m, pid);
-    check_busy_iteration(&spans, &m, pid, 50.0);
+    let detail = args.contains(&"--detail");
+    check_fs_ops(&spans, &dir, &m, pid, detail);
+    check_dns(&spans, &m, pid, detail);
+    check_busy_iteration(&spans, &m, pid, 50.0, detail);
     let command_line = format!("node {script} {}", dir.str());
     for s in &spans {
         check_resource(s, &m, "fs_ops", &command_line, out.pid);
@@ -432,7 +444,7 @@ fn grpc_export_of_fs_dns_loop_and_resource() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
-    let args = ["--loop-threshold", "50ms", "--otlp-endpoint", ep.as_str(), "--otlp-protocol", "grpc"];
+    let args = ["--loop-threshold", "50ms", "--detail", "all", "--otlp-endpoint", ep.as_str(), "--otlp-protocol", "grpc"];
     run_fs_ops(&rx, "grpc", &args, &[("OTEL_EXPORTER_OTLP_HEADERS", "x-test-token=grpc456")]);
     let reqs = rx.requests();
     assert!(!reqs.is_empty());
@@ -552,7 +564,7 @@ fn attach_to_running_process_by_pid() {
 
     let ep = rx.endpoint();
     let pid_arg = node_pid.to_string();
-    let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
+    let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--detail", "threadpool", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
     let attached = format!("uvspan: tracing process {node_pid} ");
     uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&attached)));
 
@@ -631,7 +643,7 @@ fn console_output_without_endpoint() {
     std::fs::write(&target, "x").expect("write the stat target");
     let script = fixture("stat_once.js");
     // --quiet: the fixture prints nothing, so stdout is uvspan's alone.
-    let out = run(uvspan_cmd(["--loop-threshold", "0", "--", "node", script.as_str(), target.as_str(), "--quiet"]));
+    let out = run(uvspan_cmd(["--loop-threshold", "0", "--detail", "phases", "--", "node", script.as_str(), target.as_str(), "--quiet"]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let sum = summary(&out.stderr);
     assert!(sum.exported > 0 && sum.failed == 0 && sum.lost == 0, "{}", out.context());

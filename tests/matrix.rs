@@ -261,6 +261,8 @@ fn run_target(t: &Target) {
     let script = fixture("matrix.js");
     let node = t.node.to_string_lossy().into_owned();
     let mut cmd = uvspan_cmd([
+        "--detail",
+        "all",
         "--loop-threshold",
         "50ms",
         "--otlp-endpoint",
@@ -927,7 +929,7 @@ fn want_rows(e: &ProbesExpect) -> Vec<WantRow> {
 /// Runs `uvspan probes ARGS` (with env) and returns its stdout; it must exit 0
 /// and print nothing on stderr.
 fn probes_output(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut all = vec!["probes"];
+    let mut all = vec!["probes", "--detail", "all"];
     all.extend_from_slice(args);
     let mut cmd = uvspan_cmd(&all);
     cmd.envs(env.iter().copied());
@@ -1157,6 +1159,8 @@ fn loop_ticks_by_pid(node: &Path) -> (Markers, Output, Vec<Span>) {
     let ep = rx.endpoint();
     let pid_s = pid.to_string();
     let mut uv = Running::spawn(uvspan_cmd([
+        "--detail",
+        "all",
         "--pid",
         pid_s.as_str(),
         "--loop-threshold",
@@ -1215,6 +1219,8 @@ fn loop_counts(node: &Path) -> (Vec<i64>, u64) {
     let script = fixture("loop_ticks.js");
     let node_s = node.to_string_lossy().into_owned();
     let out = run(uvspan_cmd([
+        "--detail",
+        "all",
         "--loop-threshold",
         "50ms",
         "--otlp-endpoint",

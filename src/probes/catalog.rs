@@ -80,6 +80,60 @@ pub enum ImageKind {
     Libc,
 }
 
+/// An optional group of probes: more detail for more probe hits. Each hit
+/// is a trap into the kernel (about 1 µs on the benchmark machine), so the
+/// default set is the cheapest one that still gives every fs and DNS span
+/// and every slow loop iteration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum DetailKind {
+    /// Threadpool queue/run/callback-wait split of fs and DNS spans
+    /// (uv__fs_work, uv__getaddrinfo_work, uv_async_send: +2 hits per job).
+    Threadpool,
+    /// Loop phase spans under slow iterations (uv__io_poll, uv__run_*: +5
+    /// hits per loop iteration). Without them, iterations come from the
+    /// loop thread's epoll waits, with no probe hits.
+    Phases,
+    /// Both.
+    All,
+}
+
+impl DetailKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            DetailKind::Threadpool => "threadpool",
+            DetailKind::Phases => "phases",
+            DetailKind::All => "all",
+        }
+    }
+}
+
+/// Which optional groups are on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Detail {
+    pub threadpool: bool,
+    pub phases: bool,
+}
+
+impl Detail {
+    pub fn from_kinds(kinds: &[DetailKind]) -> Detail {
+        let has = |k| kinds.contains(&k) || kinds.contains(&DetailKind::All);
+        Detail { threadpool: has(DetailKind::Threadpool), phases: has(DetailKind::Phases) }
+    }
+
+    pub fn all() -> Detail {
+        Detail { threadpool: true, phases: true }
+    }
+
+    pub fn enables(self, k: DetailKind) -> bool {
+        match k {
+            DetailKind::Threadpool => self.threadpool,
+            DetailKind::Phases => self.phases,
+            DetailKind::All => self.threadpool && self.phases,
+        }
+    }
+}
+
 /// One attach point.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Probe {
@@ -93,6 +147,8 @@ pub struct Probe {
     pub if_missing: &'static str,
     /// A fallback: attached only when this (libuv) symbol is missing.
     pub fallback_for: Option<&'static str>,
+    /// Attached only with `--detail` of this group.
+    pub detail: Option<DetailKind>,
 }
 
 impl Probe {
@@ -182,41 +238,46 @@ pub fn fs_cookie(id: usize, op: &FsOp) -> u64 {
     (id as u64 & 0xFF) | (u64::from(op.cb) << 8) | (idx(op.path) << 12) | (idx(op.path2) << 16) | (idx(op.fd) << 20)
 }
 
+const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
+const PH: Option<DetailKind> = Some(DetailKind::Phases);
+
 /// The probes besides the fs submits: (symbol, image, program, role, cookie,
-/// if missing, fallback for).
+/// if missing, fallback for, detail group).
 #[rustfmt::skip]
-const OTHER: &[(&str, ImageKind, Program, Role, u64, &str, Option<&str>)] = &[
-    ("uv__fs_work", ImageKind::Libuv, Program::FsWork, Role::WorkStart, 0,
-        "async fs spans have no threadpool queue/run split", None),
+const OTHER: &[(&str, ImageKind, Program, Role, u64, &str, Option<&str>, Option<DetailKind>)] = &[
     ("uv__fs_done", ImageKind::Libuv, Program::FsDone, Role::Completion, 0,
-        "async fs spans end at uv_fs_req_cleanup, after the JS callback ran", None),
+        "async fs spans end at uv_fs_req_cleanup, after the JS callback ran", None, None),
     ("uv_fs_req_cleanup", ImageKind::Libuv, Program::FsCleanup, Role::Completion, 0,
-        "sync fs calls are not seen to end: no spans for them", None),
-    ("uv_async_send", ImageKind::Libuv, Program::WorkEnd, Role::WorkEnd, 0,
-        "threadpool run time is not split from the wait for the loop", None),
+        "sync fs calls are not seen to end: no spans for them", None, None),
     ("uv_getaddrinfo", ImageKind::Libuv, Program::DnsSubmit, Role::Submit, 0,
-        "no DNS spans", None),
-    ("uv__getaddrinfo_work", ImageKind::Libuv, Program::DnsWork, Role::WorkStart, 0,
-        "DNS threadpool start is taken from libc getaddrinfo", None),
+        "no DNS spans", None, None),
     ("uv__getaddrinfo_done", ImageKind::Libuv, Program::DnsDone, Role::Completion, 0,
-        "DNS spans end at uv_freeaddrinfo, after the JS callback ran", None),
+        "DNS spans end at uv_freeaddrinfo, after the JS callback ran", None, None),
+    // --detail threadpool
+    ("uv__fs_work", ImageKind::Libuv, Program::FsWork, Role::WorkStart, 0,
+        "async fs spans have no threadpool queue/run split", None, TP),
+    ("uv_async_send", ImageKind::Libuv, Program::WorkEnd, Role::WorkEnd, 0,
+        "threadpool run time is not split from the wait for the loop", None, TP),
+    ("uv__getaddrinfo_work", ImageKind::Libuv, Program::DnsWork, Role::WorkStart, 0,
+        "DNS threadpool start is taken from libc getaddrinfo", None, TP),
+    // --detail phases
     ("uv__io_poll", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 0,
-        "loop iterations are delimited by the loop thread's epoll waits, without phases", None),
+        "loop iterations are delimited by the loop thread's epoll waits, without phases", None, PH),
     ("uv__run_check", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 1,
-        "no check phase span (its time joins the phase before)", None),
+        "no check phase span (its time joins the phase before)", None, PH),
     ("uv__run_timers", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 2,
-        "no timers phase span (its time joins the phase before)", None),
+        "no timers phase span (its time joins the phase before)", None, PH),
     ("uv__run_idle", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 3,
-        "no idle phase span (its time joins the phase before)", None),
+        "no idle phase span (its time joins the phase before)", None, PH),
     ("uv__run_prepare", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 4,
-        "no prepare phase span (its time joins the phase before)", None),
+        "no prepare phase span (its time joins the phase before)", None, PH),
     // Fallbacks, for builds that only export libuv's public API.
     ("getaddrinfo", ImageKind::Libc, Program::DnsWorkLibc, Role::WorkStart, 0,
-        "DNS spans have no threadpool queue/run split", Some("uv__getaddrinfo_work")),
+        "DNS spans have no threadpool queue/run split", Some("uv__getaddrinfo_work"), TP),
     ("uv_freeaddrinfo", ImageKind::Libuv, Program::DnsFree, Role::Completion, 0,
-        "DNS lookups are not seen to end: no DNS spans", Some("uv__getaddrinfo_done")),
+        "DNS lookups are not seen to end: no DNS spans", Some("uv__getaddrinfo_done"), None),
     ("uv_run", ImageKind::Libuv, Program::LoopRun, Role::Phase, 0,
-        "no loop iterations", Some("uv__io_poll")),
+        "no loop iterations", Some("uv__io_poll"), PH),
 ];
 
 /// Every probe uvspan knows, fs submits first.
@@ -229,8 +290,9 @@ pub fn all_probes() -> Vec<Probe> {
         cookie: fs_cookie(i, op),
         if_missing: "no spans for this fs operation",
         fallback_for: None,
+        detail: None,
     });
-    let other = OTHER.iter().map(|&(symbol, image, program, role, cookie, if_missing, fallback_for)| Probe {
+    let other = OTHER.iter().map(|&(symbol, image, program, role, cookie, if_missing, fallback_for, detail)| Probe {
         symbol,
         image,
         program,
@@ -238,6 +300,7 @@ pub fn all_probes() -> Vec<Probe> {
         cookie,
         if_missing,
         fallback_for,
+        detail,
     });
     fs.chain(other).collect()
 }
@@ -251,6 +314,8 @@ pub enum Use {
     NotNeeded,
     /// Not found in the image (or no image of its kind).
     Missing,
+    /// In a `--detail` group that is off.
+    Off(DetailKind),
 }
 
 /// The plan for one build: each probe with the symbol offset to attach at,
@@ -259,6 +324,7 @@ pub enum Use {
 pub fn plan(
     libuv: &std::collections::HashMap<&'static str, u64>,
     libc: Option<&std::collections::HashMap<&'static str, u64>>,
+    detail: Detail,
 ) -> Vec<(Probe, Use)> {
     all_probes()
         .into_iter()
@@ -268,6 +334,7 @@ pub fn plan(
                 ImageKind::Libc => libc,
             };
             let u = match (p.fallback_for, syms.and_then(|s| s.get(p.symbol))) {
+                _ if p.detail.is_some_and(|k| !detail.enables(k)) => Use::Off(p.detail.unwrap_or(DetailKind::All)),
                 (Some(primary), _) if libuv.contains_key(primary) => Use::NotNeeded,
                 (_, Some(&off)) => Use::Attach(off),
                 (_, None) => Use::Missing,
@@ -318,7 +385,7 @@ mod tests {
             .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
             .collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let plan_full = plan(&full, Some(&libc));
+        let plan_full = plan(&full, Some(&libc), Detail::all());
         let get = |pl: &[(Probe, Use)], s: &str| pl.iter().find(|(p, _)| p.symbol == s).unwrap().1.clone();
         assert_eq!(get(&plan_full, "uv_run"), Use::NotNeeded);
         assert_eq!(get(&plan_full, "getaddrinfo"), Use::NotNeeded);
@@ -326,12 +393,38 @@ mod tests {
 
         // Stripped: only the exported API.
         let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
-        let plan_s = plan(&stripped, Some(&libc));
+        let plan_s = plan(&stripped, Some(&libc), Detail::all());
         assert_eq!(get(&plan_s, "uv__io_poll"), Use::Missing);
         assert_eq!(get(&plan_s, "uv_run"), Use::Attach(0x3000));
         assert_eq!(get(&plan_s, "uv_freeaddrinfo"), Use::Attach(0x2000));
         assert_eq!(get(&plan_s, "getaddrinfo"), Use::Attach(0x10));
-        assert_eq!(plan(&stripped, None).iter().find(|(p, _)| p.symbol == "getaddrinfo").unwrap().1, Use::Missing);
+        assert_eq!(plan(&stripped, None, Detail::all()).iter().find(|(p, _)| p.symbol == "getaddrinfo").unwrap().1, Use::Missing);
+    }
+
+    #[test]
+    fn default_plan_is_the_cheap_set() {
+        use std::collections::HashMap;
+        let full: HashMap<&'static str, u64> = all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
+        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
+        let attached = |d: Detail| -> Vec<&'static str> {
+            let mut v: Vec<_> = plan(&full, Some(&libc), d)
+                .into_iter()
+                .filter(|(p, u)| matches!(u, Use::Attach(_)) && p.program != Program::FsSubmit)
+                .map(|(p, _)| p.symbol)
+                .collect();
+            v.sort();
+            v
+        };
+        // Per async fs request: submit, uv__fs_done, uv_fs_req_cleanup; per
+        // DNS lookup: submit and done; no probe per loop iteration.
+        assert_eq!(attached(Detail::default()), ["uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]);
+        let tp = attached(Detail::from_kinds(&[DetailKind::Threadpool]));
+        assert!(tp.contains(&"uv__fs_work") && tp.contains(&"uv_async_send") && !tp.contains(&"uv__io_poll"));
+        let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
+        assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
+        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All])).len(), 12);
+        let off = plan(&full, Some(&libc), Detail::default());
+        assert_eq!(off.iter().find(|(p, _)| p.symbol == "uv__run_check").unwrap().1, Use::Off(DetailKind::Phases));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use anyhow::Result;
 use serde::Serialize;
 
+use crate::probes::catalog::Detail;
 use crate::symbols::{self, Images, Located};
 use crate::tracer::{self, ProbeState, ProbeStatus};
 
@@ -59,6 +60,7 @@ fn state_word(r: &ProbeStatus) -> &'static str {
         (ProbeState::NotNeeded, _) => "not needed",
         (ProbeState::Missing, _) => "missing",
         (ProbeState::Failed(_), _) => "failed",
+        (ProbeState::Off(_), _) => "off",
     }
 }
 
@@ -71,6 +73,7 @@ fn note(r: &ProbeStatus) -> String {
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
         (ProbeState::Missing, _) => r.if_missing.to_string(),
         (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
+        (ProbeState::Off(k), _) => format!("with --detail {}", k.name()),
         _ => String::new(),
     }
 }
@@ -114,9 +117,9 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
 }
 
 /// Runs `uvspan probes`.
-pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool) -> Result<()> {
+pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool, detail: Detail) -> Result<()> {
     let images = images_for(pid, path)?;
-    let probes = tracer::plan(&images);
+    let probes = tracer::plan(&images, detail);
     if json {
         println!("{}", render_json(pid, &images, &probes));
     } else {
