@@ -200,6 +200,28 @@ mod tests {
         use clap::FromArgMatches;
         let mut cli = Cli::from_arg_matches(&m).unwrap();
         assert!(FileConfig::parse("loop_threshold: soon").unwrap().apply(&mut cli, &m).is_err());
+        let e = FileConfig::parse("detail: [threadpool, everything]").unwrap().apply(&mut cli, &m).unwrap_err();
+        assert!(e.to_string().contains("unknown group \"everything\""), "{e}");
+    }
+
+    #[test]
+    fn detail_from_file_flag_and_env() {
+        use crate::probes::catalog::{Detail, DetailKind};
+        use clap::FromArgMatches;
+        let get = |args: &[&str], yaml: &str| {
+            let m = Cli::command().try_get_matches_from(args).unwrap();
+            let mut cli = Cli::from_arg_matches(&m).unwrap();
+            FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
+            Detail::from_kinds(&cli.detail)
+        };
+        assert_eq!(get(&["uvspan"], ""), Detail::default());
+        assert_eq!(get(&["uvspan"], "detail: [threadpool]"), Detail { threadpool: true, phases: false });
+        assert_eq!(get(&["uvspan"], "detail: [all]"), Detail::all());
+        // the flag wins over the file
+        assert_eq!(get(&["uvspan", "--detail", "phases"], "detail: [threadpool]"), Detail { threadpool: false, phases: true });
+        assert_eq!(get(&["uvspan", "--detail", "threadpool,phases"], ""), Detail::all());
+        assert_eq!(Detail::from_kinds(&[DetailKind::All]), Detail::all());
+        assert!(Cli::command().try_get_matches_from(["uvspan", "--detail", "loop"]).is_err());
     }
 
     #[test]

@@ -928,3 +928,55 @@ fn service_name_of_node_eval_is_the_executable() {
     let s = spans.iter().find(|s| s.name == "fs.stat" && s.str("file.path") == Some("/")).expect("the stat");
     assert_eq!(s.res_str("service.name"), Some("node"));
 }
+
+// ===========================================================================
+// --detail: the optional probe groups
+// ===========================================================================
+
+/// `uvspan probes` shows the plan uvspan would attach: the threadpool and
+/// phase probes are "off" by default (with the flag that turns them on),
+/// attachable with --detail; the default set is the 36 uv_fs_* submits and
+/// 4 more.
+#[test]
+fn probes_listing_follows_detail() {
+    require_node();
+    let node = String::from_utf8(Command::new("sh").args(["-c", "command -v node"]).output().expect("sh").stdout)
+        .expect("utf8")
+        .trim()
+        .to_string();
+    let listing = |extra: &[&str]| {
+        let mut args = vec!["probes", "--json"];
+        args.extend_from_slice(extra);
+        args.push(node.as_str());
+        let out = run(uvspan_cmd(&args));
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+        v["probes"]
+            .as_array()
+            .expect("probes")
+            .iter()
+            .map(|p| (p["symbol"].as_str().unwrap().to_string(), p["status"].as_str().unwrap().to_string()))
+            .collect::<BTreeMap<String, String>>()
+    };
+    let default = listing(&[]);
+    for (sym, group) in [
+        ("uv__fs_work", "threadpool"),
+        ("uv_async_send", "threadpool"),
+        ("uv__getaddrinfo_work", "threadpool"),
+        ("uv__io_poll", "phases"),
+        ("uv__run_timers", "phases"),
+    ] {
+        assert_eq!(default[sym], format!("off: --detail {group}"), "{sym} by default: {default:?}");
+    }
+    let usable = |l: &BTreeMap<String, String>| l.values().filter(|s| *s == "usable").count();
+    assert_eq!(usable(&default), 36 + 4, "default set: 36 uv_fs_* submits + uv__fs_done, uv_fs_req_cleanup, uv_getaddrinfo, uv__getaddrinfo_done: {default:?}");
+    assert_eq!(default["uv__fs_done"], "usable");
+    assert_eq!(default["uv_fs_req_cleanup"], "usable");
+
+    let tp = listing(&["--detail", "threadpool"]);
+    assert_eq!(tp["uv__fs_work"], "usable");
+    assert_eq!(tp["uv__io_poll"], "off: --detail phases");
+    let all = listing(&["--detail", "all"]);
+    assert_eq!(usable(&all), 36 + 4 + 3 + 5, "{all:?}");
+    assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
+}

@@ -99,10 +99,10 @@ const EXPORTED: [&str; 39] = [
 /// what is lost without each: the text of uvspan's notice and of the NOTE
 /// column of `uvspan probes`.
 const INTERNAL: [(&str, &str); 9] = [
-    ("uv__fs_work", "async fs spans have no threadpool queue/run split"),
     ("uv__fs_done", "async fs spans end at uv_fs_req_cleanup, after the JS callback ran"),
-    ("uv__getaddrinfo_work", "DNS threadpool start is taken from libc getaddrinfo"),
     ("uv__getaddrinfo_done", "DNS spans end at uv_freeaddrinfo, after the JS callback ran"),
+    ("uv__fs_work", "async fs spans have no threadpool queue/run split"),
+    ("uv__getaddrinfo_work", "DNS threadpool start is taken from libc getaddrinfo"),
     ("uv__io_poll", "loop iterations are delimited by the loop thread's epoll waits, without phases"),
     ("uv__run_check", "no check phase span (its time joins the phase before)"),
     ("uv__run_timers", "no timers phase span (its time joins the phase before)"),
