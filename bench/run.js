@@ -201,13 +201,13 @@ function endpoint() {
 }
 const SUMMARY_RE =
   /spans: (\d+) exported, (\d+) dropped[^,]*, (\d+) failed to export, (\d+) not flushed; (\d+) records lost in the kernel[^,]*, (\d+) undecodable/;
-async function startUvspan(args, { otlp = true } = {}) {
+async function startUvspan(args, { otlp = true, env = {} } = {}) {
   const full = [...args];
   if (otlp) full.unshift('--otlp-endpoint', endpoint(), '--otlp-protocol', OTLP_PROTOCOL);
   const t0 = process.hrtime.bigint();
   const errLines = [];
   const child = spawn(UVSPAN, full, {
-    env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '' },
+    env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '', ...env },
     stdio: ['ignore', otlp ? 'ignore' : 'pipe', 'pipe'],
   });
   if (!otlp) child.stdout.resume();
@@ -326,9 +326,11 @@ function machine() {
 // ---------------------------------------------------------------- 1. overhead
 async function overhead() {
   const c = CFG.overhead;
-  const configs = ['bare', 'uvspan', 'otel_sdk'];
+  // uvspan: the default probe set; uvspan_all: with --detail all (threadpool split, loop phases);
+  // uvspan_trap: the default probes with programs that return at once (the uprobe mechanism alone).
+  const configs = ['bare', 'uvspan', 'uvspan_all', 'uvspan_trap', 'otel_sdk'];
   const runs = [];
-  log(`overhead: ${c.rounds} round(s) of bare/uvspan/otel-sdk, ~${c.rate} req/s paced, ${c.measure_s}s each`);
+  log(`overhead: ${c.rounds} round(s) of ${configs.join('/')}, ~${c.rate} req/s paced, ${c.measure_s}s each`);
   for (let r = 0; r < c.rounds; r++) {
     for (const cfg of configs) {
       const args = cfg === 'otel_sdk' ? ['-r', path.join(BENCH, 'otel.js'), path.join(BENCH, 'app.js')] : [path.join(BENCH, 'app.js')];
@@ -340,6 +342,8 @@ async function overhead() {
       const app = await startNode(args, envx);
       let uv = null;
       if (cfg === 'uvspan') uv = await startUvspan(['--pid', String(app.pid)]);
+      if (cfg === 'uvspan_all') uv = await startUvspan(['--pid', String(app.pid), '--detail', 'all']);
+      if (cfg === 'uvspan_trap') uv = await startUvspan(['--pid', String(app.pid)], { env: { UVSPAN_BENCH_TRAP_ONLY: '1' } });
       const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
       const a0 = procCpu(app.pid);
       const u0 = uv ? procCpu(uv.pid) : null;
@@ -386,20 +390,27 @@ async function overhead() {
       spans_per_req: round(median(rs.map((x) => x.sink_spans_total / Math.max(1, x.requests + x.warm_requests))), 2),
       sink_cpu_us_per_req: round(m('sink_cpu_us_per_req'), 2),
     };
-    if (cfg === 'uvspan') med[cfg].uvspan_cpu_us_per_req = round(m('uvspan_cpu_us_per_req'), 2);
+    if (cfg.startsWith('uvspan')) med[cfg].uvspan_cpu_us_per_req = round(m('uvspan_cpu_us_per_req'), 2);
   }
   // Ratios per round (paired: the same round's bare run), then median.
   const ratio = (cfg, k) =>
     median(runs.filter((x) => x.config === cfg).map((x) => x[k] / runs.find((y) => y.round === x.round && y.config === 'bare')[k]));
   const added = (cfg) =>
     runs.filter((x) => x.config === cfg).map((x) => x.cpu_us_per_req - runs.find((y) => y.round === x.round && y.config === 'bare').cpu_us_per_req);
-  const addB = median(added('uvspan')), addC = median(added('otel_sdk'));
+  const addB = median(added('uvspan')), addC = median(added('otel_sdk')), addAll = median(added('uvspan_all'));
+  const addTrap = median(added('uvspan_trap'));
   return {
     config: { ...c, load: 'wrk -t1, paced per connection (pace.lua)', app: 'bench/app.js: fs.readFile + dns.lookup(localhost) per request', cpu: 'sum of /proc/PID/task/*/schedstat on-CPU ns (utime+stime ticks also recorded)' },
     runs,
     median: med,
     ratios: {
       uvspan_cpu: round(ratio('uvspan', 'cpu_us_per_req')),
+      uvspan_all_cpu: round(ratio('uvspan_all', 'cpu_us_per_req')),
+      uvspan_all_p99: round(ratio('uvspan_all', 'p99_ms')),
+      uvspan_all_added_us_per_req: round(addAll, 2),
+      uvspan_trap_cpu: round(ratio('uvspan_trap', 'cpu_us_per_req')),
+      uvspan_trap_p99: round(ratio('uvspan_trap', 'p99_ms')),
+      uvspan_trap_added_us_per_req: round(addTrap, 2),
       otel_sdk_cpu: round(ratio('otel_sdk', 'cpu_us_per_req')),
       uvspan_p99: round(ratio('uvspan', 'p99_ms')),
       otel_sdk_p99: round(ratio('otel_sdk', 'p99_ms')),
@@ -426,15 +437,21 @@ async function statloop() {
     const uv = await startUvspan(['--pid', String(p.pid)]);
     const traced = await cmd(`run ${c.ops}`);
     const sum = await uv.done('SIGINT');
+    // The same probes with programs that return at once: the kernel's uprobe mechanism alone.
+    const uvt = await startUvspan(['--pid', String(p.pid)], { env: { UVSPAN_BENCH_TRAP_ONLY: '1' } });
+    const trapOnly = await cmd(`run ${c.ops}`);
+    await uvt.done('SIGINT');
     rounds.push({
       round: r + 1,
+      trap_only_cpu_ns: round(trapOnly.cpu_ns_per_op, 1),
+      added_trap_only_cpu_ns: round(trapOnly.cpu_ns_per_op - bare.cpu_ns_per_op, 1),
       bare_cpu_ns: round(bare.cpu_ns_per_op, 1), traced_cpu_ns: round(traced.cpu_ns_per_op, 1),
       bare_wall_ns: round(bare.wall_ns_per_op, 1), traced_wall_ns: round(traced.wall_ns_per_op, 1),
       added_cpu_ns: round(traced.cpu_ns_per_op - bare.cpu_ns_per_op, 1),
       added_wall_ns: round(traced.wall_ns_per_op - bare.wall_ns_per_op, 1),
       uvspan_summary: sum,
     });
-    log(`  round ${r + 1}: bare ${rounds[r].bare_cpu_ns} ns/op, traced ${rounds[r].traced_cpu_ns} ns/op (cpu), added ${rounds[r].added_cpu_ns}`);
+    log(`  round ${r + 1}: bare ${rounds[r].bare_cpu_ns} ns/op, traced ${rounds[r].traced_cpu_ns} ns/op (cpu), added ${rounds[r].added_cpu_ns}, probes that record nothing: added ${rounds[r].added_trap_only_cpu_ns}`);
   }
   // Anatomy: one more traced run with kernel.bpf_stats_enabled, for probe hits per op and in-BPF time.
   let anatomy = null;
@@ -478,6 +495,7 @@ async function statloop() {
     median: {
       bare_cpu_ns: m('bare_cpu_ns'), traced_cpu_ns: m('traced_cpu_ns'), added_cpu_ns: m('added_cpu_ns'),
       bare_wall_ns: m('bare_wall_ns'), traced_wall_ns: m('traced_wall_ns'), added_wall_ns: m('added_wall_ns'),
+      trap_only_cpu_ns: m('trap_only_cpu_ns'), added_trap_only_cpu_ns: m('added_trap_only_cpu_ns'),
     },
     anatomy,
   };
@@ -654,9 +672,11 @@ function markdown(R) {
     row('---', '---', '---', '---', '---', '---', '---', '---', '---');
     const m = o.median;
     row('(a) bare', m.bare.cpu_us_per_req, '1.00', m.bare.p50_ms, m.bare.p99_ms, '1.00', m.bare.req_per_s, m.bare.spans_per_req, '');
-    row('(b) uvspan → OTLP', m.uvspan.cpu_us_per_req, o.ratios.uvspan_cpu, m.uvspan.p50_ms, m.uvspan.p99_ms, o.ratios.uvspan_p99, m.uvspan.req_per_s, m.uvspan.spans_per_req, m.uvspan.uvspan_cpu_us_per_req);
+    row('(b) uvspan → OTLP (default probes)', m.uvspan.cpu_us_per_req, o.ratios.uvspan_cpu, m.uvspan.p50_ms, m.uvspan.p99_ms, o.ratios.uvspan_p99, m.uvspan.req_per_s, m.uvspan.spans_per_req, m.uvspan.uvspan_cpu_us_per_req);
+    row('(b+) uvspan --detail all → OTLP', m.uvspan_all.cpu_us_per_req, o.ratios.uvspan_all_cpu, m.uvspan_all.p50_ms, m.uvspan_all.p99_ms, o.ratios.uvspan_all_p99, m.uvspan_all.req_per_s, m.uvspan_all.spans_per_req, m.uvspan_all.uvspan_cpu_us_per_req);
+    row('(b0) default probes, programs return at once', m.uvspan_trap.cpu_us_per_req, o.ratios.uvspan_trap_cpu, m.uvspan_trap.p50_ms, m.uvspan_trap.p99_ms, o.ratios.uvspan_trap_p99, m.uvspan_trap.req_per_s, m.uvspan_trap.spans_per_req, m.uvspan_trap.uvspan_cpu_us_per_req);
     row('(c) OTel JS SDK → OTLP', m.otel_sdk.cpu_us_per_req, o.ratios.otel_sdk_cpu, m.otel_sdk.p50_ms, m.otel_sdk.p99_ms, o.ratios.otel_sdk_p99, m.otel_sdk.req_per_s, m.otel_sdk.spans_per_req, '(in-process)');
-    L.push('', `Added CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}). Ratios are medians of per-round ratios to that round's bare run.`);
+    L.push('', `Added CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs (with --detail all ${o.ratios.uvspan_all_added_us_per_req} µs), OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}). The same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
   }
   if (R.statloop) {
     const s = R.statloop;
@@ -665,6 +685,7 @@ function markdown(R) {
     row('---', '---', '---', '---');
     row('CPU time', s.median.bare_cpu_ns, s.median.traced_cpu_ns, s.median.added_cpu_ns);
     row('wall time', s.median.bare_wall_ns, s.median.traced_wall_ns, s.median.added_wall_ns);
+    L.push('', `The same probes with programs that return at once (UVSPAN_BENCH_TRAP_ONLY=1): ${s.median.trap_only_cpu_ns} ns/op, added ${s.median.added_trap_only_cpu_ns} ns/op — the kernel's uprobe mechanism alone (int3 trap, emulated instruction, return), the floor for any uprobe-based tracer at these probe points on this machine.`);
     if (s.anatomy) {
       L.push('', `Probe anatomy (bpf_stats run): ${s.anatomy.probe_hits_per_op} probe hits per op, ${s.anatomy.bpf_ns_per_op} ns/op inside BPF programs; the other ${s.anatomy.outside_bpf_ns_per_hit} ns per hit is the uprobe mechanism (int3 trap, then the probed instruction emulated or single-stepped out of line).`, '');
       row('program', 'hits/op', 'ns/hit in BPF');
@@ -727,6 +748,8 @@ async function main() {
     const bad = [];
     if (R.overhead && !(R.overhead.median.uvspan.spans_per_req > 0)) bad.push('no uvspan spans reached the sink in the overhead run');
     if (R.overhead && !(R.overhead.median.otel_sdk.spans_per_req > 0)) bad.push('no OTel SDK spans reached the sink');
+    if (R.overhead && !(R.overhead.median.uvspan_all.spans_per_req > 0)) bad.push('no uvspan --detail all spans reached the sink');
+    if (R.overhead && R.overhead.median.uvspan_trap.spans_per_req !== 0) bad.push('UVSPAN_BENCH_TRAP_ONLY=1 still exported spans');
     if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
     if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
     if (R.attach && !(R.attach.median.pid_ready_ms > 0)) bad.push('attach not measured');
