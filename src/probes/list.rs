@@ -102,7 +102,12 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
         None => out.push_str("libc:    not found\n"),
     }
     let attachable = probes.iter().filter(|r| r.state == ProbeState::Attached).count();
-    out.push_str(&format!("probes:  {attachable} of {} usable\n\n", probes.len()));
+    let off = probes.iter().filter(|r| matches!(r.state, ProbeState::Off(_))).count();
+    if off > 0 {
+        out.push_str(&format!("probes:  {attachable} of {} usable, {off} off (--detail)\n\n", probes.len()));
+    } else {
+        out.push_str(&format!("probes:  {attachable} of {} usable\n\n", probes.len()));
+    }
     out.push_str(&format!("{:<24} {:<6} {:<12} {:<11} {}\n", "SYMBOL", "IN", "OFFSET", "STATUS", "NOTE"));
     for r in probes {
         let image = match r.image {
