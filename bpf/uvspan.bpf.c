@@ -873,6 +873,9 @@ int proc_exit(void *ctx)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
+	/* A sync call still waiting for the thread's next libuv call (END_NEXT)
+	 * has returned: end it now, before its storage goes with the thread. */
+	end_pending_sync();
 	/* Per-thread state goes whatever the order of exits: in exit_group the
 	 * main thread may exit (and leave the traced set) before the others. */
 	bpf_map_delete_elem(&loops, &tid);
