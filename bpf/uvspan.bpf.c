@@ -362,7 +362,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 		struct req_key key = { .pid = pid, .req = req };
 		if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_NOEXIST)) {
 			if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_ANY))
-				stat_inc(STAT_RINGBUF_LOST); /* table full: this span is lost */
+				stat_inc(STAT_INFLIGHT_FULL); /* this span is lost, and counted */
 			else
 				stat_inc(STAT_INFLIGHT_REPLACED);
 		}

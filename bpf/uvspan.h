@@ -66,6 +66,7 @@ enum stat_idx {
 	STAT_LOOP_EMITTED = 2,      /* iterations over threshold, sent */
 	STAT_INFLIGHT_REPLACED = 3, /* a request started again before its end was seen */
 	STAT_SCRATCH_MISS = 4,      /* per-CPU scratch unavailable (never expected) */
+	STAT_INFLIGHT_FULL = 5,     /* an async request not tracked: in-flight table full */
 	STAT_MAX = 8,
 };
 

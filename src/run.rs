@@ -581,7 +581,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
             last_health = Instant::now();
             let k = tracer.stats();
             health.processes_traced.store(st.procs.values().filter(|p| !p.exited).count() as u64, Ordering::Relaxed);
-            health.records_lost.store(k.ringbuf_lost, Ordering::Relaxed);
+            health.records_lost.store(k.records_lost, Ordering::Relaxed);
             health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
             health.unfinished_at_exit.store(stats.unfinished_at_exit, Ordering::Relaxed);
         }
@@ -600,7 +600,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
                 sum.dropped,
                 sum.failed,
                 sum.export_errors,
-                k.ringbuf_lost,
+                k.records_lost,
                 stats.unfinished_at_exit
             );
         }
@@ -610,7 +610,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     drain(&mut st, &records);
     let kstats = tracer.stats();
     let nprocs = stats.processes_seen + st.procs.len() as u64;
-    health.records_lost.store(kstats.ringbuf_lost, Ordering::Relaxed);
+    health.records_lost.store(kstats.records_lost, Ordering::Relaxed);
     health.loop_iterations.store(kstats.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(stats.unfinished_at_exit, Ordering::Relaxed);
     health.processes_traced.store(0, Ordering::Relaxed);
@@ -627,12 +627,12 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     let fast = kstats.loop_iterations.saturating_sub(kstats.loop_emitted);
     eprintln!(
         "uvspan: {nprocs} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
-         {} records lost in the kernel (ring buffer full), {} undecodable, {} unfinished at process exit; {} loop iterations, {} under {:?} not reported",
+         {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; {} loop iterations, {} under {:?} not reported",
         sum.exported,
         sum.dropped,
         sum.failed,
         sum.unflushed,
-        kstats.ringbuf_lost,
+        kstats.records_lost,
         bad_records.get(),
         stats.unfinished_at_exit,
         kstats.loop_iterations,

@@ -115,7 +115,9 @@ pub fn plan(images: &Images, detail: Detail) -> Vec<ProbeStatus> {
 /// Kernel-side counters (summed over CPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    pub ringbuf_lost: u64,
+    /// Records lost in the kernel: ring buffer full, or an async request
+    /// not tracked because the in-flight table was full.
+    pub records_lost: u64,
     pub loop_iterations: u64,
     pub loop_emitted: u64,
     pub inflight_replaced: u64,
@@ -357,7 +359,7 @@ impl Tracer {
                 .unwrap_or(0)
         };
         Stats {
-            ringbuf_lost: read(stat_idx::STAT_RINGBUF_LOST),
+            records_lost: read(stat_idx::STAT_RINGBUF_LOST) + read(stat_idx::STAT_INFLIGHT_FULL),
             loop_iterations: read(stat_idx::STAT_LOOP_ITERATIONS),
             loop_emitted: read(stat_idx::STAT_LOOP_EMITTED),
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),

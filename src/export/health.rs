@@ -76,7 +76,7 @@ impl HealthMetrics {
             ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
             ("uvspan.export.errors", "Failed export requests", read_e(|c| &c.export_errors)),
-            ("uvspan.records.lost", "Kernel records lost: ring buffer full", read_h(|h| &h.records_lost)),
+            ("uvspan.records.lost", "Kernel records lost: ring buffer or in-flight table full", read_h(|h| &h.records_lost)),
             ("uvspan.operations.unfinished", "Requests in flight when their process exited", read_h(|h| &h.unfinished_at_exit)),
             ("uvspan.loop.iterations", "Event-loop iterations seen", read_h(|h| &h.loop_iterations)),
         ];
