@@ -27,8 +27,9 @@ const volatile unsigned long long wakeup_bytes = 256 * 1024;
 const volatile unsigned int follow_forks = 0;
 /* --all: report every exec, so user space can pick up new Node processes */
 const volatile unsigned int discover = 0;
-/* Benchmark only (UVSPAN_BENCH_TRAP_ONLY=1): probes fire, programs return at
- * once. Measures what the kernel's uprobe mechanism alone costs per hit. */
+/* Benchmark only (UVSPAN_BENCH_TRAP_ONLY=1): uprobes and epoll tracepoints
+ * fire, their programs return at once (no spans). Measures what the kernel
+ * charges for the probes alone. */
 const volatile unsigned int trap_only = 0;
 /* libuv request layout (x86_64, libuv 1.x ABI) */
 const volatile unsigned int fs_work_off = 336;     /* offsetof(uv_fs_t, work_req) */
@@ -754,6 +755,8 @@ struct sys_enter_args {
 
 static __always_inline int epoll_enter(struct sys_enter_args *args, int has_timeout)
 {
+	if (trap_only)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	__u8 *flags = bpf_map_lookup_elem(&traced, &pid);
@@ -797,6 +800,8 @@ struct sys_exit_args {
  * first polls with timeout 0, so the first return is not the wake-up. */
 static __always_inline int epoll_exit(struct sys_exit_args *args)
 {
+	if (trap_only)
+		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	if (!is_traced(pid))

@@ -338,8 +338,9 @@ impl State<'_> {
     }
 }
 
-/// Benchmark mode (scripts/bench.sh): probes attach and fire, but record
-/// nothing, so a run measures the kernel's uprobe mechanism alone.
+/// Benchmark mode (scripts/bench.sh): uprobes and epoll tracepoints attach
+/// and fire, but their programs return at once, so a run measures what the
+/// kernel charges for the probes alone.
 fn bench_trap_only() -> bool {
     let on = std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1");
     if on {
