@@ -20,6 +20,7 @@ const stats = {
   grpc: { requests: 0, bytes: 0, spans: 0 },
   http: { requests: 0, bytes: 0, spans: 0 },
   errors: 0,
+  other_requests: 0, // gRPC exports that are not traces (metrics)
 };
 
 function varint(buf, pos) {
@@ -74,6 +75,9 @@ function account(kind, body) {
 // ---- OTLP/gRPC over h2c ----
 const grpcServer = http2.createServer();
 grpcServer.on('stream', (stream, headers) => {
+  // Only trace exports count; uvspan's own health metrics (MetricsService/Export)
+  // have the same field numbers and would otherwise be counted as spans.
+  const traces = String(headers[':path'] || '').endsWith('TraceService/Export');
   const chunks = [];
   stream.on('data', (c) => chunks.push(c));
   stream.on('end', () => {
@@ -87,7 +91,8 @@ grpcServer.on('stream', (stream, headers) => {
       if (compressed) {
         try { msg = zlib.gunzipSync(msg); } catch { stats.errors++; continue; }
       }
-      account('grpc', msg);
+      if (traces) account('grpc', msg);
+      else stats.other_requests++;
     }
     if (!stream.destroyed) {
       stream.respond({ ':status': 200, 'content-type': 'application/grpc' }, { waitForTrailers: true });
