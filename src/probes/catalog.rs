@@ -333,11 +333,12 @@ pub fn plan(
                 ImageKind::Libuv => Some(libuv),
                 ImageKind::Libc => libc,
             };
-            let u = match (p.fallback_for, syms.and_then(|s| s.get(p.symbol))) {
-                _ if p.detail.is_some_and(|k| !detail.enables(k)) => Use::Off(p.detail.unwrap_or(DetailKind::All)),
-                (Some(primary), _) if libuv.contains_key(primary) => Use::NotNeeded,
-                (_, Some(&off)) => Use::Attach(off),
-                (_, None) => Use::Missing,
+            let off_group = p.detail.filter(|&k| !detail.enables(k));
+            let u = match (off_group, p.fallback_for, syms.and_then(|s| s.get(p.symbol))) {
+                (Some(k), _, _) => Use::Off(k),
+                (None, Some(primary), _) if libuv.contains_key(primary) => Use::NotNeeded,
+                (None, _, Some(&off)) => Use::Attach(off),
+                (None, _, None) => Use::Missing,
             };
             (p, u)
         })
