@@ -220,26 +220,27 @@ static __always_inline void emit(void *data, __u64 size, __u64 flags)
 		stat_inc(STAT_RINGBUF_LOST);
 }
 
-/* Integer argument `idx` of a function at its entry (System V x86_64):
- * 0-5 in registers, 6 and 7 on the stack above the return address. */
-static __always_inline __u64 arg_at(struct pt_regs *ctx, __u32 idx)
+/* The integer arguments of a function at its entry (System V x86_64):
+ * 0-5 in registers, 6 and 7 on the stack above the return address (read
+ * only when asked: `stack`). One array indexed by the cookie's argument
+ * positions keeps the verifier's work small (a switch per lookup multiplied
+ * its states). */
+struct args {
+	__u64 v[8];
+};
+
+static __always_inline void read_args(struct pt_regs *ctx, struct args *a, int stack)
 {
-	__u64 v = 0;
-	switch (idx) {
-	case 0: return PT_REGS_PARM1(ctx);
-	case 1: return PT_REGS_PARM2(ctx);
-	case 2: return PT_REGS_PARM3(ctx);
-	case 3: return PT_REGS_PARM4(ctx);
-	case 4: return PT_REGS_PARM5(ctx);
-	case 5: return PT_REGS_PARM6(ctx);
-	case 6:
-		bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 8));
-		return v;
-	case 7:
-		bpf_probe_read_user(&v, sizeof(v), (void *)(PT_REGS_SP(ctx) + 16));
-		return v;
-	}
-	return 0;
+	a->v[0] = PT_REGS_PARM1(ctx);
+	a->v[1] = PT_REGS_PARM2(ctx);
+	a->v[2] = PT_REGS_PARM3(ctx);
+	a->v[3] = PT_REGS_PARM4(ctx);
+	a->v[4] = PT_REGS_PARM5(ctx);
+	a->v[5] = PT_REGS_PARM6(ctx);
+	a->v[6] = 0;
+	a->v[7] = 0;
+	if (stack)
+		bpf_probe_read_user(&a->v[6], 2 * sizeof(__u64), (void *)(PT_REGS_SP(ctx) + 8));
 }
 
 /*
@@ -345,7 +346,10 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	__u64 req = PT_REGS_PARM2(ctx);
 	__u64 now = bpf_ktime_get_ns();
 	__u32 idx;
-	int sync = arg_at(ctx, cookie_field(cookie, 8)) == 0;
+	struct args args;
+	/* Only the callback can be on the stack (uv_fs_read/write/sendfile). */
+	read_args(ctx, &args, cookie_field(cookie, 8) >= 6);
+	int sync = args.v[cookie_field(cookie, 8) & 7] == 0;
 
 	struct sync_slot *slot = sync_slot_of(sync);
 	if (slot && slot->req)
@@ -392,17 +396,17 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->sync = 1;
 
 	idx = cookie_field(cookie, 20);
-	e->fd = idx == COOKIE_NONE ? -1 : (int)arg_at(ctx, idx);
+	e->fd = idx == COOKIE_NONE ? -1 : (int)args.v[idx & 7];
 
 	e->path[0] = 0;
 	idx = cookie_field(cookie, 12);
 	if (idx != COOKIE_NONE)
-		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)arg_at(ctx, idx));
+		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)args.v[idx & 7]);
 	e->has_path2 = 0;
 	idx = cookie_field(cookie, 16);
 	if (idx != COOKIE_NONE) {
 		e->path2[0] = 0;
-		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)arg_at(ctx, idx));
+		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)args.v[idx & 7]);
 		e->has_path2 = 1;
 	}
 	return 0;
@@ -746,14 +750,28 @@ int uv_multi(struct pt_regs *ctx) { return dispatch(ctx); }
 SEC("uprobe")
 int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
 
-/* Format of the syscalls:sys_enter_* tracepoints (common fields, nr, args). */
-struct sys_enter_args {
-	__u64 common;
-	long nr;
-	unsigned long args[6];
-};
+/* ---- the loop thread's epoll waits ----
+ * Two ways in, both attached by BTF id (no tracefs); user space loads one:
+ * - fentry/fexit on the x86_64 entry points __x64_sys_epoll_{wait,pwait,
+ *   pwait2}: BPF trampolines, only the epoll calls pay;
+ * - for kernels that refuse trampoline programs (lockdown refuses them with
+ *   EPERM): BTF raw tracepoints on system call entry and exit. Every system
+ *   call on the host then takes the traced slow path and runs these
+ *   programs; anything but the three epoll waits returns at the first
+ *   comparison.
+ * The syscall's own arguments are in the pt_regs it was given; the 4th (the
+ * timeout) is in r10. regs is a BTF pointer: its fields are read directly
+ * (no helper call). */
+#define NR_EPOLL_WAIT 232
+#define NR_EPOLL_PWAIT 281
+#define NR_EPOLL_PWAIT2 441
 
-static __always_inline int epoll_enter(struct sys_enter_args *args, int has_timeout)
+struct pt_regs___k {
+	unsigned long r10;
+	unsigned long orig_ax;
+} __attribute__((preserve_access_index));
+
+static __always_inline int epoll_enter(int timeout_zero)
 {
 	if (trap_only)
 		return 0;
@@ -781,24 +799,17 @@ static __always_inline int epoll_enter(struct sys_enter_args *args, int has_time
 		 * the wait that follows an empty one belongs to the same iteration. */
 		if (!st->last_poll_empty)
 			loop_enter_phase(st, PHASE_POLL, now);
-		st->poll_timeout_zero = has_timeout && (int)args->args[3] == 0;
+		st->poll_timeout_zero = timeout_zero;
 	}
 	if (st->cur_phase == PHASE_POLL)
 		st->epoll_enter = now;
 	return 0;
 }
 
-/* Format of the syscalls:sys_exit_* tracepoints (common fields, nr, ret). */
-struct sys_exit_args {
-	__u64 common;
-	long nr;
-	long ret;
-};
-
 /* The loop woke up when an epoll wait returned events (or, if none did, when
  * the last one returned: a timeout). libuv with idle-time metrics (Node)
  * first polls with timeout 0, so the first return is not the wake-up. */
-static __always_inline int epoll_exit(struct sys_exit_args *args)
+static __always_inline int epoll_exit(long ret)
 {
 	if (trap_only)
 		return 0;
@@ -811,27 +822,61 @@ static __always_inline int epoll_exit(struct sys_exit_args *args)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	st->ev.poll_wait_ns += now - st->epoll_enter;
-	st->last_poll_empty = st->poll_timeout_zero && args->ret == 0;
+	st->last_poll_empty = st->poll_timeout_zero && ret == 0;
 	if (!st->wake_frozen) {
 		st->ev.wake_ns = now;
-		st->wake_frozen = args->ret > 0;
+		st->wake_frozen = ret > 0;
 	}
 	st->epoll_enter = 0;
 	return 0;
 }
 
-SEC("tracepoint/syscalls/sys_enter_epoll_wait")
-int epoll_wait_enter(struct sys_enter_args *ctx) { return epoll_enter(ctx, 1); }
-SEC("tracepoint/syscalls/sys_exit_epoll_wait")
-int epoll_wait_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
-SEC("tracepoint/syscalls/sys_enter_epoll_pwait")
-int epoll_pwait_enter(struct sys_enter_args *ctx) { return epoll_enter(ctx, 1); }
-SEC("tracepoint/syscalls/sys_exit_epoll_pwait")
-int epoll_pwait_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
-SEC("tracepoint/syscalls/sys_enter_epoll_pwait2")
-int epoll_pwait2_enter(struct sys_enter_args *ctx) { return epoll_enter(ctx, 0); }
-SEC("tracepoint/syscalls/sys_exit_epoll_pwait2")
-int epoll_pwait2_exit(struct sys_exit_args *ctx) { return epoll_exit(ctx); }
+/* Whether the wait does not block: epoll_wait / epoll_pwait take a timeout
+ * in ms, epoll_pwait2 a struct __kernel_timespec pointer (NULL: forever). */
+static __always_inline int epoll_timeout_zero(struct pt_regs___k *regs, long nr)
+{
+	unsigned long t = regs->r10;
+	if (nr != NR_EPOLL_PWAIT2)
+		return (int)t == 0;
+	long long ts[2] = { 1, 1 };
+	if (!t || bpf_probe_read_user(ts, sizeof(ts), (void *)t))
+		return 0;
+	return ts[0] == 0 && ts[1] == 0;
+}
+
+static __always_inline int is_epoll_wait(long nr)
+{
+	return nr == NR_EPOLL_WAIT || nr == NR_EPOLL_PWAIT || nr == NR_EPOLL_PWAIT2;
+}
+
+SEC("fentry/__x64_sys_epoll_wait")
+int BPF_PROG(fentry_epoll_wait, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_WAIT)); }
+SEC("fexit/__x64_sys_epoll_wait")
+int BPF_PROG(fexit_epoll_wait, struct pt_regs___k *regs, long ret) { return epoll_exit(ret); }
+SEC("fentry/__x64_sys_epoll_pwait")
+int BPF_PROG(fentry_epoll_pwait, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_PWAIT)); }
+SEC("fexit/__x64_sys_epoll_pwait")
+int BPF_PROG(fexit_epoll_pwait, struct pt_regs___k *regs, long ret) { return epoll_exit(ret); }
+SEC("fentry/__x64_sys_epoll_pwait2")
+int BPF_PROG(fentry_epoll_pwait2, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_PWAIT2)); }
+SEC("fexit/__x64_sys_epoll_pwait2")
+int BPF_PROG(fexit_epoll_pwait2, struct pt_regs___k *regs, long ret) { return epoll_exit(ret); }
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(syscall_enter, struct pt_regs___k *regs, long nr)
+{
+	if (!is_epoll_wait(nr))
+		return 0;
+	return epoll_enter(epoll_timeout_zero(regs, nr));
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
+{
+	if (!is_epoll_wait(regs->orig_ax))
+		return 0;
+	return epoll_exit(ret);
+}
 
 /* ---- process lifecycle ---- */
 static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid)
@@ -862,8 +907,8 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_process_exec")
-int proc_exec(void *ctx)
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(proc_exec, struct task_struct *p)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
@@ -873,8 +918,8 @@ int proc_exec(void *ctx)
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_process_exit")
-int proc_exit(void *ctx)
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(proc_exit, struct task_struct *p)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;

@@ -15,6 +15,7 @@ pub mod decode;
 pub mod discover;
 pub mod errno;
 pub mod export;
+pub mod kernel;
 pub mod probes;
 pub mod resource;
 pub mod run;

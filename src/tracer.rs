@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
@@ -12,6 +11,8 @@ use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
 use crate::bpf::types::stat_idx;
+use crate::kernel::diagnose::{self, Stage};
+use crate::kernel::features::{self, Features};
 use crate::bpf::{UvspanSkel, UvspanSkelBuilder};
 use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Program, Use};
 use crate::symbols::{Images, Located};
@@ -123,38 +124,40 @@ pub struct Stats {
     pub inflight_replaced: u64,
 }
 
+/// (device, inode) of a file.
+type FileId = (u64, u64);
+
+fn file_id(p: &std::path::Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+}
+
+struct Attached {
+    _links: Vec<Link>,
+    /// The statuses of this image's probes when it was attached.
+    report: Vec<ProbeStatus>,
+}
+
+/// What [`Tracer::attach`] did.
+pub struct Attach {
+    pub report: Vec<ProbeStatus>,
+    /// Whether new probes went into the kernel (false: the files were
+    /// already attached for this pid filter).
+    pub new: bool,
+}
+
 pub struct Tracer {
     skel: UvspanSkel<'static>,
     /// Multi-uprobe links available (one link per image: fast attach and detach).
     multi: bool,
     detail: Detail,
-    /// Uprobe links per (image path, pid filter); dropped = detached.
-    uprobes: HashMap<(PathBuf, i32), Vec<Link>>,
-    /// Tracepoint links (syscalls, process lifecycle).
+    /// Uprobe links per (file, pid filter), with what was attached there;
+    /// dropped = detached. A file is attached once per pid filter, however
+    /// many processes map it and whichever path they reach it by.
+    uprobes: HashMap<(FileId, i32), Attached>,
+    /// Epoll and process lifecycle links.
     _global: Vec<Link>,
-}
-
-/// One line for the user when BPF cannot be loaded.
-fn load_error(e: libbpf_rs::Error) -> anyhow::Error {
-    let msg = e.to_string();
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    let eperm = msg.contains("os error 1)") || msg.contains("Operation not permitted");
-    let eacces = msg.contains("os error 13") || msg.contains("Permission denied");
-    if eperm || (eacces && !root) {
-        anyhow!(
-            "cannot load the eBPF program: permission denied. uvspan needs root, or the capabilities \
-             CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH; run it with sudo"
-        )
-    } else if eacces {
-        // EACCES for root is the verifier refusing a program, not a privilege problem.
-        anyhow!(
-            "the kernel's BPF verifier rejected uvspan's program ({msg}); this is a uvspan bug or an \
-             unsupported kernel: rerun with UVSPAN_DEBUG=1 for the verifier log and report it"
-        )
-    } else {
-        anyhow!("cannot load the eBPF program: {msg}. uvspan needs Linux >= 5.15 with BTF (/sys/kernel/btf/vmlinux)")
-    }
+    notices: Vec<String>,
 }
 
 /// libbpf's own messages go to stderr only with UVSPAN_DEBUG=1.
@@ -167,44 +170,82 @@ fn quiet_libbpf() {
 impl Tracer {
     pub fn load(settings: &Settings) -> Result<Tracer> {
         quiet_libbpf();
-        // Multi-uprobe links need Linux >= 6.6; without them, load the
-        // single-uprobe program only.
-        let (skel, multi) = match Self::open_and_load(settings, true) {
-            Ok(skel) => (skel, true),
-            Err(_) => (Self::open_and_load(settings, false).map_err(load_error)?, false),
+        let known = features::remembered();
+        let candidates: Vec<Features> = match &known {
+            Some(r) => std::iter::once(r.features).chain(features::ORDER).collect(),
+            None => features::ORDER.to_vec(),
         };
-        let p = &skel.progs;
-        let mut global = Vec::new();
-        for prog in [
-            &p.epoll_wait_enter,
-            &p.epoll_wait_exit,
-            &p.epoll_pwait_enter,
-            &p.epoll_pwait_exit,
-            &p.epoll_pwait2_enter,
-            &p.epoll_pwait2_exit,
-            &p.proc_fork,
-            &p.proc_exec,
-            &p.proc_exit,
-        ] {
-            let name = prog.name().to_string_lossy().into_owned();
-            let link = prog.attach().map_err(|e| {
-                let msg = e.to_string();
-                if msg.contains("os error 2)") {
-                    // Tracepoint ids are read from tracefs.
-                    anyhow!(
-                        "cannot attach the {name} tracepoint: tracefs not found; mount it at /sys/kernel/tracing \
-                         (in a container: mount the host's /sys/kernel/tracing read-only)"
-                    )
-                } else {
-                    load_error(e).context(format!("attaching the {name} tracepoint"))
+        let mut fentry_refused = known.as_ref().and_then(|r| r.fentry_refused);
+        let mut last = None;
+        for f in candidates {
+            match Self::load_with(settings, f) {
+                Ok(mut t) => {
+                    if known.as_ref().map(|r| r.features) != Some(f) {
+                        features::remember(f, fentry_refused.filter(|_| !f.fentry));
+                    }
+                    if !f.fentry {
+                        t.notices.push(features::fallback_notice(fentry_refused));
+                    }
+                    return Ok(t);
                 }
-            })?;
-            global.push(link);
+                Err((stage, e, errno)) => {
+                    if f.fentry && fentry_refused.is_none() {
+                        fentry_refused = errno;
+                    }
+                    last = Some((stage, e, errno));
+                }
+            }
         }
-        Ok(Tracer { skel, multi, detail: settings.detail, uprobes: HashMap::new(), _global: global })
+        let (stage, context, errno) = last.expect("ORDER is not empty");
+        Err(anyhow!(diagnose::explain(stage, errno, &diagnose::Facts::read())).context(context))
     }
 
-    fn open_and_load(settings: &Settings, multi: bool) -> std::result::Result<UvspanSkel<'static>, libbpf_rs::Error> {
+    /// Loads and attaches the kernel side with these features; on failure,
+    /// what was being done and the errno.
+    fn load_with(settings: &Settings, f: Features) -> std::result::Result<Tracer, (Stage, String, Option<i32>)> {
+        let failed = |stage, what: String, e: libbpf_rs::Error| {
+            let errno = diagnose::errno_of(&e, std::io::Error::last_os_error());
+            (stage, what, errno)
+        };
+        let skel = Self::open_and_load(settings, f).map_err(|e| failed(Stage::Load, "loading the eBPF programs".into(), e))?;
+        let p = &skel.progs;
+        // All attached by BTF id: no tracefs needed.
+        let epoll = if f.fentry {
+            [
+                &p.fentry_epoll_wait,
+                &p.fexit_epoll_wait,
+                &p.fentry_epoll_pwait,
+                &p.fexit_epoll_pwait,
+                &p.fentry_epoll_pwait2,
+                &p.fexit_epoll_pwait2,
+            ]
+            .to_vec()
+        } else {
+            vec![&p.syscall_enter, &p.syscall_exit]
+        };
+        let mut global = Vec::new();
+        for prog in epoll.into_iter().chain([&p.proc_fork, &p.proc_exec, &p.proc_exit]) {
+            let name = prog.name().to_string_lossy().into_owned();
+            let link = prog.attach().map_err(|e| failed(Stage::AttachRawTracepoint, format!("attaching {name}"), e))?;
+            global.push(link);
+        }
+        Ok(Tracer {
+            skel,
+            multi: f.multi_uprobe,
+            detail: settings.detail,
+            uprobes: HashMap::new(),
+            _global: global,
+            notices: Vec::new(),
+        })
+    }
+
+    /// What the user should know about how the kernel side runs here (said
+    /// once at start).
+    pub fn notices(&self) -> &[String] {
+        &self.notices
+    }
+
+    fn open_and_load(settings: &Settings, f: Features) -> std::result::Result<UvspanSkel<'static>, libbpf_rs::Error> {
         // The skeleton borrows its object for its whole life; uvspan keeps one
         // tracer for the whole run, so the object is leaked on purpose.
         let object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -217,6 +258,20 @@ impl Tracer {
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
+        let p = &mut open.progs;
+        for prog in [
+            &mut p.fentry_epoll_wait,
+            &mut p.fexit_epoll_wait,
+            &mut p.fentry_epoll_pwait,
+            &mut p.fexit_epoll_pwait,
+            &mut p.fentry_epoll_pwait2,
+            &mut p.fexit_epoll_pwait2,
+        ] {
+            prog.set_autoload(f.fentry);
+        }
+        p.syscall_enter.set_autoload(!f.fentry);
+        p.syscall_exit.set_autoload(!f.fentry);
+        let multi = f.multi_uprobe;
         // Load only the program that will be used: each costs verifier time.
         if multi {
             open.progs.uv_single.set_autoload(false);
@@ -246,7 +301,7 @@ impl Tracer {
     /// it had in flight (returned: how many were dropped unfinished).
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
-        self.uprobes.retain(|(_, p), _| *p != pid as i32);
+        self.uprobes.retain(|&(_, p), _| p != pid as i32);
         let mut dropped = 0;
         for map in [&self.skel.maps.inflight_fs, &self.skel.maps.inflight_dns] {
             // struct req_key { u32 pid; u32 pad; u64 req; }
@@ -272,25 +327,38 @@ impl Tracer {
 
     /// Attaches the planned probes of a process's images, for process
     /// `pid_filter` (-1: every process mapping the files; the kernel-side
-    /// filter then decides). Missing symbols are reported, not fatal; no
-    /// probe attached at all is an error.
-    pub fn attach(&mut self, images: &Images, pid_filter: i32) -> Result<Vec<ProbeStatus>> {
+    /// filter then decides). A file already attached for that filter is not
+    /// attached again (its probes would fire twice). Missing symbols are
+    /// reported, not fatal; no probe attached at all is an error.
+    pub fn attach(&mut self, images: &Images, pid_filter: i32) -> Result<Attach> {
         let mut report = plan(images, self.detail);
-        let mut attached = 0;
+        let (mut live, mut new) = (0, false);
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
             let Some(loc) = loc else { continue };
+            let id = file_id(&loc.attach_path).with_context(|| format!("{} is gone", loc.path))?;
+            if let Some(done) = self.uprobes.get(&(id, pid_filter)) {
+                for r in report.iter_mut().filter(|r| r.image == kind) {
+                    if let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) {
+                        r.state = was.state.clone();
+                    }
+                }
+                live += done._links.len();
+                continue;
+            }
             let mine: Vec<&mut ProbeStatus> =
                 report.iter_mut().filter(|r| r.image == kind && r.state == ProbeState::Attached).collect();
             if mine.is_empty() {
                 continue;
             }
             let links = self.attach_image(loc, pid_filter, mine);
-            attached += links.len();
+            live += links.len();
             if !links.is_empty() {
-                self.uprobes.entry((loc.attach_path.clone(), pid_filter)).or_default().extend(links);
+                new = true;
+                let report = report.iter().filter(|r| r.image == kind).cloned().collect();
+                self.uprobes.insert((id, pid_filter), Attached { _links: links, report });
             }
         }
-        if attached == 0 {
+        if live == 0 {
             let why = report
                 .iter()
                 .find_map(|r| match &r.state {
@@ -300,7 +368,7 @@ impl Tracer {
                 .unwrap_or_else(|| "no libuv probe symbol found".into());
             return Err(anyhow!("no probe could be attached to {} ({why})", images.libuv.path));
         }
-        Ok(report)
+        Ok(Attach { report, new })
     }
 
     /// One multi-uprobe link for the image when the kernel has them, else one

@@ -1,0 +1,248 @@
+//! Why the kernel refused: one line naming the real cause, found by checking
+//! the machine (BTF, kernel version, capabilities, seccomp, lockdown,
+//! AppArmor) and the failure's errno, never by matching error text.
+//!
+//! [`Facts::read`] looks at the machine; [`explain`] is pure, so every cause
+//! has a unit test.
+
+/// What uvspan was doing when the kernel said no.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stage {
+    /// Creating maps and loading programs (bpf(2)).
+    Load,
+    /// Attaching the BTF raw tracepoints (syscall entry/exit, process
+    /// fork/exec/exit).
+    AttachRawTracepoint,
+}
+
+/// Capability numbers (linux/capability.h).
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// The machine, as far as a failed BPF operation depends on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Facts {
+    /// /sys/kernel/btf/vmlinux exists.
+    pub btf: bool,
+    /// (major, minor) of the running kernel.
+    pub kernel: Option<(u32, u32)>,
+    /// Effective capabilities (CapEff in /proc/self/status).
+    pub cap_eff: u64,
+    /// Seccomp mode (0 none, 1 strict, 2 filter).
+    pub seccomp: Option<u32>,
+    /// The active lockdown mode ("none", "integrity", "confidentiality").
+    pub lockdown: Option<String>,
+    /// The AppArmor profile uvspan runs under, when enforced.
+    pub apparmor: Option<String>,
+}
+
+impl Facts {
+    pub fn read() -> Facts {
+        let status = procfs::process::Process::myself().and_then(|p| p.status()).ok();
+        Facts {
+            btf: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
+            kernel: kernel_version(&std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default()),
+            cap_eff: status.as_ref().map_or(0, |s| s.capeff),
+            seccomp: status.as_ref().and_then(|s| s.seccomp),
+            lockdown: std::fs::read_to_string("/sys/kernel/security/lockdown").ok().and_then(|s| active_lockdown(&s)),
+            apparmor: std::fs::read_to_string("/proc/self/attr/apparmor/current")
+                .or_else(|_| std::fs::read_to_string("/proc/self/attr/current"))
+                .ok()
+                .and_then(|s| enforced_apparmor(&s)),
+        }
+    }
+
+    fn has(&self, cap: u32) -> bool {
+        self.cap_eff & (1u64 << cap) != 0
+    }
+
+    /// The capabilities BPF tracing needs that uvspan lacks (CAP_SYS_ADMIN
+    /// stands in for both on any kernel).
+    fn missing_caps(&self) -> Vec<&'static str> {
+        if self.has(CAP_SYS_ADMIN) {
+            return vec![];
+        }
+        let mut v = Vec::new();
+        if !self.has(CAP_BPF) {
+            v.push("CAP_BPF");
+        }
+        if !self.has(CAP_PERFMON) {
+            v.push("CAP_PERFMON");
+        }
+        v
+    }
+}
+
+/// "6.18.44-fc" → (6, 18).
+pub fn kernel_version(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.trim().split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// "none [integrity] confidentiality" → "integrity".
+fn active_lockdown(s: &str) -> Option<String> {
+    let start = s.find('[')? + 1;
+    let end = s[start..].find(']')? + start;
+    Some(s[start..end].to_string())
+}
+
+/// "docker-default (enforce)" → the profile; unconfined or complain → None.
+fn enforced_apparmor(s: &str) -> Option<String> {
+    let s = s.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+    let name = s.strip_suffix("(enforce)")?.trim();
+    (!name.is_empty() && name != "unconfined").then(|| name.to_string())
+}
+
+const PRIVILEGES: &str = "uvspan needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (and CAP_DAC_READ_SEARCH to read other users' environment)";
+
+/// The one line for a kernel refusal with `errno` at `stage`.
+pub fn explain(stage: Stage, errno: Option<i32>, f: &Facts) -> String {
+    if !f.btf {
+        return "this kernel has no BTF type information (/sys/kernel/btf/vmlinux is missing): uvspan needs \
+                Linux >= 5.15 built with CONFIG_DEBUG_INFO_BTF=y (most distribution kernels are)"
+            .into();
+    }
+    if let Some((maj, min)) = f.kernel.filter(|&v| v < (5, 15)) {
+        return format!("Linux {maj}.{min} is too old: uvspan needs Linux >= 5.15 with BTF");
+    }
+    let denied = matches!(errno, Some(libc::EPERM) | Some(libc::EACCES));
+    let missing = f.missing_caps();
+    if denied && !missing.is_empty() {
+        return format!(
+            "cannot load the eBPF program: permission denied (missing {}). {PRIVILEGES}; run it with sudo",
+            missing.join(", ")
+        );
+    }
+    if errno == Some(libc::EPERM) {
+        if f.seccomp == Some(2) {
+            return "cannot load the eBPF program: permission denied by a seccomp filter (Seccomp: 2 in \
+                    /proc/self/status; container runtimes' default profiles refuse bpf() and perf_event_open()): \
+                    run uvspan with a seccomp profile that allows them (Kubernetes: seccompProfile: Unconfined)"
+                .into();
+        }
+        if let Some(profile) = &f.apparmor {
+            return format!(
+                "cannot load the eBPF program: permission denied under the AppArmor profile {profile:?}: \
+                 run uvspan unconfined or with a profile that allows bpf and perfmon"
+            );
+        }
+        if f.lockdown.as_deref() == Some("confidentiality") {
+            return "cannot load the eBPF program: kernel lockdown (confidentiality) forbids it \
+                    (/sys/kernel/security/lockdown): boot with lockdown=integrity or none"
+                .into();
+        }
+        return format!(
+            "cannot load the eBPF program: permission denied although uvspan has the capabilities it needs: \
+             a security module (SELinux, Landlock) or the container runtime refuses bpf(); see the kernel log (dmesg). {PRIVILEGES}"
+        );
+    }
+    match (stage, errno) {
+        (Stage::Load, Some(libc::EACCES)) | (Stage::Load, Some(libc::EINVAL)) => {
+            "the kernel's BPF verifier rejected uvspan's program: this is a uvspan bug or an unsupported kernel; \
+             rerun with UVSPAN_DEBUG=1 for the verifier log and report it"
+                .into()
+        }
+        (Stage::AttachRawTracepoint, Some(libc::ENOENT) | Some(libc::ESRCH)) => {
+            "the sys_enter/sys_exit/sched_process_* tracepoints are not in this kernel's BTF (Linux >= 5.15 has them)".into()
+        }
+        (_, Some(e)) => format!(
+            "the kernel refused uvspan's eBPF program ({}); uvspan needs Linux >= 5.15 with BTF; rerun with \
+             UVSPAN_DEBUG=1 for libbpf's messages",
+            std::io::Error::from_raw_os_error(e)
+        ),
+        (_, None) => "the kernel refused uvspan's eBPF program; rerun with UVSPAN_DEBUG=1 for libbpf's messages".into(),
+    }
+}
+
+/// The errno of a libbpf failure. libbpf-rs keeps the errno inside its
+/// error without exposing it, only its kind; libbpf also leaves it in
+/// `errno`, so `last` (read right after the failure) gives the exact value
+/// when it agrees with the kind (EPERM and EACCES are both "permission
+/// denied"), else the kind's usual errno stands in.
+pub fn errno_of(e: &libbpf_rs::Error, last: std::io::Error) -> Option<i32> {
+    use libbpf_rs::ErrorKind as K;
+    let usual = match e.kind() {
+        K::PermissionDenied => libc::EPERM,
+        K::NotFound => libc::ENOENT,
+        K::InvalidInput => libc::EINVAL,
+        K::Unsupported => libc::EOPNOTSUPP,
+        K::OutOfMemory => libc::ENOMEM,
+        K::TooBig => libc::E2BIG,
+        K::AlreadyExists => libc::EEXIST,
+        _ => return last.raw_os_error().filter(|&n| n != 0),
+    };
+    let same_kind = |n: i32| libbpf_rs::Error::from_raw_os_error(n).kind() == e.kind();
+    Some(last.raw_os_error().filter(|&n| n > 0 && same_kind(n)).unwrap_or(usual))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> Facts {
+        Facts { btf: true, kernel: Some((6, 18)), cap_eff: 0x1ff_ffff_ffff, seccomp: Some(0), lockdown: None, apparmor: None }
+    }
+
+    #[test]
+    fn parses_machine_files() {
+        assert_eq!(kernel_version("6.18.44-fc-v782\n"), Some((6, 18)));
+        assert_eq!(kernel_version("5.15.0-91-generic"), Some((5, 15)));
+        assert_eq!(kernel_version("garbage"), None);
+        assert_eq!(active_lockdown("none [integrity] confidentiality\n").as_deref(), Some("integrity"));
+        assert_eq!(active_lockdown("[none] integrity confidentiality").as_deref(), Some("none"));
+        assert_eq!(enforced_apparmor("docker-default (enforce)\n").as_deref(), Some("docker-default"));
+        assert_eq!(enforced_apparmor("unconfined\n"), None);
+        assert_eq!(enforced_apparmor("x (complain)"), None);
+    }
+
+    #[test]
+    fn missing_btf_and_old_kernels_come_first() {
+        let f = Facts { btf: false, ..root() };
+        assert!(explain(Stage::Load, Some(libc::EINVAL), &f).contains("/sys/kernel/btf/vmlinux is missing"));
+        let f = Facts { kernel: Some((5, 10)), ..root() };
+        assert!(explain(Stage::Load, Some(libc::EINVAL), &f).starts_with("Linux 5.10 is too old"));
+    }
+
+    #[test]
+    fn names_the_missing_capabilities() {
+        let f = Facts { cap_eff: 1 << CAP_BPF, ..root() };
+        let line = explain(Stage::Load, Some(libc::EPERM), &f);
+        assert!(line.contains("missing CAP_PERFMON") && !line.contains("missing CAP_BPF,"), "{line}");
+        assert!(line.contains("root") && line.contains("capabilities"), "{line}");
+        let f = Facts { cap_eff: 0, ..root() };
+        assert!(explain(Stage::Load, Some(libc::EACCES), &f).contains("missing CAP_BPF, CAP_PERFMON"));
+        // CAP_SYS_ADMIN covers both.
+        let f = Facts { cap_eff: 1 << CAP_SYS_ADMIN, seccomp: Some(2), ..root() };
+        assert!(explain(Stage::Load, Some(libc::EPERM), &f).contains("seccomp"));
+    }
+
+    #[test]
+    fn seccomp_apparmor_lockdown_when_capabilities_are_there() {
+        let f = Facts { seccomp: Some(2), ..root() };
+        assert!(explain(Stage::Load, Some(libc::EPERM), &f).contains("seccomp filter"));
+        let f = Facts { apparmor: Some("docker-default".into()), ..root() };
+        assert!(explain(Stage::Load, Some(libc::EPERM), &f).contains("AppArmor profile \"docker-default\""));
+        let f = Facts { lockdown: Some("confidentiality".into()), ..root() };
+        assert!(explain(Stage::Load, Some(libc::EPERM), &f).contains("lockdown"));
+        assert!(explain(Stage::Load, Some(libc::EPERM), &root()).contains("security module"));
+    }
+
+    #[test]
+    fn errno_from_libbpf_errors() {
+        let e = libbpf_rs::Error::from_raw_os_error(libc::EACCES);
+        assert_eq!(errno_of(&e, std::io::Error::from_raw_os_error(libc::EACCES)), Some(libc::EACCES));
+        // errno overwritten by something else meanwhile: the kind's usual errno.
+        assert_eq!(errno_of(&e, std::io::Error::from_raw_os_error(libc::ENOENT)), Some(libc::EPERM));
+        let e = libbpf_rs::Error::from_raw_os_error(libc::ENOENT);
+        assert_eq!(errno_of(&e, std::io::Error::from_raw_os_error(0)), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn verifier_and_attach_failures() {
+        assert!(explain(Stage::Load, Some(libc::EACCES), &root()).contains("verifier"));
+        assert!(explain(Stage::AttachRawTracepoint, Some(libc::ENOENT), &root()).contains("sched_process"));
+        let other = explain(Stage::AttachRawTracepoint, Some(libc::EBUSY), &root());
+        assert!(other.contains("UVSPAN_DEBUG=1") && other.contains("busy"), "{other}");
+    }
+}

@@ -1,0 +1,4 @@
+//! The kernel side from Rust.
+pub mod diagnose;
+pub mod features;
+pub mod wake;
