@@ -16,6 +16,7 @@ use crate::config::FileConfig;
 use crate::discover::{self, Candidate, Filter};
 use crate::clock::Clock;
 use crate::decode::{self, Record};
+use crate::kernel::wake::{Sleeper, Waker};
 use crate::export::otlp::OtlpConfig;
 use crate::export::health::{Health, HealthMetrics};
 use crate::export::{Destination, Exporter};
@@ -190,8 +191,6 @@ struct RunStats {
 /// processes of known binaries are traced at once meanwhile.
 struct Discovery {
     filter: Filter,
-    /// (dev, inode) of images attached with no pid filter.
-    attached: std::collections::HashSet<(u64, u64)>,
     /// Executables seen to be Node (fast path) or not (skipped).
     node_exes: std::collections::HashSet<(u64, u64)>,
     other_exes: std::collections::HashSet<(u64, u64)>,
@@ -207,7 +206,7 @@ struct Discovery {
 type WorkerResult = (u32, u32, Instant, Option<(u64, u64)>, Result<Images>);
 
 impl Discovery {
-    fn new(filter: Filter) -> Discovery {
+    fn new(filter: Filter, waker: Waker) -> Discovery {
         let (to_worker, jobs) = std::sync::mpsc::channel::<(u32, u32)>();
         let (done, from_worker) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -220,12 +219,12 @@ impl Discovery {
                     if done.send((pid, tries, t, exe, symbols::images(pid))).is_err() {
                         return;
                     }
+                    waker.wake();
                 }
             })
             .ok();
         Discovery {
             filter,
-            attached: Default::default(),
             node_exes: Default::default(),
             other_exes: Default::default(),
             retry: Vec::new(),
@@ -267,7 +266,7 @@ impl State<'_> {
         if d.node_exes.contains(&exe) {
             let t = Instant::now();
             if let Ok(images) = symbols::images(pid) {
-                self.start_tracing(tracer, d, pid, images, t);
+                self.start_tracing(tracer, pid, images, t);
             }
         } else if d.to_worker.send((pid, tries)).is_ok() {
             d.in_worker.insert(pid);
@@ -289,7 +288,7 @@ impl State<'_> {
             match result {
                 Ok(images) => {
                     d.node_exes.insert(exe);
-                    self.start_tracing(tracer, d, pid, images, t);
+                    self.start_tracing(tracer, pid, images, t);
                 }
                 Err(_) => {
                     // A dynamically linked node maps libuv.so / libnode.so just after
@@ -307,27 +306,14 @@ impl State<'_> {
         }
     }
 
-    fn start_tracing(&mut self, tracer: &mut Tracer, d: &mut Discovery, pid: u32, images: Images, t: Instant) {
+    fn start_tracing(&mut self, tracer: &mut Tracer, pid: u32, images: Images, t: Instant) {
         // One link per binary for all its processes; then a pid is one map update.
-        let ids: Vec<Option<(u64, u64)>> =
-            std::iter::once(&images.libuv).chain(images.libc.as_ref()).map(|l| file_id(&l.attach_path)).collect();
-        if ids.iter().any(Option::is_none) {
-            return; // gone meanwhile
-        }
-        let fresh = ids.iter().flatten().any(|id| !d.attached.contains(id));
-        let report = if fresh {
-            match tracer.attach(&images, -1) {
-                Ok(r) => {
-                    d.attached.extend(ids.into_iter().flatten());
-                    r
-                }
-                Err(e) => {
-                    eprintln!("uvspan: cannot trace process {pid}: {e:#}");
-                    return;
-                }
+        let (report, fresh) = match tracer.attach(&images, -1) {
+            Ok(a) => (a.report, a.new),
+            Err(e) => {
+                eprintln!("uvspan: cannot trace process {pid}: {e:#}");
+                return;
             }
-        } else {
-            crate::tracer::plan(&images, tracer.detail())
         };
         if tracer.add_pid(pid, &report).is_err() {
             return;
@@ -406,16 +392,22 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     });
     let (found, pid_targets, cmd_node) = lookup.join().map_err(|_| anyhow::anyhow!("target lookup panicked"))??;
     let mut tracer = loaded?;
+    for n in tracer.notices() {
+        eprintln!("uvspan: {n}");
+    }
 
+    let waker = Waker::new()?;
     let signal = Arc::new(AtomicI32::new(0));
     {
         let signal = signal.clone();
+        let waker = waker.clone();
         rt.spawn(async move {
             use tokio::signal::unix::{signal as sig, SignalKind};
             let (Ok(mut int), Ok(mut term)) = (sig(SignalKind::interrupt()), sig(SignalKind::terminate())) else { return };
             loop {
                 let n = tokio::select! { _ = int.recv() => libc::SIGINT, _ = term.recv() => libc::SIGTERM };
                 signal.store(n, Ordering::SeqCst);
+                waker.wake();
             }
         });
     }
@@ -433,17 +425,20 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     let mut stats = RunStats::default();
 
     for (pid, loc) in &pid_targets {
-        let report = tracer.attach(loc, *pid as i32)?;
+        let report = tracer.attach(loc, *pid as i32)?.report;
         tracer.add_pid(*pid, &report)?;
         announce(Some(*pid), loc, &report, found.elapsed(), true);
         st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
         st.register(*pid);
     }
-    let mut discovery = Discovery::new(Filter {
-        cgroup: cli.cgroup.clone(),
-        container: cli.container.clone(),
-        exclude_instrumented: cli.exclude_already_instrumented,
-    });
+    let mut discovery = Discovery::new(
+        Filter {
+            cgroup: cli.cgroup.clone(),
+            container: cli.container.clone(),
+            exclude_instrumented: cli.exclude_already_instrumented,
+        },
+        waker.clone(),
+    );
     if discovering {
         let pids = discover::all_pids();
         for &pid in &pids {
@@ -459,8 +454,9 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
     }
     let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
         (Some(loc), false) => {
-            let child = target::spawn_held(&cli.command)?;
-            let report = tracer.attach(loc, -1)?;
+            let w = waker.clone();
+            let child = target::spawn_held(&cli.command, move || w.wake())?;
+            let report = tracer.attach(loc, -1)?.report;
             tracer.add_pid(child.pid, &report)?;
             announce(None, loc, &report, found.elapsed(), true);
             st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.node_version.clone() });
@@ -492,6 +488,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         })?
     };
 
+    let sleeper = Sleeper::new(rb.epoll_fd(), waker.clone())?;
     let mut exit_code = 0;
     let mut forwarded_at: Option<Instant> = None;
     let mut last_check = Instant::now();
@@ -503,7 +500,7 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         // wake_flags in bpf/): poll waits for that, consume takes the rest.
         // Short waits while the symbol worker has something for us.
         let wait = if discovery.in_worker.is_empty() && discovery.retry.is_empty() { 100 } else { 5 };
-        let _ = rb.poll(Duration::from_millis(wait));
+        sleeper.sleep(Duration::from_millis(wait));
         let _ = rb.consume();
         let recs = std::mem::take(&mut *records.borrow_mut());
         let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
@@ -640,6 +637,9 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         fast,
         cli.loop_threshold
     );
+    // Detaching uprobes waits for the kernel (~40 ms): a child process
+    // does it after we are gone.
+    crate::kernel::wake::detach_after_exit();
     drop(rb);
     drop(tracer);
     Ok(exit_code)

@@ -127,7 +127,8 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 
 /// Forks the command; the child reports its PID and waits for the go signal
 /// before exec, so probes are live before any of its code runs.
-pub fn spawn_held(argv: &[String]) -> Result<Spawned> {
+/// `on_exit` runs (on another thread) once the command has exited.
+pub fn spawn_held(argv: &[String], on_exit: impl FnOnce() + Send + 'static) -> Result<Spawned> {
     let (pid_r, pid_w) = pipe()?;
     let (go_r, go_w) = pipe()?;
     let mut cmd = std::process::Command::new(&argv[0]);
@@ -156,6 +157,7 @@ pub fn spawn_held(argv: &[String]) -> Result<Spawned> {
             let r = cmd.spawn().and_then(|mut c| c.wait());
             let _ = status_tx.send(r);
             drop((pid_w, go_r));
+            on_exit();
         })
         .with_context(|| format!("cannot start {name}"))?;
     let mut b = [0u8; 4];
