@@ -88,12 +88,23 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]
     pub status_interval: Duration,
 
+    /// Where the symbol offsets read from each Node build are kept between
+    /// runs (one small file per build-id), so the next start reads no ELF
+    /// symbol table; `off` keeps them in memory only.
+    #[arg(long, value_name = "DIR", env = "UVSPAN_SYMBOL_CACHE", default_value = crate::symbols::DEFAULT_CACHE_DIR)]
+    pub symbol_cache: String,
+
     /// Command to start and trace (after `--`); uvspan exits with its status.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
 }
 
 impl Cli {
+    /// The persistent symbol cache directory, or None for `off`.
+    pub fn symbol_cache_dir(&self) -> Option<std::path::PathBuf> {
+        (self.symbol_cache != "off" && !self.symbol_cache.is_empty()).then(|| self.symbol_cache.clone().into())
+    }
+
     /// Discovery mode: --all, or a scope that implies it.
     pub fn discover(&self) -> bool {
         self.all || self.cgroup.is_some() || self.container.is_some()

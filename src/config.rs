@@ -26,6 +26,7 @@ pub struct FileConfig {
     pub flush_timeout: Option<String>,
     pub status_interval: Option<String>,
     pub ring_buffer_size: Option<String>,
+    pub symbol_cache: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
     pub otlp: Option<OtlpSection>,
@@ -94,6 +95,9 @@ impl FileConfig {
         }
         if let (true, Some(v)) = (unset("ring_buffer_size"), &self.ring_buffer_size) {
             cli.ring_buffer_size = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config ring_buffer_size: {e}"))?;
+        }
+        if let (true, Some(v)) = (unset("symbol_cache"), &self.symbol_cache) {
+            cli.symbol_cache = v.clone();
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;

@@ -19,6 +19,7 @@ fn main() {
             std::process::exit(2);
         }
     };
+    uvspan::symbols::set_cache_dir(cli.symbol_cache_dir());
     let result = match &cli.sub {
         Some(uvspan::cli::Sub::Probes { pid, path, json, detail }) => {
             let detail = uvspan::probes::catalog::Detail::from_kinds(detail);
