@@ -11,6 +11,7 @@ FROM debian:bookworm-slim
 RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends libelf1 zlib1g ca-certificates >/dev/null \
     && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/uvspan /usr/local/bin/uvspan
-# Needs: hostPID (or a shared process namespace), and CAP_BPF, CAP_PERFMON,
-# CAP_SYS_PTRACE, CAP_DAC_READ_SEARCH (see deploy/k8s/README.md).
+# Needs: hostPID (or a shared process namespace), /sys/kernel/btf, and
+# CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE (CAP_DAC_READ_SEARCH recommended: other
+# users' environment); no tracefs (see deploy/k8s/README.md).
 ENTRYPOINT ["/usr/local/bin/uvspan"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing uvspan needs on a fresh Debian/Ubuntu
 # machine (run as root): clang (compiles bpf/), libelf and zlib (libbpf),
-# pkg-config, util-linux's setpriv (used by the privilege test), and
+# pkg-config, util-linux's setpriv and unshare (the privilege and no-tracefs
+# tests), bpftool (the tests read uvspan's kernel maps with it), and
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
 # clang pulls binutils in on Debian, but not every clang install does).
 # Idempotent: it installs only what is missing.
@@ -16,6 +17,10 @@ command -v clang >/dev/null || need+=(clang)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v setpriv >/dev/null || need+=(util-linux)
 command -v strip >/dev/null || need+=(binutils)
+if [ $build_only -eq 0 ]; then
+  command -v unshare >/dev/null || need+=(util-linux)
+  command -v bpftool >/dev/null || need+=(bpftool)
+fi
 [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
 [ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)
 [ -e /usr/include/linux/bpf.h ] || need+=(linux-libc-dev)

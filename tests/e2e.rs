@@ -10,6 +10,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -979,4 +980,135 @@ fn probes_listing_follows_detail() {
     let all = listing(&["--detail", "all"]);
     assert_eq!(usable(&all), 36 + 4 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
+}
+
+// ===========================================================================
+// A fresh machine: no tracefs, no debugfs
+// ===========================================================================
+
+/// `cmd` run in a private mount namespace from which every tracefs and
+/// debugfs mount is removed (the shell exits 99 if one is still visible), as
+/// on a fresh machine or in a container without them.
+fn without_tracefs(cmd: Command) -> Command {
+    let unshare = ["/usr/bin/unshare", "/bin/unshare"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("unshare (util-linux) is needed for this test: scripts/setup.sh installs it");
+    let script = r#"
+        for m in $(awk '$9 == "tracefs" || $9 == "debugfs" { print $5 }' /proc/self/mountinfo | sort -r); do
+            umount -l "$m" || exit 98
+        done
+        if awk '$9 == "tracefs" || $9 == "debugfs"' /proc/self/mountinfo | grep -q .; then exit 99; fi
+        [ -e /sys/kernel/tracing/events ] && exit 99
+        [ -e /sys/kernel/debug/tracing/events ] && exit 99
+        exec "$@""#;
+    let mut c = Command::new(unshare);
+    c.args(["--mount", "--propagation", "private", "--", "sh", "-c", script, "sh"]);
+    c.arg(cmd.get_program());
+    c.args(cmd.get_args());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => c.env(k, v),
+            None => c.env_remove(k),
+        };
+    }
+    c.stdin(Stdio::piped());
+    c
+}
+
+/// What the fresh-machine fixture must produce: a sync and an async stat of
+/// its file, a lookup of localhost, and the 150 ms busy iteration.
+fn check_fresh_machine_spans(spans: &[Span], dir: &TempDir, pid: i64, mode: &str) {
+    let mine: Vec<&Span> = spans.iter().filter(|s| s.res_int("process.pid") == Some(pid)).collect();
+    let file = dir.join("file");
+    let stats: Vec<&&Span> = mine.iter().filter(|s| s.name == "fs.stat" && s.str("file.path") == Some(file.as_str())).collect();
+    assert!(stats.iter().any(|s| s.bool("uvspan.sync") == Some(true)), "{mode}: no sync fs.stat span\n{}", dump(&mine));
+    assert!(stats.iter().any(|s| s.bool("uvspan.sync") == Some(false)), "{mode}: no async fs.stat span\n{}", dump(&mine));
+    assert!(
+        mine.iter().any(|s| s.name == "dns.getaddrinfo" && s.str("dns.question.name") == Some("localhost")),
+        "{mode}: no DNS span\n{}",
+        dump(&mine)
+    );
+    assert!(
+        mine.iter().any(|s| s.name == "uv.loop.iteration" && s.double("uvspan.loop.busy_ms").is_some_and(|b| b >= 140.0)),
+        "{mode}: no slow loop iteration\n{}",
+        dump(&mine)
+    );
+}
+
+/// uvspan needs neither tracefs nor debugfs: in a mount namespace without
+/// them, `-- COMMAND`, `--pid` and `--all` all give fs, DNS and loop spans.
+#[test]
+fn works_without_tracefs_or_debugfs() {
+    require_root();
+    let script = fixture("fresh_machine.js");
+    for mode in ["command", "pid", "all"] {
+        let rx = Receiver::start(Protocol::Grpc);
+        let ep = rx.endpoint();
+        let dir = TempDir::new(&format!("fresh-{mode}"));
+        let common = ["--loop-threshold", "100ms", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
+        if mode == "command" {
+            let mut args: Vec<String> = common.iter().map(|s| s.to_string()).collect();
+            args.extend(["--".into(), "node".into(), script.clone(), dir.str()]);
+            let mut uv = Running::spawn(without_tracefs(uvspan_cmd(&args)));
+            uv.child.stdin.take().expect("stdin").write_all(b"go\n").expect("write go");
+            let out = uv.finish(RUN_TIMEOUT);
+            assert_eq!(out.code(), Some(0), "{mode}: {}", out.context());
+            let m = Markers::parse(&out.stdout);
+            check_summary(&out, rx.spans().len());
+            check_fresh_machine_spans(&rx.spans(), &dir, m.i64("ready", "pid"), mode);
+            continue;
+        }
+        let mut node_cmd = Command::new("node");
+        node_cmd.args([script.as_str(), &dir.str()]).stdin(Stdio::piped());
+        let mut node = Running::spawn(node_cmd);
+        node.wait_stdout(RUN_TIMEOUT, "the ready marker", |o| o.contains("\"ready\""));
+        let pid = node.pid.to_string();
+        let mut args: Vec<&str> = common.to_vec();
+        if mode == "pid" {
+            args.extend(["--pid", &pid]);
+        } else {
+            args.push("--all");
+        }
+        let mut uv = Running::spawn(without_tracefs(uvspan_cmd(&args)));
+        let traced = format!("uvspan: tracing process {pid} ");
+        uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&traced)));
+        node.child.stdin.take().expect("node's stdin").write_all(b"go\n").expect("poke node");
+        let nout = node.finish(RUN_TIMEOUT);
+        assert_eq!(nout.code(), Some(0), "{mode}: {}", nout.context());
+        let want = |s: &[Span]| s.iter().any(|s| s.name == "uv.loop.iteration" && s.res_int("process.pid") == Some(i64::from(nout.pid)));
+        wait_until(RUN_TIMEOUT, || want(&rx.spans()));
+        if mode == "all" {
+            // --all runs until told to stop.
+            // SAFETY: kill(2) with the pid of a child this test started.
+            unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
+        }
+        let out = uv.finish(RUN_TIMEOUT);
+        assert_eq!(out.code(), Some(0), "{mode}: {}", out.context());
+        check_fresh_machine_spans(&rx.spans(), &dir, i64::from(nout.pid), mode);
+    }
+}
+
+/// How the epoll waits are read is the kernel's choice: fentry/fexit where
+/// the kernel accepts trampoline programs, else the syscall tracepoints, with
+/// one line saying so. What uvspan remembered for this boot (kernel.json in
+/// its cache directory) and what it said must agree, and spans arrive either
+/// way (the other tests).
+#[test]
+fn says_once_when_the_kernel_refuses_fentry() {
+    require_root();
+    let cache = TempDir::new("kernel-cache");
+    let out = run(uvspan_cmd(["--symbol-cache", &cache.str(), "--status-interval", "0", "--", "node", "-e", "0"]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let said = out.stderr.lines().filter(|l| l.starts_with(KERNEL_FALLBACK_NOTICE)).count();
+    let remembered: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("kernel.json")).expect("kernel.json written")).expect("json");
+    let fentry = remembered["features"]["fentry"].as_bool().expect("features.fentry");
+    assert_eq!(said, usize::from(!fentry), "fentry {fentry}, said {said} times\n{}", out.context());
+    if !fentry {
+        assert!(remembered["fentry_refused"].as_i64().is_some(), "the errno is remembered: {remembered}");
+    }
+    // A second start reads the decision and says the same.
+    let again = run(uvspan_cmd(["--symbol-cache", &cache.str(), "--status-interval", "0", "--", "node", "-e", "0"]));
+    assert_eq!(again.stderr.lines().filter(|l| l.starts_with(KERNEL_FALLBACK_NOTICE)).count(), said, "{}", again.context());
 }
