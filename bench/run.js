@@ -7,8 +7,9 @@
 //                uvspan -> OTLP, (c) OpenTelemetry JS SDK -> OTLP; interleaved.
 // 2. statloop:   fs.statSync ns/op, bare vs under uvspan, same process.
 // 3. throughput: uvspan CPU per span, RSS and loss at increasing op rates.
-// 4. attach:     time from `uvspan --pid` start to "tracing", and the delay
-//                `uvspan -- node` adds before the app's first instruction.
+// 4. attach:     time from `uvspan --pid` start to "tracing" (warm; cold page
+//                cache with and without the symbol cache), and the wall time
+//                `uvspan -- node -e 0` adds, start to exit.
 // Writes results.json and results.md into --out (default bench/results).
 'use strict';
 const { spawn, execFileSync } = require('child_process');
@@ -44,7 +45,7 @@ const CFG = QUICK
       overhead: { rounds: 1, warm_s: 1, measure_s: 2, rate: 1000, conns: 10 },
       statloop: { rounds: 1, ops: 100000, warm_ops: 50000 },
       throughput: { rates: [10000, 50000], seconds: 1.5 },
-      attach: { trials: 2 },
+      attach: { trials: 2, wall_trials: 3 },
     }
   : {
       overhead: {
@@ -56,7 +57,7 @@ const CFG = QUICK
       },
       statloop: { rounds: env('BENCH_ROUNDS', 5), ops: 300000, warm_ops: 300000 },
       throughput: { rates: [10000, 25000, 50000, 100000, 150000, 200000, 300000, 0], seconds: env('BENCH_TP_SECONDS', 5) },
-      attach: { trials: 7 },
+      attach: { trials: 7, wall_trials: 21 },
     };
 if (RATES) CFG.throughput.rates = RATES.split(',').map(Number);
 const want = (part) => ONLY.length === 0 || ONLY.includes(part);
@@ -577,43 +578,59 @@ async function throughput() {
 }
 
 // ---------------------------------------------------------------- 4. attach
+// Page cache dropped (as after a reboot or on a fresh node of a cluster).
+function dropCaches() {
+  execFileSync('sync');
+  fs.writeFileSync('/proc/sys/vm/drop_caches', '3');
+}
+
 async function attach() {
   const c = CFG.attach;
-  log(`attach: ${c.trials} trial(s), uvspan --pid on a fresh node process; uvspan -- node startup delay`);
-  const trials = [];
-  for (let i = 0; i < c.trials; i++) {
+  log(`attach: ${c.trials} trial(s) each: uvspan --pid on a fresh node process (warm, cold page cache with and without the symbol cache); uvspan -- node -e 0 wall time`);
+  const cacheDir = fs.mkdtempSync(path.join(os.tmpdir(), 'uvspan-bench-symbols-'));
+  const pidTrial = async (mode, i) => {
     const app = await startNode([path.join(BENCH, 'app.js')]);
     await sleep(200);
-    const uv = await startUvspan(['--pid', String(app.pid)]);
-    trials.push({ trial: i + 1, ready_ms: round(uv.ready_ms, 1), attach_ms_internal: uv.attach_ms_internal, probes: uv.probes });
+    if (mode !== 'warm') dropCaches();
+    if (mode === 'cold_no_symbol_cache') fs.rmSync(path.join(cacheDir, 'symbols'), { recursive: true, force: true });
+    const uv = await startUvspan(['--pid', String(app.pid), '--symbol-cache', cacheDir]);
     await stop(app.child);
     await uv.done();
-  }
-  // `uvspan -- node`: time until the command's first output, vs plain node.
-  const firstOutput = async (cmd, args) => {
-    const t0 = process.hrtime.bigint();
-    const ch = spawn(cmd, args, { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '' } });
-    ch.stderr.resume();
-    await lines(ch.stdout).next((l) => l.includes('up'), 30000, 'first output');
-    const ms = Number(process.hrtime.bigint() - t0) / 1e6;
-    await exited(ch);
-    return ms;
+    return { trial: i + 1, ready_ms: round(uv.ready_ms, 1), attach_ms_internal: uv.attach_ms_internal, probes: uv.probes };
   };
-  const script = ['-e', 'process.stdout.write("up\\n")'];
+  const modes = ['warm', 'cold_symbol_cache', 'cold_no_symbol_cache'];
+  const pid = Object.fromEntries(modes.map((m) => [m, []]));
+  for (let i = 0; i < c.trials; i++) for (const m of modes) pid[m].push(await pidTrial(m, i));
+  fs.rmSync(cacheDir, { recursive: true, force: true });
+
+  // `uvspan -- node -e 0`, start to exit, interleaved with plain `node -e 0`
+  // (console output: no collector round trip in the figure).
+  const wall = async (cmd, args) => {
+    const t0 = process.hrtime.bigint();
+    const ch = spawn(cmd, args, { stdio: ['ignore', 'ignore', 'ignore'], env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '' } });
+    const code = await exited(ch);
+    if (code !== 0) throw new Error(`${cmd} ${args.join(' ')} exited ${code}`);
+    return Number(process.hrtime.bigint() - t0) / 1e6;
+  };
   const cmdMode = [];
-  for (let i = 0; i < c.trials; i++) {
-    const bare = await firstOutput(NODE, script);
-    const traced = await firstOutput(UVSPAN, ['--otlp-endpoint', endpoint(), '--otlp-protocol', OTLP_PROTOCOL, '--', NODE, ...script]);
+  for (let i = 0; i < c.wall_trials; i++) {
+    const bare = await wall(NODE, ['-e', '0']);
+    const traced = await wall(UVSPAN, ['--status-interval', '0', '--', NODE, '-e', '0']);
     cmdMode.push({ trial: i + 1, bare_ms: round(bare, 1), uvspan_ms: round(traced, 1), added_ms: round(traced - bare, 1) });
   }
+  const med = (xs, k) => round(median(xs.map((t) => t[k])), 1);
   return {
     config: c,
-    pid_mode: trials,
+    pid_mode: pid,
     command_mode: cmdMode,
     median: {
-      pid_ready_ms: round(median(trials.map((t) => t.ready_ms)), 1),
-      pid_attach_ms_internal: round(median(trials.map((t) => t.attach_ms_internal)), 1),
-      command_added_ms: round(median(cmdMode.map((t) => t.added_ms)), 1),
+      pid_ready_ms: med(pid.warm, 'ready_ms'),
+      pid_attach_ms_internal: med(pid.warm, 'attach_ms_internal'),
+      cold_symbol_cache_ms_internal: med(pid.cold_symbol_cache, 'attach_ms_internal'),
+      cold_no_symbol_cache_ms_internal: med(pid.cold_no_symbol_cache, 'attach_ms_internal'),
+      command_bare_ms: med(cmdMode, 'bare_ms'),
+      command_uvspan_ms: med(cmdMode, 'uvspan_ms'),
+      command_added_ms: med(cmdMode, 'added_ms'),
     },
   };
 }
@@ -648,8 +665,11 @@ function targets(R) {
       s50 ? `at ${s50.spans_per_s} spans/s; anon ${s50.rss_anon_end_mib}, file ${s50.rss_file_end_mib}, shmem ${s50.rss_shmem_end_mib} MiB at end` : '');
   }
   if (R.attach) {
-    const v = R.attach.median.pid_ready_ms;
-    add('attach latency (uvspan --pid start -> "tracing")', '<= 100 ms', v, v !== null && v <= 100, `uvspan's own "attached in": ${R.attach.median.pid_attach_ms_internal} ms`);
+    const a = R.attach.median;
+    add('attach latency (uvspan --pid start -> "tracing")', '<= 100 ms', a.pid_ready_ms, a.pid_ready_ms !== null && a.pid_ready_ms <= 100, `uvspan's own "found -> probes live": ${a.pid_attach_ms_internal} ms`);
+    add('cold page cache: found -> probes live', '<= 100 ms', a.cold_symbol_cache_ms_internal, a.cold_symbol_cache_ms_internal !== null && a.cold_symbol_cache_ms_internal <= 100,
+      `with the symbol cache of an earlier start; without it ${a.cold_no_symbol_cache_ms_internal} ms`);
+    add('uvspan -- node -e 0: added wall time', '<= 150 ms', a.command_added_ms, a.command_added_ms !== null && a.command_added_ms <= 150, `${a.command_uvspan_ms} vs ${a.command_bare_ms} ms bare`);
   }
   return t;
 }
@@ -702,12 +722,17 @@ function markdown(R) {
   }
   if (R.attach) {
     const a = R.attach;
-    L.push('', `## 4. Attach latency (${a.config.trials} trials, fresh node process each)`, '');
+    L.push('', `## 4. Attach latency and wall time (${a.config.trials} trials per mode, fresh node process each; ${a.config.wall_trials} interleaved pairs for the wall time)`, '');
     row('measure', 'median ms', 'all trials');
     row('---', '---', '---');
-    row('`uvspan --pid` start → "tracing" line (external)', a.median.pid_ready_ms, a.pid_mode.map((t) => t.ready_ms).join(', '));
-    row('uvspan\'s own figure ("attached in" / "live … after it was found")', a.median.pid_attach_ms_internal, a.pid_mode.map((t) => t.attach_ms_internal).join(', '));
-    row('`uvspan -- node -e …`: added delay before first output', a.median.command_added_ms, a.command_mode.map((t) => t.added_ms).join(', '));
+    const p = a.pid_mode;
+    row('`uvspan --pid` start → "tracing" line (external, warm)', a.median.pid_ready_ms, p.warm.map((t) => t.ready_ms).join(', '));
+    row('found → probes live, warm page cache', a.median.pid_attach_ms_internal, p.warm.map((t) => t.attach_ms_internal).join(', '));
+    row('found → probes live, cold page cache, symbol cache from an earlier start', a.median.cold_symbol_cache_ms_internal, p.cold_symbol_cache.map((t) => t.attach_ms_internal).join(', '));
+    row('found → probes live, cold page cache, no symbol cache', a.median.cold_no_symbol_cache_ms_internal, p.cold_no_symbol_cache.map((t) => t.attach_ms_internal).join(', '));
+    row('`node -e 0`, start to exit', a.median.command_bare_ms, a.command_mode.map((t) => t.bare_ms).join(', '));
+    row('`uvspan -- node -e 0`, start to exit', a.median.command_uvspan_ms, a.command_mode.map((t) => t.uvspan_ms).join(', '));
+    row('added wall time (per interleaved pair)', a.median.command_added_ms, a.command_mode.map((t) => t.added_ms).join(', '));
   }
   L.push('', 'Raw numbers, every round: `results.json`. Reproduce: `sudo ./scripts/bench.sh`.', '');
   return L.join('\n');
@@ -753,6 +778,8 @@ async function main() {
     if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
     if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
     if (R.attach && !(R.attach.median.pid_ready_ms > 0)) bad.push('attach not measured');
+    if (R.attach && !(R.attach.median.cold_no_symbol_cache_ms_internal > 0)) bad.push('cold attach not measured');
+    if (R.attach && !(R.attach.median.command_added_ms !== null)) bad.push('command wall time not measured');
     if (bad.length) throw new Error(`smoke failed: ${bad.join('; ')}`);
   }
 }
