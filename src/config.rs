@@ -52,7 +52,7 @@ pub struct BatchSection {
 
 impl FileConfig {
     pub fn parse(text: &str) -> Result<FileConfig> {
-        Ok(serde_yaml::from_str::<Option<FileConfig>>(text)?.unwrap_or_default())
+        Ok(serde_yaml_ng::from_str::<Option<FileConfig>>(text)?.unwrap_or_default())
     }
 
     pub fn load(path: &Path) -> Result<FileConfig> {

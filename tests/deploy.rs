@@ -1166,14 +1166,14 @@ fn k8s_manifests_match_the_tested_privileges() {
     for (file, kind) in [("daemonset.yaml", "DaemonSet"), ("sidecar.yaml", "Deployment")] {
         let p = root.join(file);
         let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
-        let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        let docs: Vec<serde_yaml_ng::Value> = serde_yaml_ng::Deserializer::from_str(&text)
             .map(|d| serde::Deserialize::deserialize(d).unwrap_or_else(|e| panic!("{file} does not parse: {e}")))
             .collect();
         let w = docs.iter().find(|d| d["kind"] == kind).unwrap_or_else(|| panic!("{file} has no {kind}"));
         let spec = &w["spec"]["template"]["spec"];
         match kind {
-            "DaemonSet" => assert_eq!(spec["hostPID"], serde_yaml::Value::Bool(true), "{file}: hostPID"),
-            _ => assert_eq!(spec["shareProcessNamespace"], serde_yaml::Value::Bool(true), "{file}: shareProcessNamespace"),
+            "DaemonSet" => assert_eq!(spec["hostPID"], serde_yaml_ng::Value::Bool(true), "{file}: hostPID"),
+            _ => assert_eq!(spec["shareProcessNamespace"], serde_yaml_ng::Value::Bool(true), "{file}: shareProcessNamespace"),
         }
         let containers = spec["containers"].as_sequence().expect("containers");
         let uv = containers.iter().find(|c| c["name"] == "uvspan").unwrap_or_else(|| panic!("{file}: no uvspan container"));
@@ -1183,8 +1183,8 @@ fn k8s_manifests_match_the_tested_privileges() {
         assert_eq!(add, want, "{file}: capabilities.add must be the tested set");
         let drop: Vec<&str> = sc["capabilities"]["drop"].as_sequence().expect("drop").iter().filter_map(|v| v.as_str()).collect();
         assert_eq!(drop, ["ALL"], "{file}");
-        assert_ne!(sc["privileged"], serde_yaml::Value::Bool(true), "{file}: privileged");
-        assert_eq!(sc["allowPrivilegeEscalation"], serde_yaml::Value::Bool(false), "{file}");
+        assert_ne!(sc["privileged"], serde_yaml_ng::Value::Bool(true), "{file}: privileged");
+        assert_eq!(sc["allowPrivilegeEscalation"], serde_yaml_ng::Value::Bool(false), "{file}");
         let env: Vec<&str> = uv["env"].as_sequence().expect("env").iter().filter_map(|e| e["name"].as_str()).collect();
         for v in ["K8S_NODE_NAME", "K8S_POD_NAME", "K8S_NAMESPACE_NAME", "OTEL_EXPORTER_OTLP_ENDPOINT"] {
             assert!(env.contains(&v), "{file}: env {v}");
