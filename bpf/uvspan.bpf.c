@@ -31,15 +31,6 @@ const volatile unsigned int discover = 0;
  * fire, their programs return at once (no spans). Measures what the kernel
  * charges for the probes alone. */
 const volatile unsigned int trap_only = 0;
-/* libuv request layout (x86_64, libuv 1.x ABI) */
-const volatile unsigned int fs_work_off = 336;     /* offsetof(uv_fs_t, work_req) */
-const volatile unsigned int fs_result_off = 88;    /* offsetof(uv_fs_t, result) */
-const volatile unsigned int fs_path_off = 104;     /* offsetof(uv_fs_t, path) */
-const volatile unsigned int fs_new_path_off = 272; /* offsetof(uv_fs_t, new_path) */
-const volatile unsigned int fs_file_off = 280;     /* offsetof(uv_fs_t, file) */
-const volatile unsigned int gai_work_off = 72;     /* offsetof(uv_getaddrinfo_t, work_req) */
-const volatile unsigned int gai_addrinfo_off = 144;/* offsetof(uv_getaddrinfo_t, addrinfo) */
-const volatile unsigned int gai_retcode_off = 152; /* offsetof(uv_getaddrinfo_t, retcode) */
 
 /* Kernel types (CO-RE: only the fields used). */
 struct task_struct {
@@ -169,6 +160,11 @@ struct scratch {
 			enum ev_end end;
 			enum loop_phase phase;
 			enum stat_idx stat;
+			enum uvspan_sizes sizes;
+			enum cookie_layout cookie;
+			enum traced_flags traced;
+			enum answer_family family;
+			enum libuv_layout layout;
 		} enums; /* likewise, for the enums */
 	};
 };
@@ -193,9 +189,6 @@ static __always_inline int is_traced(__u32 pid)
 	return bpf_map_lookup_elem(&traced, &pid) != NULL;
 }
 
-/* Traced-map value bits. */
-#define TRACED 1
-#define TRACED_EPOLL_ONLY 2 /* no phase probes: epoll waits delimit iterations */
 
 static __always_inline struct scratch *get_scratch(void)
 {
@@ -243,16 +236,9 @@ static __always_inline void read_args(struct pt_regs *ctx, struct args *a, int s
 		bpf_probe_read_user(&a->v[6], 2 * sizeof(__u64), (void *)(PT_REGS_SP(ctx) + 8));
 }
 
-/*
- * fs submit cookie layout (built by src/probes/catalog.rs):
- *   bits  0..7   operation id
- *   bits  8..11  integer arg index of the callback
- *   bits 12..15  arg index of the path      (0xF = none)
- *   bits 16..19  arg index of the 2nd path  (0xF = none)
- *   bits 20..23  arg index of the fd        (0xF = none)
- */
-#define COOKIE_NONE 0xF
-#define cookie_field(c, shift) ((__u32)(((c) >> (shift)) & 0xF))
+/* A 4-bit argument position of an fs submit cookie (enum cookie_layout in
+ * uvspan.h; the cookies are built by src/probes/catalog.rs). */
+#define cookie_field(c, shift) ((__u32)(((c) >> (shift)) & COOKIE_NONE))
 
 /* ---- fs ----
  * Sync calls (cb == NULL) are per thread: their state lives in task-local
@@ -277,7 +263,7 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 	struct fs_event *e = &slot->ev;
 	e->end_ns = bpf_ktime_get_ns();
 	e->end_kind = end_kind;
-	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + fs_result_off));
+	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
 	emit(e, fs_record_size(e), wake_flags());
 	slot->req = 0;
 }
@@ -317,21 +303,21 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->end_kind = end_kind;
 	e->_pad = 0;
 	e->result = 0;
-	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + fs_result_off));
+	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + FS_RESULT_OFF));
 	e->fd = -1;
 	if (a->has_fd)
-		bpf_probe_read_user(&e->fd, sizeof(e->fd), (void *)(req + fs_file_off));
+		bpf_probe_read_user(&e->fd, sizeof(e->fd), (void *)(req + FS_FILE_OFF));
 	e->path[0] = 0;
 	e->has_path2 = a->has_path2;
 	__u64 p = 0;
 	if (a->has_path) {
-		bpf_probe_read_user(&p, sizeof(p), (void *)(req + fs_path_off));
+		bpf_probe_read_user(&p, sizeof(p), (void *)(req + FS_PATH_OFF));
 		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)p);
 	}
 	if (a->has_path2) {
 		e->path2[0] = 0;
 		p = 0;
-		bpf_probe_read_user(&p, sizeof(p), (void *)(req + fs_new_path_off));
+		bpf_probe_read_user(&p, sizeof(p), (void *)(req + FS_NEW_PATH_OFF));
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)p);
 	}
 	bpf_map_delete_elem(&inflight_fs, &key);
@@ -348,8 +334,8 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	__u32 idx;
 	struct args args;
 	/* Only the callback can be on the stack (uv_fs_read/write/sendfile). */
-	read_args(ctx, &args, cookie_field(cookie, 8) >= 6);
-	int sync = args.v[cookie_field(cookie, 8) & 7] == 0;
+	read_args(ctx, &args, cookie_field(cookie, COOKIE_CB_SHIFT) >= 6);
+	int sync = args.v[cookie_field(cookie, COOKIE_CB_SHIFT) & 7] == 0;
 
 	struct sync_slot *slot = sync_slot_of(sync);
 	if (slot && slot->req)
@@ -360,9 +346,9 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 			.start_ns = now,
 			.tid = (__u32)id,
 			.op = cookie & 0xFF,
-			.has_path = cookie_field(cookie, 12) != COOKIE_NONE,
-			.has_path2 = cookie_field(cookie, 16) != COOKIE_NONE,
-			.has_fd = cookie_field(cookie, 20) != COOKIE_NONE,
+			.has_path = cookie_field(cookie, COOKIE_PATH_SHIFT) != COOKIE_NONE,
+			.has_path2 = cookie_field(cookie, COOKIE_PATH2_SHIFT) != COOKIE_NONE,
+			.has_fd = cookie_field(cookie, COOKIE_FD_SHIFT) != COOKIE_NONE,
 		};
 		struct req_key key = { .pid = pid, .req = req };
 		if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_NOEXIST)) {
@@ -395,15 +381,15 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->op = cookie & 0xFF;
 	e->sync = 1;
 
-	idx = cookie_field(cookie, 20);
+	idx = cookie_field(cookie, COOKIE_FD_SHIFT);
 	e->fd = idx == COOKIE_NONE ? -1 : (int)args.v[idx & 7];
 
 	e->path[0] = 0;
-	idx = cookie_field(cookie, 12);
+	idx = cookie_field(cookie, COOKIE_PATH_SHIFT);
 	if (idx != COOKIE_NONE)
 		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)args.v[idx & 7]);
 	e->has_path2 = 0;
-	idx = cookie_field(cookie, 16);
+	idx = cookie_field(cookie, COOKIE_PATH2_SHIFT);
 	if (idx != COOKIE_NONE) {
 		e->path2[0] = 0;
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)args.v[idx & 7]);
@@ -419,7 +405,7 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - fs_work_off }, .kind = EV_FS };
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - FS_WORK_OFF }, .kind = EV_FS };
 	struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &job.key);
 	if (!a)
 		return 0;
@@ -433,7 +419,7 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
  * just before the callback runs. */
 static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, PT_REGS_PARM1(ctx) - fs_work_off, END_DONE);
+	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
@@ -502,7 +488,7 @@ static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - gai_work_off }, .kind = EV_DNS };
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
 	if (!e || e->sync)
 		return 0;
@@ -527,12 +513,12 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	__u64 req = key->req;
 	e->end_ns = bpf_ktime_get_ns();
 	e->end_kind = end_kind;
-	bpf_probe_read_user(&e->retcode, sizeof(e->retcode), (void *)(req + gai_retcode_off));
+	bpf_probe_read_user(&e->retcode, sizeof(e->retcode), (void *)(req + GAI_RETCODE_OFF));
 	if (status == -125 /* UV_ECANCELED */)
 		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
 
 	__u64 ai = 0;
-	bpf_probe_read_user(&ai, sizeof(ai), (void *)(req + gai_addrinfo_off));
+	bpf_probe_read_user(&ai, sizeof(ai), (void *)(req + GAI_ADDRINFO_OFF));
 	__u8 n = 0;
 	for (int i = 0; i < UVSPAN_MAX_ANSWERS; i++) {
 		if (!ai)
@@ -541,10 +527,10 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 		__u64 sa = 0;
 		bpf_probe_read_user(&family, sizeof(family), (void *)(ai + AI_FAMILY_OFF));
 		bpf_probe_read_user(&sa, sizeof(sa), (void *)(ai + AI_ADDR_OFF));
-		if (sa && (family == 2 || family == 10)) {
+		if (sa && (family == FAMILY_INET || family == FAMILY_INET6)) {
 			struct dns_answer *a = &e->answers[n & (UVSPAN_MAX_ANSWERS - 1)];
 			a->family = family;
-			if (family == 2)
+			if (family == FAMILY_INET)
 				bpf_probe_read_user(a->addr, 4, (void *)(sa + 4));
 			else
 				bpf_probe_read_user(a->addr, 16, (void *)(sa + 8));
@@ -561,7 +547,7 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 /* uv__getaddrinfo_done(struct uv__work *w, int status) */
 static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
 {
-	struct req_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .req = PT_REGS_PARM1(ctx) - gai_work_off };
+	struct req_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF };
 	return dns_finish(&key, (int)PT_REGS_PARM2(ctx), END_DONE);
 }
 
@@ -571,7 +557,7 @@ static __always_inline int dns_work_libc(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM4(ctx) - gai_addrinfo_off }, .kind = EV_DNS };
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM4(ctx) - GAI_ADDRINFO_OFF }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
 	if (!e || e->sync || e->work_start_ns)
 		return 0; /* not a libuv request (another getaddrinfo caller) */
@@ -596,7 +582,7 @@ static long match_gai(struct bpf_map *map, struct req_key *key, struct dns_event
 	if (key->pid != m->pid)
 		return 0;
 	__u64 ai = 1;
-	bpf_probe_read_user(&ai, sizeof(ai), (void *)(key->req + gai_addrinfo_off));
+	bpf_probe_read_user(&ai, sizeof(ai), (void *)(key->req + GAI_ADDRINFO_OFF));
 	if (ai != m->ai)
 		return 0;
 	/* Results reach the loop in the order the pool finished them. */
@@ -727,7 +713,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	if (!is_traced(pid))
 		return 0;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	switch (cookie >> 56) {
+	switch (cookie >> COOKIE_KIND_SHIFT) {
 	case PROBE_FS_SUBMIT: return fs_submit(ctx, cookie);
 	case PROBE_FS_WORK: return fs_work(ctx, cookie);
 	case PROBE_FS_DONE: return fs_done(ctx, cookie);

@@ -10,10 +10,53 @@
 #ifndef UVSPAN_H
 #define UVSPAN_H
 
-#define UVSPAN_PATH_MAX 256
-#define UVSPAN_HOST_MAX 256
-#define UVSPAN_MAX_ANSWERS 8
-#define UVSPAN_PHASES 5
+/* Every constant shared with Rust is an enum: enums reach the generated
+ * skeleton through BTF (a #define would not), so there is one source. */
+
+enum uvspan_sizes {
+	UVSPAN_PATH_MAX = 256,
+	UVSPAN_HOST_MAX = 256,
+	UVSPAN_MAX_ANSWERS = 8,
+	UVSPAN_PHASES = 5,
+};
+
+/* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
+ * submits, below it the operation id (bits 0..7, the catalog row) and the
+ * integer argument positions of the callback, path, second path and fd. */
+enum cookie_layout {
+	COOKIE_KIND_SHIFT = 56,
+	COOKIE_CB_SHIFT = 8,
+	COOKIE_PATH_SHIFT = 12,
+	COOKIE_PATH2_SHIFT = 16,
+	COOKIE_FD_SHIFT = 20,
+	COOKIE_NONE = 0xF, /* the operation has no such argument */
+};
+
+/* Values of the `traced` map. */
+enum traced_flags {
+	TRACED = 1,
+	TRACED_EPOLL_ONLY = 2, /* no phase probes: epoll waits delimit iterations */
+};
+
+/* Address families of DNS answers (linux/socket.h). */
+enum answer_family {
+	FAMILY_INET = 2,
+	FAMILY_INET6 = 10,
+};
+
+/* libuv's request layout: x86_64, libuv 1.x ABI, measured from DWARF and
+ * identical in Node 18-26 (libuv 1.44-1.52) and Debian's libuv 1.44; the
+ * build matrix (tests/matrix.rs) checks every build end to end. */
+enum libuv_layout {
+	FS_RESULT_OFF = 88,     /* offsetof(uv_fs_t, result) */
+	FS_PATH_OFF = 104,      /* offsetof(uv_fs_t, path) */
+	FS_NEW_PATH_OFF = 272,  /* offsetof(uv_fs_t, new_path) */
+	FS_FILE_OFF = 280,      /* offsetof(uv_fs_t, file) */
+	FS_WORK_OFF = 336,      /* offsetof(uv_fs_t, work_req) */
+	GAI_WORK_OFF = 72,      /* offsetof(uv_getaddrinfo_t, work_req) */
+	GAI_ADDRINFO_OFF = 144, /* offsetof(uv_getaddrinfo_t, addrinfo) */
+	GAI_RETCODE_OFF = 152,  /* offsetof(uv_getaddrinfo_t, retcode) */
+};
 
 enum ev_kind {
 	EV_FS = 1,
@@ -40,7 +83,6 @@ enum probe_kind {
 	PROBE_DNS_FREE = 11,      /* uv_freeaddrinfo: DNS completion */
 	PROBE_LOOP_RUN = 12,      /* uv_run: epoll waits delimit iterations */
 };
-#define PROBE_KIND_SHIFT 56
 
 /* Where an operation was seen to finish. */
 enum ev_end {

@@ -23,16 +23,16 @@ fn main() {
     let result = match &cli.sub {
         Some(uvspan::cli::Sub::Probes { pid, path, json, detail }) => {
             let detail = uvspan::probes::catalog::Detail::from_kinds(detail);
-            uvspan::probes::list::run(*pid, path.as_deref(), *json, detail).map(|()| 0)
+            uvspan::probes::report::run(*pid, path.as_deref(), *json, detail).map(|()| 0)
         }
-        None => uvspan::run::run(cli, file),
+        None => uvspan::agent::run(cli, file),
     };
     let code = match result {
         Ok(code) => code,
         Err(e) => {
             // One line: what went wrong, why, what to do.
             eprintln!("uvspan: {e:#}");
-            e.downcast_ref::<uvspan::target::ExitCodeError>().map_or(1, |x| x.code)
+            e.downcast_ref::<uvspan::discover::target::ExitCodeError>().map_or(1, |x| x.code)
         }
     };
     std::process::exit(code);

@@ -54,7 +54,7 @@ impl HealthMetrics {
             .with_attributes([
                 KeyValue::new("service.name", "uvspan"),
                 KeyValue::new("service.version", env!("CARGO_PKG_VERSION")),
-                KeyValue::new("host.name", crate::resource::host_name()),
+                KeyValue::new("host.name", crate::enrich::resource::host_name()),
                 KeyValue::new("process.pid", i64::from(std::process::id())),
             ])
             .build();

@@ -58,7 +58,7 @@ pub fn remember(features: Features, fentry_refused: Option<i32>) {
 
 /// The one line said when the epoll waits go through the raw tracepoints.
 pub fn fallback_notice(errno: Option<i32>) -> String {
-    let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::errno::error_type(-i64::from(e))));
+    let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::events::errno::error_type(-i64::from(e))));
     format!(
         "this kernel refuses fentry programs{why}, as kernels in lockdown do: the loop thread's epoll waits are read \
          from the sys_enter/sys_exit tracepoints instead, which every system call on the host passes while uvspan \

@@ -1,4 +1,9 @@
-//! The kernel side from Rust.
+//! The kernel side from Rust: the generated [`skel`]eton of bpf/uvspan.bpf.c,
+//! the [`tracer`] that loads, attaches and detaches it, the kernel
+//! [`features`] it uses on this machine, waiting on the ring buffer
+//! ([`wake`]) and explaining refusals ([`diagnose`]).
 pub mod diagnose;
 pub mod features;
+pub mod skel;
+pub mod tracer;
 pub mod wake;

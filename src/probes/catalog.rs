@@ -1,74 +1,10 @@
-//! The probe catalog: every libuv function uvspan attaches to, what fires
-//! there, and what it captures. Adding an fs operation is adding a row to
-//! [`FS_OPS`]; adding another kind of probe is a row in [`other_probes`]
-//! next to its program in bpf/uvspan.bpf.c.
+//! The probe catalog: every libuv function uvspan attaches to, which BPF
+//! handler fires there, and what it captures. Adding an fs operation is a
+//! row in [`FS_OPS`]; a loop phase, a row in [`PHASES`]; any other probe, a
+//! row in [`OTHER`] (its handler is a case of `enum probe_kind` in
+//! bpf/uvspan.h, dispatched in bpf/uvspan.bpf.c).
 
-/// Which BPF program (bpf/uvspan.bpf.c) serves a probe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Program {
-    /// `uv_fs_*` entry: an fs request is submitted (cookie: [`fs_cookie`]).
-    FsSubmit,
-    /// `uv__fs_work` entry: a threadpool thread starts the request.
-    FsWork,
-    /// `uv__fs_done` entry: completion delivered on the loop thread.
-    FsDone,
-    /// `uv_fs_req_cleanup` entry: ends sync requests (and async ones when
-    /// `uv__fs_done` is missing).
-    FsCleanup,
-    /// `uv_async_send` entry on a threadpool thread: its job just finished.
-    WorkEnd,
-    /// `uv_getaddrinfo` entry.
-    DnsSubmit,
-    /// `uv__getaddrinfo_work` entry.
-    DnsWork,
-    /// `uv__getaddrinfo_done` entry.
-    DnsDone,
-    /// Loop phase function entry (cookie: the phase).
-    LoopPhase,
-    /// Fallback: libc `getaddrinfo` on a pool thread (DNS work start).
-    DnsWorkLibc,
-    /// Fallback: `uv_freeaddrinfo` (DNS completion, after the callback).
-    DnsFree,
-    /// Fallback: `uv_run` marks loop threads; epoll waits delimit iterations.
-    LoopRun,
-}
-
-impl Program {
-    /// The handler id (enum probe_kind in bpf/uvspan.h).
-    pub fn kind(self) -> u64 {
-        use crate::bpf::types::probe_kind as k;
-        let v = match self {
-            Program::FsSubmit => k::PROBE_FS_SUBMIT,
-            Program::FsWork => k::PROBE_FS_WORK,
-            Program::FsDone => k::PROBE_FS_DONE,
-            Program::FsCleanup => k::PROBE_FS_CLEANUP,
-            Program::WorkEnd => k::PROBE_WORK_END,
-            Program::DnsSubmit => k::PROBE_DNS_SUBMIT,
-            Program::DnsWork => k::PROBE_DNS_WORK,
-            Program::DnsDone => k::PROBE_DNS_DONE,
-            Program::LoopPhase => k::PROBE_LOOP_PHASE,
-            Program::DnsWorkLibc => k::PROBE_DNS_WORK_LIBC,
-            Program::DnsFree => k::PROBE_DNS_FREE,
-            Program::LoopRun => k::PROBE_LOOP_RUN,
-        };
-        u64::from(v.0)
-    }
-}
-
-/// Bit position of the handler id in a cookie (PROBE_KIND_SHIFT in bpf/uvspan.h).
-pub const KIND_SHIFT: u32 = 56;
-
-/// What a probe is for, so a missing one can be explained.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Submit,
-    WorkStart,
-    WorkEnd,
-    Completion,
-    Phase,
-}
+use crate::kernel::skel::types::{cookie_layout as cookie, loop_phase, probe_kind};
 
 /// Which file a probe's symbol lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -135,13 +71,13 @@ impl Detail {
 }
 
 /// One attach point.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Probe {
     pub symbol: &'static str,
     pub image: ImageKind,
-    pub program: Program,
-    pub role: Role,
-    /// The handler's own cookie; [`Probe::attach_cookie`] adds the handler id.
+    /// The BPF handler that runs there (the generated `enum probe_kind`).
+    pub kind: probe_kind,
+    /// The handler's own cookie; [`Probe::attach_cookie`] adds the handler.
     pub cookie: u64,
     /// Shown when the symbol is missing: what is lost, or what takes over.
     pub if_missing: &'static str,
@@ -152,16 +88,40 @@ pub struct Probe {
 }
 
 impl Probe {
-    /// The full attach cookie: handler id in the top byte, handler cookie below.
+    /// The defaults of a row: in libuv, no cookie, no fallback, always on.
+    const ROW: Probe = Probe {
+        symbol: "",
+        image: ImageKind::Libuv,
+        kind: probe_kind::PROBE_FS_SUBMIT,
+        cookie: 0,
+        if_missing: "",
+        fallback_for: None,
+        detail: None,
+    };
+
+    /// The full attach cookie: handler in the top byte, handler cookie below.
     pub fn attach_cookie(&self) -> u64 {
-        (self.program.kind() << KIND_SHIFT) | self.cookie
+        (u64::from(self.kind.0) << cookie::COOKIE_KIND_SHIFT.0) | self.cookie
     }
 }
 
-/// An fs operation: libuv function, span name and where its arguments are.
-/// Argument indices count integer/pointer arguments only (System V: doubles
-/// travel in xmm registers and do not shift them). Index 6 and 7 are on the
-/// stack.
+/// What a successful fs operation's result (`req->result`) is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsResult {
+    /// 0, nothing to say.
+    Nothing,
+    /// Bytes read, written or sent: `uvspan.fs.bytes`.
+    Bytes,
+    /// The new file descriptor: `uvspan.fs.fd`.
+    Fd,
+    /// Directory entries returned: `uvspan.fs.entries`.
+    Entries,
+}
+
+/// An fs operation: libuv function, span name, where its arguments are and
+/// what its result means. Argument indices count integer/pointer arguments
+/// only (System V: doubles travel in xmm registers and do not shift them);
+/// 6 and 7 are on the stack.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FsOp {
     pub symbol: &'static str,
@@ -170,22 +130,30 @@ pub struct FsOp {
     pub path: Option<u8>,
     pub path2: Option<u8>,
     pub fd: Option<u8>,
+    pub result: FsResult,
 }
 
 const fn op(symbol: &'static str, span: &'static str, cb: u8, path: Option<u8>, path2: Option<u8>, fd: Option<u8>) -> FsOp {
-    FsOp { symbol, span, cb, path, path2, fd }
+    FsOp { symbol, span, cb, path, path2, fd, result: FsResult::Nothing }
+}
+
+impl FsOp {
+    const fn gives(self, result: FsResult) -> FsOp {
+        FsOp { result, ..self }
+    }
 }
 
 const P: Option<u8> = Some(2); // path / fd argument right after (loop, req)
 const N: Option<u8> = None;
+use FsResult::{Bytes, Entries, Fd};
 
 /// Every `uv_fs_*` request function (libuv 1.x `include/uv.h`).
-/// The row index is the operation id carried in the cookie and the event.
+/// The row index is the operation id carried in the cookie and the record.
 pub const FS_OPS: &[FsOp] = &[
-    op("uv_fs_open", "fs.open", 5, P, N, N),
+    op("uv_fs_open", "fs.open", 5, P, N, N).gives(Fd),
     op("uv_fs_close", "fs.close", 3, N, N, P),
-    op("uv_fs_read", "fs.read", 6, N, N, P),
-    op("uv_fs_write", "fs.write", 6, N, N, P),
+    op("uv_fs_read", "fs.read", 6, N, N, P).gives(Bytes),
+    op("uv_fs_write", "fs.write", 6, N, N, P).gives(Bytes),
     op("uv_fs_stat", "fs.stat", 3, P, N, N),
     op("uv_fs_fstat", "fs.fstat", 3, N, N, P),
     op("uv_fs_lstat", "fs.lstat", 3, P, N, N),
@@ -194,11 +162,11 @@ pub const FS_OPS: &[FsOp] = &[
     op("uv_fs_rename", "fs.rename", 4, P, Some(3), N),
     op("uv_fs_mkdir", "fs.mkdir", 4, P, N, N),
     op("uv_fs_mkdtemp", "fs.mkdtemp", 3, P, N, N),
-    op("uv_fs_mkstemp", "fs.mkstemp", 3, P, N, N),
+    op("uv_fs_mkstemp", "fs.mkstemp", 3, P, N, N).gives(Fd),
     op("uv_fs_rmdir", "fs.rmdir", 3, P, N, N),
-    op("uv_fs_scandir", "fs.scandir", 4, P, N, N),
+    op("uv_fs_scandir", "fs.scandir", 4, P, N, N).gives(Entries),
     op("uv_fs_opendir", "fs.opendir", 3, P, N, N),
-    op("uv_fs_readdir", "fs.readdir", 3, N, N, N),
+    op("uv_fs_readdir", "fs.readdir", 3, N, N, N).gives(Entries),
     op("uv_fs_closedir", "fs.closedir", 3, N, N, N),
     op("uv_fs_realpath", "fs.realpath", 3, P, N, N),
     op("uv_fs_readlink", "fs.readlink", 3, P, N, N),
@@ -212,7 +180,7 @@ pub const FS_OPS: &[FsOp] = &[
     op("uv_fs_fdatasync", "fs.fdatasync", 3, N, N, P),
     op("uv_fs_ftruncate", "fs.ftruncate", 4, N, N, P),
     op("uv_fs_copyfile", "fs.copyfile", 5, P, Some(3), N),
-    op("uv_fs_sendfile", "fs.sendfile", 6, N, N, P),
+    op("uv_fs_sendfile", "fs.sendfile", 6, N, N, P).gives(Bytes),
     op("uv_fs_symlink", "fs.symlink", 5, P, Some(3), N),
     op("uv_fs_link", "fs.link", 4, P, Some(3), N),
     op("uv_fs_utime", "fs.utime", 3, P, N, N),
@@ -220,139 +188,173 @@ pub const FS_OPS: &[FsOp] = &[
     op("uv_fs_lutime", "fs.lutime", 3, P, N, N),
 ];
 
-/// Loop phases, in the order of enum loop_phase in bpf/uvspan.h.
-pub const PHASES: &[(&str, &str)] = &[
-    ("uv__io_poll", "poll"),
-    ("uv__run_check", "check"),
-    ("uv__run_timers", "timers"),
-    ("uv__run_idle", "idle"),
-    ("uv__run_prepare", "prepare"),
-];
-
-const NONE: u64 = 0xF;
-
-/// The attach cookie of an fs submit probe; layout documented in
-/// bpf/uvspan.bpf.c next to `fs_submit`.
+/// The attach cookie of an fs submit probe (layout: enum cookie_layout in
+/// bpf/uvspan.h).
 pub fn fs_cookie(id: usize, op: &FsOp) -> u64 {
-    let idx = |a: Option<u8>| a.map_or(NONE, u64::from);
-    (id as u64 & 0xFF) | (u64::from(op.cb) << 8) | (idx(op.path) << 12) | (idx(op.path2) << 16) | (idx(op.fd) << 20)
+    let none = u64::from(cookie::COOKIE_NONE.0);
+    let idx = |a: Option<u8>, shift: cookie| a.map_or(none, u64::from) << shift.0;
+    (id as u64 & 0xFF)
+        | idx(Some(op.cb), cookie::COOKIE_CB_SHIFT)
+        | idx(op.path, cookie::COOKIE_PATH_SHIFT)
+        | idx(op.path2, cookie::COOKIE_PATH2_SHIFT)
+        | idx(op.fd, cookie::COOKIE_FD_SHIFT)
 }
+
+/// A loop phase function (`--detail phases`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Phase {
+    pub symbol: &'static str,
+    /// The span is `uv.loop.<name>`.
+    pub name: &'static str,
+    pub phase: loop_phase,
+    pub if_missing: &'static str,
+}
+
+/// Loop phases, in the order an iteration (poll entry to poll entry) sees them.
+pub const PHASES: &[Phase] = &[
+    Phase {
+        symbol: "uv__io_poll",
+        name: "poll",
+        phase: loop_phase::PHASE_POLL,
+        if_missing: "loop iterations are delimited by the loop thread's epoll waits, without phases",
+    },
+    Phase {
+        symbol: "uv__run_check",
+        name: "check",
+        phase: loop_phase::PHASE_CHECK,
+        if_missing: "no check phase span (its time joins the phase before)",
+    },
+    Phase {
+        symbol: "uv__run_timers",
+        name: "timers",
+        phase: loop_phase::PHASE_TIMERS,
+        if_missing: "no timers phase span (its time joins the phase before)",
+    },
+    Phase {
+        symbol: "uv__run_idle",
+        name: "idle",
+        phase: loop_phase::PHASE_IDLE,
+        if_missing: "no idle phase span (its time joins the phase before)",
+    },
+    Phase {
+        symbol: "uv__run_prepare",
+        name: "prepare",
+        phase: loop_phase::PHASE_PREPARE,
+        if_missing: "no prepare phase span (its time joins the phase before)",
+    },
+];
 
 const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
 const PH: Option<DetailKind> = Some(DetailKind::Phases);
 
-/// The probes besides the fs submits: (symbol, image, program, role, cookie,
-/// if missing, fallback for, detail group).
-#[rustfmt::skip]
-const OTHER: &[(&str, ImageKind, Program, Role, u64, &str, Option<&str>, Option<DetailKind>)] = &[
-    ("uv__fs_done", ImageKind::Libuv, Program::FsDone, Role::Completion, 0,
-        "async fs spans end at uv_fs_req_cleanup, after the JS callback ran", None, None),
-    ("uv_fs_req_cleanup", ImageKind::Libuv, Program::FsCleanup, Role::Completion, 0,
-        "sync fs calls are not seen to end: no spans for them", None, None),
-    ("uv_getaddrinfo", ImageKind::Libuv, Program::DnsSubmit, Role::Submit, 0,
-        "no DNS spans", None, None),
-    ("uv__getaddrinfo_done", ImageKind::Libuv, Program::DnsDone, Role::Completion, 0,
-        "DNS spans end at uv_freeaddrinfo, after the JS callback ran", None, None),
+/// The probes besides the fs submits and the loop phases.
+pub const OTHER: &[Probe] = &[
+    Probe {
+        symbol: "uv__fs_done",
+        kind: probe_kind::PROBE_FS_DONE,
+        if_missing: "async fs spans end at uv_fs_req_cleanup, after the JS callback ran",
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_fs_req_cleanup",
+        kind: probe_kind::PROBE_FS_CLEANUP,
+        if_missing: "sync fs calls are not seen to end: no spans for them",
+        ..Probe::ROW
+    },
+    Probe { symbol: "uv_getaddrinfo", kind: probe_kind::PROBE_DNS_SUBMIT, if_missing: "no DNS spans", ..Probe::ROW },
+    Probe {
+        symbol: "uv__getaddrinfo_done",
+        kind: probe_kind::PROBE_DNS_DONE,
+        if_missing: "DNS spans end at uv_freeaddrinfo, after the JS callback ran",
+        ..Probe::ROW
+    },
     // --detail threadpool
-    ("uv__fs_work", ImageKind::Libuv, Program::FsWork, Role::WorkStart, 0,
-        "async fs spans have no threadpool queue/run split", None, TP),
-    ("uv_async_send", ImageKind::Libuv, Program::WorkEnd, Role::WorkEnd, 0,
-        "threadpool run time is not split from the wait for the loop", None, TP),
-    ("uv__getaddrinfo_work", ImageKind::Libuv, Program::DnsWork, Role::WorkStart, 0,
-        "DNS threadpool start is taken from libc getaddrinfo", None, TP),
-    // --detail phases
-    ("uv__io_poll", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 0,
-        "loop iterations are delimited by the loop thread's epoll waits, without phases", None, PH),
-    ("uv__run_check", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 1,
-        "no check phase span (its time joins the phase before)", None, PH),
-    ("uv__run_timers", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 2,
-        "no timers phase span (its time joins the phase before)", None, PH),
-    ("uv__run_idle", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 3,
-        "no idle phase span (its time joins the phase before)", None, PH),
-    ("uv__run_prepare", ImageKind::Libuv, Program::LoopPhase, Role::Phase, 4,
-        "no prepare phase span (its time joins the phase before)", None, PH),
+    Probe {
+        symbol: "uv__fs_work",
+        kind: probe_kind::PROBE_FS_WORK,
+        if_missing: "async fs spans have no threadpool queue/run split",
+        detail: TP,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_async_send",
+        kind: probe_kind::PROBE_WORK_END,
+        if_missing: "threadpool run time is not split from the wait for the loop",
+        detail: TP,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv__getaddrinfo_work",
+        kind: probe_kind::PROBE_DNS_WORK,
+        if_missing: "DNS threadpool start is taken from libc getaddrinfo",
+        detail: TP,
+        ..Probe::ROW
+    },
     // Fallbacks, for builds that only export libuv's public API.
-    ("getaddrinfo", ImageKind::Libc, Program::DnsWorkLibc, Role::WorkStart, 0,
-        "DNS spans have no threadpool queue/run split", Some("uv__getaddrinfo_work"), TP),
-    ("uv_freeaddrinfo", ImageKind::Libuv, Program::DnsFree, Role::Completion, 0,
-        "DNS lookups are not seen to end: no DNS spans", Some("uv__getaddrinfo_done"), None),
-    ("uv_run", ImageKind::Libuv, Program::LoopRun, Role::Phase, 0,
-        "no loop iterations", Some("uv__io_poll"), PH),
+    Probe {
+        symbol: "getaddrinfo",
+        image: ImageKind::Libc,
+        kind: probe_kind::PROBE_DNS_WORK_LIBC,
+        if_missing: "DNS spans have no threadpool queue/run split",
+        fallback_for: Some("uv__getaddrinfo_work"),
+        detail: TP,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_freeaddrinfo",
+        kind: probe_kind::PROBE_DNS_FREE,
+        if_missing: "DNS lookups are not seen to end: no DNS spans",
+        fallback_for: Some("uv__getaddrinfo_done"),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_run",
+        kind: probe_kind::PROBE_LOOP_RUN,
+        if_missing: "no loop iterations",
+        fallback_for: Some("uv__io_poll"),
+        detail: PH,
+        ..Probe::ROW
+    },
 ];
 
-/// Every probe uvspan knows, fs submits first.
+/// Every probe uvspan knows: fs submits, then [`OTHER`] with the loop
+/// phases after the DNS rows (the order `uvspan probes` lists them in).
 pub fn all_probes() -> Vec<Probe> {
     let fs = FS_OPS.iter().enumerate().map(|(i, op)| Probe {
         symbol: op.symbol,
-        image: ImageKind::Libuv,
-        program: Program::FsSubmit,
-        role: Role::Submit,
+        kind: probe_kind::PROBE_FS_SUBMIT,
         cookie: fs_cookie(i, op),
         if_missing: "no spans for this fs operation",
-        fallback_for: None,
-        detail: None,
+        ..Probe::ROW
     });
-    let other = OTHER.iter().map(|&(symbol, image, program, role, cookie, if_missing, fallback_for, detail)| Probe {
-        symbol,
-        image,
-        program,
-        role,
-        cookie,
-        if_missing,
-        fallback_for,
-        detail,
+    let phases = PHASES.iter().map(|p| Probe {
+        symbol: p.symbol,
+        kind: probe_kind::PROBE_LOOP_PHASE,
+        cookie: u64::from(p.phase.0),
+        if_missing: p.if_missing,
+        detail: PH,
+        ..Probe::ROW
     });
-    fs.chain(other).collect()
+    let (before, after) = OTHER.split_at(OTHER.iter().position(|p| p.fallback_for.is_some()).unwrap_or(OTHER.len()));
+    fs.chain(before.iter().copied()).chain(phases).chain(after.iter().copied()).collect()
 }
 
-/// What uvspan does with one probe on a given build.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Use {
-    /// Found: attach it.
-    Attach(u64),
-    /// A fallback whose primary symbol exists: not needed.
-    NotNeeded,
-    /// Not found in the image (or no image of its kind).
-    Missing,
-    /// In a `--detail` group that is off.
-    Off(DetailKind),
+/// Every symbol the catalog looks for in an image (sorted, unique).
+pub fn symbols() -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = all_probes().iter().map(|p| p.symbol).collect();
+    v.sort_unstable();
+    v.dedup();
+    v
 }
 
-/// The plan for one build: each probe with the symbol offset to attach at,
-/// given the symbols found in the libuv image and (optionally) in libc.
-/// Pure, so what `uvspan probes` shows is what `uvspan` attaches.
-pub fn plan(
-    libuv: &std::collections::HashMap<&'static str, u64>,
-    libc: Option<&std::collections::HashMap<&'static str, u64>>,
-    detail: Detail,
-) -> Vec<(Probe, Use)> {
-    all_probes()
-        .into_iter()
-        .map(|p| {
-            let syms = match p.image {
-                ImageKind::Libuv => Some(libuv),
-                ImageKind::Libc => libc,
-            };
-            let off_group = p.detail.filter(|&k| !detail.enables(k));
-            let u = match (off_group, p.fallback_for, syms.and_then(|s| s.get(p.symbol))) {
-                (Some(k), _, _) => Use::Off(k),
-                (None, Some(primary), _) if libuv.contains_key(primary) => Use::NotNeeded,
-                (None, _, Some(&off)) => Use::Attach(off),
-                (None, _, None) => Use::Missing,
-            };
-            (p, u)
-        })
-        .collect()
-}
-
-/// The fs operation of an event's op id.
+/// The fs operation of a record's op id.
 pub fn fs_op(id: u8) -> Option<&'static FsOp> {
     FS_OPS.get(usize::from(id))
 }
 
-/// The phase name of a phase index.
-pub fn phase_name(i: usize) -> &'static str {
-    PHASES.get(i).map_or("unknown", |p| p.1)
+/// The phase of a phase index (the record's `phases` array order).
+pub fn phase(i: usize) -> Option<&'static Phase> {
+    PHASES.iter().find(|p| p.phase.0 as usize == i)
 }
 
 #[cfg(test)]
@@ -370,79 +372,29 @@ mod tests {
     }
 
     #[test]
-    fn phase_cookies_match_phase_table() {
-        for p in all_probes().iter().filter(|p| p.program == Program::LoopPhase) {
-            assert_eq!(PHASES[p.cookie as usize].0, p.symbol);
+    fn phases_are_in_enum_order_and_their_rows_carry_the_phase() {
+        for (i, p) in PHASES.iter().enumerate() {
+            assert_eq!(p.phase.0 as usize, i, "{}", p.symbol);
+            assert_eq!(phase(i), Some(p));
         }
-    }
-
-    #[test]
-    fn plan_uses_fallbacks_only_when_needed() {
-        use std::collections::HashMap;
-        let full: HashMap<&'static str, u64> = all_probes()
-            .iter()
-            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
-            .map(|p| (p.symbol, 0x1000))
-            .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
-            .collect();
-        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let plan_full = plan(&full, Some(&libc), Detail::all());
-        let get = |pl: &[(Probe, Use)], s: &str| pl.iter().find(|(p, _)| p.symbol == s).unwrap().1.clone();
-        assert_eq!(get(&plan_full, "uv_run"), Use::NotNeeded);
-        assert_eq!(get(&plan_full, "getaddrinfo"), Use::NotNeeded);
-        assert_eq!(get(&plan_full, "uv__io_poll"), Use::Attach(0x1000));
-
-        // Stripped: only the exported API.
-        let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
-        let plan_s = plan(&stripped, Some(&libc), Detail::all());
-        assert_eq!(get(&plan_s, "uv__io_poll"), Use::Missing);
-        assert_eq!(get(&plan_s, "uv_run"), Use::Attach(0x3000));
-        assert_eq!(get(&plan_s, "uv_freeaddrinfo"), Use::Attach(0x2000));
-        assert_eq!(get(&plan_s, "getaddrinfo"), Use::Attach(0x10));
-        assert_eq!(plan(&stripped, None, Detail::all()).iter().find(|(p, _)| p.symbol == "getaddrinfo").unwrap().1, Use::Missing);
-    }
-
-    #[test]
-    fn default_plan_is_the_cheap_set() {
-        use std::collections::HashMap;
-        let full: HashMap<&'static str, u64> = all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
-        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let attached = |d: Detail| -> Vec<&'static str> {
-            let mut v: Vec<_> = plan(&full, Some(&libc), d)
-                .into_iter()
-                .filter(|(p, u)| matches!(u, Use::Attach(_)) && p.program != Program::FsSubmit)
-                .map(|(p, _)| p.symbol)
-                .collect();
-            v.sort();
-            v
-        };
-        // Per async fs request: submit, uv__fs_done, uv_fs_req_cleanup; per
-        // DNS lookup: submit and done; no probe per loop iteration.
-        assert_eq!(attached(Detail::default()), ["uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]);
-        let tp = attached(Detail::from_kinds(&[DetailKind::Threadpool]));
-        assert!(tp.contains(&"uv__fs_work") && tp.contains(&"uv_async_send") && !tp.contains(&"uv__io_poll"));
-        let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
-        assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
-        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All])).len(), 12);
-        let off = plan(&full, Some(&libc), Detail::default());
-        assert_eq!(off.iter().find(|(p, _)| p.symbol == "uv__run_check").unwrap().1, Use::Off(DetailKind::Phases));
+        assert_eq!(PHASES.len(), crate::kernel::skel::types::uvspan_sizes::UVSPAN_PHASES.0 as usize);
+        for p in all_probes().iter().filter(|p| p.kind == probe_kind::PROBE_LOOP_PHASE) {
+            assert_eq!(PHASES[p.cookie as usize].symbol, p.symbol);
+        }
     }
 
     #[test]
     fn attach_cookie_carries_the_handler() {
         for p in all_probes() {
-            assert_eq!(p.attach_cookie() >> KIND_SHIFT, p.program.kind());
-            assert_eq!(p.attach_cookie() & ((1 << KIND_SHIFT) - 1), p.cookie);
+            assert_eq!(p.attach_cookie() >> 56, u64::from(p.kind.0));
+            assert_eq!(p.attach_cookie() & ((1 << 56) - 1), p.cookie);
         }
     }
 
     #[test]
     fn symbols_and_spans_are_unique_and_ids_fit() {
         let probes = all_probes();
-        let mut syms: Vec<_> = probes.iter().map(|p| p.symbol).collect();
-        syms.sort();
-        syms.dedup();
-        assert_eq!(syms.len(), probes.len());
+        assert_eq!(symbols().len(), probes.len());
         assert!(FS_OPS.len() < 256);
         for op in FS_OPS {
             assert_eq!(op.span, op.symbol.replacen("uv_fs_", "fs.", 1));

@@ -14,17 +14,18 @@ use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
 use crate::cli::Cli;
 use crate::config::FileConfig;
 use crate::discover::{self, Candidate, Filter};
-use crate::clock::Clock;
-use crate::decode::{self, Record};
+use crate::events::clock::Clock;
+use crate::events::decode::{self, Record};
 use crate::kernel::wake::{Sleeper, Waker};
 use crate::export::otlp::OtlpConfig;
 use crate::export::health::{Health, HealthMetrics};
 use crate::export::{Destination, Exporter};
-use crate::resource::{self, ProcessInfo};
-use crate::spans::{self, SpanContextSource};
-use crate::symbols::{self, Images, Located};
-use crate::target::{self, Spawned};
-use crate::tracer::{ProbeState, ProbeStatus, Settings, Tracer};
+use crate::enrich::resource::{self, ProcessInfo};
+use crate::events::spans::{self, SpanContextSource};
+use crate::symbols::{self, Images};
+use crate::discover::target::{self, Spawned};
+use crate::kernel::tracer::{Settings, Tracer};
+use crate::probes::plan::{notices, ProbeState, ProbeStatus};
 
 /// One traced process.
 struct Proc {
@@ -110,7 +111,7 @@ impl State<'_> {
 
 fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
     let loc = &images.libuv;
-    let attached = report.iter().filter(|r| r.state == ProbeState::Attached).count();
+    let attached = report.iter().filter(|r| r.state == ProbeState::Usable).count();
     let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
     let version = match (&images.node_version, &loc.image.libuv_version) {
         (Some(n), Some(u)) => format!("node {n}, libuv {u}"),
@@ -128,45 +129,6 @@ fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Dur
             eprintln!("uvspan:   {line}");
         }
     }
-}
-
-/// What cannot be traced on this build, and why, one line each.
-pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
-    let mut out = Vec::new();
-    let slow: Vec<&str> = report.iter().filter(|r| r.single_stepped && r.state == ProbeState::Attached).map(|r| r.symbol).collect();
-    if !slow.is_empty() {
-        out.push(format!(
-            "single-stepped by the kernel (no emulatable instruction near the start; each hit costs more): {}",
-            slow.join(", ")
-        ));
-    }
-    let missing: Vec<&ProbeStatus> = report
-        .iter()
-        .filter(|r| matches!(r.state, ProbeState::Missing | ProbeState::Failed(_)) && r.fallback_for.is_none())
-        .collect();
-    if missing.is_empty() {
-        return out;
-    }
-    if !loc.image.has_symtab {
-        out.push(format!(
-            "{} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed",
-            loc.path
-        ));
-    }
-    for r in missing {
-        let why = match &r.state {
-            ProbeState::Failed(e) => e.clone(),
-            _ => "not found".into(),
-        };
-        out.push(format!("{} {why}: {}", r.symbol, r.if_missing));
-    }
-    for r in report.iter().filter(|r| r.fallback_for.is_some() && r.state == ProbeState::Attached) {
-        out.push(format!("fallback in use: {} instead of {}", r.symbol, r.fallback_for.unwrap_or("")));
-    }
-    for r in report.iter().filter(|r| r.fallback_for.is_some() && matches!(r.state, ProbeState::Missing | ProbeState::Failed(_))) {
-        out.push(format!("fallback {} unavailable: {}", r.symbol, r.if_missing));
-    }
-    out
 }
 
 fn alive(pid: u32) -> bool {

@@ -1,7 +1,7 @@
 //! Ring-buffer records (bytes, laid out by bpf/uvspan.h) to owned Rust values.
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
-use crate::bpf::types::{dns_event, ev_end, ev_header, ev_kind, fs_event, loop_event, proc_event};
+use crate::kernel::skel::types::{dns_event, ev_end, ev_header, ev_kind, fs_event, loop_event, proc_event};
 
 /// A finished fs request.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -10,11 +10,12 @@ use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
-use crate::bpf::types::stat_idx;
+use crate::kernel::skel::types::{req_key, stat_idx, traced_flags};
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
-use crate::bpf::{UvspanSkel, UvspanSkelBuilder};
-use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Program, Use};
+use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
+use crate::probes::catalog::{Detail, ImageKind};
+use crate::probes::plan::{self, plan, ProbeState, ProbeStatus};
 use crate::symbols::{Images, Located};
 
 /// Settings fixed at load time.
@@ -31,86 +32,6 @@ pub struct Settings {
     pub detail: Detail,
     /// Benchmark only: probe programs return at once (UVSPAN_BENCH_TRAP_ONLY=1).
     pub trap_only: bool,
-}
-
-/// How one catalog probe fares on one process's images.
-#[derive(Clone, Debug, serde::Serialize)]
-pub struct ProbeStatus {
-    pub symbol: &'static str,
-    pub image: ImageKind,
-    /// The file the symbol is in (as the process sees it).
-    pub path: Option<String>,
-    pub program: Program,
-    /// File offset of the symbol, when found.
-    pub offset: Option<u64>,
-    #[serde(rename = "status", serialize_with = "state_word")]
-    pub state: ProbeState,
-    /// What is lost when missing (or, for a fallback, what it stands in for).
-    pub if_missing: &'static str,
-    pub fallback_for: Option<&'static str>,
-    /// The kernel cannot emulate the instruction at the probe point, so each
-    /// hit is single-stepped (much slower).
-    pub single_stepped: bool,
-    #[serde(skip)]
-    cookie: u64,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProbeState {
-    /// Attached (or, for `uvspan probes`, attachable).
-    Attached,
-    /// A fallback whose primary symbol exists.
-    NotNeeded,
-    /// The symbol is not in the file.
-    Missing,
-    /// Found but the kernel refused to attach.
-    Failed(String),
-    /// In a --detail group that is off.
-    Off(DetailKind),
-}
-
-fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> std::result::Result<S::Ok, S::Error> {
-    match s {
-        ProbeState::Attached => ser.serialize_str("usable"),
-        ProbeState::NotNeeded => ser.serialize_str("not_needed"),
-        ProbeState::Missing => ser.serialize_str("missing"),
-        ProbeState::Failed(e) => ser.serialize_str(&format!("failed: {e}")),
-        ProbeState::Off(k) => ser.serialize_str(&format!("off: --detail {}", k.name())),
-    }
-}
-
-/// The plan for a process's images, as statuses (nothing attached yet).
-pub fn plan(images: &Images, detail: Detail) -> Vec<ProbeStatus> {
-    let libc = images.libc.as_ref().map(|l| &l.image.offsets);
-    catalog::plan(&images.libuv.image.offsets, libc, detail)
-        .into_iter()
-        .map(|(p, u)| {
-            let loc = match p.image {
-                ImageKind::Libuv => Some(&images.libuv),
-                ImageKind::Libc => images.libc.as_ref(),
-            };
-            let path = loc.map(|l| l.path.clone());
-            let single_stepped = loc.is_some_and(|l| l.image.single_stepped.contains(&p.symbol));
-            let (offset, state) = match u.clone() {
-                Use::Attach(off) => (Some(off), ProbeState::Attached),
-                Use::NotNeeded => (None, ProbeState::NotNeeded),
-                Use::Missing => (None, ProbeState::Missing),
-                Use::Off(k) => (None, ProbeState::Off(k)),
-            };
-            ProbeStatus {
-                symbol: p.symbol,
-                image: p.image,
-                path,
-                program: p.program,
-                offset,
-                state,
-                if_missing: p.if_missing,
-                fallback_for: p.fallback_for,
-                single_stepped: single_stepped && matches!(u, Use::Attach(_)),
-                cookie: p.attach_cookie(),
-            }
-        })
-        .collect()
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -287,9 +208,10 @@ impl Tracer {
     pub fn add_pid(&self, pid: u32, report: &[ProbeStatus]) -> Result<()> {
         // Without phase probes (not asked for, or a stripped build), the
         // loop thread's epoll waits delimit iterations.
-        let epoll_only = !report.iter().any(|r| r.program == Program::LoopPhase && r.state == ProbeState::Attached);
-        // TRACED | TRACED_EPOLL_ONLY in bpf/uvspan.bpf.c
-        let flags = 1u8 | if epoll_only { 2 } else { 0 };
+        let mut flags = traced_flags::TRACED.0 as u8;
+        if plan::epoll_only(report) {
+            flags |= traced_flags::TRACED_EPOLL_ONLY.0 as u8;
+        }
         self.skel
             .maps
             .traced
@@ -304,8 +226,11 @@ impl Tracer {
         self.uprobes.retain(|&(_, p), _| p != pid as i32);
         let mut dropped = 0;
         for map in [&self.skel.maps.inflight_fs, &self.skel.maps.inflight_dns] {
-            // struct req_key { u32 pid; u32 pad; u64 req; }
-            let stale: Vec<Vec<u8>> = map.keys().filter(|k| k.len() >= 4 && k[..4] == pid.to_ne_bytes()).collect();
+            let of_pid = |k: &Vec<u8>| {
+                let mut key = req_key::default();
+                plain::copy_from_bytes(&mut key, k).is_ok() && key.pid == pid
+            };
+            let stale: Vec<Vec<u8>> = map.keys().filter(of_pid).collect();
             for k in stale {
                 if map.delete(&k).is_ok() {
                     dropped += 1;
@@ -346,7 +271,7 @@ impl Tracer {
                 continue;
             }
             let mine: Vec<&mut ProbeStatus> =
-                report.iter_mut().filter(|r| r.image == kind && r.state == ProbeState::Attached).collect();
+                report.iter_mut().filter(|r| r.image == kind && r.state == ProbeState::Usable).collect();
             if mine.is_empty() {
                 continue;
             }

@@ -4,7 +4,9 @@
 //! New processes are reported by the kernel at exec (bpf `proc_exec`), not
 //! found by polling /proc.
 
-use crate::resource;
+use crate::enrich::resource;
+
+pub mod target;
 
 #[derive(Clone, Debug, Default)]
 pub struct Filter {

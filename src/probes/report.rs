@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use crate::probes::catalog::Detail;
 use crate::symbols::{self, Images, Located};
-use crate::tracer::{self, ProbeState, ProbeStatus};
+use crate::probes::plan::{plan, ProbeState, ProbeStatus};
 
 #[derive(Serialize)]
 struct ImageInfo<'a> {
@@ -42,7 +42,7 @@ struct Listing<'a> {
 /// The images for `uvspan probes --pid PID` or `uvspan probes PATH`.
 pub fn images_for(pid: Option<u32>, path: Option<&std::path::Path>) -> Result<Images> {
     match (pid, path) {
-        (Some(pid), _) => crate::target::check_pid(pid),
+        (Some(pid), _) => crate::discover::target::check_pid(pid),
         (None, Some(p)) => Ok(Images::new(symbols::locate_file(p)?, symbols::system_libc())),
         (None, None) => anyhow::bail!("give --pid PID or the path of a node binary or libuv.so"),
     }
@@ -55,8 +55,8 @@ pub fn render_json(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) ->
 
 fn state_word(r: &ProbeStatus) -> &'static str {
     match (&r.state, r.fallback_for.is_some()) {
-        (ProbeState::Attached, false) => "attachable",
-        (ProbeState::Attached, true) => "fallback",
+        (ProbeState::Usable, false) => "attachable",
+        (ProbeState::Usable, true) => "fallback",
         (ProbeState::NotNeeded, _) => "not needed",
         (ProbeState::Missing, _) => "missing",
         (ProbeState::Failed(_), _) => "failed",
@@ -69,7 +69,7 @@ fn note(r: &ProbeStatus) -> String {
         return "single-stepped by the kernel: slower hits".into();
     }
     match (&r.state, r.fallback_for) {
-        (ProbeState::Attached, Some(primary)) => format!("in use for missing {primary}"),
+        (ProbeState::Usable, Some(primary)) => format!("in use for missing {primary}"),
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
         (ProbeState::Missing, _) => r.if_missing.to_string(),
         (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
@@ -101,7 +101,7 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
         Some(c) => out.push_str(&format!("libc:    {}\n", c.path)),
         None => out.push_str("libc:    not found\n"),
     }
-    let attachable = probes.iter().filter(|r| r.state == ProbeState::Attached).count();
+    let attachable = probes.iter().filter(|r| r.state == ProbeState::Usable).count();
     let off = probes.iter().filter(|r| matches!(r.state, ProbeState::Off(_))).count();
     if off > 0 {
         out.push_str(&format!("probes:  {attachable} of {} usable, {off} off (--detail)\n\n", probes.len()));
@@ -124,7 +124,7 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
 /// Runs `uvspan probes`.
 pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool, detail: Detail) -> Result<()> {
     let images = images_for(pid, path)?;
-    let probes = tracer::plan(&images, detail);
+    let probes = plan(&images, detail);
     if json {
         println!("{}", render_json(pid, &images, &probes));
     } else {

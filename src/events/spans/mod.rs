@@ -1,18 +1,22 @@
-//! Finished operations (decoded records) to OpenTelemetry spans. Pure: ids
-//! come from an injectable generator and times from an explicit clock, so the
-//! same records always give the same spans in tests.
+//! Finished operations (decoded records) to OpenTelemetry spans, one module
+//! per family: [`fs`], [`dns`], [`iteration`]. Pure: ids come from an
+//! injectable generator and times from an explicit clock, so the same
+//! records always give the same spans in tests.
+
+mod dns;
+mod fs;
+mod iteration;
 
 use std::borrow::Cow;
 use std::time::SystemTime;
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
+use opentelemetry::{InstrumentationScope, KeyValue};
 use opentelemetry_sdk::trace::{IdGenerator, SpanData, SpanEvents, SpanLinks};
 
-use crate::clock::Clock;
-use crate::decode::{DnsRecord, FsRecord, LoopRecord, Record};
-use crate::errno;
-use crate::probes::catalog;
+use crate::events::clock::Clock;
+use crate::events::decode::Record;
+use crate::events::errno;
 
 /// Attribute keys not covered by OpenTelemetry semantic conventions.
 pub mod keys {
@@ -65,17 +69,17 @@ pub fn scope() -> InstrumentationScope {
     InstrumentationScope::builder("uvspan").with_version(env!("CARGO_PKG_VERSION")).build()
 }
 
-fn ms(ns: u64) -> f64 {
+pub(crate) fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
-struct Builder<'a> {
+pub(crate) struct Builder<'a> {
     src: &'a SpanContextSource<'a>,
     trace_id: TraceId,
 }
 
 impl Builder<'_> {
-    fn span(
+    pub(crate) fn span(
         &self,
         name: impl Into<Cow<'static, str>>,
         parent: SpanId,
@@ -101,7 +105,7 @@ impl Builder<'_> {
         }
     }
 
-    fn wall(&self, ns: u64) -> SystemTime {
+    pub(crate) fn wall(&self, ns: u64) -> SystemTime {
         self.src.clock.to_wall(ns)
     }
 }
@@ -110,15 +114,15 @@ impl Builder<'_> {
 pub fn build(rec: &Record, src: &SpanContextSource<'_>) -> Vec<SpanData> {
     let b = Builder { src, trace_id: src.ids.new_trace_id() };
     match rec {
-        Record::Fs(r) => vec![fs_span(&b, r)],
-        Record::Dns(r) => vec![dns_span(&b, r)],
-        Record::Loop(r) => loop_spans(&b, r),
+        Record::Fs(r) => vec![fs::span(&b, r)],
+        Record::Dns(r) => vec![dns::span(&b, r)],
+        Record::Loop(r) => iteration::spans(&b, r),
         Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => vec![],
     }
 }
 
 /// Queue wait / run / callback wait of a threadpool job, as attributes and events.
-fn threadpool(
+pub(crate) fn threadpool(
     b: &Builder<'_>,
     span: &mut SpanData,
     (start, end): (u64, u64),
@@ -140,104 +144,31 @@ fn threadpool(
     }
 }
 
-fn fail(span: &mut SpanData, code: i64) {
+pub(crate) fn fail(span: &mut SpanData, code: i64) {
     let (name, msg) = errno::describe(code).unwrap_or(("", "unknown error"));
     let name = if name.is_empty() { errno::error_type(code) } else { name.to_string() };
     span.status = Status::error(format!("{name}: {msg}"));
     span.attributes.push(KeyValue::new(keys::ERROR_TYPE, name));
 }
 
-fn fs_span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
-    let op = catalog::fs_op(r.op);
-    let name = op.map_or("fs.unknown", |o| o.span);
-    let mut attrs = Vec::with_capacity(10);
-    if let Some(p) = &r.path {
-        attrs.push(KeyValue::new(keys::FILE_PATH, p.clone()));
-    }
-    if let Some(p) = &r.path2 {
-        attrs.push(KeyValue::new(keys::NEW_PATH, p.clone()));
-    }
-    if let Some(fd) = r.fd {
-        attrs.push(KeyValue::new(keys::FD, i64::from(fd)));
-    }
-    attrs.push(KeyValue::new(keys::THREAD_ID, i64::from(r.tid)));
-    attrs.push(KeyValue::new(keys::SYNC, r.sync));
-    if r.result >= 0 {
-        match name {
-            "fs.read" | "fs.write" | "fs.sendfile" => attrs.push(KeyValue::new(keys::BYTES, r.result)),
-            "fs.open" | "fs.mkstemp" => attrs.push(KeyValue::new(keys::FD, r.result)),
-            "fs.scandir" | "fs.readdir" => attrs.push(KeyValue::new(keys::ENTRIES, r.result)),
-            _ => {}
-        }
-    }
-    // Said only when the end is not the usual one: sync calls end at
-    // uv_fs_req_cleanup, async ones at libuv's completion.
-    let usual = if r.sync { "uv_fs_req_cleanup" } else { "libuv_done" };
-    if let Some(at) = r.ended_at.filter(|&at| at != usual) {
-        attrs.push(KeyValue::new(keys::ENDED_AT, at));
-    }
-    let mut span = b.span(name, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
-    threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
-    if r.result < 0 {
-        fail(&mut span, r.result);
-    }
-    span
-}
 
-fn dns_span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
-    let mut answers: Vec<StringValue> = Vec::new();
-    for a in &r.answers {
-        let s = StringValue::from(a.to_string());
-        if !answers.contains(&s) {
-            answers.push(s);
-        }
-    }
-    let mut attrs = vec![
-        KeyValue::new(keys::DNS_NAME, r.host.clone()),
-        KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
-        KeyValue::new(keys::SYNC, r.sync),
-    ];
-    if !answers.is_empty() {
-        attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Array(Array::String(answers))));
-    }
-    if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
-        attrs.push(KeyValue::new(keys::ENDED_AT, at));
-    }
-    let mut span = b.span(DNS, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
-    span.span_kind = SpanKind::Client;
-    threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
-    if r.retcode != 0 {
-        fail(&mut span, i64::from(r.retcode));
-    }
-    span
-}
+/// What the family tests share: a fixed clock (offset 0: span times are the
+/// record's kernel times) and sequential ids.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
 
-/// One `uv.loop.iteration` span and a child per phase. The iteration is
-/// shown from the moment the loop woke up in poll (time blocked before that
-/// is an attribute), so its duration is how long the loop was busy.
-fn loop_spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
-    let start = r.wake_ns.unwrap_or(r.start_ns).min(r.end_ns);
-    let total = r.end_ns.saturating_sub(r.start_ns);
-    let busy = total.saturating_sub(r.poll_wait_ns);
-    let attrs = vec![
-        KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
-        KeyValue::new(keys::BUSY, ms(busy)),
-        KeyValue::new(keys::POLL_WAIT, ms(r.poll_wait_ns)),
-        KeyValue::new(keys::FAST_BEFORE, r.skipped as i64),
-    ];
-    let root = b.span(ITERATION, SpanId::INVALID, start, r.end_ns, attrs);
-    let parent = root.span_context.span_id();
-    let mut out = vec![root];
-    for &(i, ps, pe) in &r.phases {
-        let phase = catalog::phase_name(i);
-        let ps = ps.max(start);
-        out.push(b.span(
-            format!("uv.loop.{phase}"),
-            parent,
-            ps,
-            pe,
-            vec![KeyValue::new(keys::PHASE, phase)],
-        ));
+    pub fn build_one(rec: &Record) -> Vec<SpanData> {
+        let ids = SequentialIds::default();
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: scope() };
+        build(rec, &src)
     }
-    out
+
+    pub fn attr<'a>(s: &'a SpanData, k: &str) -> Option<&'a opentelemetry::Value> {
+        s.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| &kv.value)
+    }
+
+    pub fn nanos(t: SystemTime) -> u128 {
+        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    }
 }

@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use anyhow::{bail, Context, Result};
 use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
-use crate::probes::{catalog, point};
+use crate::probes::catalog;
+
+pub mod point;
 
 /// What uvspan knows about one ELF file holding libuv.
 #[derive(Debug, PartialEq, Eq)]

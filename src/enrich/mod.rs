@@ -1,0 +1,3 @@
+//! What spans are about: the [`resource`] of each traced process (process,
+//! cgroup, container, Kubernetes attributes).
+pub mod resource;

@@ -1,0 +1,84 @@
+//! `dns.getaddrinfo` spans: one per finished lookup.
+
+use opentelemetry::trace::{SpanId, SpanKind};
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+use opentelemetry_sdk::trace::SpanData;
+
+use super::{fail, keys, threadpool, Builder, DNS};
+use crate::events::decode::DnsRecord;
+
+pub(super) fn span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
+    let mut answers: Vec<StringValue> = Vec::new();
+    for a in &r.answers {
+        let s = StringValue::from(a.to_string());
+        if !answers.contains(&s) {
+            answers.push(s);
+        }
+    }
+    let mut attrs = vec![
+        KeyValue::new(keys::DNS_NAME, r.host.clone()),
+        KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
+        KeyValue::new(keys::SYNC, r.sync),
+    ];
+    if !answers.is_empty() {
+        attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Array(Array::String(answers))));
+    }
+    if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
+        attrs.push(KeyValue::new(keys::ENDED_AT, at));
+    }
+    let mut span = b.span(DNS, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
+    span.span_kind = SpanKind::Client;
+    threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
+    if r.retcode != 0 {
+        fail(&mut span, i64::from(r.retcode));
+    }
+    span
+}
+
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{SpanKind, Status};
+    use opentelemetry::{Array, StringValue, Value};
+
+    use super::super::testing::{attr, build_one};
+    use crate::events::decode::{DnsRecord, Record};
+
+    fn rec() -> DnsRecord {
+        DnsRecord {
+            pid: 10,
+            tid: 11,
+            sync: false,
+            start_ns: 100,
+            work_start_ns: None,
+            work_end_ns: None,
+            end_ns: 900,
+            retcode: 0,
+            worker_tid: None,
+            ended_at: Some("libuv_done"),
+            host: "localhost".into(),
+            answers: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap(), "127.0.0.1".parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn answers_deduplicated_client_kind() {
+        let s = &build_one(&Record::Dns(rec()))[0];
+        assert_eq!(s.name, "dns.getaddrinfo");
+        assert_eq!(s.span_kind, SpanKind::Client);
+        assert_eq!(attr(s, "dns.question.name"), Some(&Value::from("localhost")));
+        let want = Value::Array(Array::String(vec![StringValue::from("127.0.0.1"), StringValue::from("::1")]));
+        assert_eq!(attr(s, "dns.answers"), Some(&want));
+        assert_eq!(s.status, Status::Unset);
+    }
+
+    #[test]
+    fn failure_is_an_eai_error_and_the_fallback_end_is_said() {
+        let r = DnsRecord { retcode: -3008, answers: vec![], ended_at: Some("uv_freeaddrinfo"), ..rec() };
+        let s = &build_one(&Record::Dns(r))[0];
+        assert_eq!(attr(s, "error.type"), Some(&Value::from("EAI_NONAME")));
+        assert!(matches!(&s.status, Status::Error { .. }));
+        assert_eq!(attr(s, "dns.answers"), None);
+        assert_eq!(attr(s, "uvspan.ended_at"), Some(&Value::from("uv_freeaddrinfo")));
+    }
+}

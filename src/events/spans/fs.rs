@@ -1,0 +1,132 @@
+//! `fs.<op>` spans: one per finished fs request.
+
+use opentelemetry::trace::SpanId;
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::trace::SpanData;
+
+use super::{fail, keys, threadpool, Builder};
+use crate::events::decode::FsRecord;
+use crate::probes::catalog::{self, FsResult};
+
+pub(super) fn span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
+    let op = catalog::fs_op(r.op);
+    let name = op.map_or("fs.unknown", |o| o.span);
+    let mut attrs = Vec::with_capacity(10);
+    if let Some(p) = &r.path {
+        attrs.push(KeyValue::new(keys::FILE_PATH, p.clone()));
+    }
+    if let Some(p) = &r.path2 {
+        attrs.push(KeyValue::new(keys::NEW_PATH, p.clone()));
+    }
+    if let Some(fd) = r.fd {
+        attrs.push(KeyValue::new(keys::FD, i64::from(fd)));
+    }
+    attrs.push(KeyValue::new(keys::THREAD_ID, i64::from(r.tid)));
+    attrs.push(KeyValue::new(keys::SYNC, r.sync));
+    if r.result >= 0 {
+        // What the result means is said on the operation's catalog row.
+        let key = match op.map_or(FsResult::Nothing, |o| o.result) {
+            FsResult::Nothing => None,
+            FsResult::Bytes => Some(keys::BYTES),
+            FsResult::Fd => Some(keys::FD),
+            FsResult::Entries => Some(keys::ENTRIES),
+        };
+        if let Some(key) = key {
+            attrs.push(KeyValue::new(key, r.result));
+        }
+    }
+    // Said only when the end is not the usual one: sync calls end at
+    // uv_fs_req_cleanup, async ones at libuv's completion.
+    let usual = if r.sync { "uv_fs_req_cleanup" } else { "libuv_done" };
+    if let Some(at) = r.ended_at.filter(|&at| at != usual) {
+        attrs.push(KeyValue::new(keys::ENDED_AT, at));
+    }
+    let mut span = b.span(name, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
+    threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
+    if r.result < 0 {
+        fail(&mut span, r.result);
+    }
+    span
+}
+
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::Status;
+    use opentelemetry::Value;
+
+    use super::super::testing::{attr, build_one, nanos};
+    use crate::events::decode::{FsRecord, Record};
+    use crate::probes::catalog::FS_OPS;
+
+    fn rec(symbol: &str) -> FsRecord {
+        FsRecord {
+            pid: 10,
+            tid: 11,
+            op: FS_OPS.iter().position(|o| o.symbol == symbol).unwrap() as u8,
+            sync: false,
+            start_ns: 1_000,
+            work_start_ns: None,
+            work_end_ns: None,
+            end_ns: 5_000,
+            result: 0,
+            fd: None,
+            worker_tid: None,
+            ended_at: Some("libuv_done"),
+            path: None,
+            path2: None,
+        }
+    }
+
+    #[test]
+    fn async_read_with_threadpool_split() {
+        let r = FsRecord { result: 4096, fd: Some(7), work_start_ns: Some(2_000), work_end_ns: Some(3_000), worker_tid: Some(12), ..rec("uv_fs_read") };
+        let spans = build_one(&Record::Fs(r));
+        assert_eq!(spans.len(), 1);
+        let s = &spans[0];
+        assert_eq!(s.name, "fs.read");
+        assert_eq!((nanos(s.start_time), nanos(s.end_time)), (1_000, 5_000));
+        assert_eq!(attr(s, "uvspan.fs.bytes"), Some(&Value::I64(4096)));
+        assert_eq!(attr(s, "uvspan.fs.fd"), Some(&Value::I64(7)));
+        assert_eq!(attr(s, "uvspan.sync"), Some(&Value::Bool(false)));
+        assert_eq!(attr(s, "thread.id"), Some(&Value::I64(11)));
+        assert_eq!(attr(s, "uvspan.threadpool.queue_wait_ms"), Some(&Value::F64(0.001)));
+        assert_eq!(attr(s, "uvspan.threadpool.run_ms"), Some(&Value::F64(0.001)));
+        assert_eq!(attr(s, "uvspan.loop.callback_wait_ms"), Some(&Value::F64(0.002)));
+        assert_eq!(attr(s, "uvspan.threadpool.thread.id"), Some(&Value::I64(12)));
+        let events: Vec<&str> = s.events.iter().map(|e| e.name.as_ref()).collect();
+        assert_eq!(events, ["threadpool.start", "threadpool.end"]);
+        assert_eq!(attr(s, "uvspan.ended_at"), None, "the usual end is not said");
+        assert_eq!(s.status, Status::Unset);
+    }
+
+    #[test]
+    fn result_meaning_comes_from_the_row() {
+        let open = build_one(&Record::Fs(FsRecord { result: 23, path: Some("/a".into()), ..rec("uv_fs_open") }));
+        assert_eq!(attr(&open[0], "uvspan.fs.fd"), Some(&Value::I64(23)));
+        assert_eq!(attr(&open[0], "file.path"), Some(&Value::from("/a")));
+        let scandir = build_one(&Record::Fs(FsRecord { result: 3, ..rec("uv_fs_scandir") }));
+        assert_eq!(attr(&scandir[0], "uvspan.fs.entries"), Some(&Value::I64(3)));
+        let stat = build_one(&Record::Fs(FsRecord { result: 0, ..rec("uv_fs_stat") }));
+        assert!(["uvspan.fs.bytes", "uvspan.fs.fd", "uvspan.fs.entries"].iter().all(|k| attr(&stat[0], k).is_none()));
+    }
+
+    #[test]
+    fn sync_failure_with_two_paths() {
+        let r = FsRecord {
+            sync: true,
+            result: -2,
+            path: Some("/from".into()),
+            path2: Some("/to".into()),
+            ended_at: Some("next_libuv_call"),
+            ..rec("uv_fs_rename")
+        };
+        let s = &build_one(&Record::Fs(r))[0];
+        assert_eq!(s.name, "fs.rename");
+        assert_eq!(attr(s, "uvspan.file.new_path"), Some(&Value::from("/to")));
+        assert_eq!(attr(s, "error.type"), Some(&Value::from("ENOENT")));
+        assert_eq!(s.status, Status::error("ENOENT: no such file or directory"));
+        assert_eq!(attr(s, "uvspan.ended_at"), Some(&Value::from("next_libuv_call")));
+        assert_eq!(s.parent_span_id, opentelemetry::trace::SpanId::INVALID);
+    }
+}

@@ -1,0 +1,223 @@
+//! The plan for one process's images: each catalog probe with the offset to
+//! attach at, or why it is not attached, and what that loses. Pure, so what
+//! `uvspan probes` shows is what `uvspan` attaches; the kernel side only
+//! turns `Usable` into `Failed` when the kernel refuses.
+
+use std::collections::HashMap;
+
+use crate::kernel::skel::types::probe_kind;
+use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Probe};
+use crate::symbols::{Images, Located};
+
+/// How one probe fares on one build.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeState {
+    /// Found: attached (or, for `uvspan probes`, attachable).
+    Usable,
+    /// A fallback whose primary symbol exists.
+    NotNeeded,
+    /// The symbol is not in the file (or there is no file of its kind).
+    Missing,
+    /// Found, but the kernel refused to attach it.
+    Failed(String),
+    /// In a `--detail` group that is off.
+    Off(DetailKind),
+}
+
+/// One catalog probe on one process's images.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProbeStatus {
+    pub symbol: &'static str,
+    pub image: ImageKind,
+    /// The file the symbol is in (as the process sees it).
+    pub path: Option<String>,
+    /// File offset of the probe point, when found.
+    pub offset: Option<u64>,
+    #[serde(rename = "status", serialize_with = "state_word")]
+    pub state: ProbeState,
+    /// What is lost when missing (or, for a fallback, what it stands in for).
+    pub if_missing: &'static str,
+    pub fallback_for: Option<&'static str>,
+    /// The kernel cannot emulate the instruction at the probe point, so each
+    /// hit is single-stepped (much slower).
+    pub single_stepped: bool,
+    #[serde(skip)]
+    pub kind: probe_kind,
+    #[serde(skip)]
+    pub cookie: u64,
+}
+
+fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> Result<S::Ok, S::Error> {
+    match s {
+        ProbeState::Usable => ser.serialize_str("usable"),
+        ProbeState::NotNeeded => ser.serialize_str("not_needed"),
+        ProbeState::Missing => ser.serialize_str("missing"),
+        ProbeState::Failed(e) => ser.serialize_str(&format!("failed: {e}")),
+        ProbeState::Off(k) => ser.serialize_str(&format!("off: --detail {}", k.name())),
+    }
+}
+
+/// The state of `p` given the symbols found in libuv's image and libc's.
+fn state_of(p: &Probe, libuv: &HashMap<&'static str, u64>, libc: Option<&HashMap<&'static str, u64>>, detail: Detail) -> (ProbeState, Option<u64>) {
+    let syms = match p.image {
+        ImageKind::Libuv => Some(libuv),
+        ImageKind::Libc => libc,
+    };
+    if let Some(k) = p.detail.filter(|&k| !detail.enables(k)) {
+        return (ProbeState::Off(k), None);
+    }
+    if p.fallback_for.is_some_and(|primary| libuv.contains_key(primary)) {
+        return (ProbeState::NotNeeded, None);
+    }
+    match syms.and_then(|s| s.get(p.symbol)) {
+        Some(&off) => (ProbeState::Usable, Some(off)),
+        None => (ProbeState::Missing, None),
+    }
+}
+
+/// The plan over bare symbol tables (no files): for tests and [`plan`].
+pub fn plan_symbols(
+    libuv: &HashMap<&'static str, u64>,
+    libc: Option<&HashMap<&'static str, u64>>,
+    detail: Detail,
+) -> Vec<ProbeStatus> {
+    catalog::all_probes()
+        .into_iter()
+        .map(|p| {
+            let (state, offset) = state_of(&p, libuv, libc, detail);
+            ProbeStatus {
+                symbol: p.symbol,
+                image: p.image,
+                path: None,
+                offset,
+                state,
+                if_missing: p.if_missing,
+                fallback_for: p.fallback_for,
+                single_stepped: false,
+                kind: p.kind,
+                cookie: p.attach_cookie(),
+            }
+        })
+        .collect()
+}
+
+/// The plan for a process's images (nothing attached yet).
+pub fn plan(images: &Images, detail: Detail) -> Vec<ProbeStatus> {
+    let libc = images.libc.as_ref().map(|l| &l.image.offsets);
+    let mut out = plan_symbols(&images.libuv.image.offsets, libc, detail);
+    for r in &mut out {
+        let loc = match r.image {
+            ImageKind::Libuv => Some(&images.libuv),
+            ImageKind::Libc => images.libc.as_ref(),
+        };
+        r.path = loc.map(|l| l.path.clone());
+        r.single_stepped = r.state == ProbeState::Usable && loc.is_some_and(|l| l.image.single_stepped.contains(&r.symbol));
+    }
+    out
+}
+
+/// Whether loop iterations come from the loop thread's epoll waits alone
+/// (no phase probe in use: not asked for, or a stripped build).
+pub fn epoll_only(report: &[ProbeStatus]) -> bool {
+    !report.iter().any(|r| r.kind == probe_kind::PROBE_LOOP_PHASE && r.state == ProbeState::Usable)
+}
+
+/// What cannot be traced on this build, and why, one line each.
+pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
+    let mut out = Vec::new();
+    let slow: Vec<&str> = report.iter().filter(|r| r.single_stepped && r.state == ProbeState::Usable).map(|r| r.symbol).collect();
+    if !slow.is_empty() {
+        out.push(format!(
+            "single-stepped by the kernel (no emulatable instruction near the start; each hit costs more): {}",
+            slow.join(", ")
+        ));
+    }
+    let lost = |r: &&ProbeStatus| matches!(r.state, ProbeState::Missing | ProbeState::Failed(_));
+    let missing: Vec<&ProbeStatus> = report.iter().filter(lost).filter(|r| r.fallback_for.is_none()).collect();
+    if missing.is_empty() {
+        return out;
+    }
+    if !loc.image.has_symtab {
+        out.push(format!(
+            "{} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed",
+            loc.path
+        ));
+    }
+    for r in missing {
+        let why = match &r.state {
+            ProbeState::Failed(e) => e.clone(),
+            _ => "not found".into(),
+        };
+        out.push(format!("{} {why}: {}", r.symbol, r.if_missing));
+    }
+    for r in report.iter().filter(|r| r.fallback_for.is_some() && r.state == ProbeState::Usable) {
+        out.push(format!("fallback in use: {} instead of {}", r.symbol, r.fallback_for.unwrap_or("")));
+    }
+    for r in report.iter().filter(lost).filter(|r| r.fallback_for.is_some()) {
+        out.push(format!("fallback {} unavailable: {}", r.symbol, r.if_missing));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn get(pl: &[ProbeStatus], s: &str) -> (ProbeState, Option<u64>) {
+        let r = pl.iter().find(|p| p.symbol == s).unwrap();
+        (r.state.clone(), r.offset)
+    }
+
+    #[test]
+    fn plan_uses_fallbacks_only_when_needed() {
+        let full: HashMap<&'static str, u64> = catalog::all_probes()
+            .iter()
+            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
+            .map(|p| (p.symbol, 0x1000))
+            .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
+            .collect();
+        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
+        let plan_full = plan_symbols(&full, Some(&libc), Detail::all());
+        assert_eq!(get(&plan_full, "uv_run"), (ProbeState::NotNeeded, None));
+        assert_eq!(get(&plan_full, "getaddrinfo"), (ProbeState::NotNeeded, None));
+        assert_eq!(get(&plan_full, "uv__io_poll"), (ProbeState::Usable, Some(0x1000)));
+
+        // Stripped: only the exported API.
+        let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
+        let plan_s = plan_symbols(&stripped, Some(&libc), Detail::all());
+        assert_eq!(get(&plan_s, "uv__io_poll"), (ProbeState::Missing, None));
+        assert_eq!(get(&plan_s, "uv_run"), (ProbeState::Usable, Some(0x3000)));
+        assert_eq!(get(&plan_s, "uv_freeaddrinfo"), (ProbeState::Usable, Some(0x2000)));
+        assert_eq!(get(&plan_s, "getaddrinfo"), (ProbeState::Usable, Some(0x10)));
+        assert_eq!(get(&plan_symbols(&stripped, None, Detail::all()), "getaddrinfo").0, ProbeState::Missing);
+        assert!(epoll_only(&plan_s));
+        assert!(!epoll_only(&plan_full));
+    }
+
+    #[test]
+    fn default_plan_is_the_cheap_set() {
+        let full: HashMap<&'static str, u64> =
+            catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
+        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
+        let attached = |d: Detail| -> Vec<&'static str> {
+            let mut v: Vec<_> = plan_symbols(&full, Some(&libc), d)
+                .into_iter()
+                .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
+                .map(|r| r.symbol)
+                .collect();
+            v.sort();
+            v
+        };
+        // Per async fs request: submit, uv__fs_done, uv_fs_req_cleanup; per
+        // DNS lookup: submit and done; no probe per loop iteration.
+        assert_eq!(attached(Detail::default()), ["uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]);
+        let tp = attached(Detail::from_kinds(&[DetailKind::Threadpool]));
+        assert!(tp.contains(&"uv__fs_work") && tp.contains(&"uv_async_send") && !tp.contains(&"uv__io_poll"));
+        let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
+        assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
+        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All])).len(), 12);
+        let off = plan_symbols(&full, Some(&libc), Detail::default());
+        assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
+        assert!(epoll_only(&off));
+    }
+}
