@@ -8,10 +8,10 @@ use std::fmt::Write;
 use std::path::Path;
 
 use opentelemetry::trace::Status;
-use uvspan::clock::Clock;
-use uvspan::decode::{decode, read_recording};
+use uvspan::events::clock::Clock;
+use uvspan::events::decode::{decode, read_recording};
 use uvspan::export::console;
-use uvspan::spans::{build, scope, SequentialIds, SpanContextSource};
+use uvspan::events::spans::{build, scope, SequentialIds, SpanContextSource};
 
 fn render(rec_file: &Path) -> String {
     let bytes = std::fs::read(rec_file).unwrap();
