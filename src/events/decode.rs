@@ -1,7 +1,7 @@
 //! Ring-buffer records (bytes, laid out by bpf/uvspan.h) to owned Rust values.
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
-use crate::kernel::skel::types::{dns_event, ev_end, ev_header, ev_kind, fs_event, loop_event, proc_event};
+use crate::kernel::skel::types::{answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, loop_event, proc_event, uvspan_sizes};
 
 /// A finished fs request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -81,27 +81,22 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-/// Marker for the generated record types: plain old data, any byte pattern valid.
-trait Pod: Default + Copy {}
-impl Pod for ev_header {}
-impl Pod for fs_event {}
-impl Pod for dns_event {}
-impl Pod for loop_event {}
-impl Pod for proc_event {}
-
-/// Copies up to size_of::<T>() bytes into a zeroed T. `min` is the shortest
-/// valid record (fs records are sent without their second path).
-fn read<T: Pod>(data: &[u8], kind: u32, min: usize) -> Result<T, DecodeError> {
+/// The record of type T in `data`, copied out (ring-buffer records need not
+/// be aligned for T). `min` is the shortest valid record: fs records are sent
+/// without their second path, whose bytes stay zero.
+fn read<T: plain::Plain + Default>(data: &[u8], kind: u32, min: usize) -> Result<T, DecodeError> {
     if data.len() < min {
         return Err(DecodeError::Short { kind, len: data.len() });
     }
     let mut v = T::default();
-    let n = data.len().min(std::mem::size_of::<T>());
-    // SAFETY: T is one of the #[repr(C)] record types generated from
-    // bpf/uvspan.h (the Pod marker), made only of integers, integer arrays and
-    // u32 enum newtypes, so every byte pattern is a valid T. We copy at most
-    // size_of::<T>() bytes into a properly aligned, initialized T.
-    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), (&mut v as *mut T).cast::<u8>(), n) };
+    let size = std::mem::size_of::<T>();
+    if data.len() >= size {
+        plain::copy_from_bytes(&mut v, data).map_err(|_| DecodeError::Short { kind, len: data.len() })?;
+    } else {
+        // SAFETY: T is Plain (kernel::skel): writing any bytes into it is
+        // sound, and we write data.len() < size_of::<T>() of them.
+        unsafe { plain::as_mut_bytes(&mut v)[..data.len()].copy_from_slice(data) };
+    }
     Ok(v)
 }
 
@@ -111,8 +106,8 @@ fn nonzero(v: u64) -> Option<u64> {
 
 /// C string in a fixed array: up to the first NUL, lossy UTF-8, one copy.
 fn cstr(buf: &[i8]) -> String {
-    // SAFETY: i8 and u8 have the same size and alignment; the slice is
-    // reinterpreted in place for the same length and lifetime.
+    // SAFETY: i8 and u8 have the same size and alignment and no padding; the
+    // slice is reinterpreted in place for the same length and lifetime.
     let bytes = unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), buf.len()) };
     let end = memchr::memchr(0, bytes).unwrap_or(bytes.len());
     String::from_utf8_lossy(&bytes[..end]).into_owned()
@@ -136,7 +131,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     let kind = hdr.kind;
     match kind {
         ev_kind::EV_FS => {
-            let min = std::mem::size_of::<fs_event>() - 256;
+            let min = std::mem::size_of::<fs_event>() - uvspan_sizes::UVSPAN_PATH_MAX.0 as usize;
             let e: fs_event = read(data, kind.0, min)?;
             let path = cstr(&e.path);
             Ok(Record::Fs(FsRecord {
@@ -160,9 +155,9 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             let e: dns_event = read(data, kind.0, std::mem::size_of::<dns_event>())?;
             let answers = e.answers[..usize::from(e.n_answers).min(e.answers.len())]
                 .iter()
-                .filter_map(|a| match a.family {
-                    2 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
-                    10 => Some(std::net::IpAddr::from(a.addr)),
+                .filter_map(|a| match u32::from(a.family) {
+                    f if f == answer_family::FAMILY_INET.0 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
+                    f if f == answer_family::FAMILY_INET6.0 => Some(std::net::IpAddr::from(a.addr)),
                     _ => None,
                 })
                 .collect();
@@ -234,13 +229,18 @@ pub fn read_recording(mut b: &[u8]) -> Vec<&[u8]> {
     out
 }
 
-/// Bytes of a generated record, for tests and recordings.
-pub fn as_bytes<T: Copy>(v: &T, len: usize) -> Vec<u8> {
-    let len = len.min(std::mem::size_of::<T>());
-    // SAFETY: reading `len <= size_of::<T>()` bytes of a live, initialized
-    // value. The record types have explicit padding fields, so no byte read
-    // here is uninitialized padding.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), len) }.to_vec()
+/// The bytes of a record as the kernel sends them: `fill` writes the fields
+/// into a zeroed, aligned T; the first `len` bytes are returned. For tests
+/// and replay tools.
+pub fn record_bytes<T: plain::Plain>(len: usize, fill: impl FnOnce(&mut T)) -> Vec<u8> {
+    let size = std::mem::size_of::<T>();
+    let mut words = vec![0u64; size.div_ceil(8)];
+    // SAFETY: u64 has no padding and any bytes are a valid u64, so viewing
+    // the words as bytes (to write and to read them) is sound.
+    let bytes = unsafe { plain::as_mut_bytes(words.as_mut_slice()) };
+    let rec: &mut T = plain::from_mut_bytes(&mut bytes[..size]).expect("u64-aligned buffer of size_of::<T>() bytes");
+    fill(rec);
+    bytes[..len.min(size)].to_vec()
 }
 
 #[cfg(test)]
@@ -255,18 +255,18 @@ mod tests {
 
     #[test]
     fn fs_record_without_second_path() {
-        let mut e = fs_event::default();
-        e.hdr.kind = ev_kind::EV_FS;
-        e.hdr.pid = 10;
-        e.hdr.tid = 11;
-        e.op = 0;
-        e.start_ns = 100;
-        e.end_ns = 200;
-        e.result = -2;
-        e.fd = -1;
-        e.end_kind = ev_end::END_DONE.0 as u8;
-        set_str(&mut e.path, "/no/such");
-        let bytes = as_bytes(&e, std::mem::size_of::<fs_event>() - 256);
+        let bytes = record_bytes(std::mem::size_of::<fs_event>() - 256, |e: &mut fs_event| {
+            e.hdr.kind = ev_kind::EV_FS;
+            e.hdr.pid = 10;
+            e.hdr.tid = 11;
+            e.op = 0;
+            e.start_ns = 100;
+            e.end_ns = 200;
+            e.result = -2;
+            e.fd = -1;
+            e.end_kind = ev_end::END_DONE.0 as u8;
+            set_str(&mut e.path, "/no/such");
+        });
         let Record::Fs(r) = decode(&bytes).unwrap() else { panic!("not fs") };
         assert_eq!(r.path.as_deref(), Some("/no/such"));
         assert_eq!(r.path2, None);
@@ -277,15 +277,16 @@ mod tests {
 
     #[test]
     fn dns_answers_are_decoded() {
-        let mut e = dns_event::default();
-        e.hdr.kind = ev_kind::EV_DNS;
-        e.n_answers = 2;
-        e.answers[0].family = 2;
-        e.answers[0].addr[..4].copy_from_slice(&[127, 0, 0, 1]);
-        e.answers[1].family = 10;
-        e.answers[1].addr[15] = 1;
-        set_str(&mut e.host, "localhost");
-        let Record::Dns(r) = decode(&as_bytes(&e, usize::MAX)).unwrap() else { panic!("not dns") };
+        let bytes = record_bytes(usize::MAX, |e: &mut dns_event| {
+            e.hdr.kind = ev_kind::EV_DNS;
+            e.n_answers = 2;
+            e.answers[0].family = 2;
+            e.answers[0].addr[..4].copy_from_slice(&[127, 0, 0, 1]);
+            e.answers[1].family = 10;
+            e.answers[1].addr[15] = 1;
+            set_str(&mut e.host, "localhost");
+        });
+        let Record::Dns(r) = decode(&bytes).unwrap() else { panic!("not dns") };
         assert_eq!(r.host, "localhost");
         assert_eq!(r.answers, vec!["127.0.0.1".parse::<std::net::IpAddr>().unwrap(), "::1".parse().unwrap()]);
     }
@@ -293,11 +294,9 @@ mod tests {
     #[test]
     fn bad_input_is_an_error_not_a_panic() {
         assert!(matches!(decode(&[1, 2]), Err(DecodeError::Short { .. })));
-        let mut h = ev_header::default();
-        h.kind = ev_kind(99);
-        assert_eq!(decode(&as_bytes(&h, usize::MAX)), Err(DecodeError::UnknownKind(99)));
-        let mut f = fs_event::default();
-        f.hdr.kind = ev_kind::EV_FS;
-        assert!(matches!(decode(&as_bytes(&f, 40)), Err(DecodeError::Short { kind: 1, len: 40 })));
+        let h = record_bytes(usize::MAX, |h: &mut ev_header| h.kind = ev_kind(99));
+        assert_eq!(decode(&h), Err(DecodeError::UnknownKind(99)));
+        let f = record_bytes(40, |f: &mut fs_event| f.hdr.kind = ev_kind::EV_FS);
+        assert!(matches!(decode(&f), Err(DecodeError::Short { kind: 1, len: 40 })));
     }
 }
