@@ -1,41 +1,19 @@
-//! Where libuv lives in a process, and the file offsets of the catalog's
-//! symbols there. ELF files are parsed once per build-id and size (or inode
-//! when there is no build-id) and the result cached, so attaching to the 50th process of a
-//! build costs no re-parse of its ~100 MB binary.
+//! Where libuv lives in a process (the executable, or a libuv.so/libnode.so
+//! it maps) and libc beside it. What each file holds is read by [`elf`]
+//! (the catalog's symbol offsets, at [`point`]s the kernel can emulate),
+//! once per build and cached in memory and on disk ([`cache`]).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use object::{Object, ObjectSection, ObjectSegment, ObjectSymbol};
 
-use crate::probes::catalog;
-
+pub mod cache;
+pub mod elf;
 pub mod point;
 
-/// What uvspan knows about one ELF file holding libuv.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Image {
-    pub build_id: Option<String>,
-    /// symbol -> file offset of its probe point, for the catalog symbols
-    /// present (see probes::point: possibly a few bytes into the function).
-    pub offsets: HashMap<&'static str, u64>,
-    /// Symbols whose probe point the kernel must single-step (slow).
-    pub single_stepped: Vec<&'static str>,
-    /// Whether a .symtab was present (else only .dynsym exports).
-    pub has_symtab: bool,
-    /// Node version found in the file ("v20.20.2"), when it can be told.
-    pub node_version: Option<String>,
-    /// libuv version found in a libuv.so ("1.44.2"), when it can be told.
-    pub libuv_version: Option<String>,
-}
-
-impl Image {
-    pub fn has_libuv(&self) -> bool {
-        self.offsets.contains_key("uv_fs_open") || self.offsets.contains_key("uv_run")
-    }
-}
+pub use cache::{cache_dir, set_cache_dir, DEFAULT_CACHE_DIR};
+pub use elf::{inspect, Image};
 
 /// The files a process's probes go into: where libuv is, and libc (for the
 /// getaddrinfo fallback of builds that only export libuv's API).
@@ -78,220 +56,6 @@ pub struct Located {
     pub image: Arc<Image>,
 }
 
-/// Where parsed images are kept between runs, one small JSON file per
-/// build-id and size, so a second uvspan start reads no symbol table.
-pub const DEFAULT_CACHE_DIR: &str = "/var/cache/uvspan";
-
-static CACHE_DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-
-/// Sets the persistent cache directory (None: keep parsed images in memory
-/// only). The first call wins; without one, [`DEFAULT_CACHE_DIR`] is used.
-pub fn set_cache_dir(dir: Option<PathBuf>) {
-    let _ = CACHE_DIR.set(dir);
-}
-
-/// The persistent cache directory, if any.
-pub fn cache_dir() -> Option<&'static Path> {
-    CACHE_DIR.get_or_init(|| Some(PathBuf::from(DEFAULT_CACHE_DIR))).as_deref()
-}
-
-/// An [`Image`] as stored on disk, with what it was computed for: the
-/// uvspan version and the symbols it looked for (a newer catalog reads the
-/// file again).
-#[derive(serde::Serialize, serde::Deserialize)]
-struct Stored {
-    uvspan: String,
-    wanted: Vec<String>,
-    build_id: Option<String>,
-    offsets: std::collections::BTreeMap<String, u64>,
-    single_stepped: Vec<String>,
-    has_symtab: bool,
-    node_version: Option<String>,
-    libuv_version: Option<String>,
-}
-
-/// Every symbol an image is searched for, sorted.
-fn wanted() -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = catalog::all_probes().iter().map(|p| p.symbol).chain(["uv_run"]).collect();
-    v.sort_unstable();
-    v.dedup();
-    v
-}
-
-impl Stored {
-    fn of(img: &Image) -> Stored {
-        Stored {
-            uvspan: env!("CARGO_PKG_VERSION").into(),
-            wanted: wanted().iter().map(|s| s.to_string()).collect(),
-            build_id: img.build_id.clone(),
-            offsets: img.offsets.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
-            single_stepped: img.single_stepped.iter().map(|s| s.to_string()).collect(),
-            has_symtab: img.has_symtab,
-            node_version: img.node_version.clone(),
-            libuv_version: img.libuv_version.clone(),
-        }
-    }
-
-    /// The image, if the file was written by this uvspan for this catalog.
-    fn image(self) -> Option<Image> {
-        let want = wanted();
-        if self.uvspan != env!("CARGO_PKG_VERSION") || self.wanted.iter().map(String::as_str).ne(want.iter().copied()) {
-            return None;
-        }
-        let name = |s: &str| want.iter().copied().find(|w| *w == s);
-        Some(Image {
-            build_id: self.build_id,
-            offsets: self.offsets.iter().map(|(k, v)| Some((name(k)?, *v))).collect::<Option<_>>()?,
-            single_stepped: self.single_stepped.iter().map(|s| name(s)).collect::<Option<_>>()?,
-            has_symtab: self.has_symtab,
-            node_version: self.node_version,
-            libuv_version: self.libuv_version,
-        })
-    }
-}
-
-fn stored_path(dir: &Path, key: &str) -> PathBuf {
-    dir.join("symbols").join(format!("{key}.json"))
-}
-
-/// The image stored for `key`, if any (a missing, unreadable or outdated
-/// file is simply read again from the ELF).
-fn load_stored(key: &str) -> Option<Image> {
-    let text = std::fs::read(stored_path(cache_dir()?, key)).ok()?;
-    serde_json::from_slice::<Stored>(&text).ok()?.image()
-}
-
-/// Stores the image for `key`; failing to (a read-only file system, no
-/// permission) only costs the next start a parse.
-fn store(key: &str, img: &Image) {
-    let Some(dir) = cache_dir() else { return };
-    let path = stored_path(dir, key);
-    let write = || -> std::io::Result<()> {
-        std::fs::create_dir_all(path.parent().unwrap_or(dir))?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, serde_json::to_vec(&Stored::of(img)).map_err(std::io::Error::other)?)?;
-        std::fs::rename(&tmp, &path)
-    };
-    if let Err(e) = write() {
-        if std::env::var_os("UVSPAN_DEBUG").is_some_and(|v| v != "0") {
-            eprintln!("uvspan: debug: cannot store symbols in {}: {e}", path.display());
-        }
-    }
-}
-
-fn cache() -> &'static Mutex<HashMap<String, Arc<Image>>> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Image>>>> = OnceLock::new();
-    CACHE.get_or_init(Default::default)
-}
-
-/// Reads (or fetches from the cache) the image at `path`.
-pub fn inspect(path: &Path) -> Result<Arc<Image>> {
-    let file = std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    // SAFETY: the mapping is read-only and private; the file may change under
-    // us (a binary being replaced), in which case we parse garbage and fail
-    // with an error, not UB on our side beyond reading stale bytes.
-    let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))?;
-    let elf = object::File::parse(&*map).with_context(|| format!("{} is not an ELF file", path.display()))?;
-    let build_id = elf.build_id().ok().flatten().map(hex);
-    let meta = file.metadata()?;
-    // `strip` keeps the build-id but moves code: the size tells them apart.
-    let key = match &build_id {
-        Some(id) => format!("{id}-{}", meta.len()),
-        None => {
-            use std::os::unix::fs::MetadataExt;
-            format!("{}:{}:{}", meta.dev(), meta.ino(), meta.mtime())
-        }
-    };
-    if let Some(img) = cache().lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
-        return Ok(img.clone());
-    }
-    // Only build-ids name a file across reboots (an inode number does not).
-    let persistent = build_id.is_some();
-    if let Some(img) = persistent.then(|| load_stored(&key)).flatten() {
-        let img = Arc::new(img);
-        cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, img.clone());
-        return Ok(img);
-    }
-    let is_libuv_so = path
-        .file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with("libuv"))
-        || std::fs::read_link(path).is_ok_and(|t| t.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libuv")));
-    let mut img = parse(&elf, &map, build_id);
-    if is_libuv_so {
-        img.libuv_version = libuv_version(&map);
-    }
-    if persistent {
-        store(&key, &img);
-    }
-    let img = Arc::new(img);
-    cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, img.clone());
-    Ok(img)
-}
-
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image {
-    let wanted: std::collections::HashSet<&'static str> = wanted().into_iter().collect();
-    let mut offsets = HashMap::new();
-    let mut single_stepped = Vec::new();
-    let has_symtab = elf.section_by_name(".symtab").is_some();
-    for sym in elf.symbols().chain(elf.dynamic_symbols()) {
-        if sym.kind() != object::SymbolKind::Text || sym.address() == 0 {
-            continue;
-        }
-        let Ok(name) = sym.name() else { continue };
-        let Some(&w) = wanted.get(name) else { continue };
-        if offsets.contains_key(w) {
-            continue;
-        }
-        if let Some(off) = file_offset(elf, sym.address()) {
-            let code = data.get(off as usize..(off as usize + 32).min(data.len())).unwrap_or(&[]);
-            let point = point::choose(code);
-            if !point.emulated {
-                single_stepped.push(w);
-            }
-            offsets.insert(w, off + point.delta);
-        }
-    }
-    // Node's version lives in read-only data: search only there.
-    let rodata = elf
-        .section_by_name(".rodata")
-        .and_then(|s| s.file_range())
-        .and_then(|(o, n)| data.get(o as usize..(o + n) as usize))
-        .unwrap_or(data);
-    Image { build_id, offsets, single_stepped, has_symtab, node_version: node_version(rodata), libuv_version: None }
-}
-
-/// Virtual address to file offset, through the PT_LOAD segment holding it.
-fn file_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
-    elf.segments().find_map(|seg| {
-        let (off, size) = seg.file_range();
-        (addr >= seg.address() && addr < seg.address() + size).then(|| addr - seg.address() + off)
-    })
-}
-
-/// Node embeds its release URLs: ".../release/v20.20.2/node-v20.20.2-headers.tar.gz".
-fn node_version(data: &[u8]) -> Option<String> {
-    let needle = b"-headers.tar.gz";
-    let at = memchr::memmem::find(data, needle)?;
-    let head = &data[at.saturating_sub(40)..at];
-    let start = memchr::memmem::rfind(head, b"/node-v")? + "/node-".len();
-    let v = std::str::from_utf8(&head[start..]).ok()?;
-    v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())).then(|| v.to_string())
-}
-
-/// A libuv version string in a libuv.so: a standalone "1.NN.N".
-fn libuv_version(data: &[u8]) -> Option<String> {
-    data.split(|b| !b.is_ascii_graphic()).find_map(|s| {
-        let t = std::str::from_utf8(s).ok()?;
-        let parts: Vec<&str> = t.split('.').collect();
-        (parts.len() == 3 && parts[0] == "1" && parts.iter().all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit())))
-            .then(|| t.to_string())
-    })
-}
-
 /// The path to attach to for a file a process maps: /proc/PID/map_files
 /// opens the very file (deleted, replaced or in another mount namespace).
 fn mapped_file(pid: u32, range: &str, path: &str) -> PathBuf {
@@ -303,14 +67,18 @@ fn mapped_file(pid: u32, range: &str, path: &str) -> PathBuf {
     }
 }
 
-/// (address range, path) of each file a process maps, first mapping only.
+/// (address range as map_files names it, path) of each file a process
+/// maps, first mapping only.
 fn mapped_files(pid: u32) -> Result<Vec<(String, String)>> {
-    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
+    let maps = procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.maps())
+        .with_context(|| format!("cannot read /proc/{pid}/maps"))?;
     let mut out: Vec<(String, String)> = Vec::new();
-    for line in maps.lines() {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() >= 6 && f[5].starts_with('/') && !out.iter().any(|(_, p)| p == f[5]) {
-            out.push((f[0].to_string(), f[5..].join(" ")));
+    for m in maps {
+        let procfs::process::MMapPath::Path(path) = &m.pathname else { continue };
+        let path = path.to_string_lossy().into_owned();
+        if !out.iter().any(|(_, p)| *p == path) {
+            out.push((format!("{:x}-{:x}", m.address.0, m.address.1), path));
         }
     }
     Ok(out)
@@ -402,46 +170,3 @@ pub fn system_libc() -> Option<Located> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stored_image_round_trips_and_outdated_files_are_refused() {
-        let img = Image {
-            build_id: Some("ab12".into()),
-            offsets: [("uv_fs_open", 0x10u64), ("uv__fs_done", 0x20)].into_iter().collect(),
-            single_stepped: vec!["uv__fs_done"],
-            has_symtab: true,
-            node_version: Some("v20.20.2".into()),
-            libuv_version: None,
-        };
-        let json = serde_json::to_string(&Stored::of(&img)).unwrap();
-        let back = serde_json::from_str::<Stored>(&json).unwrap().image().unwrap();
-        assert_eq!(back, img);
-        let mut old = Stored::of(&img);
-        old.uvspan = "0.0.0".into();
-        assert!(old.image().is_none(), "another uvspan version's file is parsed again");
-        let mut other = Stored::of(&img);
-        other.wanted.pop();
-        assert!(other.image().is_none(), "another catalog's file is parsed again");
-        let mut bad = Stored::of(&img);
-        bad.offsets.insert("not_a_probe".into(), 1);
-        assert!(bad.image().is_none());
-    }
-
-    #[test]
-    fn libuv_version_string() {
-        assert_eq!(libuv_version(b"\0x\01.44.2\0abc").as_deref(), Some("1.44.2"));
-        assert_eq!(libuv_version(b"\x011.44.2\n"), Some("1.44.2".into()));
-        assert_eq!(libuv_version(b"\01.2\0v1.44.2\0nghttp2/1.61.0x\0"), None);
-    }
-
-    #[test]
-    fn node_version_from_release_url() {
-        let blob = b"xx\0https://nodejs.org/download/release/v20.20.2/node-v20.20.2-headers.tar.gz\0yy";
-        assert_eq!(node_version(blob).as_deref(), Some("v20.20.2"));
-        assert_eq!(node_version(b"nothing here"), None);
-        assert_eq!(node_version(b"/node-vX.1-headers.tar.gz"), None);
-    }
-}
