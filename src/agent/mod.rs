@@ -1,294 +1,122 @@
-//! The run: resolve targets, load and attach, then read → spans → export
-//! until the targets exit or a signal arrives; flush; report.
+//! The agent: sets up every step of the flow, then turns the crank until the
+//! targets exit or a signal arrives, then flushes and reports.
+//!
+//! ```text
+//! run:  Agent::setup  →  while agent.tick()? {}  →  agent.shutdown()
+//! tick: wait (ring buffer or waker) → records → spans → exporter
+//!       → discovery → command exit / signals / exited targets → timers
+//! ```
 
-use std::cell::RefCell;
+mod procs;
+mod report;
+
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
+use anyhow::{anyhow, bail, Context, Result};
+use libbpf_rs::RingBuffer;
+use opentelemetry_sdk::trace::SpanData;
 
 use crate::cli::Cli;
 use crate::config::FileConfig;
-use crate::discover::{self, Candidate, Filter};
+use crate::discover::target::{self, Spawned};
+use crate::discover::watcher::{Found, Trouble, Watcher};
+use crate::discover::{self, Filter};
 use crate::events::clock::Clock;
 use crate::events::decode::{self, Record};
-use crate::kernel::wake::{Sleeper, Waker};
-use crate::export::otlp::OtlpConfig;
 use crate::export::health::{Health, HealthMetrics};
+use crate::export::otlp::OtlpConfig;
 use crate::export::{Destination, Exporter};
-use crate::enrich::resource::{self, ProcessInfo};
-use crate::events::spans::{self, SpanContextSource};
-use crate::symbols::{self, Images};
-use crate::discover::target::{self, Spawned};
 use crate::kernel::tracer::{Settings, Tracer};
-use crate::probes::plan::{notices, ProbeState, ProbeStatus};
+use crate::kernel::wake::{self, Sleeper, Waker};
+use crate::probes::catalog::Detail;
+use crate::symbols::Images;
+use procs::{Origin, Procs};
+use report::RunStats;
 
-/// One traced process.
-struct Proc {
-    registered: bool,
-    exited: bool,
-    /// Given by --pid (its exit counts towards "all targets exited").
-    target: bool,
-    node_version: Option<String>,
+/// Runs uvspan; returns the process exit code.
+pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
+    let mut agent = Agent::setup(cli, file)?;
+    while agent.tick()? {}
+    agent.shutdown()
 }
 
-struct State<'a> {
-    cli: &'a Cli,
+/// A period, and whether it has elapsed since it last did.
+struct Every {
+    period: Duration,
+    last: Instant,
+}
+
+impl Every {
+    fn new(period: Duration) -> Every {
+        Every { period, last: Instant::now() }
+    }
+
+    /// True once per period (never for a zero period).
+    fn due(&mut self) -> bool {
+        if self.period.is_zero() || self.last.elapsed() < self.period {
+            return false;
+        }
+        self.last = Instant::now();
+        true
+    }
+}
+
+struct Timers {
+    /// Exited processes the kernel did not report (and --pid targets' exit).
+    check: Every,
+    health: Every,
+    /// Re-estimating the monotonic → wall clock offset.
+    clock: Every,
+    status: Every,
+}
+
+/// Where the ring buffer's callback puts decoded records.
+#[derive(Clone, Default)]
+struct Inbox {
+    records: Rc<RefCell<Vec<Record>>>,
+    undecodable: Rc<Cell<u64>>,
+}
+
+/// The targets named on the command line, resolved.
+struct Targets {
+    found: Instant,
+    pids: Vec<(u32, Images)>,
+    command_node: Option<Images>,
+}
+
+pub struct Agent {
+    cli: Cli,
+    // Field order is drop order: the ring buffer goes before the tracer.
+    rb: RingBuffer<'static>,
+    sleeper: Sleeper,
+    inbox: Inbox,
+    tracer: Tracer,
     exporter: Exporter,
-    procs: HashMap<u32, Proc>,
-    host: String,
+    health: Arc<Health>,
+    health_metrics: Option<HealthMetrics>,
+    procs: Procs,
+    watcher: Option<Watcher>,
+    command: Option<Spawned>,
+    waker: Waker,
+    signal: Arc<AtomicI32>,
+    /// When a signal was passed on to the command.
+    forwarded_at: Option<Instant>,
+    exit_code: i32,
     clock: Clock,
-    ids: RandomIdGenerator,
-    scope: opentelemetry::InstrumentationScope,
-    /// The environ notice was printed.
-    warned_environ: bool,
+    stats: RunStats,
+    timers: Timers,
+    /// The export runtime outlives everything that sends to it.
+    _rt: tokio::runtime::Runtime,
 }
 
-impl State<'_> {
-    /// Sends the process's resource to the exporter (once, while it is alive).
-    fn register(&mut self, pid: u32) {
-        let host = self.host.clone();
-        let Some(p) = self.procs.get_mut(&pid) else { return };
-        if p.registered {
-            return;
-        }
-        let info = ProcessInfo::read(pid, p.node_version.clone());
-        if info.environ_denied && !self.warned_environ {
-            self.warned_environ = true;
-            eprintln!(
-                "uvspan: cannot read /proc/{pid}/environ (permission denied): the target's OTEL_SERVICE_NAME, \
-                 OTEL_RESOURCE_ATTRIBUTES and K8S_* are not used; give uvspan CAP_DAC_READ_SEARCH (said once)"
-            );
-        }
-        let name = info.service_name(self.cli.service_name.as_deref());
-        self.exporter.process(pid, info.resource(self.cli.service_name.as_deref(), &host), format!("{name}[{pid}]"));
-        p.registered = true;
-    }
-
-    fn handle(&mut self, rec: Record, out: &mut HashMap<u32, Vec<SpanData>>) {
-        match &rec {
-            Record::Fork { pid, ppid } => {
-                let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
-                self.procs.insert(*pid, Proc { registered: false, exited: false, target: false, node_version: nv });
-                return;
-            }
-            Record::Exec { pid } => {
-                if let Some(p) = self.procs.get_mut(pid) {
-                    p.registered = false; // a new program: read its resource again
-                }
-                self.register(*pid);
-                return;
-            }
-            Record::Exit { pid } => {
-                if let Some(p) = self.procs.get_mut(pid) {
-                    p.exited = true;
-                }
-                return;
-            }
-            Record::Fs(r) => self.ensure(r.pid),
-            Record::Dns(r) => self.ensure(r.pid),
-            Record::Loop(r) => self.ensure(r.pid),
-        }
-        let src = SpanContextSource { clock: self.clock, ids: &self.ids, scope: self.scope.clone() };
-        let pid = match &rec {
-            Record::Fs(r) => r.pid,
-            Record::Dns(r) => r.pid,
-            Record::Loop(r) => r.pid,
-            _ => return,
-        };
-        out.entry(pid).or_default().extend(spans::build(&rec, &src));
-    }
-
-    fn ensure(&mut self, pid: u32) {
-        self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
-        self.register(pid);
-    }
-}
-
-fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
-    let loc = &images.libuv;
-    let attached = report.iter().filter(|r| r.state == ProbeState::Usable).count();
-    let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
-    let version = match (&images.node_version, &loc.image.libuv_version) {
-        (Some(n), Some(u)) => format!("node {n}, libuv {u}"),
-        (Some(n), None) => format!("node {n}"),
-        (None, Some(u)) => format!("libuv {u}"),
-        (None, None) => "version unknown".into(),
-    };
-    eprintln!(
-        "uvspan: tracing {who} ({}, {version}): {attached} probes live {:.1} ms after it was found",
-        loc.path,
-        took.as_secs_f64() * 1e3
-    );
-    if notices_too {
-        for line in notices(loc, report) {
-            eprintln!("uvspan:   {line}");
-        }
-    }
-}
-
-fn alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => !s.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-        Err(_) => false,
-    }
-}
-
-/// Counters of the run, besides the exporter's and the kernel's.
-#[derive(Default)]
-struct RunStats {
-    /// Requests a process had in flight when it exited (dropped, counted).
-    unfinished_at_exit: u64,
-    processes_seen: u64,
-}
-
-/// Discovery (--all): which binaries are attached for every process,
-/// which executables are known (Node or not), and processes to look at again
-/// (a shared libuv is mapped after exec). Reading a new binary's symbols
-/// (tens to hundreds of ms for a 100 MB node) happens on a worker thread, so
-/// processes of known binaries are traced at once meanwhile.
-struct Discovery {
-    filter: Filter,
-    /// Executables seen to be Node (fast path) or not (skipped).
-    node_exes: std::collections::HashSet<(u64, u64)>,
-    other_exes: std::collections::HashSet<(u64, u64)>,
-    retry: Vec<(u32, Instant, u32)>,
-    in_worker: std::collections::HashSet<u32>,
-    /// Processes that exec'd again while the worker looked at them.
-    exec_again: std::collections::HashSet<u32>,
-    to_worker: std::sync::mpsc::Sender<(u32, u32)>,
-    from_worker: std::sync::mpsc::Receiver<WorkerResult>,
-}
-
-/// (pid, tries, found at, executable looked at, its images).
-type WorkerResult = (u32, u32, Instant, Option<(u64, u64)>, Result<Images>);
-
-impl Discovery {
-    fn new(filter: Filter, waker: Waker) -> Discovery {
-        let (to_worker, jobs) = std::sync::mpsc::channel::<(u32, u32)>();
-        let (done, from_worker) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("uvspan-symbols".into())
-            .spawn(move || {
-                for (pid, tries) in jobs {
-                    let t = Instant::now();
-                    // The executable is noted first: the process may exec again meanwhile.
-                    let exe = exe_id(pid);
-                    if done.send((pid, tries, t, exe, symbols::images(pid))).is_err() {
-                        return;
-                    }
-                    waker.wake();
-                }
-            })
-            .ok();
-        Discovery {
-            filter,
-            node_exes: Default::default(),
-            other_exes: Default::default(),
-            retry: Vec::new(),
-            in_worker: Default::default(),
-            exec_again: Default::default(),
-            to_worker,
-            from_worker,
-        }
-    }
-}
-
-fn file_id(p: &std::path::Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
-}
-
-fn exe_id(pid: u32) -> Option<(u64, u64)> {
-    file_id(std::path::Path::new(&format!("/proc/{pid}/exe")))
-}
-
-impl State<'_> {
-    /// A process seen in --all mode: trace it if it is Node and the filter keeps it.
-    fn consider(&mut self, tracer: &mut Tracer, d: &mut Discovery, pid: u32, tries: u32) {
-        if d.in_worker.contains(&pid) {
-            d.exec_again.insert(pid); // look again once the worker is done with it
-            return;
-        }
-        if pid == std::process::id() || self.procs.contains_key(&pid) {
-            return;
-        }
-        let Some(exe) = exe_id(pid) else { return };
-        if d.other_exes.contains(&exe) {
-            return;
-        }
-        let Some(cand) = Candidate::read(pid) else { return };
-        if !d.filter.admits(&cand) {
-            return;
-        }
-        if d.node_exes.contains(&exe) {
-            let t = Instant::now();
-            if let Ok(images) = symbols::images(pid) {
-                self.start_tracing(tracer, pid, images, t);
-            }
-        } else if d.to_worker.send((pid, tries)).is_ok() {
-            d.in_worker.insert(pid);
-        }
-    }
-
-    /// Symbols the worker has read: trace, look again later, or remember "not Node".
-    fn worker_results(&mut self, tracer: &mut Tracer, d: &mut Discovery) {
-        while let Ok((pid, tries, t, exe, result)) = d.from_worker.try_recv() {
-            d.in_worker.remove(&pid);
-            let again = d.exec_again.remove(&pid);
-            let Some(exe) = exe else { continue };
-            if again || exe_id(pid) != Some(exe) {
-                // It exec'd something else while the worker looked (a shell
-                // starting node): what was read may be either; look again.
-                self.consider(tracer, d, pid, tries);
-                continue;
-            }
-            match result {
-                Ok(images) => {
-                    d.node_exes.insert(exe);
-                    self.start_tracing(tracer, pid, images, t);
-                }
-                Err(_) => {
-                    // A dynamically linked node maps libuv.so / libnode.so just after
-                    // exec: look again shortly (5 times, 20 ms apart).
-                    let needs_lib = std::fs::read(format!("/proc/{pid}/exe"))
-                        .map(|b| memchr::memmem::find(&b, b"libuv.so").is_some() || memchr::memmem::find(&b, b"libnode.so").is_some())
-                        .unwrap_or(false);
-                    if !needs_lib {
-                        d.other_exes.insert(exe);
-                    } else if tries < 5 {
-                        d.retry.push((pid, Instant::now() + Duration::from_millis(20), tries + 1));
-                    }
-                }
-            }
-        }
-    }
-
-    fn start_tracing(&mut self, tracer: &mut Tracer, pid: u32, images: Images, t: Instant) {
-        // One link per binary for all its processes; then a pid is one map update.
-        let (report, fresh) = match tracer.attach(&images, -1) {
-            Ok(a) => (a.report, a.new),
-            Err(e) => {
-                eprintln!("uvspan: cannot trace process {pid}: {e:#}");
-                return;
-            }
-        };
-        if tracer.add_pid(pid, &report).is_err() {
-            return;
-        }
-        announce(Some(pid), &images, &report, t.elapsed(), fresh);
-        self.procs.insert(pid, Proc { registered: false, exited: false, target: false, node_version: images.node_version.clone() });
-        self.register(pid);
-    }
-}
-
-/// Benchmark mode (scripts/bench.sh): uprobes and epoll tracepoints attach
-/// and fire, but their programs return at once, so a run measures what the
-/// kernel charges for the probes alone.
+/// Benchmark mode (scripts/bench.sh): uprobes and epoll programs attach and
+/// fire, but return at once, so a run measures what the kernel charges for
+/// the probes alone.
 fn bench_trap_only() -> bool {
     let on = std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1");
     if on {
@@ -297,30 +125,20 @@ fn bench_trap_only() -> bool {
     on
 }
 
-/// Runs uvspan; returns the process exit code.
-pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
-    let discovering = cli.discover();
-    if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
-        bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
-    }
-    if discovering && !cli.command.is_empty() {
-        bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
-    }
-    // Targets are resolved (ELF symbols read: tens of ms for a 100 MB node)
-    // while the BPF program loads; errors are reported right after.
-    let lookup = {
-        let (pids, argv0) = (cli.pids.clone(), cli.command.first().cloned());
-        std::thread::spawn(move || -> Result<_> {
-            let found = Instant::now();
-            let mut pid_targets = Vec::new();
-            for pid in pids {
-                pid_targets.push((pid, target::check_pid(pid)?));
-            }
-            let cmd_node = argv0.map(|a| target::node_binary_for(&a)).transpose()?;
-            Ok((found, pid_targets, cmd_node))
-        })
-    };
+/// Resolves --pid targets and the command's node while BPF loads (reading
+/// a 100 MB node's symbols takes tens of ms without the symbol cache).
+fn resolve_targets(cli: &Cli) -> std::thread::JoinHandle<Result<Targets>> {
+    let (pids, argv0) = (cli.pids.clone(), cli.command.first().cloned());
+    std::thread::spawn(move || {
+        let found = Instant::now();
+        let pids = pids.into_iter().map(|pid| Ok((pid, target::check_pid(pid)?))).collect::<Result<_>>()?;
+        let command_node = argv0.map(|a| target::node_binary_for(&a)).transpose()?;
+        Ok(Targets { found, pids, command_node })
+    })
+}
 
+/// The export side: runtime, span exporter, health metrics.
+fn start_export(cli: &Cli, file: &FileConfig) -> Result<(tokio::runtime::Runtime, Exporter, Arc<Health>, Option<HealthMetrics>)> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("uvspan-export")
@@ -328,295 +146,341 @@ pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     let dest = match &cli.otlp_endpoint {
-        Some(ep) if !ep.is_empty() => Destination::Otlp(OtlpConfig {
-            endpoint: ep.clone(),
-            protocol: cli.otlp_protocol,
-            headers: file.headers(),
-        }),
+        Some(ep) if !ep.is_empty() => {
+            Destination::Otlp(OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol, headers: file.headers() })
+        }
         _ => Destination::Console,
     };
     let exporter = Exporter::start(&dest, file.batch()?, &rt)?;
     let health = Arc::new(Health::default());
-    let health_metrics = match &dest {
+    let metrics = match &dest {
         Destination::Otlp(c) => {
             let _guard = rt.enter();
             Some(HealthMetrics::start(c, health.clone(), exporter.counters())?)
         }
         Destination::Console => None,
     };
-    let loaded = Tracer::load(&Settings {
-        loop_threshold: cli.loop_threshold,
-        follow_forks: !cli.command.is_empty(),
-        discover: discovering,
-        ring_buffer_size: cli.ring_buffer_size,
-        detail: crate::probes::catalog::Detail::from_kinds(&cli.detail),
-        trap_only: bench_trap_only(),
-    });
-    let (found, pid_targets, cmd_node) = lookup.join().map_err(|_| anyhow::anyhow!("target lookup panicked"))??;
-    let mut tracer = loaded?;
-    for n in tracer.notices() {
-        eprintln!("uvspan: {n}");
-    }
+    Ok((rt, exporter, health, metrics))
+}
 
-    let waker = Waker::new()?;
+/// SIGINT/SIGTERM: stored in the returned flag, and the waker rung.
+fn watch_signals(rt: &tokio::runtime::Runtime, waker: Waker) -> Arc<AtomicI32> {
     let signal = Arc::new(AtomicI32::new(0));
-    {
-        let signal = signal.clone();
-        let waker = waker.clone();
-        rt.spawn(async move {
-            use tokio::signal::unix::{signal as sig, SignalKind};
-            let (Ok(mut int), Ok(mut term)) = (sig(SignalKind::interrupt()), sig(SignalKind::terminate())) else { return };
-            loop {
-                let n = tokio::select! { _ = int.recv() => libc::SIGINT, _ = term.recv() => libc::SIGTERM };
-                signal.store(n, Ordering::SeqCst);
-                waker.wake();
-            }
-        });
-    }
-
-    let mut st = State {
-        cli: &cli,
-        exporter,
-        procs: HashMap::new(),
-        host: resource::host_name(),
-        clock: Clock::estimate(25),
-        ids: RandomIdGenerator::default(),
-        scope: spans::scope(),
-        warned_environ: false,
-    };
-    let mut stats = RunStats::default();
-
-    for (pid, loc) in &pid_targets {
-        let report = tracer.attach(loc, *pid as i32)?.report;
-        tracer.add_pid(*pid, &report)?;
-        announce(Some(*pid), loc, &report, found.elapsed(), true);
-        st.procs.insert(*pid, Proc { registered: false, exited: false, target: true, node_version: loc.node_version.clone() });
-        st.register(*pid);
-    }
-    let mut discovery = Discovery::new(
-        Filter {
-            cgroup: cli.cgroup.clone(),
-            container: cli.container.clone(),
-            exclude_instrumented: cli.exclude_already_instrumented,
-        },
-        waker.clone(),
-    );
-    if discovering {
-        let pids = discover::all_pids();
-        for &pid in &pids {
-            st.consider(&mut tracer, &mut discovery, pid, 0);
+    let flag = signal.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal as sig, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (sig(SignalKind::interrupt()), sig(SignalKind::terminate())) else { return };
+        loop {
+            let n = tokio::select! { _ = int.recv() => libc::SIGINT, _ = term.recv() => libc::SIGTERM };
+            flag.store(n, Ordering::SeqCst);
+            waker.wake();
         }
-        // The processes already running: wait (bounded) for their symbols.
-        let until = Instant::now() + Duration::from_secs(5);
-        while !discovery.in_worker.is_empty() && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-            st.worker_results(&mut tracer, &mut discovery);
-        }
-        eprintln!("uvspan: watching for Node.js processes ({} traced now)", st.procs.len());
-    }
-    let spawned: Option<Spawned> = match (&cmd_node, cli.command.is_empty()) {
-        (Some(loc), false) => {
-            let w = waker.clone();
-            let child = target::spawn_held(&cli.command, move || w.wake())?;
-            let report = tracer.attach(loc, -1)?.report;
-            tracer.add_pid(child.pid, &report)?;
-            announce(None, loc, &report, found.elapsed(), true);
-            st.procs.insert(child.pid, Proc { registered: false, exited: false, target: false, node_version: loc.node_version.clone() });
-            child.release()?;
-            Some(child)
-        }
-        _ => None,
-    };
+    });
+    signal
+}
 
-    let records: Rc<RefCell<Vec<Record>>> = Rc::default();
-    let bad_records = Rc::new(std::cell::Cell::new(0u64));
-    // UVSPAN_RECORD=<file> keeps the raw records, for golden tests (tests/golden/).
+/// The ring buffer reader: records decoded into the inbox (and, with
+/// UVSPAN_RECORD=<file>, kept raw for golden tests: tests/golden/).
+fn open_ring(tracer: &Tracer) -> Result<(RingBuffer<'static>, Inbox)> {
+    let inbox = Inbox::default();
     let mut recording = match std::env::var_os("UVSPAN_RECORD") {
         Some(p) => Some(std::io::BufWriter::new(
             std::fs::File::create(&p).with_context(|| format!("cannot create UVSPAN_RECORD file {p:?}"))?,
         )),
         None => None,
     };
-    let rb = {
-        let (records, bad) = (records.clone(), bad_records.clone());
-        tracer.ring_buffer(move |data| {
-            if let Some(w) = recording.as_mut() {
-                let _ = decode::write_recorded(w, data).and_then(|_| std::io::Write::flush(w));
-            }
-            match decode::decode(data) {
-                Ok(r) => records.borrow_mut().push(r),
-                Err(_) => bad.set(bad.get() + 1),
-            }
-        })?
-    };
+    let sink = inbox.clone();
+    let rb = tracer.ring_buffer(move |data| {
+        if let Some(w) = recording.as_mut() {
+            let _ = decode::write_recorded(w, data).and_then(|_| std::io::Write::flush(w));
+        }
+        match decode::decode(data) {
+            Ok(r) => sink.records.borrow_mut().push(r),
+            Err(_) => sink.undecodable.set(sink.undecodable.get() + 1),
+        }
+    })?;
+    Ok((rb, inbox))
+}
 
-    let sleeper = Sleeper::new(rb.epoll_fd(), waker.clone())?;
-    let mut exit_code = 0;
-    let mut forwarded_at: Option<Instant> = None;
-    let mut last_check = Instant::now();
-    let mut last_clock = Instant::now();
-    let mut last_status = Instant::now();
-    let mut last_health = Instant::now();
-    loop {
-        // Records are sent without a wakeup until a batch has piled up (see
-        // wake_flags in bpf/): poll waits for that, consume takes the rest.
-        // Short waits while the symbol worker has something for us.
-        let wait = if discovery.in_worker.is_empty() && discovery.retry.is_empty() { 100 } else { 5 };
-        sleeper.sleep(Duration::from_millis(wait));
-        let _ = rb.consume();
-        let recs = std::mem::take(&mut *records.borrow_mut());
+impl Agent {
+    /// Everything up to the first tick: BPF loaded, targets attached, the
+    /// command started, discovery watching.
+    pub fn setup(cli: Cli, file: FileConfig) -> Result<Agent> {
+        let discovering = cli.discover();
+        if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
+            bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
+        }
+        if discovering && !cli.command.is_empty() {
+            bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
+        }
+        let lookup = resolve_targets(&cli);
+        let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
+        let loaded = Tracer::load(&Settings {
+            loop_threshold: cli.loop_threshold,
+            follow_forks: !cli.command.is_empty(),
+            discover: discovering,
+            ring_buffer_size: cli.ring_buffer_size,
+            detail: Detail::from_kinds(&cli.detail),
+            trap_only: bench_trap_only(),
+        });
+        let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
+        let tracer = loaded?;
+        for n in tracer.notices() {
+            eprintln!("uvspan: {n}");
+        }
+        let waker = Waker::new()?;
+        let signal = watch_signals(&rt, waker.clone());
+        let (rb, inbox) = open_ring(&tracer)?;
+        let sleeper = Sleeper::new(rb.epoll_fd(), waker.clone())?;
+        let status = cli.status_interval;
+        let mut agent = Agent {
+            procs: Procs::new(cli.service_name.clone()),
+            cli,
+            rb,
+            sleeper,
+            inbox,
+            tracer,
+            exporter,
+            health,
+            health_metrics,
+            watcher: None,
+            command: None,
+            waker,
+            signal,
+            forwarded_at: None,
+            exit_code: 0,
+            clock: Clock::estimate(25),
+            stats: RunStats::default(),
+            timers: Timers {
+                check: Every::new(Duration::from_millis(500)),
+                health: Every::new(Duration::from_secs(1)),
+                clock: Every::new(Duration::from_secs(10)),
+                status: Every::new(status),
+            },
+            _rt: rt,
+        };
+        for (pid, images) in &targets.pids {
+            agent.attach_target(*pid, images, targets.found)?;
+        }
+        if discovering {
+            agent.start_watching()?;
+        }
+        if let Some(images) = &targets.command_node {
+            agent.start_command(images, targets.found)?;
+        }
+        Ok(agent)
+    }
+
+    /// One --pid target: its own probes (pid filter), traced, announced.
+    fn attach_target(&mut self, pid: u32, images: &Images, found: Instant) -> Result<()> {
+        let report = self.tracer.attach(images, pid as i32)?.report;
+        self.tracer.add_pid(pid, &report)?;
+        report::announce(Some(pid), images, &report, found.elapsed(), true);
+        self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
+        Ok(())
+    }
+
+    /// --all: the processes running now, then every exec the kernel reports.
+    fn start_watching(&mut self) -> Result<()> {
+        let filter = Filter {
+            cgroup: self.cli.cgroup.clone(),
+            container: self.cli.container.clone(),
+            exclude_instrumented: self.cli.exclude_already_instrumented,
+        };
+        self.watcher = Some(Watcher::new(filter, self.waker.clone())?);
+        for pid in discover::all_pids() {
+            self.consider(pid);
+        }
+        // The processes already running: wait (bounded) for their symbols.
+        let until = Instant::now() + Duration::from_secs(5);
+        while self.watcher.as_ref().is_some_and(Watcher::busy) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+            self.discover();
+        }
+        eprintln!("uvspan: watching for Node.js processes ({} traced now)", self.procs.live());
+        Ok(())
+    }
+
+    /// `-- COMMAND`: started held before exec, attached (every process of the
+    /// binary, the kernel keeps this one and its children), then released.
+    fn start_command(&mut self, images: &Images, found: Instant) -> Result<()> {
+        let w = self.waker.clone();
+        let child = target::spawn_held(&self.cli.command, move || w.wake())?;
+        let report = self.tracer.attach(images, -1)?.report;
+        self.tracer.add_pid(child.pid, &report)?;
+        report::announce(None, images, &report, found.elapsed(), true);
+        // Its resource is read once it has exec'd (the exec record).
+        self.procs.add(child.pid, Origin::Other, images.node_version.clone(), &self.exporter, false);
+        child.release()?;
+        self.command = Some(child);
+        Ok(())
+    }
+
+    /// One turn of the crank; false when the run is over.
+    pub fn tick(&mut self) -> Result<bool> {
+        // Records come without a wakeup until a batch has piled up (see
+        // wake_flags in bpf/), so wait at most 100 ms; 5 ms while the
+        // symbol worker has something coming. The waker ends it early.
+        let busy = self.watcher.as_ref().is_some_and(Watcher::busy);
+        self.sleeper.sleep(Duration::from_millis(if busy { 5 } else { 100 }));
+        let _ = self.rb.consume();
+        self.handle_records();
+        self.discover();
+        if let Some(code) = self.command_exited() {
+            self.exit_code = code;
+            return Ok(false);
+        }
+        if self.stop_for_signal() {
+            return Ok(false);
+        }
+        if self.timers.check.due() && self.check_exited() {
+            return Ok(false);
+        }
+        if self.timers.health.due() {
+            report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
+        }
+        if self.timers.clock.due() {
+            self.clock = Clock::estimate(25);
+        }
+        if self.timers.status.due() {
+            let line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
+            eprintln!("{line}");
+        }
+        Ok(true)
+    }
+
+    /// Decoded records → process table and spans → exporter.
+    fn handle_records(&mut self) {
+        let recs = std::mem::take(&mut *self.inbox.records.borrow_mut());
+        if recs.is_empty() {
+            return;
+        }
         let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
-        for r in recs {
-            match r {
-                Record::Exec { pid } if discovering && !st.procs.contains_key(&pid) => {
-                    st.consider(&mut tracer, &mut discovery, pid, 0);
-                }
+        for rec in recs {
+            match rec {
+                Record::Exec { pid } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
                 Record::Exit { pid } => {
-                    st.handle(r, &mut out);
-                    stats.unfinished_at_exit += tracer.remove_pid(pid);
+                    self.procs.handle(&rec, self.clock, &self.exporter, &mut out);
+                    self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
                 }
-                r => st.handle(r, &mut out),
+                rec => self.procs.handle(&rec, self.clock, &self.exporter, &mut out),
             }
         }
         for (pid, spans) in out {
-            st.exporter.send(pid, spans);
+            self.exporter.send(pid, spans);
         }
-        if discovering {
-            st.worker_results(&mut tracer, &mut discovery);
-        }
-        if !discovery.retry.is_empty() {
-            let now = Instant::now();
-            let due: Vec<(u32, Instant, u32)> = discovery.retry.iter().filter(|r| r.1 <= now).copied().collect();
-            discovery.retry.retain(|r| r.1 > now);
-            for (pid, _, tries) in due {
-                st.consider(&mut tracer, &mut discovery, pid, tries);
-            }
-        }
+    }
 
-        if let Some(child) = &spawned {
-            if let Ok(status) = child.status.try_recv() {
-                exit_code = match status {
-                    Ok(s) => s.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
-                    Err(e) => {
-                        eprintln!("uvspan: cannot run {}: {e}", cli.command[0]);
-                        127
-                    }
-                };
-                break;
-            }
+    /// A process for the watcher to look at (--all).
+    fn consider(&mut self, pid: u32) {
+        let Some(w) = self.watcher.as_mut() else { return };
+        if self.procs.contains(pid) {
+            return;
         }
-        let sig = signal.load(Ordering::SeqCst);
-        if sig != 0 {
-            match (&spawned, forwarded_at) {
-                // Pass the signal on to the command and wait (bounded) for it to end.
-                (Some(child), None) => {
-                    // SAFETY: kill(2) with a PID we started and a valid signal number.
-                    unsafe { libc::kill(child.pid as i32, sig) };
-                    forwarded_at = Some(Instant::now());
-                }
-                (Some(_), Some(at)) if at.elapsed() < Duration::from_secs(10) => {}
-                _ => break,
-            }
-        }
-        if last_check.elapsed() >= Duration::from_millis(500) {
-            last_check = Instant::now();
-            let gone: Vec<u32> = st.procs.iter().filter(|(pid, p)| !p.exited && !alive(**pid)).map(|(p, _)| *p).collect();
-            for pid in gone {
-                if let Some(p) = st.procs.get_mut(&pid) {
-                    p.exited = true;
-                }
-                stats.unfinished_at_exit += tracer.remove_pid(pid);
-            }
-            // Exited processes are forgotten (their spans are already queued), except --pid targets.
-            stats.processes_seen += st.procs.values().filter(|p| p.exited && !p.target).count() as u64;
-            for (pid, _) in st.procs.iter().filter(|(_, p)| p.exited && !p.target) {
-                st.exporter.forget(*pid);
-            }
-            st.procs.retain(|_, p| !p.exited || p.target);
-            if spawned.is_none() && !discovering && st.procs.values().filter(|p| p.target).all(|p| p.exited) {
-                break;
-            }
-        }
-        if last_health.elapsed() >= Duration::from_secs(1) {
-            last_health = Instant::now();
-            let k = tracer.stats();
-            health.processes_traced.store(st.procs.values().filter(|p| !p.exited).count() as u64, Ordering::Relaxed);
-            health.records_lost.store(k.records_lost, Ordering::Relaxed);
-            health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
-            health.unfinished_at_exit.store(stats.unfinished_at_exit, Ordering::Relaxed);
-        }
-        if last_clock.elapsed() >= Duration::from_secs(10) {
-            last_clock = Instant::now();
-            st.clock = Clock::estimate(25);
-        }
-        if !cli.status_interval.is_zero() && last_status.elapsed() >= cli.status_interval {
-            last_status = Instant::now();
-            let sum = st.exporter.summary();
-            let k = tracer.stats();
-            eprintln!(
-                "uvspan: status: {} processes traced; spans: {} exported, {} dropped (queue full), {} failed to export, {} export errors; {} records lost in the kernel; {} unfinished at process exit",
-                st.procs.values().filter(|p| !p.exited).count(),
-                sum.exported,
-                sum.dropped,
-                sum.failed,
-                sum.export_errors,
-                k.records_lost,
-                stats.unfinished_at_exit
-            );
+        match w.consider(pid, 0) {
+            Ok(Some(found)) => self.start_tracing(found),
+            Ok(None) => {}
+            Err(t) => say_trouble(t),
         }
     }
-    // What the kernel still holds, then flush.
-    let _ = rb.consume();
-    drain(&mut st, &records);
-    let kstats = tracer.stats();
-    let nprocs = stats.processes_seen + st.procs.len() as u64;
-    health.records_lost.store(kstats.records_lost, Ordering::Relaxed);
-    health.loop_iterations.store(kstats.loop_iterations, Ordering::Relaxed);
-    health.unfinished_at_exit.store(stats.unfinished_at_exit, Ordering::Relaxed);
-    health.processes_traced.store(0, Ordering::Relaxed);
-    let sum = st.exporter.finish(cli.flush_timeout);
-    if let Some(m) = health_metrics {
-        // The last values, within a short deadline: the collector may be gone.
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            m.finish();
-            let _ = tx.send(());
-        });
-        let _ = rx.recv_timeout(Duration::from_secs(2));
+
+    /// What the watcher found meanwhile.
+    fn discover(&mut self) {
+        let Some(w) = self.watcher.as_mut() else { return };
+        let (found, troubles) = w.poll();
+        troubles.into_iter().for_each(say_trouble);
+        for f in found {
+            if !self.procs.contains(f.pid) {
+                self.start_tracing(f);
+            }
+        }
     }
-    let fast = kstats.loop_iterations.saturating_sub(kstats.loop_emitted);
-    eprintln!(
-        "uvspan: {nprocs} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
-         {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; {} loop iterations, {} under {:?} not reported",
-        sum.exported,
-        sum.dropped,
-        sum.failed,
-        sum.unflushed,
-        kstats.records_lost,
-        bad_records.get(),
-        stats.unfinished_at_exit,
-        kstats.loop_iterations,
-        fast,
-        cli.loop_threshold
-    );
-    // Detaching uprobes waits for the kernel (~40 ms): a child process
-    // does it after we are gone.
-    crate::kernel::wake::detach_after_exit();
-    drop(rb);
-    drop(tracer);
-    Ok(exit_code)
+
+    /// A process found by --all: attached (one link per binary for all its
+    /// processes; then a pid is one map update), traced, announced.
+    fn start_tracing(&mut self, f: Found) {
+        let Found { pid, images, since } = f;
+        let attach = match self.tracer.attach(&images, -1) {
+            Ok(a) => a,
+            Err(e) => return eprintln!("uvspan: cannot trace process {pid}: {e:#}"),
+        };
+        if let Err(e) = self.tracer.add_pid(pid, &attach.report) {
+            return eprintln!("uvspan: cannot trace process {pid}: {e:#}");
+        }
+        report::announce(Some(pid), &images, &attach.report, since.elapsed(), attach.new);
+        self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
+    }
+
+    /// The command's exit code, once it has exited (128+N if killed by N).
+    fn command_exited(&mut self) -> Option<i32> {
+        let status = self.command.as_ref()?.status.try_recv().ok()?;
+        Some(match status {
+            Ok(s) => s.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
+            Err(e) => {
+                eprintln!("uvspan: cannot run {}: {e}", self.cli.command[0]);
+                127
+            }
+        })
+    }
+
+    /// SIGINT/SIGTERM: passed on to the command, whose exit (within 10 s)
+    /// ends the run; without a command, the run ends now.
+    fn stop_for_signal(&mut self) -> bool {
+        let sig = self.signal.load(Ordering::SeqCst);
+        if sig == 0 {
+            return false;
+        }
+        match (&self.command, self.forwarded_at) {
+            (Some(child), None) => {
+                // SAFETY: kill(2) with a PID we started and a valid signal number.
+                unsafe { libc::kill(child.pid as i32, sig) };
+                self.forwarded_at = Some(Instant::now());
+                false
+            }
+            (Some(_), Some(at)) => at.elapsed() >= Duration::from_secs(10),
+            (None, _) => true,
+        }
+    }
+
+    /// Processes gone without an exit record are dropped (their in-flight
+    /// requests counted), exited ones forgotten; true when every --pid
+    /// target has exited.
+    fn check_exited(&mut self) -> bool {
+        for pid in self.procs.find_gone() {
+            self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+        }
+        self.procs.forget_exited(&self.exporter);
+        self.command.is_none() && self.watcher.is_none() && self.procs.targets_all_exited()
+    }
+
+    /// What the kernel still holds, flush, the summary; the exit code.
+    pub fn shutdown(mut self) -> Result<i32> {
+        let _ = self.rb.consume();
+        self.handle_records();
+        let k = self.tracer.stats();
+        self.stats.undecodable = self.inbox.undecodable.get();
+        report::update_health(&self.health, 0, &k, &self.stats);
+        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, exit_code, _rt, .. } = self;
+        let sum = exporter.finish(cli.flush_timeout);
+        if let Some(m) = health_metrics {
+            // The last values, within a short deadline: the collector may be gone.
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                m.finish();
+                let _ = tx.send(());
+            });
+            let _ = rx.recv_timeout(Duration::from_secs(2));
+        }
+        eprintln!("{}", report::summary_line(procs.seen(), &sum, &k, &stats, cli.loop_threshold));
+        // Detaching uprobes waits for the kernel (~40 ms): a child process
+        // does it after we are gone.
+        wake::detach_after_exit();
+        drop(rb);
+        drop(tracer);
+        Ok(exit_code)
+    }
 }
 
-fn drain(st: &mut State<'_>, records: &Rc<RefCell<Vec<Record>>>) {
-    let recs = std::mem::take(&mut *records.borrow_mut());
-    if recs.is_empty() {
-        return;
-    }
-    let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
-    for r in recs {
-        st.handle(r, &mut out);
-    }
-    for (pid, spans) in out {
-        st.exporter.send(pid, spans);
-    }
+fn say_trouble(t: Trouble) {
+    eprintln!("uvspan: cannot trace process {}: {:#}", t.pid, t.error);
 }

@@ -7,6 +7,7 @@
 use crate::enrich::resource;
 
 pub mod target;
+pub mod watcher;
 
 #[derive(Clone, Debug, Default)]
 pub struct Filter {

@@ -1,0 +1,170 @@
+//! The traced processes: each one's resource goes to the exporter once, its
+//! records become spans, and exited ones are forgotten once their spans are
+//! queued (but for `--pid` targets, whose exit ends the run).
+
+use std::collections::HashMap;
+
+use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
+
+use crate::enrich::resource::ProcessInfo;
+use crate::events::clock::Clock;
+use crate::events::decode::Record;
+use crate::events::spans::{self, SpanContextSource};
+use crate::export::Exporter;
+
+/// One traced process.
+struct Proc {
+    registered: bool,
+    exited: bool,
+    /// Given by --pid (its exit counts towards "all targets exited").
+    target: bool,
+    node_version: Option<String>,
+}
+
+/// How a process came to be traced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// `--pid`: the run ends when all of them have exited.
+    Target,
+    /// Found by `--all`, started by `-- COMMAND`, or forked by a traced process.
+    Other,
+}
+
+pub struct Procs {
+    procs: HashMap<u32, Proc>,
+    service_name: Option<String>,
+    host: String,
+    ids: RandomIdGenerator,
+    scope: opentelemetry::InstrumentationScope,
+    /// The environ notice was printed.
+    warned_environ: bool,
+    /// Processes forgotten after they exited.
+    pub forgotten: u64,
+}
+
+/// Whether a process is still running (not gone, not a zombie).
+pub fn alive(pid: u32) -> bool {
+    procfs::process::Process::new(pid as i32)
+        .and_then(|p| p.stat())
+        .is_ok_and(|s| !matches!(s.state, 'Z' | 'X'))
+}
+
+impl Procs {
+    pub fn new(service_name: Option<String>) -> Procs {
+        Procs {
+            procs: HashMap::new(),
+            service_name,
+            host: crate::enrich::resource::host_name(),
+            ids: RandomIdGenerator::default(),
+            scope: spans::scope(),
+            warned_environ: false,
+            forgotten: 0,
+        }
+    }
+
+    pub fn contains(&self, pid: u32) -> bool {
+        self.procs.contains_key(&pid)
+    }
+
+    /// Processes traced and not exited.
+    pub fn live(&self) -> usize {
+        self.procs.values().filter(|p| !p.exited).count()
+    }
+
+    /// Every process traced in the run.
+    pub fn seen(&self) -> u64 {
+        self.forgotten + self.procs.len() as u64
+    }
+
+    /// Starts tracing `pid`; its resource is sent now (`exporter`) unless it
+    /// is a command that has not exec'd node yet (`register_now` false).
+    pub fn add(&mut self, pid: u32, origin: Origin, node_version: Option<String>, exporter: &Exporter, register_now: bool) {
+        let target = origin == Origin::Target;
+        self.procs.insert(pid, Proc { registered: false, exited: false, target, node_version });
+        if register_now {
+            self.register(pid, exporter);
+        }
+    }
+
+    /// Sends the process's resource to the exporter (once, while it is alive).
+    fn register(&mut self, pid: u32, exporter: &Exporter) {
+        let Some(p) = self.procs.get_mut(&pid) else { return };
+        if p.registered {
+            return;
+        }
+        let info = ProcessInfo::read(pid, p.node_version.clone());
+        if info.environ_denied && !self.warned_environ {
+            self.warned_environ = true;
+            eprintln!(
+                "uvspan: cannot read /proc/{pid}/environ (permission denied): the target's OTEL_SERVICE_NAME, \
+                 OTEL_RESOURCE_ATTRIBUTES and K8S_* are not used; give uvspan CAP_DAC_READ_SEARCH (said once)"
+            );
+        }
+        let flag = self.service_name.as_deref();
+        let name = info.service_name(flag);
+        exporter.process(pid, info.resource(flag, &self.host), format!("{name}[{pid}]"));
+        p.registered = true;
+    }
+
+    /// One record: process lifecycle updates the table; operations become
+    /// spans, added to `out` under their process.
+    pub fn handle(&mut self, rec: &Record, clock: Clock, exporter: &Exporter, out: &mut HashMap<u32, Vec<SpanData>>) {
+        let pid = match rec {
+            Record::Fork { pid, ppid } => {
+                let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
+                self.procs.insert(*pid, Proc { registered: false, exited: false, target: false, node_version: nv });
+                return;
+            }
+            Record::Exec { pid } => {
+                if let Some(p) = self.procs.get_mut(pid) {
+                    p.registered = false; // a new program: read its resource again
+                }
+                self.register(*pid, exporter);
+                return;
+            }
+            Record::Exit { pid } => {
+                self.mark_exited(*pid);
+                return;
+            }
+            Record::Fs(r) => r.pid,
+            Record::Dns(r) => r.pid,
+            Record::Loop(r) => r.pid,
+        };
+        self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
+        self.register(pid, exporter);
+        let src = SpanContextSource { clock, ids: &self.ids, scope: self.scope.clone() };
+        out.entry(pid).or_default().extend(spans::build(rec, &src));
+    }
+
+    pub fn mark_exited(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.exited = true;
+        }
+    }
+
+    /// Processes the kernel has not reported gone but /proc has (a missed
+    /// exit record): marked exited and returned.
+    pub fn find_gone(&mut self) -> Vec<u32> {
+        let gone: Vec<u32> = self.procs.iter().filter(|(pid, p)| !p.exited && !alive(**pid)).map(|(p, _)| *p).collect();
+        for &pid in &gone {
+            self.mark_exited(pid);
+        }
+        gone
+    }
+
+    /// Forgets exited processes (their spans are already queued; the
+    /// exporter drops their resource after them), except `--pid` targets.
+    pub fn forget_exited(&mut self, exporter: &Exporter) {
+        for (pid, _) in self.procs.iter().filter(|(_, p)| p.exited && !p.target) {
+            exporter.forget(*pid);
+            self.forgotten += 1;
+        }
+        self.procs.retain(|_, p| !p.exited || p.target);
+    }
+
+    /// Whether every `--pid` target has exited (false when there are none).
+    pub fn targets_all_exited(&self) -> bool {
+        let mut targets = self.procs.values().filter(|p| p.target).peekable();
+        targets.peek().is_some() && targets.all(|p| p.exited)
+    }
+}

@@ -1,0 +1,78 @@
+//! What uvspan says while it runs: the "tracing" line per process (and what
+//! cannot be traced there), the periodic status line, the summary at exit,
+//! and the health metrics' values.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use crate::export::health::Health;
+use crate::export::Summary;
+use crate::kernel::tracer::Stats;
+use crate::probes::plan::{notices, ProbeState, ProbeStatus};
+use crate::symbols::Images;
+
+/// Counters of the run, besides the exporter's and the kernel's.
+#[derive(Default)]
+pub struct RunStats {
+    /// Requests a process had in flight when it exited (dropped, counted).
+    pub unfinished_at_exit: u64,
+    /// Ring-buffer records that did not decode.
+    pub undecodable: u64,
+}
+
+/// "uvspan: tracing …", and the notices of what this build loses (once per
+/// binary: `notices_too`).
+pub fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
+    let loc = &images.libuv;
+    let attached = report.iter().filter(|r| r.state == ProbeState::Usable).count();
+    let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
+    let version = match (&images.node_version, &loc.image.libuv_version) {
+        (Some(n), Some(u)) => format!("node {n}, libuv {u}"),
+        (Some(n), None) => format!("node {n}"),
+        (None, Some(u)) => format!("libuv {u}"),
+        (None, None) => "version unknown".into(),
+    };
+    eprintln!(
+        "uvspan: tracing {who} ({}, {version}): {attached} probes live {:.1} ms after it was found",
+        loc.path,
+        took.as_secs_f64() * 1e3
+    );
+    if notices_too {
+        for line in notices(loc, report) {
+            eprintln!("uvspan:   {line}");
+        }
+    }
+}
+
+pub fn status_line(processes: usize, sum: &Summary, k: &Stats, run: &RunStats) -> String {
+    format!(
+        "uvspan: status: {processes} processes traced; spans: {} exported, {} dropped (queue full), {} failed to export, \
+         {} export errors; {} records lost in the kernel; {} unfinished at process exit",
+        sum.exported, sum.dropped, sum.failed, sum.export_errors, k.records_lost, run.unfinished_at_exit
+    )
+}
+
+pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, loop_threshold: Duration) -> String {
+    let fast = k.loop_iterations.saturating_sub(k.loop_emitted);
+    format!(
+        "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
+         {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
+         {} loop iterations, {fast} under {loop_threshold:?} not reported",
+        sum.exported,
+        sum.dropped,
+        sum.failed,
+        sum.unflushed,
+        k.records_lost,
+        run.undecodable,
+        run.unfinished_at_exit,
+        k.loop_iterations,
+    )
+}
+
+/// The health metrics' current values.
+pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStats) {
+    health.processes_traced.store(processes as u64, Ordering::Relaxed);
+    health.records_lost.store(k.records_lost, Ordering::Relaxed);
+    health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
+    health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
+}
