@@ -4,7 +4,7 @@
 //! New processes are reported by the kernel at exec (bpf `proc_exec`), not
 //! found by polling /proc.
 
-use crate::enrich::resource;
+use crate::enrich::resource::{self, ProcFacts};
 
 pub mod target;
 pub mod watcher;
@@ -20,26 +20,7 @@ pub struct Filter {
 }
 
 /// What /proc says about a candidate, read once.
-#[derive(Clone, Debug, Default)]
-pub struct Candidate {
-    pub cgroups: Vec<String>,
-    pub argv: Vec<String>,
-    pub env: Vec<String>,
-}
-
-impl Candidate {
-    pub fn read(pid: u32) -> Option<Candidate> {
-        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-        let nul = |b: Vec<u8>| -> Vec<String> {
-            b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
-        };
-        Some(Candidate {
-            cgroups: resource::cgroup_paths(&cg),
-            argv: nul(std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()),
-            env: nul(std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default()),
-        })
-    }
-}
+pub type Candidate = ProcFacts;
 
 impl Filter {
     /// Whether the filter keeps this candidate (pure).
@@ -64,19 +45,16 @@ impl Filter {
 /// `--require`/`--import` of an `@opentelemetry/` module (in argv or
 /// NODE_OPTIONS), or the auto-instrumentation's own switch. An app that
 /// imports the SDK from its own code is not recognised.
-pub fn instrumented(argv: &[String], env: &[String]) -> bool {
+pub fn instrumented(argv: &[String], env: &[(String, String)]) -> bool {
     let otel_module = |s: &str| s.contains("@opentelemetry/");
     argv.iter().any(|a| otel_module(a))
-        || env.iter().any(|kv| {
-            kv.strip_prefix("NODE_OPTIONS=").is_some_and(otel_module)
-                || kv.starts_with("OTEL_NODE_ENABLED_INSTRUMENTATIONS=")
-        })
+        || env.iter().any(|(k, v)| (k == "NODE_OPTIONS" && otel_module(v)) || k == "OTEL_NODE_ENABLED_INSTRUMENTATIONS")
 }
 
 /// Every process visible in /proc, in PID order.
 pub fn all_pids() -> Vec<u32> {
-    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
-        .map(|d| d.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
+    let mut pids: Vec<u32> = procfs::process::all_processes()
+        .map(|it| it.flatten().filter_map(|p| u32::try_from(p.pid).ok()).collect())
         .unwrap_or_default();
     pids.sort_unstable();
     pids
@@ -88,7 +66,12 @@ mod tests {
 
     fn cand(cg: &[&str], argv: &[&str], env: &[&str]) -> Candidate {
         let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect();
-        Candidate { cgroups: v(cg), argv: v(argv), env: v(env) }
+        let env = env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Candidate { cgroups: v(cg), argv: v(argv), env, ..Candidate::default() }
+    }
+
+    fn env(kvs: &[&str]) -> Vec<(String, String)> {
+        kvs.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
@@ -110,8 +93,8 @@ mod tests {
     #[test]
     fn recognises_otel_js() {
         assert!(instrumented(&["node".into(), "--require".into(), "@opentelemetry/auto-instrumentations-node/register".into()], &[]));
-        assert!(instrumented(&[], &["NODE_OPTIONS=--import @opentelemetry/x".into()]));
-        assert!(!instrumented(&["node".into(), "app.js".into()], &["NODE_OPTIONS=--max-old-space-size=100".into()]));
+        assert!(instrumented(&[], &env(&["NODE_OPTIONS=--import @opentelemetry/x"])));
+        assert!(!instrumented(&["node".into(), "app.js".into()], &env(&["NODE_OPTIONS=--max-old-space-size=100"])));
         let f = Filter { exclude_instrumented: true, ..Default::default() };
         assert!(!f.admits(&cand(&["/"], &["node", "-r", "@opentelemetry/api"], &[])));
         assert!(f.admits(&cand(&["/"], &["node", "app.js"], &[])));

@@ -28,14 +28,12 @@ impl std::error::Error for ExitCodeError {}
 
 /// Checks that `pid` is a live process and finds its libuv.
 pub fn check_pid(pid: u32) -> Result<Images> {
-    let dir = PathBuf::from(format!("/proc/{pid}"));
-    if pid == 0 || !dir.exists() {
+    let proc = procfs::process::Process::new(pid as i32).ok().filter(|_| pid != 0);
+    let Some(proc) = proc else {
         bail!("no process with PID {pid}: check the PID (ps -C node -o pid,args)");
-    }
-    if let Ok(stat) = std::fs::read_to_string(dir.join("stat")) {
-        if stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')) {
-            bail!("process {pid} has already exited (zombie)");
-        }
+    };
+    if proc.stat().is_ok_and(|s| s.state == 'Z') {
+        bail!("process {pid} has already exited (zombie)");
     }
     symbols::images(pid).map_err(|e| anyhow!("cannot trace process {pid}: {e:#}"))
 }

@@ -25,35 +25,65 @@ pub struct ProcessInfo {
     pub environ_denied: bool,
 }
 
+/// What /proc says about a process, read once through the procfs crate.
+/// Missing pieces (a permission, a process exiting meanwhile) stay empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ProcFacts {
+    pub exe: String,
+    pub argv: Vec<String>,
+    /// The environment (empty when unreadable).
+    pub env: Vec<(String, String)>,
+    /// /proc/PID/environ could not be read (no CAP_DAC_READ_SEARCH for
+    /// another user's process).
+    pub environ_denied: bool,
+    /// Every cgroup path of the process, v2 first.
+    pub cgroups: Vec<String>,
+    pub ppid: Option<u32>,
+}
+
+impl ProcFacts {
+    /// None when the process is gone (its cgroups cannot be read).
+    pub fn read(pid: u32) -> Option<ProcFacts> {
+        let p = procfs::process::Process::new(pid as i32).ok()?;
+        let cgroups = cgroup_paths(&p.cgroups().ok()?);
+        let environ = p.environ();
+        let environ_denied = matches!(environ, Err(procfs::ProcError::PermissionDenied(_)));
+        let env = environ
+            .map(|m| m.into_iter().map(|(k, v)| (k.to_string_lossy().into_owned(), v.to_string_lossy().into_owned())).collect())
+            .unwrap_or_default();
+        Some(ProcFacts {
+            exe: p.exe().map(|e| e.to_string_lossy().trim_end_matches(" (deleted)").to_string()).unwrap_or_default(),
+            argv: p.cmdline().unwrap_or_default(),
+            env,
+            environ_denied,
+            cgroups,
+            ppid: p.stat().ok().and_then(|s| u32::try_from(s.ppid).ok()),
+        })
+    }
+
+    /// A variable of the environment.
+    pub fn var(&self, key: &str) -> Option<&str> {
+        self.env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+}
+
 impl ProcessInfo {
     /// Reads /proc/PID. Missing pieces (a process that just exited, a
     /// permission) are left empty rather than failing.
     pub fn read(pid: u32, node_version: Option<String>) -> ProcessInfo {
-        let dir = format!("/proc/{pid}");
-        let exe = std::fs::read_link(format!("{dir}/exe"))
-            .map(|p| p.to_string_lossy().trim_end_matches(" (deleted)").to_string())
-            .unwrap_or_default();
-        let argv = split_nul(&std::fs::read(format!("{dir}/cmdline")).unwrap_or_default());
-        let environ = std::fs::read(format!("{dir}/environ"));
-        let environ_denied = matches!(&environ, Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied);
-        let env = split_nul(&environ.unwrap_or_default());
-        let get = |k: &str| env.iter().find_map(|kv| kv.strip_prefix(k).and_then(|v| v.strip_prefix('='))).map(str::to_string);
-        let cgroup_text = std::fs::read_to_string(format!("{dir}/cgroup")).unwrap_or_default();
-        let cgroup = cgroup_path(&cgroup_text);
-        let cgroups = cgroup_paths(&cgroup_text);
-        let ppid = std::fs::read_to_string(format!("{dir}/stat")).ok().and_then(|s| parse_ppid(&s));
+        let f = ProcFacts::read(pid).unwrap_or_default();
         ProcessInfo {
             pid,
-            ppid,
-            exe,
-            argv,
-            cgroup,
-            cgroups,
-            env: env.iter().filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            env_service_name: get("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()),
-            env_resource_attributes: get("OTEL_RESOURCE_ATTRIBUTES").map(|s| parse_resource_attributes(&s)).unwrap_or_default(),
+            ppid: f.ppid,
+            exe: f.exe.clone(),
+            argv: f.argv.clone(),
+            cgroup: cgroup_path(&f.cgroups),
+            env_service_name: f.var("OTEL_SERVICE_NAME").filter(|s| !s.is_empty()).map(str::to_string),
+            env_resource_attributes: f.var("OTEL_RESOURCE_ATTRIBUTES").map(parse_resource_attributes).unwrap_or_default(),
             node_version,
-            environ_denied,
+            environ_denied: f.environ_denied,
+            cgroups: f.cgroups,
+            env: f.env,
         }
     }
 
@@ -96,7 +126,7 @@ impl ProcessInfo {
             attrs.push(KeyValue::new("container.id", id));
         }
         let own: Vec<(String, String)> = std::env::vars().collect();
-        let own_cgroups = std::fs::read_to_string("/proc/self/cgroup").map(|c| cgroup_paths(&c)).unwrap_or_default();
+        let own_cgroups = procfs::process::Process::myself().and_then(|p| p.cgroups()).map(|c| cgroup_paths(&c)).unwrap_or_default();
         let own_pod = own_cgroups.iter().find_map(|p| pod_uid(p));
         for (k, v) in k8s_attributes(&self.cgroups, &self.env, &own, own_pod.as_deref()) {
             attrs.push(KeyValue::new(k, v));
@@ -113,20 +143,9 @@ pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
-fn split_nul(b: &[u8]) -> Vec<String> {
-    b.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| String::from_utf8_lossy(s).into_owned()).collect()
-}
-
-/// Every cgroup path in /proc/PID/cgroup, v2 ("0::/path") first.
-pub fn cgroup_paths(proc_cgroup: &str) -> Vec<String> {
-    let mut v: Vec<(bool, String)> = proc_cgroup
-        .lines()
-        .filter_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (id, _, path) = (f.next()?, f.next()?, f.next()?);
-            Some((id != "0", path.to_string()))
-        })
-        .collect();
+/// Every cgroup path of /proc/PID/cgroup, v2 (hierarchy 0) first.
+pub fn cgroup_paths(cgroups: &procfs::ProcessCGroups) -> Vec<String> {
+    let mut v: Vec<(bool, String)> = cgroups.0.iter().map(|c| (c.hierarchy != 0, c.pathname.clone())).collect();
     v.sort_by_key(|(v1, _)| *v1);
     let mut out: Vec<String> = Vec::new();
     for (_, p) in v {
@@ -139,8 +158,7 @@ pub fn cgroup_paths(proc_cgroup: &str) -> Vec<String> {
 
 /// The process's cgroup: the v2 path, unless it is the root "/" while a v1
 /// hierarchy says more (hybrid hosts), then the first such v1 path.
-pub fn cgroup_path(proc_cgroup: &str) -> Option<String> {
-    let paths = cgroup_paths(proc_cgroup);
+pub fn cgroup_path(paths: &[String]) -> Option<String> {
     paths.iter().find(|p| p.as_str() != "/").or(paths.first()).cloned()
 }
 
@@ -201,11 +219,6 @@ pub fn container_id(cgroup: &str) -> Option<String> {
         let id = seg.rsplit(['-', ':']).next()?;
         (id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_string())
     })
-}
-
-fn parse_ppid(stat: &str) -> Option<u32> {
-    // "pid (comm) state ppid ...": comm may contain spaces and parentheses.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// OTEL_RESOURCE_ATTRIBUTES: "k1=v1,k2=v2", values percent-decoded.
@@ -290,6 +303,12 @@ pub fn derive_service_name(argv: &[String], exe: &str) -> String {
 mod tests {
     use super::*;
 
+    /// /proc/PID/cgroup text, as procfs parses it.
+    fn paths(text: &str) -> Vec<String> {
+        use procfs::FromBufRead;
+        cgroup_paths(&procfs::ProcessCGroups::from_buf_read(text.as_bytes()).expect("cgroup text"))
+    }
+
     #[test]
     fn container_ids() {
         let id = "a".repeat(64);
@@ -330,15 +349,15 @@ mod tests {
     #[test]
     fn cgroup_hybrid_host() {
         let text = "4:memory:/process_api/c57c\n1:cpu:/\n0::/\n";
-        assert_eq!(cgroup_path(text).as_deref(), Some("/process_api/c57c"));
-        assert_eq!(cgroup_paths(text), vec!["/".to_string(), "/process_api/c57c".into()]);
+        assert_eq!(cgroup_path(&paths(text)).as_deref(), Some("/process_api/c57c"));
+        assert_eq!(paths(text), vec!["/".to_string(), "/process_api/c57c".into()]);
     }
 
     #[test]
     fn cgroup_v1_and_v2() {
-        assert_eq!(cgroup_path("0::/user.slice/x.scope\n").as_deref(), Some("/user.slice/x.scope"));
-        assert_eq!(cgroup_path("12:pids:/docker/abc\n11:cpu:/docker/abc\n").as_deref(), Some("/docker/abc"));
-        assert_eq!(cgroup_path(""), None);
+        assert_eq!(cgroup_path(&paths("0::/user.slice/x.scope\n")).as_deref(), Some("/user.slice/x.scope"));
+        assert_eq!(cgroup_path(&paths("12:pids:/docker/abc\n11:cpu:/docker/abc\n")).as_deref(), Some("/docker/abc"));
+        assert_eq!(cgroup_path(&paths("")), None);
     }
 
     #[test]
@@ -363,7 +382,10 @@ mod tests {
     }
 
     #[test]
-    fn ppid_with_odd_comm() {
-        assert_eq!(parse_ppid("42 (we (ird) name) S 7 42 42 0"), Some(7));
+    fn own_process_facts() {
+        let f = ProcFacts::read(std::process::id()).expect("this process");
+        assert!(!f.exe.is_empty() && !f.argv.is_empty() && !f.cgroups.is_empty());
+        assert_eq!(f.ppid, Some(std::os::unix::process::parent_id()));
+        assert!(f.var("PATH").is_some() || std::env::var_os("PATH").is_none());
     }
 }
