@@ -1,6 +1,6 @@
 //! End-to-end tests: the real uvspan binary attaches eBPF uprobes to a real
 //! Node.js running the fixtures in tests/fixtures/, and exports to an OTLP
-//! receiver running inside the test (tests/common). Nothing is mocked.
+//! receiver running inside the test (tests/common/otlp.rs). Nothing is mocked.
 //!
 //! They need root (BPF) and `node` on PATH; without root they fail with a
 //! message saying so, they are never skipped. Each test has its own receiver

@@ -8,7 +8,7 @@
 //! | stripped node | `strip` of /usr/bin/node: exported uv_* in .dynsym only | made by the test |
 //!
 //! Builds are downloaded once into `${UVSPAN_TEST_CACHE:-/var/cache/uvspan-tests}`
-//! and reused (tests/common: "Node builds for the matrix"). A failed download
+//! and reused (tests/common/node_builds.rs). A failed download
 //! fails the test with a message saying so; nothing is ever skipped.
 //!
 //! Each target runs tests/fixtures/matrix.js under uvspan and its spans are
