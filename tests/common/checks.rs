@@ -1,6 +1,35 @@
 //! Checks shared by several test files.
 
 use super::otlp::Span;
+use super::report::{summary, summary_number};
+use super::runner::Output;
+
+/// Clock agreement allowed between uvspan's span times and the fixture's own
+/// `performance.timeOrigin + performance.now()` markers.
+pub const CLOCK_SLACK_MS: f64 = 1.0;
+
+/// uvspan's summary agrees with what the receiver got, and nothing was lost:
+/// nothing dropped, failed, unflushed, lost in the kernel, undecodable or
+/// left unfinished at process exit, and no panic or failed export on stderr.
+pub fn check_summary(out: &Output, received: usize) {
+    let sum = summary(&out.stderr);
+    assert_eq!(sum.exported, received as u64, "spans exported per uvspan vs received\n{}", out.context());
+    assert_eq!(
+        (sum.dropped, sum.failed, sum.unflushed, sum.lost, sum.undecodable),
+        (0, 0, 0, 0, 0),
+        "nothing may be dropped, fail, stay unflushed or get lost\n{}",
+        out.context()
+    );
+    // Requests still in flight when the process exited.
+    assert_eq!(
+        summary_number(&out.stderr, " unfinished at process exit"),
+        0,
+        "requests left unfinished at exit\n{}",
+        out.context()
+    );
+    assert!(!out.stderr.contains("panicked"), "{}", out.context());
+    assert!(!out.stderr.contains("export failed"), "{}", out.context());
+}
 
 // ---------------------------------------------------------------------------
 // Threadpool attributes
