@@ -146,15 +146,6 @@ fn wait_watching(uv: &mut Running) {
     uv.wait_stderr(RUN_TIMEOUT, "the 'watching' line", |e| e.contains("uvspan: watching for Node.js processes"));
 }
 
-fn tracing_line(pid: u32) -> String {
-    format!("uvspan: tracing process {pid} ")
-}
-
-fn wait_traced(uv: &mut Running, pid: u32) {
-    let l = tracing_line(pid);
-    uv.wait_stderr(RUN_TIMEOUT, &format!("'tracing process {pid}'"), |e| e.contains(&l));
-}
-
 fn sigterm(r: &Running) {
     // SAFETY: kill(2) on a child this test started.
     unsafe { libc::kill(r.pid as i32, libc::SIGTERM) };
@@ -913,13 +904,6 @@ fn daemonset_does_not_give_its_pod_names_to_other_pods() {
 // ===========================================================================
 // Least privilege
 // ===========================================================================
-
-fn setpriv() -> &'static str {
-    ["/usr/bin/setpriv", "/bin/setpriv"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file())
-        .expect("setpriv (util-linux) is needed to run uvspan with only some capabilities")
-}
 
 /// "+bpf,+perfmon,…" for setpriv.
 fn cap_list(caps: &[&str]) -> String {

@@ -541,8 +541,7 @@ fn attach_to_running_process_by_pid() {
     let ep = rx.endpoint();
     let pid_arg = node_pid.to_string();
     let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--detail", "threadpool", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
-    let attached = format!("uvspan: tracing process {node_pid} ");
-    uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&attached)));
+    wait_traced(&mut uv, node_pid);
 
     node_stdin.write_all(b"go\n").expect("poke node");
     drop(node_stdin);
@@ -784,11 +783,7 @@ fn bad_input_otlp_protocol() {
 #[test]
 fn unprivileged_run_explains_what_is_needed() {
     require_root();
-    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).is_file())
-        .expect("setpriv (util-linux) is needed to drop privileges for this test");
-    let mut drop_privs = Command::new(setpriv);
+    let mut drop_privs = Command::new(setpriv());
     drop_privs.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]);
     drop_privs.args([uvspan_bin(), "--", "node", "-e", "1"]).stdin(Stdio::null());
     scrub_env(&mut drop_privs);
@@ -1046,8 +1041,7 @@ fn works_without_tracefs_or_debugfs() {
             args.push("--all");
         }
         let mut uv = Running::spawn(without_tracefs(uvspan_cmd(&args)));
-        let traced = format!("uvspan: tracing process {pid} ");
-        uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&traced)));
+        wait_traced(&mut uv, node.pid);
         node.child.stdin.take().expect("node's stdin").write_all(b"go\n").expect("poke node");
         let nout = node.finish(RUN_TIMEOUT);
         assert_eq!(nout.code(), Some(0), "{mode}: {}", nout.context());

@@ -1150,8 +1150,7 @@ fn loop_ticks_by_pid(node: &Path) -> (Markers, Output, Vec<Span>) {
         "--otlp-protocol",
         "grpc",
     ]));
-    let attached = format!("uvspan: tracing process {pid} ");
-    uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&attached)));
+    wait_traced(&mut uv, pid);
     stdin.write_all(b"go\n").expect("start the fixture");
     drop(stdin);
     let node_out = running.finish(RUN_TIMEOUT);

@@ -1,11 +1,20 @@
 //! What uvspan reports on stderr: the final summary, the periodic status
-//! lines and the kernel fallback notice.
+//! lines, the "tracing process" lines and the kernel fallback notice.
+
+use super::runner::{Running, RUN_TIMEOUT};
 
 /// The start of the line uvspan says once at start on kernels that refuse
 /// fentry programs (it then reads the epoll waits from the syscall
 /// tracepoints); tests/e2e.rs checks it matches the kernel, other tests that
 /// check stderr line by line leave it out.
 pub const KERNEL_FALLBACK_NOTICE: &str = "uvspan: this kernel refuses fentry programs";
+
+/// The number just before `what` in `line`.
+fn number_before(line: &str, what: &str) -> u64 {
+    let at = line.find(what).unwrap_or_else(|| panic!("{what:?} missing from uvspan's line: {line}"));
+    let digits: String = line[..at].chars().rev().take_while(|c| c.is_ascii_digit()).collect();
+    digits.chars().rev().collect::<String>().parse().unwrap_or_else(|_| panic!("no number before {what:?}: {line}"))
+}
 
 // ---------------------------------------------------------------------------
 // The final summary
@@ -23,16 +32,8 @@ pub struct Summary {
 }
 
 pub fn summary(stderr: &str) -> Summary {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("uvspan: ") && l.contains(" process(es); spans: "))
-        .unwrap_or_else(|| panic!("no summary line in uvspan's stderr:\n{stderr}"));
-    let num_before = |what: &str| -> u64 {
-        let at = line.find(what).unwrap_or_else(|| panic!("summary line has no {what:?}: {line}"));
-        let head = &line[..at];
-        let digits: String = head.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
-        digits.chars().rev().collect::<String>().parse().unwrap_or_else(|_| panic!("no number before {what:?}: {line}"))
-    };
+    let line = summary_line(stderr);
+    let num_before = |what: &str| number_before(line, what);
     Summary {
         exported: num_before(" exported"),
         dropped: num_before(" dropped"),
@@ -43,14 +44,18 @@ pub fn summary(stderr: &str) -> Summary {
     }
 }
 
+/// The final "uvspan: N process(es); spans: ..." line of `stderr`.
+fn summary_line(stderr: &str) -> &str {
+    stderr
+        .lines()
+        .find(|l| l.starts_with("uvspan: ") && l.contains(" process(es); spans: "))
+        .unwrap_or_else(|| panic!("no summary line in uvspan's stderr:\n{stderr}"))
+}
+
 /// A number of the final summary line that [`summary`] does not parse:
 /// `" process(es)"`, `" unfinished at process exit"`, `" loop iterations"`.
 pub fn summary_number(stderr: &str, what: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.starts_with("uvspan: ") && l.contains(" process(es); spans: "))
-        .unwrap_or_else(|| panic!("no summary line in uvspan's stderr:\n{stderr}"));
-    number_before(line, what)
+    number_before(summary_line(stderr), what)
 }
 
 // ---------------------------------------------------------------------------
@@ -69,13 +74,6 @@ pub struct StatusLine {
     pub unfinished: u64,
 }
 
-/// The number just before `what` in `line`.
-fn number_before(line: &str, what: &str) -> u64 {
-    let at = line.find(what).unwrap_or_else(|| panic!("{what:?} missing from uvspan's line: {line}"));
-    let digits: String = line[..at].chars().rev().take_while(|c| c.is_ascii_digit()).collect();
-    digits.chars().rev().collect::<String>().parse().unwrap_or_else(|_| panic!("no number before {what:?}: {line}"))
-}
-
 /// Every status line printed so far, in order.
 pub fn status_lines(stderr: &str) -> Vec<StatusLine> {
     stderr
@@ -91,4 +89,20 @@ pub fn status_lines(stderr: &str) -> Vec<StatusLine> {
             unfinished: number_before(l, " unfinished at process exit"),
         })
         .collect()
+}
+
+// ---------------------------------------------------------------------------
+// "tracing process" lines
+// ---------------------------------------------------------------------------
+
+/// The start of the line uvspan says when it starts tracing process `pid`.
+pub fn tracing_line(pid: u32) -> String {
+    format!("uvspan: tracing process {pid} ")
+}
+
+/// Waits until uvspan says it traces `pid` (a stderr line starting with
+/// [`tracing_line`]); fails on timeout or if uvspan exits first.
+pub fn wait_traced(uv: &mut Running, pid: u32) {
+    let l = tracing_line(pid);
+    uv.wait_stderr(RUN_TIMEOUT, &format!("'tracing process {pid}'"), |e| e.lines().any(|x| x.starts_with(&l)));
 }

@@ -33,11 +33,7 @@ pub fn require_root() {
 
 /// `node` on PATH, as the fixtures need it.
 pub fn require_node() {
-    let found = std::env::var("PATH")
-        .unwrap_or_default()
-        .split(':')
-        .any(|d| !d.is_empty() && Path::new(d).join("node").is_file());
-    assert!(found, "the end-to-end tests need `node` (Node.js) on PATH");
+    assert!(on_path("node"), "the end-to-end tests need `node` (Node.js) on PATH");
 }
 
 pub fn uvspan_bin() -> &'static str {
@@ -57,6 +53,15 @@ pub fn on_path(name: &str) -> bool {
 
 pub fn require_tool(name: &str, why: &str) {
     assert!(on_path(name), "`{name}` is not on PATH; this test needs it: {why}");
+}
+
+/// setpriv (util-linux), to run a process as another user or with fewer
+/// capabilities.
+pub fn setpriv() -> &'static str {
+    ["/usr/bin/setpriv", "/bin/setpriv"]
+        .into_iter()
+        .find(|p| Path::new(p).is_file())
+        .expect("setpriv (util-linux) is needed for this test: it runs processes as another user or with fewer capabilities")
 }
 
 // ---------------------------------------------------------------------------
