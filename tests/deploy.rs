@@ -15,8 +15,8 @@
 //! what must be counted exactly (processes traced) is scoped with `--cgroup`
 //! to a cgroup of the test's own.
 //!
-//! The fixtures are JavaScript constants below, written into each test's temp
-//! dir.
+//! The fixtures are tests/fixtures/ops.js, churn.js, forker.js and warm.js;
+//! the temp dirs the tests make hold the files they stat.
 //!
 //! A src/ bug this file finds is reproduced by a test marked
 //! `#[ignore = "src bug: ..."]` until it is fixed (`cargo test --release
@@ -47,104 +47,6 @@ const MANIFEST_CAPS: [&str; 4] = ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEAR
 /// A loop threshold no fixture reaches: no uv.loop.iteration spans, so the
 /// spans a process produces are exactly its fs calls.
 const NO_LOOP_SPANS: &str = "10m";
-
-// ===========================================================================
-// Fixtures
-// ===========================================================================
-
-/// Driven by lines on stdin; prints JSON markers. Exits when stdin closes.
-///   stat N PREFIX TAG   N × fs.statSync(PREFIX + i) (missing files: no
-///                       exception), then marker "did:TAG"
-///   flood MS PATH TAG   fs.statSync(PATH) for MS milliseconds, marker "did:TAG" {n}
-///   inflight N FIFO     N × async fs.open(FIFO): they block in the threadpool
-///                       (no writer), marker "inflight"
-///   exit CODE
-const OPS_JS: &str = r#"'use strict';
-const fs = require('fs');
-const out = (o) => process.stdout.write(JSON.stringify(o) + '\n');
-out({ marker: 'ready', pid: process.pid, origin: performance.timeOrigin });
-let buf = '';
-process.stdin.setEncoding('utf8');
-process.stdin.on('data', (c) => {
-  buf += c;
-  let i;
-  while ((i = buf.indexOf('\n')) >= 0) {
-    const line = buf.slice(0, i).trim();
-    buf = buf.slice(i + 1);
-    if (line) run(line.split(' '));
-  }
-});
-process.stdin.on('end', () => process.exit(0));
-function run([cmd, ...a]) {
-  switch (cmd) {
-    case 'stat': {
-      const n = +a[0];
-      for (let i = 0; i < n; i++) fs.statSync(a[1] + i, { throwIfNoEntry: false });
-      out({ marker: 'did:' + a[2], n });
-      break;
-    }
-    case 'flood': {
-      const end = Date.now() + +a[0];
-      let n = 0;
-      while (Date.now() < end) { fs.statSync(a[1], { throwIfNoEntry: false }); n++; }
-      out({ marker: 'did:' + a[2], n });
-      break;
-    }
-    case 'inflight': {
-      const n = +a[0];
-      for (let i = 0; i < n; i++) fs.open(a[1], 'r', () => {});
-      out({ marker: 'inflight', n });
-      break;
-    }
-    case 'exit':
-      process.exit(+a[0] || 0);
-  }
-}
-"#;
-
-/// `node churn.js PATH`: a short-lived process: 100 ms after it starts (like
-/// a service doing its work a moment after start; also slack for discovery
-/// on an overloaded 2-core CI machine), a sync stat of PATH and an async
-/// read of itself (threadpool), then it exits.
-// The stat comes 300 ms after start: these tests are about memory and
-// forgetting, not discovery latency (scripts/bench.sh measures that),
-// and on 2 cores shared with the rest of the suite uvspan can be scheduled late.
-const CHURN_JS: &str = r#"'use strict';
-const fs = require('fs');
-setTimeout(() => {
-  fs.statSync(process.argv[2], { throwIfNoEntry: false });
-  fs.readFile(__filename, () => {});
-}, 300);
-"#;
-
-/// `node forker.js DIR`: spawnSync of `sh -c 'exec sleep 1'` (fork, exec
-/// into something that is not node), a forked node child that stats
-/// DIR/child, then a stat of DIR/after in the parent.
-const FORKER_JS: &str = r#"'use strict';
-const fs = require('fs');
-const cp = require('child_process');
-const out = (o) => process.stdout.write(JSON.stringify(o) + '\n');
-const dir = process.argv[2];
-if (process.argv[3] === 'child') {
-  fs.statSync(dir + '/child', { throwIfNoEntry: false });
-  out({ marker: 'child', pid: process.pid });
-  process.exit(0);
-}
-out({ marker: 'parent', pid: process.pid });
-const r = cp.spawnSync('sh', ['-c', 'echo $$; exec sleep 1'], { encoding: 'utf8' });
-out({ marker: 'spawned', pid: +r.stdout.trim(), status: r.status });
-const c = cp.fork(__filename, [dir, 'child'], { stdio: 'inherit' });
-c.on('exit', (code) => {
-  fs.statSync(dir + '/after', { throwIfNoEntry: false });
-  out({ marker: 'after', child_exit: code });
-});
-"#;
-
-fn write_fixture(dir: &TempDir, name: &str, text: &str) -> String {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap_or_else(|e| panic!("cannot write {p}: {e}"));
-    p
-}
 
 // ===========================================================================
 // Helpers: node processes, uvspan, spans, cgroups, kernel maps
@@ -180,10 +82,10 @@ impl Node {
         Node::spawn(cmd)
     }
 
-    /// The stdin-driven ops fixture; waits for its "ready" marker.
-    fn ops(dir: &TempDir, env: &[(&str, &str)], cg: Option<&Cgroup>) -> Node {
-        let script = write_fixture(dir, "ops.js", OPS_JS);
-        let mut n = Node::start(&script, &[], env, cg);
+    /// The stdin-driven fixture tests/fixtures/ops.js (its commands are
+    /// described there); waits for its "ready" marker.
+    fn ops(env: &[(&str, &str)], cg: Option<&Cgroup>) -> Node {
+        let mut n = Node::start(&fixture("ops.js"), &[], env, cg);
         n.marker("ready");
         n
     }
@@ -242,15 +144,6 @@ fn uvspan(args: &[&str], endpoint: &str, env: &[(&str, &str)]) -> Running {
 /// Waits until uvspan's discovery has scanned the running processes.
 fn wait_watching(uv: &mut Running) {
     uv.wait_stderr(RUN_TIMEOUT, "the 'watching' line", |e| e.contains("uvspan: watching for Node.js processes"));
-}
-
-fn tracing_line(pid: u32) -> String {
-    format!("uvspan: tracing process {pid} ")
-}
-
-fn wait_traced(uv: &mut Running, pid: u32) {
-    let l = tracing_line(pid);
-    uv.wait_stderr(RUN_TIMEOUT, &format!("'tracing process {pid}'"), |e| e.contains(&l));
 }
 
 fn sigterm(r: &Running) {
@@ -516,7 +409,7 @@ fn all_traces_processes_started_later() {
     let mut nodes = Vec::new();
     for name in ["first", "second"] {
         let spawned = Instant::now();
-        let mut n = Node::ops(&dir, &[], None);
+        let mut n = Node::ops(&[], None);
         wait_traced(&mut uv, n.pid);
         eprintln!("deploy: {name} node traced {:.1} ms after the test spawned it", spawned.elapsed().as_secs_f64() * 1e3);
         n.exec(&format!("stat 1 {}/{name}- {name}", dir.str()), name);
@@ -539,11 +432,11 @@ fn all_traces_processes_started_later() {
 
 /// The first node of a binary costs uvspan a read of its symbols (see
 /// `all_first_processes_of_a_new_binary_are_all_traced`): one short node
-/// in `cg`, waited for until uvspan traces it and it has exited, so that the
-/// binary is attached before a test starts many processes at once.
-fn warm_up(uv: &mut Running, dir: &TempDir, cg: &Cgroup) {
-    let warm = write_fixture(dir, "warm.js", "setTimeout(() => {}, 300);\n");
-    let mut w = Node::start(&warm, &[], &[], Some(cg));
+/// (tests/fixtures/warm.js) in `cg`, waited for until uvspan traces it and
+/// it has exited, so that the binary is attached before a test starts many
+/// processes at once.
+fn warm_up(uv: &mut Running, cg: &Cgroup) {
+    let mut w = Node::start(&fixture("warm.js"), &[], &[], Some(cg));
     wait_traced(uv, w.pid);
     drop(w.stdin.take());
     assert_eq!(w.run.finish(RUN_TIMEOUT).code(), Some(0));
@@ -598,7 +491,7 @@ fn all_forgets_exited_processes_under_churn() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("churn");
-    let script = write_fixture(&dir, "churn.js", CHURN_JS);
+    let script = fixture("churn.js");
     let cg = Cgroup::create(&unique("uvspan-churn"));
     let mut uv = uvspan(
         &["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "200ms"],
@@ -608,7 +501,7 @@ fn all_forgets_exited_processes_under_churn() {
     wait_watching(&mut uv);
     assert!(uv.stderr().contains("(0 traced now)"), "{}", uv.stderr());
 
-    warm_up(&mut uv, &dir, &cg);
+    warm_up(&mut uv, &cg);
 
     const N: usize = 100;
     let mut pids = churn(&script, &dir, &cg, 0..N / 3, 4, &[]);
@@ -661,11 +554,11 @@ fn all_churn_does_not_keep_per_process_memory() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("leak");
-    let script = write_fixture(&dir, "churn.js", CHURN_JS);
+    let script = fixture("churn.js");
     let cg = Cgroup::create(&unique("uvspan-leak"));
     let mut uv = uvspan(&["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_watching(&mut uv);
-    warm_up(&mut uv, &dir, &cg);
+    warm_up(&mut uv, &cg);
     // One argument stays under the kernel's 128 KiB limit per string.
     let big: Vec<String> = (0..8).map(|k| format!("{k}{}", "y".repeat(96 * 1024))).collect();
     let prefix = format!("{}/stat-", dir.str());
@@ -698,11 +591,11 @@ fn all_traces_node_started_through_a_shell() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("shell");
-    let script = write_fixture(&dir, "churn.js", CHURN_JS);
+    let script = fixture("churn.js");
     let cg = Cgroup::create(&unique("uvspan-shell"));
     let mut uv = uvspan(&["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_watching(&mut uv);
-    warm_up(&mut uv, &dir, &cg);
+    warm_up(&mut uv, &cg);
     const N: usize = 40;
     for i in 0..N {
         let mut c = Command::new("sh");
@@ -736,13 +629,13 @@ fn cgroup_scope_traces_only_processes_inside() {
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("cgroup");
     let cg = Cgroup::create(&unique("uvspan-scope"));
-    let mut before = Node::ops(&dir, &[], None);
+    let mut before = Node::ops(&[], None);
     cg.add(before.pid);
     let mut uv = uvspan(&["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_watching(&mut uv);
     assert!(uv.stderr().contains("(1 traced now)"), "{}", uv.stderr());
-    let mut inside = Node::ops(&dir, &[], Some(&cg));
-    let mut outside = Node::ops(&dir, &[], None);
+    let mut inside = Node::ops(&[], Some(&cg));
+    let mut outside = Node::ops(&[], None);
     wait_traced(&mut uv, inside.pid);
     for (n, tag) in [(&mut before, "before"), (&mut inside, "inside"), (&mut outside, "outside")] {
         n.exec(&format!("stat 3 {}/{tag}- {tag}", dir.str()), tag);
@@ -804,7 +697,7 @@ fn container_ids_from_cgroups_and_container_scope() {
     wait_watching(&mut one);
     let mut nodes = Vec::new();
     for ((name, _, _), cg) in layouts.iter().zip(&cgs) {
-        let mut n = Node::ops(&dir, &[], Some(cg));
+        let mut n = Node::ops(&[], Some(cg));
         wait_traced(&mut all, n.pid);
         if *name == "docker-systemd" {
             wait_traced(&mut one, n.pid);
@@ -812,7 +705,7 @@ fn container_ids_from_cgroups_and_container_scope() {
         n.exec(&format!("stat 1 {}/{name}- {name}", dir.str()), name);
         nodes.push(n);
     }
-    let mut outside = Node::ops(&dir, &[], None);
+    let mut outside = Node::ops(&[], None);
     wait_traced(&mut all, outside.pid);
     outside.exec(&format!("stat 1 {}/outside- outside", dir.str()), "outside");
 
@@ -895,7 +788,6 @@ fn k8s_and_otel_resource_attributes_per_process() {
     );
     wait_watching(&mut uv);
     let mut shop = Node::ops(
-        &dir,
         &[
             ("K8S_POD_NAME", "shop-7d9f-abcde"),
             ("K8S_NAMESPACE_NAME", "prod"),
@@ -904,7 +796,7 @@ fn k8s_and_otel_resource_attributes_per_process() {
         ],
         None,
     );
-    let mut plain = Node::ops(&dir, &[], None);
+    let mut plain = Node::ops(&[], None);
     for (n, tag) in [(&mut shop, "shop"), (&mut plain, "plain")] {
         wait_traced(&mut uv, n.pid);
         n.exec(&format!("stat 1 {}/{tag}- {tag}", dir.str()), tag);
@@ -957,7 +849,7 @@ fn sidecar_gives_its_pod_names_to_processes_of_its_pod() {
     c.stdin(Stdio::null());
     let mut uv = Running::spawn(c);
     wait_watching(&mut uv);
-    let mut app = Node::ops(&dir, &[], Some(&app_cg));
+    let mut app = Node::ops(&[], Some(&app_cg));
     wait_traced(&mut uv, app.pid);
     app.exec(&format!("stat 1 {}/app- app", dir.str()), "app");
     let spans = wait_spans(&rx, Duration::from_secs(10), |s| count_under(s, &dir.join("app-")) >= 1);
@@ -995,7 +887,7 @@ fn daemonset_does_not_give_its_pod_names_to_other_pods() {
         &[("K8S_POD_NAME", "uvspan-x7k2p"), ("K8S_NAMESPACE_NAME", "observability"), ("K8S_NODE_NAME", "node-c")],
     );
     wait_watching(&mut uv);
-    let mut app = Node::ops(&dir, &[], Some(&app_cg));
+    let mut app = Node::ops(&[], Some(&app_cg));
     wait_traced(&mut uv, app.pid);
     app.exec(&format!("stat 1 {}/app- app", dir.str()), "app");
     let spans = wait_spans(&rx, Duration::from_secs(10), |s| count_under(s, &dir.join("app-")) >= 1);
@@ -1012,13 +904,6 @@ fn daemonset_does_not_give_its_pod_names_to_other_pods() {
 // ===========================================================================
 // Least privilege
 // ===========================================================================
-
-fn setpriv() -> &'static str {
-    ["/usr/bin/setpriv", "/bin/setpriv"]
-        .into_iter()
-        .find(|p| Path::new(p).is_file())
-        .expect("setpriv (util-linux) is needed to run uvspan with only some capabilities")
-}
 
 /// "+bpf,+perfmon,…" for setpriv.
 fn cap_list(caps: &[&str]) -> String {
@@ -1056,9 +941,12 @@ fn with_caps(who: Who, caps: &[&str], uvspan_args: &[&str]) -> Command {
 }
 
 /// A node target running as another user (uid 1000), with an
-/// OTEL_SERVICE_NAME only its environment tells.
+/// OTEL_SERVICE_NAME only its environment tells. It runs a copy of
+/// tests/fixtures/ops.js in `dir`, which any user can read (the repository
+/// may not be readable to uid 1000).
 fn foreign_node(dir: &TempDir) -> Node {
-    let script = write_fixture(dir, "ops.js", OPS_JS);
+    let script = dir.join("ops.js");
+    std::fs::copy(fixture("ops.js"), &script).unwrap_or_else(|e| panic!("cannot copy ops.js to {script}: {e}"));
     let mut c = Command::new(setpriv());
     c.args(["--reuid=1000", "--regid=1000", "--clear-groups", "node", &script]);
     scrub_env(&mut c);
@@ -1210,9 +1098,9 @@ fn k8s_manifests_match_the_tested_privileges() {
 // and exported = what the collector received.
 
 /// A running ops node inside a fresh cgroup of the test's own.
-fn scoped_ops(dir: &TempDir, tag: &str) -> (Cgroup, Node) {
+fn scoped_ops(tag: &str) -> (Cgroup, Node) {
     let cg = Cgroup::create(&unique(tag));
-    let node = Node::ops(dir, &[], None);
+    let node = Node::ops(&[], None);
     cg.add(node.pid);
     (cg, node)
 }
@@ -1234,7 +1122,7 @@ fn collector_unreachable_at_start_then_up() {
     require_root();
     let mut col = FaultyReceiver::unstarted(reserve_port());
     let dir = TempDir::new("col-start");
-    let (cg, mut node) = scoped_ops(&dir, "uvspan-colstart");
+    let (cg, mut node) = scoped_ops("uvspan-colstart");
     let uv = uvspan_scoped(
         &cg,
         &node,
@@ -1277,7 +1165,7 @@ fn collector_outage_mid_run_then_back() {
     require_root();
     let mut col = FaultyReceiver::started();
     let dir = TempDir::new("col-outage");
-    let (cg, mut node) = scoped_ops(&dir, "uvspan-outage");
+    let (cg, mut node) = scoped_ops("uvspan-outage");
     let mut uv = uvspan_scoped(
         &cg,
         &node,
@@ -1344,7 +1232,7 @@ fn slow_collector_small_queue_drops_and_counts() {
     let col = FaultyReceiver::started();
     col.set_delay(Duration::from_millis(400));
     let dir = TempDir::new("col-slow");
-    let (cg, mut node) = scoped_ops(&dir, "uvspan-slow");
+    let (cg, mut node) = scoped_ops("uvspan-slow");
     let mut uv = uvspan_scoped(
         &cg,
         &node,
@@ -1428,7 +1316,7 @@ fn sigkill_with_requests_in_flight_pid_mode() {
     let dir = TempDir::new("kill-pid");
     let fifo = dir.join("fifo");
     mkfifo(&fifo);
-    let mut node = Node::ops(&dir, &[], None);
+    let mut node = Node::ops(&[], None);
     let pid = node.pid.to_string();
     let mut uv = uvspan(&["--pid", &pid, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_traced(&mut uv, node.pid);
@@ -1469,7 +1357,7 @@ fn sigkill_in_all_mode() -> Vec<String> {
         &[],
     );
     wait_watching(&mut uv);
-    let mut node = Node::ops(&dir, &[], Some(&cg));
+    let mut node = Node::ops(&[], Some(&cg));
     wait_traced(&mut uv, node.pid);
     node.send(&format!("inflight 20 {fifo}"));
     node.marker("inflight");
@@ -1519,7 +1407,7 @@ fn fork_and_exec_under_command_mode() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("fork");
-    let script = write_fixture(&dir, "forker.js", FORKER_JS);
+    let script = fixture("forker.js");
     let t = Instant::now();
     let out = run(uvspan_cmd([
         "--loop-threshold",
@@ -1579,7 +1467,7 @@ fn sigterm_flushes_and_exits_0() {
     for mode in ["--all", "--pid"] {
         let rx = Receiver::start(Protocol::Grpc);
         let dir = TempDir::new("term");
-        let mut node = Node::ops(&dir, &[], None);
+        let mut node = Node::ops(&[], None);
         let pid = node.pid.to_string();
         let mut args = vec![mode];
         if mode == "--pid" {
@@ -1614,7 +1502,7 @@ fn sigterm_with_a_hung_collector_respects_the_flush_deadline() {
     let col = FaultyReceiver::started();
     col.set_delay(Duration::from_secs(3600));
     let dir = TempDir::new("term-hung");
-    let mut node = Node::ops(&dir, &[], None);
+    let mut node = Node::ops(&[], None);
     let pid = node.pid.to_string();
     let mut uv = uvspan(
         &["--pid", &pid, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0", "--flush-timeout", "1s"],
@@ -1651,7 +1539,7 @@ fn fifty_processes_traced_at_once() {
     let dir = TempDir::new("fifty");
     let mut uv = uvspan(&["--all", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_watching(&mut uv);
-    let mut nodes: Vec<Node> = (0..50).map(|_| Node::ops(&dir, &[], None)).collect();
+    let mut nodes: Vec<Node> = (0..50).map(|_| Node::ops(&[], None)).collect();
     for n in &nodes {
         let l = tracing_line(n.pid);
         assert!(
@@ -1667,7 +1555,8 @@ fn fifty_processes_traced_at_once() {
     for (i, n) in nodes.iter_mut().enumerate() {
         n.marker(&format!("did:p{i}"));
     }
-    // (Not "p…": node's module loader looks up <dir>/package.json.)
+    // (A prefix of its own, not "p…": no file node's module loader looks up,
+    // such as a package.json, may count.)
     let spans = wait_spans(&rx, Duration::from_secs(60), |s| count_under(s, &dir.join("fifty-")) >= 50);
     for (i, n) in nodes.iter().enumerate() {
         let want = dir.join(&format!("fifty-{i}-0"));
@@ -1696,7 +1585,7 @@ fn pid_mode_exports_spans_while_the_target_runs() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("quiet");
-    let mut node = Node::ops(&dir, &[], None);
+    let mut node = Node::ops(&[], None);
     let pid = node.pid.to_string();
     let mut uv = uvspan(&["--pid", &pid, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_traced(&mut uv, node.pid);
@@ -1725,7 +1614,7 @@ fn flush_deadline_does_not_count_exported_spans_twice() {
     let col = FaultyReceiver::started();
     col.set_delay(Duration::from_millis(600));
     let dir = TempDir::new("col-deadline");
-    let (cg, mut node) = scoped_ops(&dir, "uvspan-deadline");
+    let (cg, mut node) = scoped_ops("uvspan-deadline");
     let uv = uvspan_scoped(
         &cg,
         &node,
@@ -1759,7 +1648,7 @@ fn all_first_processes_of_a_new_binary_are_all_traced() {
     let cg = Cgroup::create(&unique("uvspan-cold"));
     let mut uv = uvspan(&["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
     wait_watching(&mut uv);
-    let script = write_fixture(&dir, "ops.js", OPS_JS);
+    let script = fixture("ops.js");
     let mut nodes: Vec<Node> = (0..4).map(|_| Node::start(&script, &[], &[], Some(&cg))).collect();
     for (i, n) in nodes.iter_mut().enumerate() {
         n.marker("ready");

@@ -1,6 +1,6 @@
 //! End-to-end tests: the real uvspan binary attaches eBPF uprobes to a real
 //! Node.js running the fixtures in tests/fixtures/, and exports to an OTLP
-//! receiver running inside the test (tests/common). Nothing is mocked.
+//! receiver running inside the test (tests/common/otlp.rs). Nothing is mocked.
 //!
 //! They need root (BPF) and `node` on PATH; without root they fail with a
 //! message saying so, they are never skipped. Each test has its own receiver
@@ -15,10 +15,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-/// Clock agreement allowed between uvspan's span times and the fixture's own
-/// `performance.timeOrigin + performance.now()` markers.
-const CLOCK_SLACK_MS: f64 = 1.0;
 
 // ===========================================================================
 // Exact fs expectations for tests/fixtures/fs_ops.js
@@ -136,13 +132,6 @@ fn fs_ops_expected(dir: &TempDir, m: &Markers) -> Vec<Want> {
     ]
 }
 
-const THREADPOOL_KEYS: [&str; 4] = [
-    "uvspan.threadpool.queue_wait_ms",
-    "uvspan.threadpool.run_ms",
-    "uvspan.loop.callback_wait_ms",
-    "uvspan.threadpool.thread.id",
-];
-
 /// fs_ops.js's fs spans are exactly the expected ones, in order, with exact attributes.
 /// `detail`: uvspan ran with `--detail all` (threadpool split and phases);
 /// without it, the default probe set.
@@ -232,7 +221,7 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64, detail: bo
             }
         }
         if !w.sync && detail {
-            keys.extend(THREADPOOL_KEYS);
+            keys.extend(THREADPOOL_SPLIT_KEYS);
         }
         let got_keys: BTreeSet<&str> = s.attributes.keys().map(String::as_str).collect();
         assert_eq!(got_keys, keys, "attribute keys: {ctx}");
@@ -384,20 +373,6 @@ fn check_resource(s: &Span, m: &Markers, service: &str, command_line: &str, uvsp
     let cgroup = cgroup_of(&m.str("info", "cgroup"));
     assert_eq!(s.res_str("process.linux.cgroup"), Some(cgroup.as_str()), "{ctx}");
     assert_eq!(s.scope, "uvspan", "instrumentation scope");
-}
-
-/// uvspan's summary agrees with what the receiver got, and nothing was lost.
-fn check_summary(out: &Output, received: usize) {
-    let sum = summary(&out.stderr);
-    assert_eq!(sum.exported, received as u64, "spans exported per uvspan vs received\n{}", out.context());
-    assert_eq!(
-        (sum.dropped, sum.failed, sum.unflushed, sum.lost, sum.undecodable),
-        (0, 0, 0, 0, 0),
-        "nothing may be dropped, fail, stay unflushed or get lost\n{}",
-        out.context()
-    );
-    assert!(!out.stderr.contains("panicked"), "{}", out.context());
-    assert!(!out.stderr.contains("export failed"), "{}", out.context());
 }
 
 /// Runs fs_ops.js under uvspan exporting to `rx`, checks everything the
@@ -566,8 +541,7 @@ fn attach_to_running_process_by_pid() {
     let ep = rx.endpoint();
     let pid_arg = node_pid.to_string();
     let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--detail", "threadpool", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
-    let attached = format!("uvspan: tracing process {node_pid} ");
-    uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&attached)));
+    wait_traced(&mut uv, node_pid);
 
     node_stdin.write_all(b"go\n").expect("poke node");
     drop(node_stdin);
@@ -809,11 +783,7 @@ fn bad_input_otlp_protocol() {
 #[test]
 fn unprivileged_run_explains_what_is_needed() {
     require_root();
-    let setpriv = ["/usr/bin/setpriv", "/bin/setpriv"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).is_file())
-        .expect("setpriv (util-linux) is needed to drop privileges for this test");
-    let mut drop_privs = Command::new(setpriv);
+    let mut drop_privs = Command::new(setpriv());
     drop_privs.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]);
     drop_privs.args([uvspan_bin(), "--", "node", "-e", "1"]).stdin(Stdio::null());
     scrub_env(&mut drop_privs);
@@ -1071,8 +1041,7 @@ fn works_without_tracefs_or_debugfs() {
             args.push("--all");
         }
         let mut uv = Running::spawn(without_tracefs(uvspan_cmd(&args)));
-        let traced = format!("uvspan: tracing process {pid} ");
-        uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&traced)));
+        wait_traced(&mut uv, node.pid);
         node.child.stdin.take().expect("node's stdin").write_all(b"go\n").expect("poke node");
         let nout = node.finish(RUN_TIMEOUT);
         assert_eq!(nout.code(), Some(0), "{mode}: {}", nout.context());

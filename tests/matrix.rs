@@ -8,7 +8,7 @@
 //! | stripped node | `strip` of /usr/bin/node: exported uv_* in .dynsym only | made by the test |
 //!
 //! Builds are downloaded once into `${UVSPAN_TEST_CACHE:-/var/cache/uvspan-tests}`
-//! and reused (tests/common: "Node builds for the matrix"). A failed download
+//! and reused (tests/common/node_builds.rs). A failed download
 //! fails the test with a message saying so; nothing is ever skipped.
 //!
 //! Each target runs tests/fixtures/matrix.js under uvspan and its spans are
@@ -41,8 +41,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-/// Clock agreement allowed between span times and the fixture's markers.
-const CLOCK_SLACK_MS: f64 = 1.0;
 /// The file fs.readFile reads.
 const DATA: &[u8] = b"hello matrix\n";
 /// Every iteration whose busy time reaches this is a span.
@@ -312,24 +310,6 @@ fn run_target(t: &Target) {
     check_fs(&spans, &dir, &m, pid, t, &threads);
     check_dns(&spans, &m, pid, t, &threads);
     check_loop(&spans, &m, pid, t);
-}
-
-/// uvspan's summary agrees with what the receiver got, and nothing was lost.
-fn check_summary(out: &Output, received: usize) {
-    let sum = summary(&out.stderr);
-    assert_eq!(sum.exported, received as u64, "spans exported per uvspan vs received\n{}", out.context());
-    assert_eq!(
-        (sum.dropped, sum.failed, sum.unflushed, sum.lost, sum.undecodable),
-        (0, 0, 0, 0, 0),
-        "nothing may be dropped, fail, stay unflushed or get lost\n{}",
-        out.context()
-    );
-    // Requests still in flight when the process exited (newer summaries say so).
-    let line = out.stderr.lines().find(|l| l.contains(" process(es); spans: ")).expect("summary line");
-    if let Some(at) = line.find(" unfinished at process exit") {
-        let digits: String = line[..at].chars().rev().take_while(|c| c.is_ascii_digit()).collect();
-        assert_eq!(digits, "0", "requests left unfinished at exit\n{}", out.context());
-    }
 }
 
 /// stderr is exactly: the "tracing command" line, the notices (none on a
@@ -1170,8 +1150,7 @@ fn loop_ticks_by_pid(node: &Path) -> (Markers, Output, Vec<Span>) {
         "--otlp-protocol",
         "grpc",
     ]));
-    let attached = format!("uvspan: tracing process {pid} ");
-    uv.wait_stderr(RUN_TIMEOUT, "the 'tracing process' line", |e| e.lines().any(|l| l.starts_with(&attached)));
+    wait_traced(&mut uv, pid);
     stdin.write_all(b"go\n").expect("start the fixture");
     drop(stdin);
     let node_out = running.finish(RUN_TIMEOUT);

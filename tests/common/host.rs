@@ -1,0 +1,42 @@
+//! Facts about this host and about live processes: host name, cgroup path,
+//! memory and open file descriptors.
+
+/// This machine's host name, as uname(2) reports it.
+pub fn host_name() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes into the buffer we own.
+    let r = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    assert_eq!(r, 0, "gethostname failed");
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The cgroup path a /proc/PID/cgroup text names: the cgroup v2 entry
+/// ("0::/path"), else the first (v1) line's path.
+pub fn cgroup_of(proc_cgroup: &str) -> String {
+    // The v2 path ("0::/path"), unless it is the root while a v1 hierarchy
+    // names a real group (hybrid hosts such as this CI machine).
+    let paths: Vec<&str> = proc_cgroup.lines().filter_map(|l| l.splitn(3, ':').nth(2)).collect();
+    let v2 = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"));
+    match v2 {
+        Some(p) if p != "/" => p,
+        _ => paths.iter().copied().find(|p| *p != "/").or(v2).or(paths.first().copied()).unwrap_or_else(|| panic!("cannot read a cgroup path from {proc_cgroup:?}")),
+    }
+    .to_string()
+}
+
+/// VmRSS of a live process, KiB.
+pub fn vm_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// Open file descriptors of a live process.
+pub fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
+}
