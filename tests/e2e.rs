@@ -793,11 +793,10 @@ fn unprivileged_run_explains_what_is_needed() {
 }
 
 // ===========================================================================
-// Known src/ bugs, reproduced. Ignored so the suite stays green; run with
-// `cargo test --test e2e -- --ignored` once they are fixed, then un-ignore.
+// Regressions: src/ bugs found and fixed, reproduced so they stay fixed.
 // ===========================================================================
 
-/// spans.rs documents that a uv.loop.iteration span starts "from the moment
+/// src/events/spans/iteration.rs says a uv.loop.iteration span starts "from the moment
 /// the loop woke up in poll". Node enables UV_METRICS_IDLE_TIME, so libuv's
 /// uv__io_poll first calls epoll_pwait with timeout 0 and only then blocks:
 /// the BPF side records wake_ns at the end of that first, non-blocking call,
