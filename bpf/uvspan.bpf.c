@@ -17,6 +17,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
 #include "uvspan.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -33,9 +34,46 @@ const volatile unsigned int discover = 0;
 const volatile unsigned int trap_only = 0;
 
 /* Kernel types (CO-RE: only the fields used). */
+struct files_struct;
 struct task_struct {
 	int pid;
 	int tgid;
+	struct files_struct *files;
+} __attribute__((preserve_access_index));
+
+struct file;
+struct fdtable {
+	struct file **fd;
+	unsigned int max_fds;
+} __attribute__((preserve_access_index));
+
+struct files_struct {
+	struct fdtable *fdt;
+} __attribute__((preserve_access_index));
+
+struct file {
+	void *private_data;
+} __attribute__((preserve_access_index));
+
+struct in6_addr___k {
+	unsigned char s6_addr[16];
+};
+
+struct sock_common {
+	unsigned int skc_daddr;
+	unsigned short skc_dport;
+	unsigned short skc_num;
+	unsigned short skc_family;
+	struct in6_addr___k skc_v6_daddr;
+} __attribute__((preserve_access_index));
+
+struct sock {
+	struct sock_common __sk_common;
+} __attribute__((preserve_access_index));
+
+struct socket {
+	struct file *file;
+	struct sock *sk;
 } __attribute__((preserve_access_index));
 
 /* ---- maps ---- */
@@ -62,6 +100,7 @@ struct req_key {
  * itself no longer says by then). */
 struct fs_async {
 	__u64 start_ns;
+	__u64 cause;
 	__u64 work_start_ns; /* --detail threadpool */
 	__u64 work_end_ns;
 	__u32 tid;
@@ -121,6 +160,43 @@ struct {
 	__type(value, struct sync_slot);
 } sync_slots SEC(".maps");
 
+/* Per thread: the request (cause) whose callback runs now, and the stream
+ * whose I/O callback runs (request context, --requests). */
+struct thread_ctx {
+	__u64 cause;
+	__u64 stream;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_ctx);
+} threads SEC(".maps");
+
+/* The request in progress on a server parser (keep-alive connections get a
+ * new one per request), and the cause of a stream's last write (its
+ * replies belong to it: an outgoing call's response, a database answer). */
+struct conn_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 ptr;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} parser_cause SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} stream_cause SEC(".maps");
+
 /* Per loop thread: the iteration in progress. */
 struct loop_state {
 	struct loop_event ev;
@@ -155,6 +231,7 @@ struct scratch {
 		struct dns_event dns;
 		struct loop_state loop;
 		struct proc_event proc; /* listed so the skeleton generates its type */
+		struct http_event http;
 		struct {
 			enum probe_kind probe;
 			enum ev_end end;
@@ -165,6 +242,7 @@ struct scratch {
 			enum traced_flags traced;
 			enum answer_family family;
 			enum libuv_layout layout;
+			enum http_what http;
 		} enums; /* likewise, for the enums */
 	};
 };
@@ -277,6 +355,31 @@ static __always_inline void end_pending_sync(void)
 		sync_finish(slot, END_NEXT);
 }
 
+/* ---- request context ----
+ * A cause is a request uvspan saw start (llhttp_execute on a server
+ * parser). Each thread has a current cause; fs and DNS requests submitted
+ * while it is set carry it, and their completion callbacks restore it, so
+ * chains of callbacks (and the promise continuations Node drains before
+ * returning to libuv) keep their request. Timers and immediates clear it. */
+static __always_inline struct thread_ctx *thread_ctx_of(int create)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	return bpf_task_storage_get(&threads, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+static __always_inline __u64 current_cause(void)
+{
+	struct thread_ctx *t = thread_ctx_of(0);
+	return t ? t->cause : 0;
+}
+
+static __always_inline void set_cause(__u64 cause)
+{
+	struct thread_ctx *t = thread_ctx_of(cause != 0);
+	if (t)
+		t->cause = cause;
+}
+
 /* Ends an async request: reads what it needs from the request, one record. */
 static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 {
@@ -293,6 +396,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->hdr.tid = a->tid;
 	e->hdr._pad = 0;
 	e->req = req;
+	e->cause = a->cause;
 	e->start_ns = a->start_ns;
 	e->work_start_ns = a->work_start_ns;
 	e->work_end_ns = a->work_end_ns;
@@ -320,6 +424,9 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 		bpf_probe_read_user(&p, sizeof(p), (void *)(req + FS_NEW_PATH_OFF));
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)p);
 	}
+	/* Its callback runs next, on behalf of the same request. */
+	if (end_kind == END_DONE)
+		set_cause(e->cause);
 	bpf_map_delete_elem(&inflight_fs, &key);
 	emit(e, fs_record_size(e), wake_flags());
 	return 0;
@@ -344,6 +451,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	if (!sync) {
 		struct fs_async a = {
 			.start_ns = now,
+			.cause = current_cause(),
 			.tid = (__u32)id,
 			.op = cookie & 0xFF,
 			.has_path = cookie_field(cookie, COOKIE_PATH_SHIFT) != COOKIE_NONE,
@@ -370,6 +478,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->hdr.tid = (__u32)id;
 	e->hdr._pad = 0;
 	e->req = req;
+	e->cause = current_cause();
 	e->start_ns = now;
 	e->work_start_ns = 0;
 	e->work_end_ns = 0;
@@ -471,6 +580,7 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 	e->hdr.pid = pid;
 	e->hdr.tid = (__u32)id;
 	e->req = PT_REGS_PARM2(ctx);
+	e->cause = current_cause();
 	e->start_ns = bpf_ktime_get_ns();
 	e->sync = PT_REGS_PARM3(ctx) == 0;
 	e->host[0] = 0;
@@ -539,6 +649,9 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 		bpf_probe_read_user(&ai, sizeof(ai), (void *)(ai + AI_NEXT_OFF));
 	}
 	e->n_answers = n;
+	/* uv__getaddrinfo_done runs the callback next, for the same request. */
+	if (end_kind == END_DONE)
+		set_cause(e->cause);
 	emit(e, sizeof(*e), wake_flags());
 	bpf_map_delete_elem(&inflight_dns, key);
 	return 0;
@@ -699,6 +812,227 @@ static __always_inline int loop_run(struct pt_regs *ctx, __u64 cookie)
 	return 0;
 }
 
+/* ---- HTTP: where requests start, and what is written on their behalf ---- */
+
+/* The first bytes of an HTTP/1.x request line or status line. */
+static __always_inline int is_response(const char *h)
+{
+	return h[0] == 'H' && h[1] == 'T' && h[2] == 'T' && h[3] == 'P' && h[4] == '/';
+}
+
+static __always_inline int is_request(const char *h)
+{
+	__u32 w = (__u8)h[0] | (__u8)h[1] << 8 | (__u8)h[2] << 16 | (__u32)(__u8)h[3] << 24;
+	switch (w) {
+	case 0x20544547: /* "GET " */
+	case 0x54534f50: /* "POST" */
+	case 0x20545550: /* "PUT " */
+	case 0x44414548: /* "HEAD" */
+	case 0x454c4544: /* "DELE" */
+	case 0x43544150: /* "PATC" */
+	case 0x4954504f: /* "OPTI" */
+	case 0x4e4e4f43: /* "CONN" */
+	case 0x43415254: /* "TRAC" */
+		return 1;
+	}
+	return 0;
+}
+
+/* A new cause: unique per request on this host (time, then CPU). */
+static __always_inline __u64 new_cause(void)
+{
+	return (bpf_ktime_get_ns() << 8) | (bpf_get_smp_processor_id() & 0xFF);
+}
+
+/* The peer and local address of the socket behind a stream's fd. */
+static __always_inline void peer_of(struct http_event *e, __u64 stream)
+{
+	int fd = -1;
+	bpf_probe_read_user(&fd, sizeof(fd), (void *)(stream + STREAM_FD_OFF));
+	if (fd < 0)
+		return;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || (unsigned int)fd >= BPF_CORE_READ(fdt, max_fds))
+		return;
+	struct file **fds = BPF_CORE_READ(fdt, fd);
+	struct file *f = NULL;
+	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]);
+	if (!f)
+		return;
+	struct socket *sock = BPF_CORE_READ(f, private_data);
+	if (!sock || BPF_CORE_READ(sock, file) != f)
+		return; /* not a socket */
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		return;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family == FAMILY_INET) {
+		__u32 a = BPF_CORE_READ(sk, __sk_common.skc_daddr);
+		__builtin_memcpy(e->peer_addr, &a, 4);
+	} else if (family == FAMILY_INET6) {
+		BPF_CORE_READ_INTO(&e->peer_addr, sk, __sk_common.skc_v6_daddr);
+	} else {
+		return;
+	}
+	e->family = family;
+	e->peer_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	e->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+}
+
+/* One HTTP record: `total` bytes in the call; with `capture`, the first
+ * UVSPAN_HTTP_CAPTURE bytes at `data` (of which `avail` are the call's). */
+static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
+				      int capture, __u8 tls)
+{
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	struct http_event *e = &s->http;
+	__u64 id = bpf_get_current_pid_tgid();
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
+	e->hdr.kind = EV_HTTP;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cause = cause;
+	e->conn = conn;
+	e->what = what;
+	e->len = total > 0xFFFFFFFF ? 0xFFFFFFFF : total;
+	e->tls = tls;
+	/* A fixed-size read keeps the verifier's bounds simple; `captured`
+	 * says how much of it is the call's. A read that fails (the bytes end
+	 * at a mapping's end) keeps nothing. */
+	__u32 n = 0;
+	if (capture && !bpf_probe_read_user(e->data, UVSPAN_HTTP_CAPTURE, (void *)data))
+		n = avail < UVSPAN_HTTP_CAPTURE ? avail : UVSPAN_HTTP_CAPTURE;
+	e->captured = n;
+	if (what == HTTP_REQUEST)
+		peer_of(e, conn);
+	__u64 size = n ? sizeof(*e) : sizeof(*e) - UVSPAN_HTTP_CAPTURE;
+	emit(e, size, wake_flags());
+}
+
+/* llhttp_execute(parser, data, len): HTTP bytes reach a parser. A request
+ * line starts a new cause (the request; on keep-alive connections one per
+ * request), its bytes sent up for the method, path and trace context; a
+ * status line is the response to an outgoing call; anything else continues
+ * the parser's request. The 'request' handler runs inside this call. */
+static __always_inline int http_parse(struct pt_regs *ctx)
+{
+	__u64 parser = PT_REGS_PARM1(ctx), data = PT_REGS_PARM2(ctx), len = PT_REGS_PARM3(ctx);
+	/* The probe point is past llhttp_execute's `add %rsi,%rdx` (the first
+	 * instruction the kernel can emulate is the jmp after it): the third
+	 * register then holds data + len. A length is never a user address. */
+	if (len >= data && data > 0xFFFFFFFF)
+		len -= data;
+	char head[8] = {};
+	if (len < 5 || bpf_probe_read_user(head, sizeof(head), (void *)data))
+		return 0;
+	struct thread_ctx *t = thread_ctx_of(1);
+	if (!t)
+		return 0;
+	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = parser };
+	if (is_response(head)) {
+		/* the stream's writer's cause, restored by uv__stream_io */
+		emit_http(HTTP_RESPONSE, t->cause, t->stream, data, len, len, 1, 0);
+		return 0;
+	}
+	if (is_request(head)) {
+		__u64 cause = new_cause();
+		bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
+		t->cause = cause;
+		emit_http(HTTP_REQUEST, cause, t->stream, data, len, len, 1, 0);
+		return 0;
+	}
+	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
+	if (c)
+		t->cause = *c;
+	return 0;
+}
+
+/* uv__stream_io(loop, w, events): a stream's callback is about to run; it
+ * belongs to the cause of the stream's last write (or to none). */
+static __always_inline int stream_io(struct pt_regs *ctx)
+{
+	__u64 stream = PT_REGS_PARM2(ctx) - STREAM_IO_OFF;
+	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = stream };
+	__u64 *c = bpf_map_lookup_elem(&stream_cause, &key);
+	struct thread_ctx *t = thread_ctx_of(1);
+	if (!t)
+		return 0;
+	t->stream = stream;
+	t->cause = c ? *c : 0;
+	return 0;
+}
+
+/* uv_try_write(stream, bufs, nbufs) / uv_write2(req, stream, bufs, nbufs,
+ * ...): the cookie is the stream's argument index. Written while a cause is
+ * current: the stream's replies belong to it, and the bytes (the response's
+ * status line, an outgoing request with its traceparent) are sent up. */
+static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
+{
+	struct args args;
+	read_args(ctx, &args, 0);
+	__u32 i = cookie & 3;
+	__u64 stream = args.v[i];
+	__u64 bufs = args.v[(i + 1) & 7];
+	__u32 nbufs = args.v[(i + 2) & 7];
+	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = stream };
+	__u64 cause = current_cause();
+	if (!cause) {
+		bpf_map_delete_elem(&stream_cause, &key);
+		return 0;
+	}
+	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
+	/* struct uv_buf_t { char *base; size_t len; } */
+	__u64 total = 0, first = 0, first_len = 0;
+	for (int b = 0; b < UVSPAN_WRITE_BUFS; b++) {
+		if (b >= nbufs)
+			break;
+		__u64 buf[2] = {};
+		bpf_probe_read_user(buf, sizeof(buf), (void *)(bufs + b * 16));
+		if (b == 0) {
+			first = buf[0];
+			first_len = buf[1];
+		}
+		total += buf[1];
+	}
+	char head[8] = {};
+	bpf_probe_read_user(head, sizeof(head), (void *)first);
+	/* Only a head (status line, request line) is worth its bytes. */
+	emit_http(HTTP_WRITE, cause, stream, first, first_len, total, is_response(head) || is_request(head), 0);
+	return 0;
+}
+
+/* SSL_write(ssl, buf, num): the plaintext of a TLS write (the stream then
+ * only sees ciphertext). */
+static __always_inline int tls_write(struct pt_regs *ctx)
+{
+	__u64 cause = current_cause();
+	if (!cause)
+		return 0;
+	__u64 buf = PT_REGS_PARM2(ctx);
+	__u64 len = (int)PT_REGS_PARM3(ctx);
+	char head[8] = {};
+	bpf_probe_read_user(head, sizeof(head), (void *)buf);
+	emit_http(HTTP_WRITE, cause, PT_REGS_PARM1(ctx), buf, len, len, is_response(head) || is_request(head), 1);
+	return 0;
+}
+
+/* node's timers and immediates run (Environment::RunTimers,
+ * CheckImmediate): all due JS timers in one scope, so none of them can be
+ * told apart per request: they belong to no cause. */
+static __always_inline int cause_clear(struct pt_regs *ctx)
+{
+	struct thread_ctx *t = thread_ctx_of(0);
+	if (t) {
+		t->cause = 0;
+		t->stream = 0;
+	}
+	return 0;
+}
+
 /* ---- the uprobe entry point ----
  * One program serves every libuv attach point: the cookie's top byte says
  * which handler (enum probe_kind), the rest is the handler's own cookie.
@@ -726,6 +1060,11 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_DNS_WORK_LIBC: return dns_work_libc(ctx, cookie);
 	case PROBE_DNS_FREE: return dns_free(ctx, cookie);
 	case PROBE_LOOP_RUN: return loop_run(ctx, cookie);
+	case PROBE_HTTP_PARSE: return http_parse(ctx);
+	case PROBE_STREAM_IO: return stream_io(ctx);
+	case PROBE_STREAM_WRITE: return stream_write(ctx, cookie);
+	case PROBE_TLS_WRITE: return tls_write(ctx);
+	case PROBE_CAUSE_CLEAR: return cause_clear(ctx);
 	}
 	return 0;
 }
@@ -806,6 +1145,10 @@ static __always_inline int epoll_exit(long ret)
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	if (!st || !st->epoll_enter || st->cur_phase != PHASE_POLL)
 		return 0;
+	/* The I/O callbacks that follow set their own cause (or none). */
+	struct thread_ctx *t = thread_ctx_of(0);
+	if (t)
+		t->cause = 0;
 	__u64 now = bpf_ktime_get_ns();
 	st->ev.poll_wait_ns += now - st->epoll_enter;
 	st->last_poll_empty = st->poll_timeout_zero && ret == 0;

@@ -18,6 +18,8 @@ enum uvspan_sizes {
 	UVSPAN_HOST_MAX = 256,
 	UVSPAN_MAX_ANSWERS = 8,
 	UVSPAN_PHASES = 5,
+	UVSPAN_HTTP_CAPTURE = 1024, /* bytes of an HTTP call kept (request line, headers) */
+	UVSPAN_WRITE_BUFS = 8,      /* uv_buf_t entries of a write whose lengths are summed */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -56,6 +58,8 @@ enum libuv_layout {
 	GAI_WORK_OFF = 72,      /* offsetof(uv_getaddrinfo_t, work_req) */
 	GAI_ADDRINFO_OFF = 144, /* offsetof(uv_getaddrinfo_t, addrinfo) */
 	GAI_RETCODE_OFF = 152,  /* offsetof(uv_getaddrinfo_t, retcode) */
+	STREAM_IO_OFF = 136,    /* offsetof(uv_stream_t, io_watcher) */
+	STREAM_FD_OFF = 184,    /* offsetof(uv_stream_t, io_watcher.fd) */
 };
 
 enum ev_kind {
@@ -65,6 +69,7 @@ enum ev_kind {
 	EV_PROC_FORK = 4,
 	EV_PROC_EXEC = 5,
 	EV_PROC_EXIT = 6,
+	EV_HTTP = 7,
 };
 
 /* Which handler an attach point runs: the top byte of its cookie. */
@@ -82,6 +87,19 @@ enum probe_kind {
 	PROBE_DNS_WORK_LIBC = 10, /* libc getaddrinfo on a pool thread */
 	PROBE_DNS_FREE = 11,      /* uv_freeaddrinfo: DNS completion */
 	PROBE_LOOP_RUN = 12,      /* uv_run: epoll waits delimit iterations */
+	/* request context (--requests) */
+	PROBE_HTTP_PARSE = 13,    /* llhttp_execute: HTTP bytes reach a parser */
+	PROBE_STREAM_IO = 14,     /* uv__stream_io: a stream's callback is about to run */
+	PROBE_STREAM_WRITE = 15,  /* uv_try_write / uv_write2; low bits: see stream_write */
+	PROBE_TLS_WRITE = 16,     /* SSL_write: plaintext of a TLS write */
+	PROBE_CAUSE_CLEAR = 17,   /* node's timers / immediates run: no request caused them */
+};
+
+/* What an HTTP record says. */
+enum http_what {
+	HTTP_REQUEST = 1,  /* a request's first bytes reached a server parser: a new cause */
+	HTTP_RESPONSE = 2, /* a response's first bytes reached a client parser */
+	HTTP_WRITE = 3,    /* bytes written while a cause was current */
 };
 
 /* Where an operation was seen to finish. */
@@ -122,6 +140,7 @@ struct ev_header {
 struct fs_event {
 	struct ev_header hdr;
 	unsigned long long req;
+	unsigned long long cause; /* the request that caused it (0: none known) */
 	unsigned long long start_ns;
 	unsigned long long work_start_ns; /* 0 = not seen (sync call, or stripped build) */
 	unsigned long long work_end_ns;
@@ -148,6 +167,7 @@ struct dns_answer {
 struct dns_event {
 	struct ev_header hdr;
 	unsigned long long req;
+	unsigned long long cause; /* the request that caused it (0: none known) */
 	unsigned long long start_ns;
 	unsigned long long work_start_ns;
 	unsigned long long work_end_ns;
@@ -177,6 +197,24 @@ struct loop_event {
 	unsigned int epoll_only;          /* no phase probes: bounds from epoll waits, no phases */
 	unsigned int _pad;
 	struct phase_span phases[UVSPAN_PHASES];
+};
+
+/* HTTP bytes seen at a parser or written, with the cause they belong to. */
+struct http_event {
+	struct ev_header hdr;
+	unsigned long long ts_ns;
+	unsigned long long cause;
+	unsigned long long conn;  /* the stream (or TLS connection) the bytes are on */
+	unsigned int what;        /* enum http_what */
+	unsigned int len;         /* bytes in the call (all buffers of a write) */
+	unsigned int captured;    /* bytes in data */
+	unsigned short family;    /* HTTP_REQUEST: the connection's address family, 0 = unknown */
+	unsigned short peer_port;
+	unsigned short local_port;
+	unsigned char tls;
+	unsigned char _pad[5];
+	unsigned char peer_addr[16];
+	char data[UVSPAN_HTTP_CAPTURE];
 };
 
 struct proc_event {

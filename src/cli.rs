@@ -68,6 +68,13 @@ pub struct Cli {
     #[arg(long, value_name = "LIST", value_delimiter = ',', env = "UVSPAN_DETAIL")]
     pub detail: Vec<DetailKind>,
 
+    /// Request context: a SERVER span per HTTP request the process serves,
+    /// with the fs and DNS work it caused and its outgoing HTTP calls under
+    /// it, in the caller's trace when the request carries a traceparent.
+    /// `off`: every operation its own trace (fewer probe hits).
+    #[arg(long, value_name = "MODE", env = "UVSPAN_REQUESTS", default_value = "on")]
+    pub requests: RequestsMode,
+
     /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
     /// else derived from its command line).
     #[arg(long, value_name = "NAME")]
@@ -99,6 +106,13 @@ pub struct Cli {
     pub command: Vec<String>,
 }
 
+/// `--requests`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RequestsMode {
+    On,
+    Off,
+}
+
 impl Cli {
     /// The persistent symbol cache directory, or None for `off`.
     pub fn symbol_cache_dir(&self) -> Option<std::path::PathBuf> {
@@ -127,6 +141,9 @@ pub enum Sub {
         /// Show the plan with these optional probe groups on (see uvspan --help).
         #[arg(long, value_name = "LIST", value_delimiter = ',')]
         detail: Vec<DetailKind>,
+        /// Show the plan with request context on or off (see uvspan --help).
+        #[arg(long, value_name = "MODE", default_value = "on")]
+        requests: RequestsMode,
     },
 }
 

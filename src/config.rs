@@ -27,6 +27,8 @@ pub struct FileConfig {
     pub status_interval: Option<String>,
     pub ring_buffer_size: Option<String>,
     pub symbol_cache: Option<String>,
+    /// Request context: on or off.
+    pub requests: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
     pub otlp: Option<OtlpSection>,
@@ -98,6 +100,11 @@ impl FileConfig {
         }
         if let (true, Some(v)) = (unset("symbol_cache"), &self.symbol_cache) {
             cli.symbol_cache = v.clone();
+        }
+        if let (true, Some(v)) = (unset("requests"), &self.requests) {
+            use clap::ValueEnum;
+            cli.requests = crate::cli::RequestsMode::from_str(v.trim(), true)
+                .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on or off"))?;
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;
@@ -218,14 +225,25 @@ mod tests {
             FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
             Detail::from_kinds(&cli.detail)
         };
-        assert_eq!(get(&["uvspan"], ""), Detail::default());
-        assert_eq!(get(&["uvspan"], "detail: [threadpool]"), Detail { threadpool: true, phases: false });
+        assert_eq!(get(&["uvspan"], ""), Detail { threadpool: false, phases: false, requests: true });
+        assert_eq!(get(&["uvspan"], "detail: [threadpool]"), Detail { threadpool: true, phases: false, requests: true });
         assert_eq!(get(&["uvspan"], "detail: [all]"), Detail::all());
         // the flag wins over the file
-        assert_eq!(get(&["uvspan", "--detail", "phases"], "detail: [threadpool]"), Detail { threadpool: false, phases: true });
+        assert_eq!(get(&["uvspan", "--detail", "phases"], "detail: [threadpool]"), Detail { threadpool: false, phases: true, requests: true });
         assert_eq!(get(&["uvspan", "--detail", "threadpool,phases"], ""), Detail::all());
         assert_eq!(Detail::from_kinds(&[DetailKind::All]), Detail::all());
         assert!(Cli::command().try_get_matches_from(["uvspan", "--detail", "loop"]).is_err());
+        assert!(Cli::command().try_get_matches_from(["uvspan", "--detail", "requests"]).is_err(), "not a --detail group");
+        let req = |args: &[&str], yaml: &str| {
+            let m = Cli::command().try_get_matches_from(args).unwrap();
+            let mut cli = Cli::from_arg_matches(&m).unwrap();
+            FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
+            cli.requests
+        };
+        use crate::cli::RequestsMode;
+        assert_eq!(req(&["uvspan"], ""), RequestsMode::On);
+        assert_eq!(req(&["uvspan"], "requests: off"), RequestsMode::Off);
+        assert_eq!(req(&["uvspan", "--requests", "on"], "requests: off"), RequestsMode::On);
     }
 
     #[test]

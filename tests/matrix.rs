@@ -115,6 +115,18 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
     ("uv_run", "libuv", "uv__io_poll"),
 ];
 
+/// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
+/// the matrix runs with --requests off, so `uvspan probes` lists them off).
+const REQUEST_PROBES: [&str; 7] = [
+    "llhttp_execute",
+    "uv__stream_io",
+    "uv_try_write",
+    "uv_write2",
+    "SSL_write",
+    "_ZN4node11Environment9RunTimersEP10uv_timer_s",
+    "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
+];
+
 const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len();
 /// Probes attached on a build with a full symbol table / with the exported API only.
 const FULL_PROBES: usize = EXPORTED.len() + INTERNAL.len();
@@ -259,6 +271,8 @@ fn run_target(t: &Target) {
     let script = fixture("matrix.js");
     let node = t.node.to_string_lossy().into_owned();
     let mut cmd = uvspan_cmd([
+        "--requests",
+        "off",
         "--detail",
         "all",
         "--loop-threshold",
@@ -909,7 +923,7 @@ fn want_rows(e: &ProbesExpect) -> Vec<WantRow> {
 /// Runs `uvspan probes ARGS` (with env) and returns its stdout; it must exit 0
 /// and print nothing on stderr.
 fn probes_output(args: &[&str], env: &[(&str, &str)]) -> String {
-    let mut all = vec!["probes", "--detail", "all"];
+    let mut all = vec!["probes", "--requests", "off", "--detail", "all"];
     all.extend_from_slice(args);
     let mut cmd = uvspan_cmd(&all);
     cmd.envs(env.iter().copied());
@@ -945,10 +959,13 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> JsonProbes {
     assert_eq!(uv["libuv_version"], e.libuv_version.map_or(serde_json::Value::Null, |u| u.into()), "{}", ctx());
     assert_eq!(v["libc"]["path"], e.libc.path.as_str(), "{}", ctx());
     let probes = v["probes"].as_array().unwrap_or_else(|| panic!("no probes array\n{}", ctx()));
-    assert_eq!(probes.len(), ALL_PROBES, "{}", ctx());
+    assert_eq!(probes.len(), ALL_PROBES + REQUEST_PROBES.len(), "{}", ctx());
     let by_sym: BTreeMap<&str, &serde_json::Value> =
         probes.iter().map(|p| (p["symbol"].as_str().expect("symbol"), p)).collect();
-    assert_eq!(by_sym.len(), ALL_PROBES, "each probe once\n{}", ctx());
+    assert_eq!(by_sym.len(), ALL_PROBES + REQUEST_PROBES.len(), "each probe once\n{}", ctx());
+    for sym in REQUEST_PROBES {
+        assert_eq!(by_sym[sym]["status"], "off: --requests on", "{sym}\n{}", ctx());
+    }
     let mut out = JsonProbes::new();
     for w in want_rows(e) {
         let p = by_sym.get(w.symbol).unwrap_or_else(|| panic!("no probe {}\n{}", w.symbol, ctx()));
@@ -1004,7 +1021,8 @@ fn check_probes_table(text: &str, e: &ProbesExpect, json: &JsonProbes) {
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(format!("libc:    {}", e.libc.path).as_str()), "{}", ctx());
     let usable = if e.stripped { EXPORTED_ONLY_PROBES } else { FULL_PROBES };
-    assert_eq!(lines.next(), Some(format!("probes:  {usable} of {ALL_PROBES} usable").as_str()), "{}", ctx());
+    let header = format!("probes:  {usable} of {} usable, {} off (--detail, --requests)", ALL_PROBES + REQUEST_PROBES.len(), REQUEST_PROBES.len());
+    assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(""), "{}", ctx());
     let cols: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
     assert_eq!(cols, ["SYMBOL", "IN", "OFFSET", "STATUS", "NOTE"], "{}", ctx());
@@ -1023,9 +1041,13 @@ fn check_probes_table(text: &str, e: &ProbesExpect, json: &JsonProbes) {
         assert!(rows.insert(w[0].to_string(), row).is_none(), "{} listed twice\n{}", w[0], ctx());
     }
     let wants = want_rows(e);
-    let want_syms: BTreeSet<&str> = wants.iter().map(|w| w.symbol).collect();
+    let want_syms: BTreeSet<&str> = wants.iter().map(|w| w.symbol).chain(REQUEST_PROBES).collect();
     let got_syms: BTreeSet<&str> = rows.keys().map(String::as_str).collect();
     assert_eq!(got_syms, want_syms, "the probes listed\n{}", ctx());
+    for sym in REQUEST_PROBES {
+        let (_, offset, status, note) = &rows[sym];
+        assert_eq!((offset.as_str(), status.as_str(), note.as_str()), ("-", "off", "with --requests on"), "row of {sym}\n{}", ctx());
+    }
     for w in &wants {
         let (image, offset, status, note) = &rows[w.symbol];
         // The same probe point as --json (checked there against the ELF file).
@@ -1139,6 +1161,8 @@ fn loop_ticks_by_pid(node: &Path) -> (Markers, Output, Vec<Span>) {
     let ep = rx.endpoint();
     let pid_s = pid.to_string();
     let mut uv = Running::spawn(uvspan_cmd([
+        "--requests",
+        "off",
         "--detail",
         "all",
         "--pid",
@@ -1198,6 +1222,8 @@ fn loop_counts(node: &Path) -> (Vec<i64>, u64) {
     let script = fixture("loop_ticks.js");
     let node_s = node.to_string_lossy().into_owned();
     let out = run(uvspan_cmd([
+        "--requests",
+        "off",
         "--detail",
         "all",
         "--loop-threshold",

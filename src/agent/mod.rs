@@ -21,13 +21,14 @@ use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::RingBuffer;
 use opentelemetry_sdk::trace::SpanData;
 
-use crate::cli::Cli;
+use crate::cli::{Cli, RequestsMode};
 use crate::config::FileConfig;
 use crate::discover::target::{self, Spawned};
 use crate::discover::watcher::{Found, Trouble, Watcher};
 use crate::discover::{self, Filter};
 use crate::events::clock::Clock;
 use crate::events::decode::{self, Record};
+use crate::events::requests::Requests;
 use crate::export::health::{Health, HealthMetrics};
 use crate::export::otlp::OtlpConfig;
 use crate::export::{Destination, Exporter};
@@ -73,6 +74,8 @@ struct Timers {
     /// Re-estimating the monotonic → wall clock offset.
     clock: Every,
     status: Every,
+    /// Requests over (a quiet period after their response).
+    requests: Every,
 }
 
 /// Where the ring buffer's callback puts decoded records.
@@ -100,6 +103,8 @@ pub struct Agent {
     health: Arc<Health>,
     health_metrics: Option<HealthMetrics>,
     procs: Procs,
+    /// Request context (None with --requests off).
+    requests: Option<Requests>,
     watcher: Option<Watcher>,
     command: Option<Spawned>,
     waker: Waker,
@@ -220,7 +225,7 @@ impl Agent {
             follow_forks: !cli.command.is_empty(),
             discover: discovering,
             ring_buffer_size: cli.ring_buffer_size,
-            detail: Detail::from_kinds(&cli.detail),
+            detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests == RequestsMode::On),
             trap_only: bench_trap_only(),
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
@@ -235,6 +240,7 @@ impl Agent {
         let status = cli.status_interval;
         let mut agent = Agent {
             procs: Procs::new(cli.service_name.clone()),
+            requests: (cli.requests == RequestsMode::On).then(|| Requests::new(true)),
             cli,
             rb,
             sleeper,
@@ -256,6 +262,7 @@ impl Agent {
                 health: Every::new(Duration::from_secs(1)),
                 clock: Every::new(Duration::from_secs(10)),
                 status: Every::new(status),
+                requests: Every::new(Duration::from_millis(200)),
             },
             _rt: rt,
         };
@@ -324,7 +331,7 @@ impl Agent {
         let busy = self.watcher.as_ref().is_some_and(Watcher::busy);
         self.sleeper.sleep(Duration::from_millis(if busy { 5 } else { 100 }));
         let _ = self.rb.consume();
-        self.handle_records();
+        self.handle_records(false);
         self.discover();
         if let Some(code) = self.command_exited() {
             self.exit_code = code;
@@ -349,21 +356,24 @@ impl Agent {
         Ok(true)
     }
 
-    /// Decoded records → process table and spans → exporter.
-    fn handle_records(&mut self) {
+    /// Decoded records → process table and spans → exporter; requests
+    /// that are over (all of them at `shutdown`) go out too.
+    fn handle_records(&mut self, shutdown: bool) {
         let recs = std::mem::take(&mut *self.inbox.records.borrow_mut());
-        if recs.is_empty() {
-            return;
-        }
         let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
+        if let Some(r) = self.requests.as_mut() {
+            if shutdown || self.timers.requests.due() {
+                self.procs.expire(r, self.clock, crate::events::clock::monotonic_ns(), shutdown, &mut out);
+            }
+        }
         for rec in recs {
             match rec {
                 Record::Exec { pid } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
                 Record::Exit { pid } => {
-                    self.procs.handle(&rec, self.clock, &self.exporter, &mut out);
+                    self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
                 }
-                rec => self.procs.handle(&rec, self.clock, &self.exporter, &mut out),
+                rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
             }
         }
         for (pid, spans) in out {
@@ -456,7 +466,7 @@ impl Agent {
     /// What the kernel still holds, flush, the summary; the exit code.
     pub fn shutdown(mut self) -> Result<i32> {
         let _ = self.rb.consume();
-        self.handle_records();
+        self.handle_records(true);
         let k = self.tracer.stats();
         self.stats.undecodable = self.inbox.undecodable.get();
         report::update_health(&self.health, 0, &k, &self.stats);

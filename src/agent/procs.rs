@@ -9,6 +9,7 @@ use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
 use crate::enrich::resource::ProcessInfo;
 use crate::events::clock::Clock;
 use crate::events::decode::Record;
+use crate::events::requests::{Ready, Requests};
 use crate::events::spans::{self, SpanContextSource};
 use crate::export::Exporter;
 
@@ -34,12 +35,18 @@ pub struct Procs {
     procs: HashMap<u32, Proc>,
     service_name: Option<String>,
     host: String,
-    ids: RandomIdGenerator,
+    ids: std::rc::Rc<RandomIdGenerator>,
     scope: opentelemetry::InstrumentationScope,
     /// The environ notice was printed.
     warned_environ: bool,
     /// Processes forgotten after they exited.
     pub forgotten: u64,
+}
+
+fn merge(out: &mut HashMap<u32, Vec<SpanData>>, ready: Ready) {
+    for (pid, spans) in ready {
+        out.entry(pid).or_default().extend(spans);
+    }
 }
 
 /// Whether a process is still running (not gone, not a zombie).
@@ -55,7 +62,7 @@ impl Procs {
             procs: HashMap::new(),
             service_name,
             host: crate::enrich::resource::host_name(),
-            ids: RandomIdGenerator::default(),
+            ids: std::rc::Rc::default(),
             scope: spans::scope(),
             warned_environ: false,
             forgotten: 0,
@@ -107,9 +114,20 @@ impl Procs {
     }
 
     /// One record: process lifecycle updates the table; operations become
-    /// spans, added to `out` under their process.
-    pub fn handle(&mut self, rec: &Record, clock: Clock, exporter: &Exporter, out: &mut HashMap<u32, Vec<SpanData>>) {
-        let pid = match rec {
+    /// spans, added to `out` under their process (with request context:
+    /// held with the request that caused them, sent when it ends).
+    pub fn handle(
+        &mut self,
+        rec: Record,
+        clock: Clock,
+        exporter: &Exporter,
+        requests: Option<&mut Requests>,
+        out: &mut HashMap<u32, Vec<SpanData>>,
+    ) {
+        let ids = self.ids.clone();
+        let src = SpanContextSource { clock, ids: &*ids, scope: self.scope.clone() };
+        let mut ready = Ready::new();
+        let pid = match &rec {
             Record::Fork { pid, ppid } => {
                 let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
                 self.procs.insert(*pid, Proc { registered: false, exited: false, target: false, node_version: nv });
@@ -124,16 +142,42 @@ impl Procs {
             }
             Record::Exit { pid } => {
                 self.mark_exited(*pid);
-                return;
+                if let Some(r) = requests {
+                    r.exited(*pid, &src, &mut ready);
+                }
+                return merge(out, ready);
             }
             Record::Fs(r) => r.pid,
             Record::Dns(r) => r.pid,
             Record::Loop(r) => r.pid,
+            Record::Http(r) => r.pid,
         };
         self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
         self.register(pid, exporter);
-        let src = SpanContextSource { clock, ids: &self.ids, scope: self.scope.clone() };
-        out.entry(pid).or_default().extend(spans::build(rec, &src));
+        let rec = match (requests, rec) {
+            (Some(r), Record::Http(h)) => {
+                r.http(&h, &src, &mut ready);
+                None
+            }
+            (Some(r), rec) => r.work(rec, &src, &mut ready),
+            (None, rec) => Some(rec),
+        };
+        if let Some(rec) = rec {
+            out.entry(pid).or_default().extend(spans::build(&rec, &src));
+        }
+        merge(out, ready);
+    }
+
+    /// Requests over by `now_ns` (kernel time), or all of them (`all`).
+    pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut HashMap<u32, Vec<SpanData>>) {
+        let src = SpanContextSource { clock, ids: &*self.ids, scope: self.scope.clone() };
+        let mut ready = Ready::new();
+        if all {
+            requests.finish_all(&src, &mut ready);
+        } else {
+            requests.expire(now_ns, &src, &mut ready);
+        }
+        merge(out, ready);
     }
 
     pub fn mark_exited(&mut self, pid: u32) {

@@ -1,13 +1,17 @@
 //! Ring-buffer records (bytes, laid out by bpf/uvspan.h) to owned Rust values.
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
-use crate::kernel::skel::types::{answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, loop_event, proc_event, uvspan_sizes};
+use crate::kernel::skel::types::{
+    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, proc_event, uvspan_sizes,
+};
 
 /// A finished fs request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FsRecord {
     pub pid: u32,
     pub tid: u32,
+    /// The request that caused it (0: none known).
+    pub cause: u64,
     pub op: u8,
     pub sync: bool,
     pub start_ns: u64,
@@ -28,6 +32,8 @@ pub struct FsRecord {
 pub struct DnsRecord {
     pub pid: u32,
     pub tid: u32,
+    /// The request that caused it (0: none known).
+    pub cause: u64,
     pub sync: bool,
     pub start_ns: u64,
     pub work_start_ns: Option<u64>,
@@ -56,11 +62,43 @@ pub struct LoopRecord {
     pub phases: Vec<(usize, u64, u64)>,
 }
 
+/// What an HTTP record says (enum http_what in bpf/uvspan.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HttpWhat {
+    /// A request's first bytes reached a server parser: a new cause.
+    Request,
+    /// A response's first bytes reached a client parser.
+    Response,
+    /// Bytes written while a cause was current.
+    Write,
+}
+
+/// HTTP bytes seen at a parser or written on behalf of a cause.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HttpRecord {
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_ns: u64,
+    pub cause: u64,
+    /// The stream (or TLS connection) the bytes are on.
+    pub conn: u64,
+    pub what: HttpWhat,
+    /// Bytes in the call (all buffers of a write).
+    pub len: u32,
+    pub tls: bool,
+    /// The connection's peer and local port (requests only, when known).
+    pub peer: Option<std::net::SocketAddr>,
+    pub local_port: Option<u16>,
+    /// The first bytes (request or status line and headers).
+    pub data: Vec<u8>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Fs(FsRecord),
     Dns(DnsRecord),
     Loop(LoopRecord),
+    Http(HttpRecord),
     Fork { pid: u32, ppid: u32 },
     Exec { pid: u32 },
     Exit { pid: u32 },
@@ -137,6 +175,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(Record::Fs(FsRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
+                cause: e.cause,
                 op: e.op,
                 sync: e.sync != 0,
                 start_ns: e.start_ns,
@@ -164,6 +203,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(Record::Dns(DnsRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
+                cause: e.cause,
                 sync: e.sync != 0,
                 start_ns: e.start_ns,
                 work_start_ns: nonzero(e.work_start_ns),
@@ -196,6 +236,29 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 phases,
             }))
         }
+        ev_kind::EV_HTTP => {
+            let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
+            let e: http_event = read(data, kind.0, head)?;
+            let what = match e.what {
+                w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
+                w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
+                _ => HttpWhat::Write,
+            };
+            let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
+            Ok(Record::Http(HttpRecord {
+                pid: e.hdr.pid,
+                tid: e.hdr.tid,
+                ts_ns: e.ts_ns,
+                cause: e.cause,
+                conn: e.conn,
+                what,
+                len: e.len,
+                tls: e.tls != 0,
+                peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
+                local_port: (e.family != 0).then_some(e.local_port),
+                data: e.data[..n].iter().map(|&b| b as u8).collect(),
+            }))
+        }
         ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT => {
             let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
             let pid = e.hdr.pid;
@@ -207,6 +270,16 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
         }
         other => Err(DecodeError::UnknownKind(other.0)),
     }
+}
+
+/// A socket address from the kernel's family, address bytes and port.
+fn peer_addr(family: u16, addr: &[u8; 16], port: u16) -> Option<std::net::SocketAddr> {
+    let ip = match u32::from(family) {
+        f if f == answer_family::FAMILY_INET.0 => std::net::IpAddr::from([addr[0], addr[1], addr[2], addr[3]]),
+        f if f == answer_family::FAMILY_INET6.0 => std::net::IpAddr::from(*addr),
+        _ => return None,
+    };
+    Some(std::net::SocketAddr::new(ip, port))
 }
 
 /// Appends one record to a recording (UVSPAN_RECORD): u32 LE length, bytes.

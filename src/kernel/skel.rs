@@ -12,4 +12,5 @@ unsafe impl plain::Plain for types::fs_event {}
 unsafe impl plain::Plain for types::dns_event {}
 unsafe impl plain::Plain for types::loop_event {}
 unsafe impl plain::Plain for types::proc_event {}
+unsafe impl plain::Plain for types::http_event {}
 unsafe impl plain::Plain for types::req_key {}

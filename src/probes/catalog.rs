@@ -32,6 +32,11 @@ pub enum DetailKind {
     Phases,
     /// Both.
     All,
+    /// Request context: HTTP request spans, fs/DNS spans joined to the
+    /// request that caused them (on unless `--requests off`; not a
+    /// `--detail` value).
+    #[value(skip)]
+    Requests,
 }
 
 impl DetailKind {
@@ -40,6 +45,15 @@ impl DetailKind {
             DetailKind::Threadpool => "threadpool",
             DetailKind::Phases => "phases",
             DetailKind::All => "all",
+            DetailKind::Requests => "requests",
+        }
+    }
+
+    /// How a user turns this group on.
+    pub fn how_to_enable(self) -> String {
+        match self {
+            DetailKind::Requests => "with --requests on".into(),
+            k => format!("with --detail {}", k.name()),
         }
     }
 }
@@ -49,16 +63,22 @@ impl DetailKind {
 pub struct Detail {
     pub threadpool: bool,
     pub phases: bool,
+    pub requests: bool,
 }
 
 impl Detail {
+    /// The `--detail` groups asked for, with request context on.
     pub fn from_kinds(kinds: &[DetailKind]) -> Detail {
         let has = |k| kinds.contains(&k) || kinds.contains(&DetailKind::All);
-        Detail { threadpool: has(DetailKind::Threadpool), phases: has(DetailKind::Phases) }
+        Detail { threadpool: has(DetailKind::Threadpool), phases: has(DetailKind::Phases), requests: true }
     }
 
     pub fn all() -> Detail {
-        Detail { threadpool: true, phases: true }
+        Detail { threadpool: true, phases: true, requests: true }
+    }
+
+    pub fn with_requests(self, requests: bool) -> Detail {
+        Detail { requests, ..self }
     }
 
     pub fn enables(self, k: DetailKind) -> bool {
@@ -66,6 +86,7 @@ impl Detail {
             DetailKind::Threadpool => self.threadpool,
             DetailKind::Phases => self.phases,
             DetailKind::All => self.threadpool && self.phases,
+            DetailKind::Requests => self.requests,
         }
     }
 }
@@ -85,6 +106,9 @@ pub struct Probe {
     pub fallback_for: Option<&'static str>,
     /// Attached only with `--detail` of this group.
     pub detail: Option<DetailKind>,
+    /// The handler copes with argument registers changed by the
+    /// instructions a moved probe point skips (symbols::point).
+    pub args_may_change: bool,
 }
 
 impl Probe {
@@ -97,6 +121,7 @@ impl Probe {
         if_missing: "",
         fallback_for: None,
         detail: None,
+        args_may_change: false,
     };
 
     /// The full attach cookie: handler in the top byte, handler cookie below.
@@ -246,6 +271,7 @@ pub const PHASES: &[Phase] = &[
 
 const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
 const PH: Option<DetailKind> = Some(DetailKind::Phases);
+const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 
 /// The probes besides the fs submits and the loop phases.
 pub const OTHER: &[Probe] = &[
@@ -288,6 +314,63 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_DNS_WORK,
         if_missing: "DNS threadpool start is taken from libc getaddrinfo",
         detail: TP,
+        ..Probe::ROW
+    },
+    // Request context (--requests, on by default): where requests start,
+    // where callbacks run, what is written on their behalf.
+    Probe {
+        symbol: "llhttp_execute",
+        kind: probe_kind::PROBE_HTTP_PARSE,
+        if_missing: "no HTTP request spans: fs and DNS spans are not joined to the requests that caused them",
+        detail: RQ,
+        // Every build starts with `add %rsi,%rdx` (len becomes data + len),
+        // then a jmp the kernel emulates: the handler takes either.
+        args_may_change: true,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv__stream_io",
+        kind: probe_kind::PROBE_STREAM_IO,
+        if_missing: "replies on a stream (an outgoing call's response, a database answer) do not keep their request",
+        detail: RQ,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_try_write",
+        kind: probe_kind::PROBE_STREAM_WRITE,
+        cookie: 0, // uv_try_write(stream, bufs, nbufs)
+        if_missing: "responses written at once are not seen: no status, the request span ends at its last callback",
+        detail: RQ,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_write2",
+        kind: probe_kind::PROBE_STREAM_WRITE,
+        cookie: 1, // uv_write2(req, stream, bufs, nbufs, send_handle, cb)
+        if_missing: "queued writes are not seen: long responses may end early",
+        detail: RQ,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "SSL_write",
+        kind: probe_kind::PROBE_TLS_WRITE,
+        if_missing: "HTTPS responses have no status (their bytes are encrypted on the socket)",
+        detail: RQ,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node11Environment9RunTimersEP10uv_timer_s",
+        kind: probe_kind::PROBE_CAUSE_CLEAR,
+        if_missing: "work started by JS timers can be joined to the request whose callback ran just before",
+        detail: RQ,
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
+        kind: probe_kind::PROBE_CAUSE_CLEAR,
+        cookie: 1,
+        if_missing: "work started by setImmediate can be joined to the request whose callback ran just before",
+        detail: RQ,
         ..Probe::ROW
     },
     // Fallbacks, for builds that only export libuv's public API.
@@ -345,6 +428,12 @@ pub fn symbols() -> Vec<&'static str> {
     v.sort_unstable();
     v.dedup();
     v
+}
+
+/// Whether a symbol's handler copes with moved probe points changing its
+/// argument registers.
+pub fn args_may_change(symbol: &str) -> bool {
+    all_probes().iter().any(|p| p.symbol == symbol && p.args_may_change)
 }
 
 /// The fs operation of a record's op id.

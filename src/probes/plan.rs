@@ -53,7 +53,7 @@ fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> Result<S::Ok, S::
         ProbeState::NotNeeded => ser.serialize_str("not_needed"),
         ProbeState::Missing => ser.serialize_str("missing"),
         ProbeState::Failed(e) => ser.serialize_str(&format!("failed: {e}")),
-        ProbeState::Off(k) => ser.serialize_str(&format!("off: --detail {}", k.name())),
+        ProbeState::Off(k) => ser.serialize_str(&format!("off: {}", k.how_to_enable().trim_start_matches("with "))),
     }
 }
 
@@ -215,7 +215,14 @@ mod tests {
         assert!(tp.contains(&"uv__fs_work") && tp.contains(&"uv_async_send") && !tp.contains(&"uv__io_poll"));
         let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
         assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
-        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All])).len(), 12);
+        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 12);
+        // Request context: the parser, stream callbacks, writes, and node's
+        // timers/immediates (which fire only when JS timers are due).
+        let rq = attached(Detail::default().with_requests(true));
+        for s in ["llhttp_execute", "uv__stream_io", "uv_try_write", "uv_write2", "SSL_write"] {
+            assert!(rq.contains(&s), "{s}");
+        }
+        assert_eq!(rq.len(), 4 + 7);
         let off = plan_symbols(&full, Some(&libc), Detail::default());
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));

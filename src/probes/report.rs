@@ -73,7 +73,7 @@ fn note(r: &ProbeStatus) -> String {
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
         (ProbeState::Missing, _) => r.if_missing.to_string(),
         (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
-        (ProbeState::Off(k), _) => format!("with --detail {}", k.name()),
+        (ProbeState::Off(k), _) => k.how_to_enable(),
         _ => String::new(),
     }
 }
@@ -104,7 +104,7 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
     let attachable = probes.iter().filter(|r| r.state == ProbeState::Usable).count();
     let off = probes.iter().filter(|r| matches!(r.state, ProbeState::Off(_))).count();
     if off > 0 {
-        out.push_str(&format!("probes:  {attachable} of {} usable, {off} off (--detail)\n\n", probes.len()));
+        out.push_str(&format!("probes:  {attachable} of {} usable, {off} off (--detail, --requests)\n\n", probes.len()));
     } else {
         out.push_str(&format!("probes:  {attachable} of {} usable\n\n", probes.len()));
     }

@@ -31,6 +31,9 @@ pub fn cache_dir() -> Option<&'static Path> {
 /// file again).
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Stored {
+    /// How probe points are chosen ([`FORMAT`]).
+    #[serde(default)]
+    format: u32,
     uvspan: String,
     wanted: Vec<String>,
     build_id: Option<String>,
@@ -45,6 +48,7 @@ struct Stored {
 impl Stored {
     fn of(img: &Image) -> Stored {
         Stored {
+            format: FORMAT,
             uvspan: env!("CARGO_PKG_VERSION").into(),
             wanted: catalog::symbols().iter().map(|s| s.to_string()).collect(),
             build_id: img.build_id.clone(),
@@ -59,7 +63,7 @@ impl Stored {
     /// The image, if the file was written by this uvspan for this catalog.
     fn image(self) -> Option<Image> {
         let want = catalog::symbols();
-        if self.uvspan != env!("CARGO_PKG_VERSION") || self.wanted.iter().map(String::as_str).ne(want.iter().copied()) {
+        if self.format != FORMAT || self.uvspan != env!("CARGO_PKG_VERSION") || self.wanted.iter().map(String::as_str).ne(want.iter().copied()) {
             return None;
         }
         let name = |s: &str| want.iter().copied().find(|w| *w == s);
@@ -73,6 +77,10 @@ impl Stored {
         })
     }
 }
+
+/// Bumped when what an image holds is computed differently (probe points
+/// chosen another way): older files are read again from the ELF.
+const FORMAT: u32 = 2;
 
 fn stored_path(dir: &Path, key: &str) -> PathBuf {
     dir.join("symbols").join(format!("{key}.json"))
@@ -127,6 +135,9 @@ mod tests {
         let mut other = Stored::of(&img);
         other.wanted.pop();
         assert!(other.image().is_none(), "another catalog's file is parsed again");
+        let mut older = Stored::of(&img);
+        older.format = 1;
+        assert!(older.image().is_none(), "a file of another format is parsed again");
         let mut bad = Stored::of(&img);
         bad.offsets.insert("not_a_probe".into(), 1);
         assert!(bad.image().is_none());

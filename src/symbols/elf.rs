@@ -106,7 +106,7 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         }
         if let Some(off) = file_offset(elf, sym.address()) {
             let code = data.get(off as usize..(off as usize + 32).min(data.len())).unwrap_or(&[]);
-            let point = point::choose(code);
+            let point = point::choose(code, catalog::args_may_change(w));
             if !point.emulated {
                 single_stepped.push(w);
             }

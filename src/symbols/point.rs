@@ -43,8 +43,10 @@ fn emulated(i: &iced_x86::Instruction, bytes: &[u8]) -> bool {
     }
 }
 
-/// The probe point for a function whose first bytes are `code`.
-pub fn choose(code: &[u8]) -> Point {
+/// The probe point for a function whose first bytes are `code`. With
+/// `args_may_change`, instructions that write argument registers may be
+/// skipped too (the probe's handler copes with them: see its catalog row).
+pub fn choose(code: &[u8], args_may_change: bool) -> Point {
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut delta = 0u64;
@@ -61,11 +63,11 @@ pub fn choose(code: &[u8]) -> Point {
             return Point { delta, emulated: true };
         }
         // Only straight-line instructions that leave the arguments alone may be skipped.
-        let writes_kept = info
-            .info(&i)
-            .used_registers()
-            .iter()
-            .any(|r| KEEP.contains(&r.register().full_register()) && !matches!(r.access(), OpAccess::Read | OpAccess::CondRead));
+        let writes_kept = info.info(&i).used_registers().iter().any(|r| {
+            let reg = r.register().full_register();
+            let kept = reg == Register::RSP || (!args_may_change && KEEP.contains(&reg));
+            kept && !matches!(r.access(), OpAccess::Read | OpAccess::CondRead)
+        });
         if skipped == MAX_SKIP || i.flow_control() != FlowControl::Next || writes_kept || i.has_rep_prefix() {
             break;
         }
@@ -81,35 +83,45 @@ mod tests {
     #[test]
     fn push_first_stays() {
         // push %rbp; mov %rsp,%rbp
-        assert_eq!(choose(&[0x55, 0x48, 0x89, 0xe5]), Point { delta: 0, emulated: true });
+        assert_eq!(choose(&[0x55, 0x48, 0x89, 0xe5], false), Point { delta: 0, emulated: true });
     }
 
     #[test]
     fn test_then_je_moves_to_je() {
         // uv_fs_req_cleanup: test %rdi,%rdi; je rel32
-        assert_eq!(choose(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xef, 0, 0, 0, 0x55]), Point { delta: 3, emulated: true });
+        assert_eq!(choose(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xef, 0, 0, 0, 0x55], false), Point { delta: 3, emulated: true });
     }
 
     #[test]
     fn mov_test_je_moves_two() {
         // uv_async_send: mov 0x78(%rdi),%eax; test %eax,%eax; je rel8
-        assert_eq!(choose(&[0x8b, 0x47, 0x78, 0x85, 0xc0, 0x74, 0x09, 0x31, 0xc0]), Point { delta: 5, emulated: true });
+        assert_eq!(choose(&[0x8b, 0x47, 0x78, 0x85, 0xc0, 0x74, 0x09, 0x31, 0xc0], false), Point { delta: 5, emulated: true });
     }
 
     #[test]
     fn never_skips_over_argument_writes_or_stack_changes() {
         // mov %rsi,%rdi (writes an argument register); push %rbx
-        assert_eq!(choose(&[0x48, 0x89, 0xf7, 0x53]), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0x48, 0x89, 0xf7, 0x53], false), Point { delta: 0, emulated: false });
         // sub $8,%rsp; push %rbx
-        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53]), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53], false), Point { delta: 0, emulated: false });
         // endbr64; ret
-        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3]), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3], false), Point { delta: 0, emulated: false });
         // garbage
-        assert_eq!(choose(&[]), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[], false), Point { delta: 0, emulated: false });
+    }
+
+    #[test]
+    fn argument_writes_are_skipped_only_when_the_handler_copes() {
+        // llhttp_execute: add %rsi,%rdx; jmp rel32 (to llhttp__internal_execute)
+        let code = [0x48, 0x01, 0xf2, 0xe9, 0x78, 0x15, 0, 0];
+        assert_eq!(choose(&code, false), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&code, true), Point { delta: 3, emulated: true });
+        // the stack pointer is never given up: sub $8,%rsp; push %rbx
+        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53], true), Point { delta: 0, emulated: false });
     }
 
     #[test]
     fn endbr_then_push_moves_past_endbr() {
-        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55]), Point { delta: 4, emulated: true });
+        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55], false), Point { delta: 4, emulated: true });
     }
 }

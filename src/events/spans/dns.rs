@@ -1,6 +1,6 @@
 //! `dns.getaddrinfo` spans: one per finished lookup.
 
-use opentelemetry::trace::{SpanId, SpanKind};
+use opentelemetry::trace::SpanKind;
 use opentelemetry::{Array, KeyValue, StringValue, Value};
 use opentelemetry_sdk::trace::SpanData;
 
@@ -26,7 +26,7 @@ pub(super) fn span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
     if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
-    let mut span = b.span(DNS, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
+    let mut span = b.span(DNS, b.parent, r.start_ns, r.end_ns, attrs);
     span.span_kind = SpanKind::Client;
     threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
     if r.retcode != 0 {
@@ -47,6 +47,7 @@ mod tests {
     fn rec() -> DnsRecord {
         DnsRecord {
             pid: 10,
+            cause: 0,
             tid: 11,
             sync: false,
             start_ns: 100,

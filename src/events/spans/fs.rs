@@ -1,6 +1,5 @@
 //! `fs.<op>` spans: one per finished fs request.
 
-use opentelemetry::trace::SpanId;
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::SpanData;
 
@@ -41,7 +40,7 @@ pub(super) fn span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
     if let Some(at) = r.ended_at.filter(|&at| at != usual) {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
-    let mut span = b.span(name, SpanId::INVALID, r.start_ns, r.end_ns, attrs);
+    let mut span = b.span(name, b.parent, r.start_ns, r.end_ns, attrs);
     threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
     if r.result < 0 {
         fail(&mut span, r.result);
@@ -62,6 +61,7 @@ mod tests {
     fn rec(symbol: &str) -> FsRecord {
         FsRecord {
             pid: 10,
+            cause: 0,
             tid: 11,
             op: FS_OPS.iter().position(|o| o.symbol == symbol).unwrap() as u8,
             sync: false,

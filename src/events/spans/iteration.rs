@@ -1,7 +1,6 @@
 //! `uv.loop.iteration` spans: one per slow loop iteration, with a child per
 //! phase when the phase probes are on.
 
-use opentelemetry::trace::SpanId;
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::SpanData;
 
@@ -22,7 +21,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
         KeyValue::new(keys::POLL_WAIT, ms(r.poll_wait_ns)),
         KeyValue::new(keys::FAST_BEFORE, r.skipped as i64),
     ];
-    let root = b.span(ITERATION, SpanId::INVALID, start, r.end_ns, attrs);
+    let root = b.span(ITERATION, b.parent, start, r.end_ns, attrs);
     let parent = root.span_context.span_id();
     let mut out = vec![root];
     for &(i, ps, pe) in &r.phases {

@@ -73,9 +73,24 @@ pub(crate) fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
 }
 
+/// Where a record's spans go: a trace and the span they hang under.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Parent {
+    pub trace_id: TraceId,
+    /// The span the record's top span is a child of (INVALID: a root).
+    pub span_id: SpanId,
+    /// The parent span is in another process (an incoming traceparent).
+    pub remote: bool,
+    pub state: TraceState,
+}
+
 pub(crate) struct Builder<'a> {
     src: &'a SpanContextSource<'a>,
     trace_id: TraceId,
+    /// The parent of a record's top span.
+    pub(crate) parent: SpanId,
+    parent_remote: bool,
+    state: TraceState,
 }
 
 impl Builder<'_> {
@@ -89,9 +104,9 @@ impl Builder<'_> {
     ) -> SpanData {
         let span_id = self.src.ids.new_span_id();
         SpanData {
-            span_context: SpanContext::new(self.trace_id, span_id, TraceFlags::SAMPLED, false, TraceState::NONE),
+            span_context: SpanContext::new(self.trace_id, span_id, TraceFlags::SAMPLED, false, self.state.clone()),
             parent_span_id: parent,
-            parent_span_is_remote: false,
+            parent_span_is_remote: self.parent_remote && parent == self.parent && parent != SpanId::INVALID,
             span_kind: SpanKind::Internal,
             name: name.into(),
             start_time: self.wall(start),
@@ -110,14 +125,23 @@ impl Builder<'_> {
     }
 }
 
-/// The spans for one record (none for process lifecycle records).
+/// The spans for one record, each record its own trace (none for process
+/// lifecycle and HTTP records).
 pub fn build(rec: &Record, src: &SpanContextSource<'_>) -> Vec<SpanData> {
-    let b = Builder { src, trace_id: src.ids.new_trace_id() };
+    build_in(rec, src, None)
+}
+
+/// The spans for one record, under `parent` when given.
+pub fn build_in(rec: &Record, src: &SpanContextSource<'_>, parent: Option<&Parent>) -> Vec<SpanData> {
+    let b = match parent {
+        Some(p) => Builder { src, trace_id: p.trace_id, parent: p.span_id, parent_remote: p.remote, state: p.state.clone() },
+        None => Builder { src, trace_id: src.ids.new_trace_id(), parent: SpanId::INVALID, parent_remote: false, state: TraceState::NONE },
+    };
     match rec {
         Record::Fs(r) => vec![fs::span(&b, r)],
         Record::Dns(r) => vec![dns::span(&b, r)],
         Record::Loop(r) => iteration::spans(&b, r),
-        Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => vec![],
+        Record::Http(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => vec![],
     }
 }
 

@@ -1,0 +1,764 @@
+//! Request context: the HTTP requests a process serves, seen where their
+//! bytes reach the parser, and the fs/DNS work they caused (the kernel tags
+//! each operation with its cause), as one trace per request — inside the
+//! caller's trace when the request carried a W3C `traceparent`.
+//!
+//! A request's work is held until the request ends (its response written,
+//! the next request on its connection, its process gone, or a quiet
+//! period), then built in one batch: its SERVER span, the fs/DNS spans under
+//! it, and a CLIENT span per outgoing HTTP call it made. Work that arrives
+//! after its request ended still joins its trace (recent requests are
+//! remembered). Pure: no kernel, no clock of its own.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
+use opentelemetry::KeyValue;
+use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
+
+use crate::events::decode::{HttpRecord, HttpWhat, Record};
+use crate::events::spans::{build_in, Parent, SpanContextSource};
+
+/// Longest `url.query` kept (bytes).
+pub const QUERY_MAX: usize = 256;
+/// Operations held per request before they are sent as they come.
+const HELD_MAX: usize = 512;
+/// Requests held at once before the oldest is sent as it is.
+const OPEN_MAX: usize = 8192;
+/// Finished requests remembered for work that arrives late.
+const RECENT_MAX: usize = 8192;
+/// A request with its response started and no write since: over.
+const QUIET_NS: u64 = 1_000_000_000;
+/// A request with no response seen: over after this.
+const NO_RESPONSE_NS: u64 = 30_000_000_000;
+
+/// Query parameters whose values are credentials (semantic conventions:
+/// redact them): matched on the key, case-insensitively, as a substring.
+const SECRET_KEYS: &[&str] = &["token", "key", "sig", "password", "passwd", "secret", "auth", "credential", "session"];
+
+/// A request line and headers, parsed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Head {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    /// "1.1", "1.0"
+    pub version: String,
+    /// (lower-case name, value)
+    pub headers: Vec<(String, String)>,
+}
+
+impl Head {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+}
+
+fn headers_of(h: &[httparse::Header<'_>]) -> Vec<(String, String)> {
+    h.iter()
+        .filter(|h| !h.name.is_empty())
+        .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_string()))
+        .collect()
+}
+
+/// A request's head from its first bytes (a head cut short by the capture
+/// keeps the headers read so far).
+pub fn parse_request(data: &[u8]) -> Option<Head> {
+    let mut buf = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut buf);
+    let complete = req.parse(data);
+    let (method, target, version) = (req.method?, req.path?, req.version?);
+    let headers = match complete {
+        Ok(_) => headers_of(req.headers),
+        // Cut short: parse the lines we have, one by one.
+        Err(_) => partial_headers(data),
+    };
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), Some(q.to_string())),
+        None => (target.to_string(), None),
+    };
+    Some(Head { method: method.to_string(), path, query, version: format!("1.{version}"), headers })
+}
+
+/// Headers from a head whose end was not captured.
+fn partial_headers(data: &[u8]) -> Vec<(String, String)> {
+    let text = String::from_utf8_lossy(data);
+    let mut lines = text.split("\r\n");
+    lines.next(); // request line
+    let complete: Vec<&str> = lines.collect();
+    // The last piece may be a header cut in the middle: left out.
+    let n = complete.len().saturating_sub(1);
+    complete[..n]
+        .iter()
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect()
+}
+
+/// A response's status line and what says how long it is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StatusHead {
+    pub status: u16,
+    pub content_length: Option<u64>,
+    pub chunked: bool,
+    /// Bytes of the head (status line and headers), when all of it was captured.
+    pub head_len: Option<u64>,
+}
+
+pub fn parse_status(data: &[u8]) -> Option<StatusHead> {
+    let mut buf = [httparse::EMPTY_HEADER; 64];
+    let mut res = httparse::Response::new(&mut buf);
+    let parsed = res.parse(data);
+    let status = res.code?;
+    let head_len = match parsed {
+        Ok(httparse::Status::Complete(n)) => Some(n as u64),
+        _ => None,
+    };
+    let headers = headers_of(res.headers);
+    let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    Some(StatusHead {
+        status,
+        content_length: get("content-length").and_then(|v| v.parse().ok()),
+        chunked: get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")),
+        head_len,
+    })
+}
+
+/// A W3C traceparent: (trace id, parent span id, sampled). None when
+/// malformed (which is never trusted).
+pub fn parse_traceparent(v: &str) -> Option<(TraceId, SpanId, bool)> {
+    let v = v.trim();
+    let parts: Vec<&str> = v.split('-').collect();
+    if parts.len() < 4 {
+        return None;
+    }
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let (version, trace, span, flags) = (parts[0], parts[1], parts[2], parts[3]);
+    // Version 00 has exactly four fields; later versions may add more.
+    if !hex(version, 2) || version == "ff" || (version == "00" && parts.len() != 4) || !hex(trace, 32) || !hex(span, 16) || !hex(flags, 2) {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok().filter(|t| *t != TraceId::INVALID)?;
+    let span_id = SpanId::from_hex(span).ok().filter(|s| *s != SpanId::INVALID)?;
+    let sampled = u8::from_str_radix(flags, 16).ok()? & 1 == 1;
+    Some((trace_id, span_id, sampled))
+}
+
+/// `url.query`, capped, with credential-like values redacted.
+pub fn redact_query(q: &str) -> String {
+    let mut out: Vec<String> = Vec::new();
+    for pair in q.split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let lk = k.to_ascii_lowercase();
+        if !v.is_empty() && SECRET_KEYS.iter().any(|s| lk.contains(s)) {
+            out.push(format!("{k}=REDACTED"));
+        } else {
+            out.push(pair.to_string());
+        }
+    }
+    let mut s = out.join("&");
+    if s.len() > QUERY_MAX {
+        let mut end = QUERY_MAX;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// Counters of the request tracker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestStats {
+    pub requests: u64,
+    /// Requests whose traceparent was malformed (ignored: a new trace).
+    pub bad_traceparent: u64,
+    /// Requests their caller did not sample: their spans are not exported.
+    pub unsampled: u64,
+    /// Operations sent as they came because their request held too many,
+    /// or too many requests were open.
+    pub not_held: u64,
+}
+
+/// An outgoing HTTP call a request made.
+#[derive(Clone, Debug)]
+struct Call {
+    conn: u64,
+    start_ns: u64,
+    end_ns: Option<u64>,
+    head: Head,
+    status: Option<u16>,
+    tls: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Request {
+    pid: u32,
+    tid: u32,
+    conn: u64,
+    start_ns: u64,
+    last_ns: u64,
+    head: Head,
+    tls: bool,
+    peer: Option<SocketAddr>,
+    local_port: Option<u16>,
+    /// The SERVER span's id (also the parent of the request's work).
+    span_id: SpanId,
+    /// From an incoming traceparent: (trace, parent span, sampled).
+    incoming: Option<(TraceId, SpanId, bool)>,
+    state: TraceState,
+    /// Learned from an outgoing traceparent the app wrote (no incoming one).
+    adopted: Option<TraceId>,
+    own_trace: TraceId,
+    status: Option<u16>,
+    response_conn: Option<u64>,
+    /// Bytes the response takes (head + body), when it says.
+    response_total: Option<u64>,
+    response_written: u64,
+    held: Vec<Record>,
+    calls: Vec<Call>,
+}
+
+impl Request {
+    fn trace_id(&self) -> TraceId {
+        self.incoming.map(|i| i.0).or(self.adopted).unwrap_or(self.own_trace)
+    }
+
+    fn sampled(&self) -> bool {
+        self.incoming.is_none_or(|i| i.2)
+    }
+
+    fn complete(&self) -> bool {
+        self.response_total.is_some_and(|t| self.response_written >= t)
+    }
+
+    /// Where the request's work goes: under the SERVER span (or, without
+    /// one, under the incoming parent).
+    fn parent(&self, server_spans: bool) -> Parent {
+        let (span_id, remote) = if server_spans {
+            (self.span_id, false)
+        } else {
+            self.incoming.map_or((SpanId::INVALID, false), |i| (i.1, true))
+        };
+        Parent { trace_id: self.trace_id(), span_id, remote, state: self.state.clone() }
+    }
+}
+
+pub struct Requests {
+    open: HashMap<u64, Request>,
+    /// Arrival order of open requests (for the OPEN_MAX bound).
+    order: VecDeque<u64>,
+    /// (pid, server connection) -> its request in progress.
+    by_conn: HashMap<(u32, u64), u64>,
+    recent: HashMap<u64, (u32, Parent)>,
+    recent_order: VecDeque<u64>,
+    /// Emit a SERVER span per request (off when the app's own SDK makes one).
+    server_spans: bool,
+    pub stats: RequestStats,
+}
+
+/// Spans ready to send, per process.
+pub type Ready = Vec<(u32, Vec<SpanData>)>;
+
+impl Requests {
+    pub fn new(server_spans: bool) -> Requests {
+        Requests {
+            open: HashMap::new(),
+            order: VecDeque::new(),
+            by_conn: HashMap::new(),
+            recent: HashMap::new(),
+            recent_order: VecDeque::new(),
+            server_spans,
+            stats: RequestStats::default(),
+        }
+    }
+
+    /// Requests open now.
+    pub fn open(&self) -> usize {
+        self.open.len()
+    }
+
+    /// An HTTP record: a new request, a response's bytes, an outgoing call.
+    pub fn http(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        match r.what {
+            HttpWhat::Request => self.start(r, src, ready),
+            HttpWhat::Write => self.write(r, src, ready),
+            HttpWhat::Response => self.response(r),
+        }
+    }
+
+    fn start(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        // Keep-alive: the previous request on the connection is over.
+        if let Some(prev) = self.by_conn.insert((r.pid, r.conn), r.cause) {
+            if prev != r.cause {
+                self.finish(prev, src, ready);
+            }
+        }
+        let head = parse_request(&r.data).unwrap_or_default();
+        let incoming = head.header("traceparent").map(parse_traceparent);
+        if matches!(incoming, Some(None)) {
+            self.stats.bad_traceparent += 1;
+        }
+        let incoming = incoming.flatten();
+        let state = match (incoming, head.header("tracestate")) {
+            (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
+            _ => TraceState::NONE,
+        };
+        self.stats.requests += 1;
+        if incoming.is_some_and(|i| !i.2) {
+            self.stats.unsampled += 1;
+        }
+        let req = Request {
+            pid: r.pid,
+            tid: r.tid,
+            conn: r.conn,
+            start_ns: r.ts_ns,
+            last_ns: r.ts_ns,
+            head,
+            tls: r.tls,
+            peer: r.peer,
+            local_port: r.local_port,
+            span_id: src.ids.new_span_id(),
+            incoming,
+            state,
+            adopted: None,
+            own_trace: src.ids.new_trace_id(),
+            status: None,
+            response_conn: None,
+            response_total: None,
+            response_written: 0,
+            held: Vec::new(),
+            calls: Vec::new(),
+        };
+        self.open.insert(r.cause, req);
+        self.order.push_back(r.cause);
+        while self.open.len() > OPEN_MAX {
+            let Some(oldest) = self.order.pop_front() else { break };
+            if self.open.contains_key(&oldest) {
+                self.stats.not_held += 1;
+                self.finish(oldest, src, ready);
+            }
+        }
+    }
+
+    fn write(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = r.ts_ns;
+        if req.response_conn.is_none() {
+            if let Some(st) = parse_status(&r.data) {
+                req.status = Some(st.status);
+                req.response_conn = Some(r.conn);
+                req.response_total = match (st.head_len, st.content_length, st.chunked) {
+                    (Some(h), Some(n), false) => Some(h + n),
+                    _ => None,
+                };
+            } else if let Some(head) = parse_request(&r.data) {
+                // An outgoing call; an app that writes a traceparent (its
+                // SDK) says which trace the request is in.
+                if req.incoming.is_none() && req.adopted.is_none() {
+                    req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
+                }
+                req.calls.push(Call { conn: r.conn, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls });
+                return;
+            }
+        }
+        if req.response_conn == Some(r.conn) {
+            req.response_written += u64::from(r.len);
+            if req.complete() {
+                self.finish(r.cause, src, ready);
+            }
+        }
+    }
+
+    fn response(&mut self, r: &HttpRecord) {
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = r.ts_ns;
+        let status = parse_status(&r.data).map(|s| s.status);
+        if let Some(call) = req.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()) {
+            call.end_ns = Some(r.ts_ns);
+            call.status = status;
+        }
+    }
+
+    /// An fs or DNS record: held with its request, sent under it if the
+    /// request is over, or given back (no cause known: its own trace).
+    pub fn work(&mut self, rec: Record, src: &SpanContextSource<'_>, ready: &mut Ready) -> Option<Record> {
+        let (cause, pid, end) = match &rec {
+            Record::Fs(r) => (r.cause, r.pid, r.end_ns),
+            Record::Dns(r) => (r.cause, r.pid, r.end_ns),
+            _ => return Some(rec),
+        };
+        if cause == 0 {
+            return Some(rec);
+        }
+        let server_spans = self.server_spans;
+        if let Some(req) = self.open.get_mut(&cause) {
+            req.last_ns = req.last_ns.max(end);
+            if req.held.len() < HELD_MAX {
+                req.held.push(rec);
+                return None;
+            }
+            self.stats.not_held += 1;
+            if req.sampled() {
+                ready.push((pid, build_in(&rec, src, Some(&req.parent(server_spans)))));
+            }
+            return None;
+        }
+        match self.recent.get(&cause) {
+            Some((sampled_pid, parent)) if *sampled_pid == pid => {
+                if parent.trace_id != TraceId::INVALID {
+                    ready.push((pid, build_in(&rec, src, Some(parent))));
+                }
+                None
+            }
+            _ => Some(rec),
+        }
+    }
+
+    /// Requests over by now (`now_ns`, kernel time): their spans.
+    pub fn expire(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let over: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, r)| {
+                let quiet = now_ns.saturating_sub(r.last_ns);
+                (r.status.is_some() && quiet >= QUIET_NS) || quiet >= NO_RESPONSE_NS
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in over {
+            self.finish(c, src, ready);
+        }
+    }
+
+    /// A process exited: its requests are over.
+    pub fn exited(&mut self, pid: u32, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let mine: Vec<u64> = self.open.iter().filter(|(_, r)| r.pid == pid).map(|(c, _)| *c).collect();
+        for c in mine {
+            self.finish(c, src, ready);
+        }
+        self.by_conn.retain(|(p, _), _| *p != pid);
+    }
+
+    /// Everything still open (uvspan is stopping).
+    pub fn finish_all(&mut self, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let all: Vec<u64> = self.open.keys().copied().collect();
+        for c in all {
+            self.finish(c, src, ready);
+        }
+    }
+
+    /// A request is over: its spans, and its context kept for late work.
+    fn finish(&mut self, cause: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let Some(req) = self.open.remove(&cause) else { return };
+        if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
+            self.by_conn.remove(&(req.pid, req.conn));
+        }
+        let parent = req.parent(self.server_spans);
+        let sampled = req.sampled();
+        // Late work of an unsampled request is not exported either.
+        let remembered = if sampled { parent.clone() } else { Parent { trace_id: TraceId::INVALID, ..parent.clone() } };
+        self.recent.insert(cause, (req.pid, remembered));
+        self.recent_order.push_back(cause);
+        while self.recent_order.len() > RECENT_MAX {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+        if !sampled {
+            return;
+        }
+        let mut spans = Vec::with_capacity(req.held.len() + 1 + req.calls.len());
+        if self.server_spans {
+            spans.push(server_span(&req, src));
+        }
+        for rec in &req.held {
+            spans.extend(build_in(rec, src, Some(&parent)));
+        }
+        for call in &req.calls {
+            spans.push(client_span(&req, call, &parent, src));
+        }
+        ready.push((req.pid, spans));
+    }
+}
+
+fn span(
+    src: &SpanContextSource<'_>,
+    parent: &Parent,
+    span_id: SpanId,
+    name: String,
+    kind: SpanKind,
+    (start, end): (u64, u64),
+    attributes: Vec<KeyValue>,
+) -> SpanData {
+    SpanData {
+        span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, parent.state.clone()),
+        parent_span_id: parent.span_id,
+        parent_span_is_remote: parent.remote,
+        span_kind: kind,
+        name: name.into(),
+        start_time: src.clock.to_wall(start),
+        end_time: src.clock.to_wall(end.max(start)),
+        attributes,
+        dropped_attributes_count: 0,
+        events: SpanEvents::default(),
+        links: SpanLinks::default(),
+        status: Status::Unset,
+        instrumentation_scope: src.scope.clone(),
+    }
+}
+
+/// The request's SERVER span: under the incoming parent, or a root.
+fn server_span(req: &Request, src: &SpanContextSource<'_>) -> SpanData {
+    let parent = match req.incoming {
+        Some((_, span, _)) => Parent { trace_id: req.trace_id(), span_id: span, remote: true, state: req.state.clone() },
+        None => Parent { trace_id: req.trace_id(), span_id: SpanId::INVALID, remote: false, state: req.state.clone() },
+    };
+    let h = &req.head;
+    let mut attrs = vec![
+        KeyValue::new("http.request.method", h.method.clone()),
+        KeyValue::new("url.path", h.path.clone()),
+        KeyValue::new("url.scheme", if req.tls { "https" } else { "http" }),
+        KeyValue::new("network.protocol.version", h.version.clone()),
+        KeyValue::new("thread.id", i64::from(req.tid)),
+    ];
+    if let Some(q) = &h.query {
+        attrs.push(KeyValue::new("url.query", redact_query(q)));
+    }
+    if let Some(p) = req.peer {
+        attrs.push(KeyValue::new("client.address", p.ip().to_string()));
+        attrs.push(KeyValue::new("client.port", i64::from(p.port())));
+    }
+    if let Some(p) = req.local_port {
+        attrs.push(KeyValue::new("server.port", i64::from(p)));
+    }
+    if let Some(ua) = h.header("user-agent") {
+        attrs.push(KeyValue::new("user_agent.original", ua.to_string()));
+    }
+    let end = req.last_ns;
+    let mut s = span(src, &parent, req.span_id, h.method.clone(), SpanKind::Server, (req.start_ns, end), attrs);
+    match req.status {
+        Some(code) => {
+            s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+            if code >= 500 {
+                s.status = Status::error(format!("HTTP {code}"));
+                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+            }
+        }
+        None => s.attributes.push(KeyValue::new("uvspan.http.response_seen", false)),
+    }
+    s
+}
+
+/// A CLIENT span for an outgoing call the request made.
+fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> SpanData {
+    let h = &call.head;
+    let mut attrs = vec![
+        KeyValue::new("http.request.method", h.method.clone()),
+        KeyValue::new("url.path", h.path.clone()),
+        KeyValue::new("url.scheme", if call.tls { "https" } else { "http" }),
+    ];
+    if let Some(host) = h.header("host") {
+        let (name, port) = match host.rsplit_once(':') {
+            Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !n.ends_with(']') || host.starts_with('[') && host.contains("]:") => {
+                (n.trim_matches(['[', ']']).to_string(), p.parse::<i64>().ok())
+            }
+            _ => (host.to_string(), Some(if call.tls { 443 } else { 80 })),
+        };
+        attrs.push(KeyValue::new("server.address", name));
+        if let Some(p) = port {
+            attrs.push(KeyValue::new("server.port", p));
+        }
+    }
+    if let Some(tp) = h.header("traceparent") {
+        attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
+    }
+    let end = call.end_ns.unwrap_or(req.last_ns.max(call.start_ns));
+    let mut s = span(src, parent, src.ids.new_span_id(), h.method.clone(), SpanKind::Client, (call.start_ns, end), attrs);
+    if let Some(code) = call.status {
+        s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+        if code >= 400 {
+            s.status = Status::error(format!("HTTP {code}"));
+            s.attributes.push(KeyValue::new("error.type", code.to_string()));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::clock::Clock;
+    use crate::events::decode::FsRecord;
+    use crate::events::spans::{scope, SequentialIds};
+
+    fn attr<'a>(s: &'a SpanData, k: &str) -> Option<&'a opentelemetry::Value> {
+        s.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| &kv.value)
+    }
+
+    fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -> HttpRecord {
+        HttpRecord {
+            pid: 7,
+            tid: 7,
+            ts_ns: ts,
+            cause,
+            conn,
+            what,
+            len: data.len() as u32,
+            tls: false,
+            peer: Some("10.0.0.2:51000".parse().unwrap()),
+            local_port: Some(8080),
+            data: data.as_bytes().to_vec(),
+        }
+    }
+
+    fn fs(cause: u64, start: u64, end: u64) -> Record {
+        Record::Fs(FsRecord {
+            pid: 7,
+            tid: 7,
+            cause,
+            op: 4, // uv_fs_stat
+            sync: false,
+            start_ns: start,
+            work_start_ns: None,
+            work_end_ns: None,
+            end_ns: end,
+            result: 0,
+            fd: None,
+            worker_tid: None,
+            ended_at: Some("libuv_done"),
+            path: Some("/x".into()),
+            path2: None,
+        })
+    }
+
+    const TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+
+    #[test]
+    fn traceparents() {
+        let (t, s, sampled) = parse_traceparent(TP).unwrap();
+        assert_eq!(t, TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap());
+        assert_eq!(s, SpanId::from_hex("b7ad6b7169203331").unwrap());
+        assert!(sampled);
+        assert!(!parse_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00").unwrap().2);
+        for bad in [
+            "",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",
+            "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-extra",
+            "0-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        ] {
+            assert_eq!(parse_traceparent(bad), None, "{bad:?}");
+        }
+        // A later version may carry more fields.
+        assert!(parse_traceparent("01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what").is_some());
+    }
+
+    #[test]
+    fn request_heads_and_queries() {
+        let h = parse_request(b"GET /a/b?x=1&token=abc&Sig=zz HTTP/1.1\r\nHost: h\r\nTraceParent: v\r\n\r\n").unwrap();
+        assert_eq!((h.method.as_str(), h.path.as_str(), h.version.as_str()), ("GET", "/a/b", "1.1"));
+        assert_eq!(h.header("traceparent"), Some("v"), "header names are case-insensitive");
+        assert_eq!(redact_query(h.query.as_deref().unwrap()), "x=1&token=REDACTED&Sig=REDACTED");
+        // Cut short by the capture: the complete header lines are kept.
+        let cut = parse_request(b"POST /p HTTP/1.0\r\nhost: h\r\ntraceparent: v\r\nx-long: aaa").unwrap();
+        assert_eq!(cut.header("traceparent"), Some("v"));
+        assert_eq!(cut.header("x-long"), None);
+        assert_eq!(redact_query(&"a".repeat(300)).len(), QUERY_MAX);
+        assert!(parse_request(b"\x16\x03\x01 not http").is_none());
+        let st = parse_status(b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!").unwrap();
+        assert_eq!((st.status, st.content_length, st.head_len), (404, Some(5), Some(45)));
+    }
+
+    fn run(server_spans: bool, steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<SpanData> {
+        let ids = SequentialIds::default();
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: scope() };
+        let mut r = Requests::new(server_spans);
+        let mut ready = Ready::new();
+        steps(&mut r, &src, &mut ready);
+        ready.into_iter().flat_map(|(_, s)| s).collect()
+    }
+
+    #[test]
+    fn a_request_with_traceparent_and_its_work_form_one_subtree_of_the_callers_trace() {
+        let spans = run(true, |r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET /x?key=s HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), src, ready);
+            assert!(r.work(fs(1, 2_000, 3_000), src, ready).is_none(), "held");
+            assert!(r.work(fs(0, 2_000, 3_000), src, ready).is_some(), "no cause: its own trace");
+            r.http(&http(HttpWhat::Write, 1, 100, 4_000, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), src, ready);
+        });
+        assert_eq!(spans.len(), 2, "finished when the whole response was written");
+        let (server, stat) = (&spans[0], &spans[1]);
+        let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
+        assert_eq!(server.span_kind, SpanKind::Server);
+        assert_eq!(server.name, "GET");
+        assert_eq!(server.span_context.trace_id(), trace);
+        assert_eq!(server.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
+        assert!(server.parent_span_is_remote);
+        assert_eq!(attr(server, "http.response.status_code"), Some(&opentelemetry::Value::I64(200)));
+        assert_eq!(attr(server, "url.query"), Some(&opentelemetry::Value::from("key=REDACTED")));
+        assert_eq!(attr(server, "client.address"), Some(&opentelemetry::Value::from("10.0.0.2")));
+        assert_eq!(attr(server, "server.port"), Some(&opentelemetry::Value::I64(8080)));
+        assert_eq!(stat.span_context.trace_id(), trace);
+        assert_eq!(stat.parent_span_id, server.span_context.span_id());
+        assert!(!stat.parent_span_is_remote);
+    }
+
+    #[test]
+    fn keep_alive_bad_traceparent_late_work_and_unsampled() {
+        let spans = run(true, |r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /1 HTTP/1.1\r\ntraceparent: nonsense\r\n\r\n"), src, ready);
+            r.work(fs(1, 1_100, 1_200), src, ready);
+            // The next request on the connection ends the first.
+            r.http(&http(HttpWhat::Request, 2, 100, 5_000, &format!("GET /2 HTTP/1.1\r\ntraceparent: {}\r\n\r\n", TP.replace("-01", "-00"))), src, ready);
+            // Late work of request 1 joins its trace; request 2's is not sampled.
+            assert!(r.work(fs(1, 6_000, 7_000), src, ready).is_none());
+            assert!(r.work(fs(2, 6_000, 7_000), src, ready).is_none());
+            r.finish_all(src, ready);
+            assert_eq!(r.stats.bad_traceparent, 1);
+            assert_eq!(r.stats.unsampled, 1);
+        });
+        assert_eq!(spans.len(), 3, "request 1, its stat, its late stat; nothing of the unsampled request 2");
+        let t = spans[0].span_context.trace_id();
+        assert!(spans.iter().all(|s| s.span_context.trace_id() == t));
+        assert_eq!(spans[0].parent_span_id, SpanId::INVALID, "a malformed traceparent is ignored: a new trace");
+        assert_eq!(attr(&spans[0], "uvspan.http.response_seen"), Some(&opentelemetry::Value::Bool(false)));
+    }
+
+    #[test]
+    fn outgoing_calls_are_client_spans_and_lend_the_request_their_trace() {
+        let spans = run(true, |r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET / HTTP/1.1\r\n\r\n"), src, ready);
+            r.http(&http(HttpWhat::Write, 1, 200, 2_000, &format!("GET /up HTTP/1.1\r\nHost: api:9000\r\ntraceparent: {TP}\r\n\r\n")), src, ready);
+            r.http(&http(HttpWhat::Response, 1, 200, 3_000, "HTTP/1.1 503 Busy\r\n\r\n"), src, ready);
+            r.work(fs(1, 3_100, 3_200), src, ready);
+            r.expire(3_200 + NO_RESPONSE_NS, src, ready);
+        });
+        assert_eq!(spans.len(), 3);
+        let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
+        assert!(spans.iter().all(|s| s.span_context.trace_id() == trace), "the app's trace id, learned from its outgoing call");
+        let client = spans.iter().find(|s| s.span_kind == SpanKind::Client).unwrap();
+        assert_eq!(client.parent_span_id, spans[0].span_context.span_id());
+        assert_eq!(attr(client, "server.address"), Some(&opentelemetry::Value::from("api")));
+        assert_eq!(attr(client, "server.port"), Some(&opentelemetry::Value::I64(9000)));
+        assert_eq!(attr(client, "http.response.status_code"), Some(&opentelemetry::Value::I64(503)));
+        assert!(matches!(client.status, Status::Error { .. }));
+    }
+
+    #[test]
+    fn without_server_spans_work_hangs_under_the_incoming_parent() {
+        let spans = run(false, |r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), src, ready);
+            r.work(fs(1, 1_100, 1_200), src, ready);
+            r.exited(7, src, ready);
+        });
+        assert_eq!(spans.len(), 1);
+        assert_eq!(spans[0].parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
+        assert!(spans[0].parent_span_is_remote);
+    }
+}
