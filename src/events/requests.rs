@@ -350,6 +350,8 @@ impl Requests {
             if let Some(st) = parse_status(&r.data) {
                 req.status = Some(st.status);
                 req.response_conn = Some(r.conn);
+                // Its plaintext came through SSL_write: an HTTPS request.
+                req.tls |= r.tls;
                 req.response_total = match (st.head_len, st.content_length, st.chunked) {
                     (Some(h), Some(n), false) => Some(h + n),
                     _ => None,

@@ -1,0 +1,167 @@
+//! Request context, end to end: a Node HTTP (and HTTPS) server whose handler
+//! runs a chain of libuv work (fs callback -> fs callback -> await
+//! fs.promises -> dns.lookup callback -> sync fs) under concurrent load,
+//! keep-alive and not, most requests with a random W3C traceparent
+//! (tests/fixtures/requests_server.js). uvspan traces it with real eBPF and
+//! exports to a real OTLP receiver; the spans that arrive are checked:
+//! a SERVER span per request with its method, path and status, in the
+//! caller's trace under the caller's span when a traceparent came, else the
+//! root of a trace of its own; every step of the chain under it (the share
+//! per step is printed and must be at least 95%); the background interval's
+//! work in no request's trace. Root only, never skipped.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+
+const N: usize = 48;
+const CONCURRENCY: &str = "8";
+
+/// What the fixture says about one request it sent.
+struct Sent {
+    traceparent: Option<String>,
+    status: i64,
+}
+
+fn sent(stdout: &str) -> BTreeMap<usize, Sent> {
+    let mut out = BTreeMap::new();
+    for line in stdout.lines().filter(|l| l.starts_with("{\"marker\":\"req\"")) {
+        let v: serde_json::Value = serde_json::from_str(line).expect("req marker");
+        let i = v["i"].as_u64().expect("i") as usize;
+        out.insert(i, Sent { traceparent: v["traceparent"].as_str().map(str::to_string), status: v["status"].as_i64().expect("status") });
+    }
+    out
+}
+
+/// Runs the fixture under uvspan (extra uvspan args, extra fixture args).
+fn run_server(tag: &str, uvspan_args: &[&str], fixture_args: &[String]) -> (TempDir, Output, Vec<Span>) {
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new(tag);
+    let script = fixture("requests_server.js");
+    let n = N.to_string();
+    let mut args: Vec<String> = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(uvspan_args.iter().map(|s| s.to_string()));
+    args.extend(["--".into(), "node".into(), script, dir.str(), n, CONCURRENCY.into()]);
+    args.extend(fixture_args.iter().cloned());
+    let out = run(uvspan_cmd(&args));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
+    check_summary(&out, rx.spans().len());
+    (dir, out, rx.spans())
+}
+
+/// The trace id and parent span id of a traceparent.
+fn ids_of(tp: &str) -> (String, String) {
+    let p: Vec<&str> = tp.split('-').collect();
+    (p[1].to_string(), p[2].to_string())
+}
+
+const STEPS: [&str; 5] = ["fs.stat 1-", "fs.access 2-", "fs.stat 3- (await)", "dns.getaddrinfo", "fs.stat 4- (sync)"];
+
+/// Checks the requests' spans; returns the SERVER span of each request.
+fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> BTreeMap<usize, Span> {
+    let sent = sent(&out.stdout);
+    assert_eq!(sent.len(), N, "{}", out.context());
+    let servers: BTreeMap<usize, Span> = spans
+        .iter()
+        .filter(|s| s.kind == 2)
+        .map(|s| {
+            let path = s.str("url.path").expect("url.path");
+            (path.trim_start_matches("/r/").parse::<usize>().expect("/r/<i>"), s.clone())
+        })
+        .collect();
+    assert_eq!(servers.len(), N, "one SERVER span per request\n{}", dump(&spans.iter().filter(|s| s.kind == 2).collect::<Vec<_>>()));
+    for (i, s) in &sent {
+        let srv = &servers[i];
+        assert_eq!(srv.name, "GET", "{}", srv.brief());
+        assert_eq!(srv.str("http.request.method"), Some("GET"));
+        assert_eq!(srv.str("url.scheme"), Some(scheme));
+        assert_eq!(srv.int("http.response.status_code"), Some(s.status), "{}", srv.brief());
+        assert_eq!(srv.str("client.address"), Some("127.0.0.1"), "{}", srv.brief());
+        assert!(srv.int("server.port").is_some_and(|p| p > 0), "{}", srv.brief());
+        assert_eq!(srv.str("network.protocol.version"), Some("1.1"));
+        match &s.traceparent {
+            Some(tp) => {
+                let (trace, parent) = ids_of(tp);
+                assert_eq!(srv.trace_id, trace, "request {i}: the caller's trace\n{}", srv.brief());
+                assert_eq!(srv.parent_span_id, parent, "request {i}: under the caller's span\n{}", srv.brief());
+            }
+            None => assert_eq!(srv.parent_span_id, "", "request {i} without traceparent: a root\n{}", srv.brief()),
+        }
+    }
+    // Every step of each request's chain, under its SERVER span.
+    let under = |i: usize, pred: &dyn Fn(&Span) -> bool| {
+        let srv = &servers[&i];
+        spans.iter().filter(|s| pred(s) && s.trace_id == srv.trace_id && s.parent_span_id == srv.span_id).count()
+    };
+    let path = |s: &Span, name: &str, file: String| s.name == name && s.str("file.path") == Some(file.as_str());
+    let mut shares = Vec::new();
+    for (k, step) in STEPS.iter().enumerate() {
+        let joined = (0..N)
+            .filter(|&i| {
+                let one = match k {
+                    0 => under(i, &|s| path(s, "fs.stat", dir.join(&format!("1-{i}")))),
+                    1 => under(i, &|s| path(s, "fs.access", dir.join(&format!("2-{i}")))),
+                    2 => under(i, &|s| path(s, "fs.stat", dir.join(&format!("3-{i}")))),
+                    3 => under(i, &|s| s.name == "dns.getaddrinfo"),
+                    _ => under(i, &|s| path(s, "fs.stat", dir.join(&format!("4-{i}"))) && s.bool("uvspan.sync") == Some(true)),
+                };
+                one == 1
+            })
+            .count();
+        shares.push(format!("{step}: {joined}/{N}"));
+        assert!(joined * 100 >= N * 95, "step {step}: {joined} of {N} requests have it under their SERVER span (< 95%)\n{}", shares.join(", "));
+    }
+    eprintln!("requests ({scheme}): joined per step: {}", shares.join(", "));
+    // The background interval belongs to no request.
+    let request_traces: std::collections::BTreeSet<&str> = servers.values().map(|s| s.trace_id.as_str()).collect();
+    let bg: Vec<&Span> = spans.iter().filter(|s| s.str("file.path") == Some(dir.join("bg").as_str())).collect();
+    assert!(bg.len() >= 3, "the interval ran: {} stats", bg.len());
+    let joined_bg = bg.iter().filter(|s| request_traces.contains(s.trace_id.as_str()) || !s.parent_span_id.is_empty()).count();
+    eprintln!("requests ({scheme}): background interval stats joined to a request: {joined_bg} of {}", bg.len());
+    assert_eq!(joined_bg, 0, "background work put into a request's trace");
+    servers
+}
+
+#[test]
+fn http_requests_are_server_spans_with_their_work_under_them() {
+    require_root();
+    let (dir, out, spans) = run_server("req-http", &[], &[]);
+    let servers = check_requests(&dir, &out, &spans, "http");
+    // Requests without traceparent: each one's trace holds only its own spans.
+    let by_trace = |t: &str| spans.iter().filter(|s| s.trace_id == t).count();
+    for (i, srv) in servers.iter().filter(|(i, _)| *i % 4 == 0) {
+        assert_eq!(by_trace(&srv.trace_id), 1 + STEPS.len(), "request {i}'s trace: its SERVER span and its 5 steps, nothing else");
+    }
+}
+
+#[test]
+fn https_requests_too() {
+    require_root();
+    require_tool("openssl", "makes the test server's certificate");
+    let certs = TempDir::new("req-certs");
+    let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
+    let st = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
+        .output()
+        .expect("run openssl");
+    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+    let (dir, out, spans) = run_server("req-https", &[], &["--tls".into(), key, cert]);
+    check_requests(&dir, &out, &spans, "https");
+}
+
+#[test]
+fn requests_off_leaves_every_operation_its_own_trace() {
+    require_root();
+    let (dir, _out, spans) = run_server("req-off", &["--requests", "off"], &[]);
+    assert!(spans.iter().all(|s| s.kind != 2), "no SERVER span with --requests off");
+    let steps: Vec<&Span> = spans.iter().filter(|s| s.str("file.path").is_some_and(|p| p.starts_with(&dir.join("1-")))).collect();
+    assert_eq!(steps.len(), N);
+    assert!(steps.iter().all(|s| s.parent_span_id.is_empty()), "roots");
+}
