@@ -71,7 +71,10 @@ pub struct Cli {
     /// Request context: a SERVER span per HTTP request the process serves,
     /// with the fs and DNS work it caused and its outgoing HTTP calls under
     /// it, in the caller's trace when the request carries a traceparent.
-    /// `off`: every operation its own trace (fewer probe hits).
+    /// `on`: no SERVER span for processes that run the OpenTelemetry JS SDK
+    /// (its own SERVER span stands for the request; uvspan's work joins the
+    /// trace); `always`: a SERVER span there too; `off`: every operation its
+    /// own trace (fewer probe hits).
     #[arg(long, value_name = "MODE", env = "UVSPAN_REQUESTS", default_value = "on")]
     pub requests: RequestsMode,
 
@@ -110,6 +113,7 @@ pub struct Cli {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RequestsMode {
     On,
+    Always,
     Off,
 }
 

@@ -104,7 +104,7 @@ impl FileConfig {
         if let (true, Some(v)) = (unset("requests"), &self.requests) {
             use clap::ValueEnum;
             cli.requests = crate::cli::RequestsMode::from_str(v.trim(), true)
-                .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on or off"))?;
+                .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on, always or off"))?;
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;

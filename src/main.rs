@@ -22,7 +22,7 @@ fn main() {
     uvspan::symbols::set_cache_dir(cli.symbol_cache_dir());
     let result = match &cli.sub {
         Some(uvspan::cli::Sub::Probes { pid, path, json, detail, requests }) => {
-            let on = *requests == uvspan::cli::RequestsMode::On;
+            let on = *requests != uvspan::cli::RequestsMode::Off;
             let detail = uvspan::probes::catalog::Detail::from_kinds(detail).with_requests(on);
             uvspan::probes::report::run(*pid, path.as_deref(), *json, detail).map(|()| 0)
         }

@@ -37,6 +37,10 @@ fn sent(stdout: &str) -> BTreeMap<usize, Sent> {
 
 /// Runs the fixture under uvspan (extra uvspan args, extra fixture args).
 fn run_server(tag: &str, uvspan_args: &[&str], fixture_args: &[String]) -> (TempDir, Output, Vec<Span>) {
+    run_server_with(tag, uvspan_args, &[], fixture_args)
+}
+
+fn run_server_with(tag: &str, uvspan_args: &[&str], node_args: &[String], fixture_args: &[String]) -> (TempDir, Output, Vec<Span>) {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let dir = TempDir::new(tag);
@@ -47,7 +51,9 @@ fn run_server(tag: &str, uvspan_args: &[&str], fixture_args: &[String]) -> (Temp
         .map(|s| s.to_string())
         .collect();
     args.extend(uvspan_args.iter().map(|s| s.to_string()));
-    args.extend(["--".into(), "node".into(), script, dir.str(), n, CONCURRENCY.into()]);
+    args.extend(["--".into(), "node".into()]);
+    args.extend(node_args.iter().cloned());
+    args.extend([script, dir.str(), n, CONCURRENCY.into()]);
     args.extend(fixture_args.iter().cloned());
     let out = run(uvspan_cmd(&args));
     assert_eq!(out.code(), Some(0), "{}", out.context());
@@ -164,4 +170,36 @@ fn requests_off_leaves_every_operation_its_own_trace() {
     let steps: Vec<&Span> = spans.iter().filter(|s| s.str("file.path").is_some_and(|p| p.starts_with(&dir.join("1-")))).collect();
     assert_eq!(steps.len(), N);
     assert!(steps.iter().all(|s| s.parent_span_id.is_empty()), "roots");
+}
+
+/// A process that loads the OpenTelemetry JS SDK (recognised as uvspan's
+/// --exclude-already-instrumented does: an @opentelemetry/ module in
+/// --require) makes its own SERVER spans: uvspan makes none by default, and
+/// puts the request's work in the caller's trace under the caller's span
+/// (the app's span id is not on the wire); `--requests always` makes them.
+#[test]
+fn no_second_server_span_for_an_app_with_its_own_sdk() {
+    require_root();
+    let modules = TempDir::new("req-sdk-module");
+    let sdk = modules.join("node_modules/@opentelemetry/stand-in");
+    std::fs::create_dir_all(&sdk).expect("mkdir");
+    std::fs::write(format!("{sdk}/index.js"), "// stands for the OpenTelemetry JS SDK's --require hook\n").expect("write");
+    let node_args = ["--require".to_string(), sdk];
+    let (dir, out, spans) = run_server_with("req-sdk", &[], &node_args, &[]);
+    assert!(spans.iter().all(|s| s.kind != 2), "a SERVER span although the app has its own SDK");
+    let sent = sent(&out.stdout);
+    let mut joined = 0;
+    for (i, s) in &sent {
+        let Some(tp) = &s.traceparent else { continue };
+        let (trace, parent) = ids_of(tp);
+        let step = spans.iter().find(|x| x.str("file.path") == Some(dir.join(&format!("1-{i}")).as_str())).expect("step 1");
+        if step.trace_id == trace && step.parent_span_id == parent {
+            joined += 1;
+        }
+    }
+    let with_tp = sent.values().filter(|s| s.traceparent.is_some()).count();
+    eprintln!("requests (app with SDK): step 1 in the caller's trace under its span: {joined} of {with_tp}");
+    assert!(joined * 100 >= with_tp * 95);
+    let (_, _, always) = run_server_with("req-sdk-always", &["--requests", "always"], &node_args, &[]);
+    assert_eq!(always.iter().filter(|s| s.kind == 2).count(), N, "--requests always: a SERVER span per request");
 }

@@ -225,7 +225,7 @@ impl Agent {
             follow_forks: !cli.command.is_empty(),
             discover: discovering,
             ring_buffer_size: cli.ring_buffer_size,
-            detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests == RequestsMode::On),
+            detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
             trap_only: bench_trap_only(),
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
@@ -240,7 +240,7 @@ impl Agent {
         let status = cli.status_interval;
         let mut agent = Agent {
             procs: Procs::new(cli.service_name.clone()),
-            requests: (cli.requests == RequestsMode::On).then(|| Requests::new(true)),
+            requests: (cli.requests != RequestsMode::Off).then(|| Requests::new(cli.requests == RequestsMode::Always)),
             cli,
             rb,
             sleeper,

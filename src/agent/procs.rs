@@ -41,6 +41,9 @@ pub struct Procs {
     warned_environ: bool,
     /// Processes forgotten after they exited.
     pub forgotten: u64,
+    /// Processes that load the OpenTelemetry JS SDK (their SDK makes the
+    /// SERVER spans; request context only joins uvspan's work to them).
+    with_sdk: std::collections::HashSet<u32>,
 }
 
 fn merge(out: &mut HashMap<u32, Vec<SpanData>>, ready: Ready) {
@@ -66,6 +69,7 @@ impl Procs {
             scope: spans::scope(),
             warned_environ: false,
             forgotten: 0,
+            with_sdk: Default::default(),
         }
     }
 
@@ -111,6 +115,11 @@ impl Procs {
         let name = info.service_name(flag);
         exporter.process(pid, info.resource(flag, &self.host), format!("{name}[{pid}]"));
         p.registered = true;
+        if crate::discover::instrumented(&info.argv, &info.env) {
+            self.with_sdk.insert(pid);
+        } else {
+            self.with_sdk.remove(&pid);
+        }
     }
 
     /// One record: process lifecycle updates the table; operations become
@@ -156,7 +165,7 @@ impl Procs {
         self.register(pid, exporter);
         let rec = match (requests, rec) {
             (Some(r), Record::Http(h)) => {
-                r.http(&h, &src, &mut ready);
+                r.http(&h, self.with_sdk.contains(&h.pid), &src, &mut ready);
                 None
             }
             (Some(r), rec) => r.work(rec, &src, &mut ready),
@@ -201,6 +210,7 @@ impl Procs {
     pub fn forget_exited(&mut self, exporter: &Exporter) {
         for (pid, _) in self.procs.iter().filter(|(_, p)| p.exited && !p.target) {
             exporter.forget(*pid);
+            self.with_sdk.remove(pid);
             self.forgotten += 1;
         }
         self.procs.retain(|_, p| !p.exited || p.target);

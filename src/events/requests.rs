@@ -219,6 +219,8 @@ struct Request {
     response_written: u64,
     held: Vec<Record>,
     calls: Vec<Call>,
+    /// uvspan makes the SERVER span (not the app's SDK).
+    server_span: bool,
 }
 
 impl Request {
@@ -236,8 +238,8 @@ impl Request {
 
     /// Where the request's work goes: under the SERVER span (or, without
     /// one, under the incoming parent).
-    fn parent(&self, server_spans: bool) -> Parent {
-        let (span_id, remote) = if server_spans {
+    fn parent(&self) -> Parent {
+        let (span_id, remote) = if self.server_span {
             (self.span_id, false)
         } else {
             self.incoming.map_or((SpanId::INVALID, false), |i| (i.1, true))
@@ -254,8 +256,8 @@ pub struct Requests {
     by_conn: HashMap<(u32, u64), u64>,
     recent: HashMap<u64, (u32, Parent)>,
     recent_order: VecDeque<u64>,
-    /// Emit a SERVER span per request (off when the app's own SDK makes one).
-    server_spans: bool,
+    /// A SERVER span per request also where the app's SDK makes its own.
+    always_server_spans: bool,
     pub stats: RequestStats,
 }
 
@@ -263,14 +265,14 @@ pub struct Requests {
 pub type Ready = Vec<(u32, Vec<SpanData>)>;
 
 impl Requests {
-    pub fn new(server_spans: bool) -> Requests {
+    pub fn new(always_server_spans: bool) -> Requests {
         Requests {
             open: HashMap::new(),
             order: VecDeque::new(),
             by_conn: HashMap::new(),
             recent: HashMap::new(),
             recent_order: VecDeque::new(),
-            server_spans,
+            always_server_spans,
             stats: RequestStats::default(),
         }
     }
@@ -281,15 +283,17 @@ impl Requests {
     }
 
     /// An HTTP record: a new request, a response's bytes, an outgoing call.
-    pub fn http(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    /// `app_sdk`: the process runs the OpenTelemetry SDK, whose own SERVER
+    /// span stands for the request.
+    pub fn http(&mut self, r: &HttpRecord, app_sdk: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
         match r.what {
-            HttpWhat::Request => self.start(r, src, ready),
+            HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans, src, ready),
             HttpWhat::Write => self.write(r, src, ready),
             HttpWhat::Response => self.response(r),
         }
     }
 
-    fn start(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    fn start(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
         // Keep-alive: the previous request on the connection is over.
         if let Some(prev) = self.by_conn.insert((r.pid, r.conn), r.cause) {
             if prev != r.cause {
@@ -331,6 +335,7 @@ impl Requests {
             response_written: 0,
             held: Vec::new(),
             calls: Vec::new(),
+            server_span,
         };
         self.open.insert(r.cause, req);
         self.order.push_back(r.cause);
@@ -395,7 +400,6 @@ impl Requests {
         if cause == 0 {
             return Some(rec);
         }
-        let server_spans = self.server_spans;
         if let Some(req) = self.open.get_mut(&cause) {
             req.last_ns = req.last_ns.max(end);
             if req.held.len() < HELD_MAX {
@@ -404,7 +408,7 @@ impl Requests {
             }
             self.stats.not_held += 1;
             if req.sampled() {
-                ready.push((pid, build_in(&rec, src, Some(&req.parent(server_spans)))));
+                ready.push((pid, build_in(&rec, src, Some(&req.parent()))));
             }
             return None;
         }
@@ -458,7 +462,7 @@ impl Requests {
         if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
             self.by_conn.remove(&(req.pid, req.conn));
         }
-        let parent = req.parent(self.server_spans);
+        let parent = req.parent();
         let sampled = req.sampled();
         // Late work of an unsampled request is not exported either.
         let remembered = if sampled { parent.clone() } else { Parent { trace_id: TraceId::INVALID, ..parent.clone() } };
@@ -473,7 +477,7 @@ impl Requests {
             return;
         }
         let mut spans = Vec::with_capacity(req.held.len() + 1 + req.calls.len());
-        if self.server_spans {
+        if req.server_span {
             spans.push(server_span(&req, src));
         }
         for rec in &req.held {
@@ -677,10 +681,10 @@ mod tests {
         assert_eq!((st.status, st.content_length, st.head_len), (404, Some(5), Some(45)));
     }
 
-    fn run(server_spans: bool, steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<SpanData> {
+    fn run(steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<SpanData> {
         let ids = SequentialIds::default();
         let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: scope() };
-        let mut r = Requests::new(server_spans);
+        let mut r = Requests::new(false);
         let mut ready = Ready::new();
         steps(&mut r, &src, &mut ready);
         ready.into_iter().flat_map(|(_, s)| s).collect()
@@ -688,11 +692,11 @@ mod tests {
 
     #[test]
     fn a_request_with_traceparent_and_its_work_form_one_subtree_of_the_callers_trace() {
-        let spans = run(true, |r, src, ready| {
-            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET /x?key=s HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), src, ready);
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET /x?key=s HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
             assert!(r.work(fs(1, 2_000, 3_000), src, ready).is_none(), "held");
             assert!(r.work(fs(0, 2_000, 3_000), src, ready).is_some(), "no cause: its own trace");
-            r.http(&http(HttpWhat::Write, 1, 100, 4_000, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), src, ready);
+            r.http(&http(HttpWhat::Write, 1, 100, 4_000, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), false, src, ready);
         });
         assert_eq!(spans.len(), 2, "finished when the whole response was written");
         let (server, stat) = (&spans[0], &spans[1]);
@@ -713,11 +717,11 @@ mod tests {
 
     #[test]
     fn keep_alive_bad_traceparent_late_work_and_unsampled() {
-        let spans = run(true, |r, src, ready| {
-            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /1 HTTP/1.1\r\ntraceparent: nonsense\r\n\r\n"), src, ready);
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /1 HTTP/1.1\r\ntraceparent: nonsense\r\n\r\n"), false, src, ready);
             r.work(fs(1, 1_100, 1_200), src, ready);
             // The next request on the connection ends the first.
-            r.http(&http(HttpWhat::Request, 2, 100, 5_000, &format!("GET /2 HTTP/1.1\r\ntraceparent: {}\r\n\r\n", TP.replace("-01", "-00"))), src, ready);
+            r.http(&http(HttpWhat::Request, 2, 100, 5_000, &format!("GET /2 HTTP/1.1\r\ntraceparent: {}\r\n\r\n", TP.replace("-01", "-00"))), false, src, ready);
             // Late work of request 1 joins its trace; request 2's is not sampled.
             assert!(r.work(fs(1, 6_000, 7_000), src, ready).is_none());
             assert!(r.work(fs(2, 6_000, 7_000), src, ready).is_none());
@@ -734,10 +738,10 @@ mod tests {
 
     #[test]
     fn outgoing_calls_are_client_spans_and_lend_the_request_their_trace() {
-        let spans = run(true, |r, src, ready| {
-            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET / HTTP/1.1\r\n\r\n"), src, ready);
-            r.http(&http(HttpWhat::Write, 1, 200, 2_000, &format!("GET /up HTTP/1.1\r\nHost: api:9000\r\ntraceparent: {TP}\r\n\r\n")), src, ready);
-            r.http(&http(HttpWhat::Response, 1, 200, 3_000, "HTTP/1.1 503 Busy\r\n\r\n"), src, ready);
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET / HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 200, 2_000, &format!("GET /up HTTP/1.1\r\nHost: api:9000\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
+            r.http(&http(HttpWhat::Response, 1, 200, 3_000, "HTTP/1.1 503 Busy\r\n\r\n"), false, src, ready);
             r.work(fs(1, 3_100, 3_200), src, ready);
             r.expire(3_200 + NO_RESPONSE_NS, src, ready);
         });
@@ -753,9 +757,9 @@ mod tests {
     }
 
     #[test]
-    fn without_server_spans_work_hangs_under_the_incoming_parent() {
-        let spans = run(false, |r, src, ready| {
-            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), src, ready);
+    fn with_the_apps_sdk_work_hangs_under_the_incoming_parent() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), true, src, ready);
             r.work(fs(1, 1_100, 1_200), src, ready);
             r.exited(7, src, ready);
         });
