@@ -327,9 +327,10 @@ function machine() {
 // ---------------------------------------------------------------- 1. overhead
 async function overhead() {
   const c = CFG.overhead;
-  // uvspan: the default probe set; uvspan_all: with --detail all (threadpool split, loop phases);
+  // uvspan: the default probe set (with request context); uvspan_noreq: --requests off;
+  // uvspan_all: with --detail all (threadpool split, loop phases);
   // uvspan_trap: the default probes with programs that return at once (the uprobe mechanism alone).
-  const configs = ['bare', 'uvspan', 'uvspan_all', 'uvspan_trap', 'otel_sdk'];
+  const configs = ['bare', 'uvspan', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'otel_sdk'];
   const runs = [];
   log(`overhead: ${c.rounds} round(s) of ${configs.join('/')}, ~${c.rate} req/s paced, ${c.measure_s}s each`);
   for (let r = 0; r < c.rounds; r++) {
@@ -343,6 +344,7 @@ async function overhead() {
       const app = await startNode(args, envx);
       let uv = null;
       if (cfg === 'uvspan') uv = await startUvspan(['--pid', String(app.pid)]);
+      if (cfg === 'uvspan_noreq') uv = await startUvspan(['--pid', String(app.pid), '--requests', 'off']);
       if (cfg === 'uvspan_all') uv = await startUvspan(['--pid', String(app.pid), '--detail', 'all']);
       if (cfg === 'uvspan_trap') uv = await startUvspan(['--pid', String(app.pid)], { env: { UVSPAN_BENCH_TRAP_ONLY: '1' } });
       const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
@@ -400,12 +402,16 @@ async function overhead() {
     runs.filter((x) => x.config === cfg).map((x) => x.cpu_us_per_req - runs.find((y) => y.round === x.round && y.config === 'bare').cpu_us_per_req);
   const addB = median(added('uvspan')), addC = median(added('otel_sdk')), addAll = median(added('uvspan_all'));
   const addTrap = median(added('uvspan_trap'));
+  const addNoReq = median(added('uvspan_noreq'));
   return {
     config: { ...c, load: 'wrk -t1, paced per connection (pace.lua)', app: 'bench/app.js: fs.readFile + dns.lookup(localhost) per request', cpu: 'sum of /proc/PID/task/*/schedstat on-CPU ns (utime+stime ticks also recorded)' },
     runs,
     median: med,
     ratios: {
       uvspan_cpu: round(ratio('uvspan', 'cpu_us_per_req')),
+      uvspan_noreq_cpu: round(ratio('uvspan_noreq', 'cpu_us_per_req')),
+      uvspan_noreq_p99: round(ratio('uvspan_noreq', 'p99_ms')),
+      uvspan_noreq_added_us_per_req: round(addNoReq, 2),
       uvspan_all_cpu: round(ratio('uvspan_all', 'cpu_us_per_req')),
       uvspan_all_p99: round(ratio('uvspan_all', 'p99_ms')),
       uvspan_all_added_us_per_req: round(addAll, 2),
@@ -693,10 +699,11 @@ function markdown(R) {
     const m = o.median;
     row('(a) bare', m.bare.cpu_us_per_req, '1.00', m.bare.p50_ms, m.bare.p99_ms, '1.00', m.bare.req_per_s, m.bare.spans_per_req, '');
     row('(b) uvspan → OTLP (default probes)', m.uvspan.cpu_us_per_req, o.ratios.uvspan_cpu, m.uvspan.p50_ms, m.uvspan.p99_ms, o.ratios.uvspan_p99, m.uvspan.req_per_s, m.uvspan.spans_per_req, m.uvspan.uvspan_cpu_us_per_req);
+    row('(b−) uvspan --requests off → OTLP', m.uvspan_noreq.cpu_us_per_req, o.ratios.uvspan_noreq_cpu, m.uvspan_noreq.p50_ms, m.uvspan_noreq.p99_ms, o.ratios.uvspan_noreq_p99, m.uvspan_noreq.req_per_s, m.uvspan_noreq.spans_per_req, m.uvspan_noreq.uvspan_cpu_us_per_req);
     row('(b+) uvspan --detail all → OTLP', m.uvspan_all.cpu_us_per_req, o.ratios.uvspan_all_cpu, m.uvspan_all.p50_ms, m.uvspan_all.p99_ms, o.ratios.uvspan_all_p99, m.uvspan_all.req_per_s, m.uvspan_all.spans_per_req, m.uvspan_all.uvspan_cpu_us_per_req);
     row('(b0) default probes, programs return at once', m.uvspan_trap.cpu_us_per_req, o.ratios.uvspan_trap_cpu, m.uvspan_trap.p50_ms, m.uvspan_trap.p99_ms, o.ratios.uvspan_trap_p99, m.uvspan_trap.req_per_s, m.uvspan_trap.spans_per_req, m.uvspan_trap.uvspan_cpu_us_per_req);
     row('(c) OTel JS SDK → OTLP', m.otel_sdk.cpu_us_per_req, o.ratios.otel_sdk_cpu, m.otel_sdk.p50_ms, m.otel_sdk.p99_ms, o.ratios.otel_sdk_p99, m.otel_sdk.req_per_s, m.otel_sdk.spans_per_req, '(in-process)');
-    L.push('', `Added CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs (with --detail all ${o.ratios.uvspan_all_added_us_per_req} µs), OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}). The same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
+    L.push('', `Added CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs (with --requests off ${o.ratios.uvspan_noreq_added_us_per_req} µs, with --detail all ${o.ratios.uvspan_all_added_us_per_req} µs), OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}). The same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
   }
   if (R.statloop) {
     const s = R.statloop;
@@ -774,6 +781,7 @@ async function main() {
     if (R.overhead && !(R.overhead.median.uvspan.spans_per_req > 0)) bad.push('no uvspan spans reached the sink in the overhead run');
     if (R.overhead && !(R.overhead.median.otel_sdk.spans_per_req > 0)) bad.push('no OTel SDK spans reached the sink');
     if (R.overhead && !(R.overhead.median.uvspan_all.spans_per_req > 0)) bad.push('no uvspan --detail all spans reached the sink');
+    if (R.overhead && !(R.overhead.median.uvspan_noreq.spans_per_req > 0)) bad.push('no uvspan --requests off spans reached the sink');
     if (R.overhead && R.overhead.median.uvspan_trap.spans_per_req !== 0) bad.push('UVSPAN_BENCH_TRAP_ONLY=1 still exported spans');
     if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
     if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
