@@ -8,4 +8,11 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "test: the end-to-end tests load eBPF programs: run as root (sudo $0)" >&2
   exit 1
 fi
+# The official OpenTelemetry JS SDK, the oracle of tests/requests.rs, pinned by
+# bench/package-lock.json (the benchmark uses the same).
+if [ ! -e bench/node_modules/.package-lock.json ] || ! cmp -s bench/package-lock.json bench/node_modules/.bench-lock; then
+  echo "test: npm ci in bench/ (OpenTelemetry JS SDK)" >&2
+  (cd bench && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  cp bench/package-lock.json bench/node_modules/.bench-lock
+fi
 cargo test --release "$@"

@@ -203,3 +203,67 @@ fn no_second_server_span_for_an_app_with_its_own_sdk() {
     let (_, _, always) = run_server_with("req-sdk-always", &["--requests", "always"], &node_args, &[]);
     assert_eq!(always.iter().filter(|s| s.kind == 2).count(), N, "--requests always: a SERVER span per request");
 }
+
+/// The oracle: the app runs the official OpenTelemetry JS SDK in-process
+/// (http instrumentation; bench/node_modules, installed by scripts/test.sh
+/// from bench/package-lock.json), exporting to the same receiver. Its client
+/// injects its own traceparent into every request; for each request, the
+/// SDK's SERVER span's trace id is the request's trace id, and uvspan's
+/// spans of every step must carry it (share per step printed, >= 95%).
+#[test]
+fn spans_join_the_traces_of_the_apps_own_sdk() {
+    require_root();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let modules = root.join("bench/node_modules");
+    assert!(
+        modules.join("@opentelemetry/sdk-node").is_dir(),
+        "the OpenTelemetry JS SDK is not installed in {}: run `npm ci` in bench/ (scripts/test.sh does)",
+        modules.display()
+    );
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new("req-sdk-oracle");
+    let n = N.to_string();
+    let preload = fixture("otel_sdk.js");
+    let script = fixture("requests_server.js");
+    let mut cmd = uvspan_cmd([
+        "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(),
+        "--", "node", "-r", preload.as_str(), script.as_str(), &dir.str(), n.as_str(), CONCURRENCY,
+    ]);
+    cmd.env("NODE_PATH", &modules).env("OTEL_EXPORTER_OTLP_ENDPOINT", &ep);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    // The SDK's SERVER span of each request, by its path.
+    let sdk_server = |s: &Span| s.kind == 2 && s.scope.contains("instrumentation-http");
+    let ok = wait_until(RUN_TIMEOUT, || rx.spans().iter().filter(|s| sdk_server(s)).count() >= N);
+    let spans = rx.spans();
+    assert!(ok, "the SDK's SERVER spans did not all arrive: {}", spans.iter().filter(|s| sdk_server(s)).count());
+    let trace_of: BTreeMap<usize, String> = spans
+        .iter()
+        .filter(|s| sdk_server(s))
+        .filter_map(|s| {
+            let target = s.str("url.path").or(s.str("http.target"))?;
+            let i = target.trim_start_matches("/r/").split('?').next()?.parse::<usize>().ok()?;
+            Some((i, s.trace_id.clone()))
+        })
+        .collect();
+    assert_eq!(trace_of.len(), N, "one SDK SERVER span per request");
+    let uv = |s: &&Span| s.scope == "uvspan";
+    let mut shares = Vec::new();
+    for (k, prefix) in ["1-", "2-", "3-", "4-"].iter().enumerate() {
+        let joined = (0..N)
+            .filter(|i| {
+                let file = dir.join(&format!("{prefix}{i}"));
+                spans.iter().filter(uv).any(|s| s.str("file.path") == Some(file.as_str()) && s.trace_id == trace_of[i])
+            })
+            .count();
+        shares.push(format!("{}: {joined}/{N}", STEPS[if k == 3 { 4 } else { k }]));
+        assert!(joined * 100 >= N * 95, "{}", shares.join(", "));
+    }
+    let dns_joined = (0..N)
+        .filter(|i| spans.iter().filter(uv).any(|s| s.name == "dns.getaddrinfo" && s.trace_id == trace_of[i]))
+        .count();
+    shares.push(format!("dns.getaddrinfo: {dns_joined}/{N}"));
+    eprintln!("requests (official OTel JS SDK as oracle): in the SDK's trace per step: {}", shares.join(", "));
+    assert!(dns_joined * 100 >= N * 95, "{}", shares.join(", "));
+}
