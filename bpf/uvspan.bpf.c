@@ -1005,6 +1005,19 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	return 0;
 }
 
+/* uv_tcp_connect(req, handle, addr, cb): an outgoing connection made under
+ * a cause; its connect callback (where Node writes the request) and its
+ * replies belong to it. */
+static __always_inline int stream_connect(struct pt_regs *ctx)
+{
+	__u64 cause = current_cause();
+	if (!cause)
+		return 0;
+	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = PT_REGS_PARM2(ctx) };
+	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
+	return 0;
+}
+
 /* SSL_write(ssl, buf, num): the plaintext of a TLS write (the stream then
  * only sees ciphertext). */
 static __always_inline int tls_write(struct pt_regs *ctx)
@@ -1065,6 +1078,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_STREAM_WRITE: return stream_write(ctx, cookie);
 	case PROBE_TLS_WRITE: return tls_write(ctx);
 	case PROBE_CAUSE_CLEAR: return cause_clear(ctx);
+	case PROBE_STREAM_CONNECT: return stream_connect(ctx);
 	}
 	return 0;
 }

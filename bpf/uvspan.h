@@ -93,6 +93,7 @@ enum probe_kind {
 	PROBE_STREAM_WRITE = 15,  /* uv_try_write / uv_write2; low bits: see stream_write */
 	PROBE_TLS_WRITE = 16,     /* SSL_write: plaintext of a TLS write */
 	PROBE_CAUSE_CLEAR = 17,   /* node's timers / immediates run: no request caused them */
+	PROBE_STREAM_CONNECT = 18, /* uv_tcp_connect: the stream's callbacks belong to the connecting cause */
 };
 
 /* What an HTTP record says. */

@@ -941,11 +941,11 @@ fn probes_listing_follows_detail() {
     let usable = |l: &BTreeMap<String, String>| l.values().filter(|s| *s == "usable").count();
     // Request context is on by default: the parser, stream callbacks, the
     // two writes, SSL_write, node's timers and immediates.
-    let requests = ["llhttp_execute", "uv__stream_io", "uv_try_write", "uv_write2", "SSL_write"];
+    let requests = ["llhttp_execute", "uv__stream_io", "uv_try_write", "uv_write2", "uv_tcp_connect", "SSL_write"];
     for sym in requests {
         assert_eq!(default[sym], "usable", "{sym}: {default:?}");
     }
-    assert_eq!(usable(&default), 36 + 4 + 7, "default set: 36 uv_fs_* submits + uv__fs_done, uv_fs_req_cleanup, uv_getaddrinfo, uv__getaddrinfo_done + 7 for requests: {default:?}");
+    assert_eq!(usable(&default), 36 + 4 + 8, "default set: 36 uv_fs_* submits + uv__fs_done, uv_fs_req_cleanup, uv_getaddrinfo, uv__getaddrinfo_done + 8 for requests: {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 4, "{off:?}");
     for sym in requests {
@@ -958,7 +958,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 4 + 7 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 4 + 8 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

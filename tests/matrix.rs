@@ -117,11 +117,12 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 7] = [
+const REQUEST_PROBES: [&str; 8] = [
     "llhttp_execute",
     "uv__stream_io",
     "uv_try_write",
     "uv_write2",
+    "uv_tcp_connect",
     "SSL_write",
     "_ZN4node11Environment9RunTimersEP10uv_timer_s",
     "_ZN4node11Environment14CheckImmediateEP10uv_check_s",

@@ -267,3 +267,60 @@ fn spans_join_the_traces_of_the_apps_own_sdk() {
     eprintln!("requests (official OTel JS SDK as oracle): in the SDK's trace per step: {}", shares.join(", "));
     assert!(dns_joined * 100 >= N * 95, "{}", shares.join(", "));
 }
+
+/// Outgoing HTTP calls a request makes are CLIENT spans under its SERVER
+/// span: method, path, server.address/port from Host, the response's status
+/// (read where the response reaches the client's parser, in the stream
+/// callback that carries the request). The upstream's own requests are
+/// SERVER spans of their own traces (no traceparent: the app has no SDK).
+#[test]
+fn outgoing_calls_of_a_request_are_its_client_spans() {
+    require_root();
+    let (_dir, out, spans) = run_server("req-client", &[], &["--upstream".into()]);
+    let port = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("{\"marker\":\"upstream\""))
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|v| v["port"].as_i64())
+        .expect("upstream port");
+    let server = |i: usize| spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some(format!("/r/{i}").as_str())).expect("SERVER span");
+    let calling: Vec<usize> = (0..N).filter(|i| i % 3 == 0).collect();
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.scope == "uvspan" && s.str("http.request.method").is_some()).collect();
+    assert_eq!(clients.len(), calling.len(), "{}", dump(&clients));
+    for i in calling {
+        let srv = server(i);
+        let c = clients
+            .iter()
+            .find(|c| c.str("url.path") == Some(format!("/up/{i}").as_str()))
+            .unwrap_or_else(|| panic!("no CLIENT span for request {i}'s call\n{}", dump(&clients)));
+        assert_eq!((c.trace_id.as_str(), c.parent_span_id.as_str()), (srv.trace_id.as_str(), srv.span_id.as_str()), "{}", c.brief());
+        assert_eq!(c.name, "GET");
+        assert_eq!(c.str("server.address"), Some("127.0.0.1"), "{}", c.brief());
+        assert_eq!(c.int("server.port"), Some(port), "{}", c.brief());
+        assert_eq!(c.int("http.response.status_code"), Some(200), "{}", c.brief());
+        assert!(c.start_unix_nano >= srv.start_unix_nano && c.end_unix_nano <= srv.end_unix_nano, "inside its request\n{}\n{}", c.brief(), srv.brief());
+        let up = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some(format!("/up/{i}").as_str())).expect("upstream SERVER span");
+        assert_ne!(up.trace_id, srv.trace_id, "no traceparent went upstream: its own trace");
+    }
+}
+
+/// Without a collector, the console shows each request as a line with its
+/// work indented under it.
+#[test]
+fn console_shows_each_request_with_its_work_under_it() {
+    require_root();
+    let dir = TempDir::new("req-console");
+    let n = N.to_string();
+    let out = run(uvspan_cmd([
+        "--loop-threshold", "10m", "--status-interval", "0", "--", "node", &fixture("requests_server.js"), &dir.str(), n.as_str(), CONCURRENCY,
+    ]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let lines: Vec<&str> = out.stdout.lines().filter(|l| !l.starts_with("{\"marker\"")).collect();
+    for i in [0, 1, N - 1] {
+        let at = lines.iter().position(|l| l.contains(" GET ") && l.contains(&format!("url.path=/r/{i} "))).unwrap_or_else(|| panic!("no line for request {i}\n{}", out.stdout));
+        let under: Vec<&&str> = lines[at + 1..].iter().take_while(|l| l.split_whitespace().nth(2).is_none() || l.contains("]   ")).collect();
+        let step1 = format!("file.path={}", dir.join(&format!("1-{i}")));
+        assert!(under.iter().any(|l| l.contains("]   fs.stat ") && l.contains(&step1)), "request {i}'s work indented under it\n{}", lines[at..(at + 8).min(lines.len())].join("\n"));
+    }
+}

@@ -352,6 +352,13 @@ pub const OTHER: &[Probe] = &[
         ..Probe::ROW
     },
     Probe {
+        symbol: "uv_tcp_connect",
+        kind: probe_kind::PROBE_STREAM_CONNECT,
+        if_missing: "outgoing calls on new connections are not seen: no CLIENT spans for them",
+        detail: RQ,
+        ..Probe::ROW
+    },
+    Probe {
         symbol: "SSL_write",
         kind: probe_kind::PROBE_TLS_WRITE,
         if_missing: "HTTPS responses have no status (their bytes are encrypted on the socket)",

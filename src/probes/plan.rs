@@ -222,7 +222,7 @@ mod tests {
         for s in ["llhttp_execute", "uv__stream_io", "uv_try_write", "uv_write2", "SSL_write"] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 4 + 7);
+        assert_eq!(rq.len(), 4 + 8);
         let off = plan_symbols(&full, Some(&libc), Detail::default());
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));
