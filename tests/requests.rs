@@ -324,3 +324,38 @@ fn console_shows_each_request_with_its_work_under_it() {
         assert!(under.iter().any(|l| l.contains("]   fs.stat ") && l.contains(&step1)), "request {i}'s work indented under it\n{}", lines[at..(at + 8).min(lines.len())].join("\n"));
     }
 }
+
+/// Request context on every official build (18, 20, 22, 24, 26 from the test
+/// cache): each request a SERVER span with its status, and every step of
+/// its chain under it (the share per build is printed).
+#[test]
+fn request_context_on_every_official_build() {
+    require_root();
+    for major in [18, 20, 22, 24, 26] {
+        let node = official_node(major);
+        let rx = Receiver::start(Protocol::Grpc);
+        let ep = rx.endpoint();
+        let dir = TempDir::new(&format!("req-node{major}"));
+        let n = "16";
+        let out = run(uvspan_cmd([
+            "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--",
+            &node.to_string_lossy(), &fixture("requests_server.js"), &dir.str(), n, "4",
+        ]));
+        assert_eq!(out.code(), Some(0), "node {major}: {}", out.context());
+        let spans = rx.spans();
+        let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2).collect();
+        assert_eq!(servers.len(), 16, "node {major}: a SERVER span per request\n{}", out.context());
+        assert!(servers.iter().all(|s| s.int("http.response.status_code") == Some(200)), "node {major}: {}", dump(&servers));
+        let joined = servers
+            .iter()
+            .filter(|srv| {
+                let i = srv.str("url.path").unwrap_or("").trim_start_matches("/r/").to_string();
+                spans.iter().any(|s| {
+                    s.str("file.path") == Some(dir.join(&format!("4-{i}")).as_str()) && s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id
+                })
+            })
+            .count();
+        eprintln!("requests on node {major}: last step under its request: {joined}/16");
+        assert!(joined >= 16 * 95 / 100, "node {major}: {joined}/16");
+    }
+}
