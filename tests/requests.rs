@@ -359,3 +359,34 @@ fn request_context_on_every_official_build() {
         assert!(joined >= 16 * 95 / 100, "node {major}: {joined}/16");
     }
 }
+
+/// The limits the README states, measured so it stays true: work a handler
+/// starts from setTimeout joins no request (all due timers run in one
+/// native scope); two requests pipelined in one read share the first one
+/// (one SERVER span, both handlers' work under it).
+#[test]
+fn documented_limits_timers_and_pipelining() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new("req-limits");
+    let out = run(uvspan_cmd([
+        "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--", "node",
+        &fixture("requests_limits.js"), &dir.str(),
+    ]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("\"done\""), "{}", out.context());
+    let spans = rx.spans();
+    let by_path = |p: &str| spans.iter().find(|s| s.str("file.path") == Some(dir.join(p).as_str())).unwrap_or_else(|| panic!("no span for {p}"));
+    let timer_req = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some("/timer")).expect("SERVER span of /timer");
+    assert_eq!(by_path("in-handler").parent_span_id, timer_req.span_id, "work in the handler is the request's");
+    let in_timer = by_path("in-timer");
+    assert!(in_timer.parent_span_id.is_empty() && in_timer.trace_id != timer_req.trace_id, "work started from a timer joins no request: {}", in_timer.brief());
+    let pipelined: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/pipe/"))).collect();
+    assert_eq!(pipelined.len(), 1, "pipelined requests in one read: one SERVER span (the first)\n{}", dump(&pipelined));
+    assert_eq!(pipelined[0].str("url.path"), Some("/pipe/a"));
+    for x in ["a", "b"] {
+        assert_eq!(by_path(&format!("pipe-{x}")).parent_span_id, pipelined[0].span_id, "pipe-{x} under the first request");
+    }
+    eprintln!("requests limits: timer work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work");
+}
