@@ -344,12 +344,14 @@ impl Agent {
             return Ok(false);
         }
         if self.timers.health.due() {
+            self.stats.requests = self.requests.as_ref().map(|r| r.stats);
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
         if self.timers.clock.due() {
             self.clock = Clock::estimate(25);
         }
         if self.timers.status.due() {
+            self.stats.requests = self.requests.as_ref().map(|r| r.stats);
             let line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
             eprintln!("{line}");
         }
@@ -469,6 +471,7 @@ impl Agent {
         self.handle_records(true);
         let k = self.tracer.stats();
         self.stats.undecodable = self.inbox.undecodable.get();
+        self.stats.requests = self.requests.as_ref().map(|r| r.stats);
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, exit_code, _rt, .. } = self;
         let sum = exporter.finish(cli.flush_timeout);

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use crate::events::requests::RequestStats;
 use crate::export::health::Health;
 use crate::export::Summary;
 use crate::kernel::tracer::Stats;
@@ -18,6 +19,8 @@ pub struct RunStats {
     pub unfinished_at_exit: u64,
     /// Ring-buffer records that did not decode.
     pub undecodable: u64,
+    /// Request context's counters (None: --requests off).
+    pub requests: Option<RequestStats>,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -54,10 +57,16 @@ pub fn status_line(processes: usize, sum: &Summary, k: &Stats, run: &RunStats) -
 
 pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, loop_threshold: Duration) -> String {
     let fast = k.loop_iterations.saturating_sub(k.loop_emitted);
+    let requests = run.requests.map_or_else(String::new, |r| {
+        format!(
+            "; {} HTTP requests ({} with a malformed traceparent, ignored; {} not sampled by their caller, not exported)",
+            r.requests, r.bad_traceparent, r.unsampled
+        )
+    });
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}",
         sum.exported,
         sum.dropped,
         sum.failed,
@@ -75,4 +84,9 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.records_lost.store(k.records_lost, Ordering::Relaxed);
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
+    if let Some(r) = run.requests {
+        health.requests.store(r.requests, Ordering::Relaxed);
+        health.requests_bad_traceparent.store(r.bad_traceparent, Ordering::Relaxed);
+        health.requests_unsampled.store(r.unsampled, Ordering::Relaxed);
+    }
 }

@@ -24,6 +24,12 @@ pub struct Health {
     pub records_lost: AtomicU64,
     pub unfinished_at_exit: AtomicU64,
     pub loop_iterations: AtomicU64,
+    /// HTTP requests seen (request context).
+    pub requests: AtomicU64,
+    /// Requests whose traceparent was malformed (ignored).
+    pub requests_bad_traceparent: AtomicU64,
+    /// Requests their caller did not sample (not exported).
+    pub requests_unsampled: AtomicU64,
 }
 
 /// Keeps the metrics pipeline alive; flushes on drop.
@@ -71,7 +77,7 @@ impl HealthMetrics {
             let h = h.clone();
             Box::new(move || f(&h).load(Ordering::Relaxed))
         };
-        let counters: [(&'static str, &'static str, Read); 7] = [
+        let counters: [(&'static str, &'static str, Read); 10] = [
             ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
             ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
@@ -79,6 +85,9 @@ impl HealthMetrics {
             ("uvspan.records.lost", "Kernel records lost: ring buffer or in-flight table full", read_h(|h| &h.records_lost)),
             ("uvspan.operations.unfinished", "Requests in flight when their process exited", read_h(|h| &h.unfinished_at_exit)),
             ("uvspan.loop.iterations", "Event-loop iterations seen", read_h(|h| &h.loop_iterations)),
+            ("uvspan.requests", "HTTP requests seen", read_h(|h| &h.requests)),
+            ("uvspan.requests.bad_traceparent", "Requests whose traceparent was malformed (ignored)", read_h(|h| &h.requests_bad_traceparent)),
+            ("uvspan.requests.unsampled", "Requests their caller did not sample (not exported)", read_h(|h| &h.requests_unsampled)),
         ];
         for (name, desc, read) in counters {
             // The callback stays registered with the provider; the handle is not needed.
