@@ -356,6 +356,9 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_STREAM_CONNECT,
         if_missing: "outgoing calls on new connections are not seen: no CLIENT spans for them",
         detail: RQ,
+        // Node 18-24 start with `cmpl $0xc,0x10(%rsi); mov %rcx,%r8; jne`:
+        // the handler reads only the handle (%rsi), which those leave alone.
+        args_may_change: true,
         ..Probe::ROW
     },
     Probe {

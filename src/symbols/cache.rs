@@ -36,6 +36,10 @@ struct Stored {
     format: u32,
     uvspan: String,
     wanted: Vec<String>,
+    /// The symbols whose probe point may skip argument writes (a policy of
+    /// the catalog: a change chooses other points).
+    #[serde(default)]
+    args_may_change: Vec<String>,
     build_id: Option<String>,
     offsets: std::collections::BTreeMap<String, u64>,
     single_stepped: Vec<String>,
@@ -51,6 +55,7 @@ impl Stored {
             format: FORMAT,
             uvspan: env!("CARGO_PKG_VERSION").into(),
             wanted: catalog::symbols().iter().map(|s| s.to_string()).collect(),
+            args_may_change: moved_args(),
             build_id: img.build_id.clone(),
             offsets: img.offsets.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
             single_stepped: img.single_stepped.iter().map(|s| s.to_string()).collect(),
@@ -63,7 +68,7 @@ impl Stored {
     /// The image, if the file was written by this uvspan for this catalog.
     fn image(self) -> Option<Image> {
         let want = catalog::symbols();
-        if self.format != FORMAT || self.uvspan != env!("CARGO_PKG_VERSION") || self.wanted.iter().map(String::as_str).ne(want.iter().copied()) {
+        if self.format != FORMAT || self.args_may_change != moved_args() || self.uvspan != env!("CARGO_PKG_VERSION") || self.wanted.iter().map(String::as_str).ne(want.iter().copied()) {
             return None;
         }
         let name = |s: &str| want.iter().copied().find(|w| *w == s);
@@ -81,6 +86,11 @@ impl Stored {
 /// Bumped when what an image holds is computed differently (probe points
 /// chosen another way): older files are read again from the ELF.
 const FORMAT: u32 = 2;
+
+/// The catalog's symbols whose probe points may skip argument writes, sorted.
+fn moved_args() -> Vec<String> {
+    catalog::symbols().into_iter().filter(|s| catalog::args_may_change(s)).map(str::to_string).collect()
+}
 
 fn stored_path(dir: &Path, key: &str) -> PathBuf {
     dir.join("symbols").join(format!("{key}.json"))
@@ -135,6 +145,9 @@ mod tests {
         let mut other = Stored::of(&img);
         other.wanted.pop();
         assert!(other.image().is_none(), "another catalog's file is parsed again");
+        let mut policy = Stored::of(&img);
+        policy.args_may_change.pop();
+        assert!(policy.image().is_none(), "a file made under another probe-point policy is parsed again");
         let mut older = Stored::of(&img);
         older.format = 1;
         assert!(older.image().is_none(), "a file of another format is parsed again");
