@@ -379,9 +379,11 @@ fn request_context_on_every_official_build() {
 /// The limits the README states, measured so it stays true: work a handler
 /// starts from setTimeout joins no request (all due timers run in one
 /// native scope); two requests pipelined in one read share the first one
-/// (one SERVER span, both handlers' work under it).
+/// (one SERVER span, both handlers' work under it); work a handler hands to
+/// a worker thread joins no request (worker_threads are not followed); an
+/// HTTP/2 request is no SERVER span and its work joins none.
 #[test]
-fn documented_limits_timers_and_pipelining() {
+fn documented_limits_timers_pipelining_workers_http2() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
@@ -404,5 +406,11 @@ fn documented_limits_timers_and_pipelining() {
     for x in ["a", "b"] {
         assert_eq!(by_path(&format!("pipe-{x}")).parent_span_id, pipelined[0].span_id, "pipe-{x} under the first request");
     }
-    eprintln!("requests limits: timer work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work");
+    let worker_req = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some("/worker")).expect("SERVER span of /worker");
+    let in_worker = by_path("in-worker");
+    assert!(in_worker.parent_span_id.is_empty() && in_worker.trace_id != worker_req.trace_id, "worker thread work joins no request: {}", in_worker.brief());
+    let in_h2 = by_path("in-h2");
+    assert!(in_h2.parent_span_id.is_empty(), "HTTP/2 request work joins no request: {}", in_h2.brief());
+    assert!(!spans.iter().any(|s| s.kind == 2 && s.str("url.path") == Some("/h2")), "no SERVER span for HTTP/2");
+    eprintln!("requests limits: timer work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work; worker thread work joined no request; HTTP/2: no SERVER span, its work a root");
 }
