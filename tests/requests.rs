@@ -414,3 +414,25 @@ fn documented_limits_timers_pipelining_workers_http2() {
     assert!(!spans.iter().any(|s| s.kind == 2 && s.str("url.path") == Some("/h2")), "no SERVER span for HTTP/2");
     eprintln!("requests limits: timer work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work; worker thread work joined no request; HTTP/2: no SERVER span, its work a root");
 }
+
+/// Debian's nodejs keeps llhttp_execute in libnode.so, beside a stripped
+/// libuv.so: no request context there, which `uvspan probes` says, and the
+/// other request probes are not attached (Debian's uv_try_write would be
+/// single-stepped: ~30 µs on every socket write, for nothing).
+#[test]
+fn no_request_probes_where_the_parser_cannot_be_probed() {
+    require_root();
+    let deb = debian_node();
+    let mut cmd = uvspan_cmd(["probes", "--json", &deb.node.to_string_lossy()]);
+    cmd.env("LD_LIBRARY_PATH", &deb.lib_dir);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("json");
+    let status = |sym: &str| {
+        v["probes"].as_array().expect("probes").iter().find(|p| p["symbol"] == sym).map(|p| p["status"].as_str().unwrap_or("").to_string())
+    };
+    assert_eq!(status("llhttp_execute").as_deref(), Some("missing"));
+    for sym in ["uv__stream_io", "uv_try_write", "uv_write2", "uv_tcp_connect", "SSL_write"] {
+        assert_eq!(status(sym).as_deref(), Some("not_needed"), "{sym}");
+    }
+}

@@ -104,6 +104,8 @@ pub struct Probe {
     pub if_missing: &'static str,
     /// A fallback: attached only when this (libuv) symbol is missing.
     pub fallback_for: Option<&'static str>,
+    /// Useful only with this symbol: not attached without it.
+    pub requires: Option<&'static str>,
     /// Attached only with `--detail` of this group.
     pub detail: Option<DetailKind>,
     /// The handler copes with argument registers changed by the
@@ -120,6 +122,7 @@ impl Probe {
         cookie: 0,
         if_missing: "",
         fallback_for: None,
+        requires: None,
         detail: None,
         args_may_change: false,
     };
@@ -333,6 +336,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_STREAM_IO,
         if_missing: "replies on a stream (an outgoing call's response, a database answer) do not keep their request",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     Probe {
@@ -341,6 +345,7 @@ pub const OTHER: &[Probe] = &[
         cookie: 0, // uv_try_write(stream, bufs, nbufs)
         if_missing: "responses written at once are not seen: no status, the request span ends at its last callback",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     Probe {
@@ -349,6 +354,7 @@ pub const OTHER: &[Probe] = &[
         cookie: 1, // uv_write2(req, stream, bufs, nbufs, send_handle, cb)
         if_missing: "queued writes are not seen: long responses may end early",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     Probe {
@@ -356,6 +362,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_STREAM_CONNECT,
         if_missing: "outgoing calls on new connections are not seen: no CLIENT spans for them",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         // Node 18-24 start with `cmpl $0xc,0x10(%rsi); mov %rcx,%r8; jne`:
         // the handler reads only the handle (%rsi), which those leave alone.
         args_may_change: true,
@@ -366,6 +373,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_TLS_WRITE,
         if_missing: "HTTPS responses have no status (their bytes are encrypted on the socket)",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     Probe {
@@ -373,6 +381,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_CAUSE_CLEAR,
         if_missing: "work started by JS timers can be joined to the request whose callback ran just before",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     Probe {
@@ -381,6 +390,7 @@ pub const OTHER: &[Probe] = &[
         cookie: 1,
         if_missing: "work started by setImmediate can be joined to the request whose callback ran just before",
         detail: RQ,
+        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     // Fallbacks, for builds that only export libuv's public API.

@@ -38,6 +38,8 @@ pub struct ProbeStatus {
     /// What is lost when missing (or, for a fallback, what it stands in for).
     pub if_missing: &'static str,
     pub fallback_for: Option<&'static str>,
+    /// Useful only with this symbol (not attached without it).
+    pub requires: Option<&'static str>,
     /// The kernel cannot emulate the instruction at the probe point, so each
     /// hit is single-stepped (much slower).
     pub single_stepped: bool,
@@ -69,6 +71,9 @@ fn state_of(p: &Probe, libuv: &HashMap<&'static str, u64>, libc: Option<&HashMap
     if p.fallback_for.is_some_and(|primary| libuv.contains_key(primary)) {
         return (ProbeState::NotNeeded, None);
     }
+    if p.requires.is_some_and(|needed| !libuv.contains_key(needed)) {
+        return (ProbeState::NotNeeded, None);
+    }
     match syms.and_then(|s| s.get(p.symbol)) {
         Some(&off) => (ProbeState::Usable, Some(off)),
         None => (ProbeState::Missing, None),
@@ -93,6 +98,7 @@ pub fn plan_symbols(
                 state,
                 if_missing: p.if_missing,
                 fallback_for: p.fallback_for,
+                requires: p.requires,
                 single_stepped: false,
                 kind: p.kind,
                 cookie: p.attach_cookie(),
@@ -192,6 +198,11 @@ mod tests {
         assert_eq!(get(&plan_symbols(&stripped, None, Detail::all()), "getaddrinfo").0, ProbeState::Missing);
         assert!(epoll_only(&plan_s));
         assert!(!epoll_only(&plan_full));
+        // Without llhttp_execute, no request probe is attached (it would only cost).
+        let no_parser: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "llhttp_execute").map(|(k, v)| (*k, *v)).collect();
+        let plan_np = plan_symbols(&no_parser, Some(&libc), Detail::all());
+        assert_eq!(get(&plan_np, "uv_try_write"), (ProbeState::NotNeeded, None));
+        assert_eq!(get(&plan_np, "llhttp_execute"), (ProbeState::Missing, None));
     }
 
     #[test]

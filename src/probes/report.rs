@@ -71,6 +71,7 @@ fn note(r: &ProbeStatus) -> String {
     match (&r.state, r.fallback_for) {
         (ProbeState::Usable, Some(primary)) => format!("in use for missing {primary}"),
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
+        (ProbeState::NotNeeded, None) => format!("only used with {}", r.requires.unwrap_or("?")),
         (ProbeState::Missing, _) => r.if_missing.to_string(),
         (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
         (ProbeState::Off(k), _) => k.how_to_enable(),
