@@ -294,10 +294,14 @@ impl Requests {
     }
 
     fn start(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        // Keep-alive: the previous request on the connection is over.
-        if let Some(prev) = self.by_conn.insert((r.pid, r.conn), r.cause) {
-            if prev != r.cause {
-                self.finish(prev, src, ready);
+        // Keep-alive: the previous request on the connection is over. (An
+        // unknown connection, 0: a socket that reached the server without a
+        // libuv stream callback, says nothing about other requests.)
+        if r.conn != 0 {
+            if let Some(prev) = self.by_conn.insert((r.pid, r.conn), r.cause) {
+                if prev != r.cause {
+                    self.finish(prev, src, ready);
+                }
             }
         }
         let head = parse_request(&r.data).unwrap_or_default();
@@ -754,6 +758,19 @@ mod tests {
         assert_eq!(attr(client, "server.port"), Some(&opentelemetry::Value::I64(9000)));
         assert_eq!(attr(client, "http.response.status_code"), Some(&opentelemetry::Value::I64(503)));
         assert!(matches!(client.status, Status::Error { .. }));
+    }
+
+    #[test]
+    fn requests_on_unknown_connections_do_not_end_each_other() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 0, 1_000, "GET /a HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Request, 2, 0, 1_500, "GET /b HTTP/1.1\r\n\r\n"), false, src, ready);
+            assert_eq!(r.open(), 2, "both still open");
+            r.work(fs(1, 2_000, 2_100), src, ready);
+            r.finish_all(src, ready);
+        });
+        assert_eq!(spans.len(), 3);
+        assert_eq!(spans.iter().filter(|s| s.parent_span_id != SpanId::INVALID).count(), 1, "request 1's stat under it");
     }
 
     #[test]
