@@ -32,6 +32,8 @@ const volatile unsigned int discover = 0;
  * fire, their programs return at once (no spans). Measures what the kernel
  * charges for the probes alone. */
 const volatile unsigned int trap_only = 0;
+/* Request context (--requests): off, the hot paths skip the thread's cause. */
+const volatile unsigned int requests = 0;
 
 /* Kernel types (CO-RE: only the fields used). */
 struct files_struct;
@@ -369,12 +371,16 @@ static __always_inline struct thread_ctx *thread_ctx_of(int create)
 
 static __always_inline __u64 current_cause(void)
 {
+	if (!requests)
+		return 0;
 	struct thread_ctx *t = thread_ctx_of(0);
 	return t ? t->cause : 0;
 }
 
 static __always_inline void set_cause(__u64 cause)
 {
+	if (!requests)
+		return;
 	struct thread_ctx *t = thread_ctx_of(cause != 0);
 	if (t)
 		t->cause = cause;
@@ -1160,9 +1166,7 @@ static __always_inline int epoll_exit(long ret)
 	if (!st || !st->epoll_enter || st->cur_phase != PHASE_POLL)
 		return 0;
 	/* The I/O callbacks that follow set their own cause (or none). */
-	struct thread_ctx *t = thread_ctx_of(0);
-	if (t)
-		t->cause = 0;
+	set_cause(0);
 	__u64 now = bpf_ktime_get_ns();
 	st->ev.poll_wait_ns += now - st->epoll_enter;
 	st->last_poll_empty = st->poll_timeout_zero && ret == 0;

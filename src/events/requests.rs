@@ -562,6 +562,20 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> SpanData {
     s
 }
 
+/// A Host header's name and port: `name`, `name:port`, `[v6]`, `[v6]:port`.
+fn host_port(host: &str, default_port: u16) -> (&str, u16) {
+    if let Some((addr, tail)) = host.strip_prefix('[').and_then(|rest| rest.split_once(']')) {
+        return (addr, tail.strip_prefix(':').and_then(|p| p.parse().ok()).unwrap_or(default_port));
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') => match port.parse() {
+            Ok(p) => (name, p),
+            Err(_) => (host, default_port),
+        },
+        _ => (host, default_port),
+    }
+}
+
 /// A CLIENT span for an outgoing call the request made.
 fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> SpanData {
     let h = &call.head;
@@ -571,16 +585,9 @@ fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSou
         KeyValue::new("url.scheme", if call.tls { "https" } else { "http" }),
     ];
     if let Some(host) = h.header("host") {
-        let (name, port) = match host.rsplit_once(':') {
-            Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !n.ends_with(']') || host.starts_with('[') && host.contains("]:") => {
-                (n.trim_matches(['[', ']']).to_string(), p.parse::<i64>().ok())
-            }
-            _ => (host.to_string(), Some(if call.tls { 443 } else { 80 })),
-        };
-        attrs.push(KeyValue::new("server.address", name));
-        if let Some(p) = port {
-            attrs.push(KeyValue::new("server.port", p));
-        }
+        let (name, port) = host_port(host, if call.tls { 443 } else { 80 });
+        attrs.push(KeyValue::new("server.address", name.to_string()));
+        attrs.push(KeyValue::new("server.port", i64::from(port)));
     }
     if let Some(tp) = h.header("traceparent") {
         attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
@@ -758,6 +765,15 @@ mod tests {
         assert_eq!(attr(client, "server.port"), Some(&opentelemetry::Value::I64(9000)));
         assert_eq!(attr(client, "http.response.status_code"), Some(&opentelemetry::Value::I64(503)));
         assert!(matches!(client.status, Status::Error { .. }));
+    }
+
+    #[test]
+    fn host_headers() {
+        assert_eq!(host_port("api:9000", 80), ("api", 9000));
+        assert_eq!(host_port("api", 443), ("api", 443));
+        assert_eq!(host_port("[::1]:8080", 80), ("::1", 8080));
+        assert_eq!(host_port("[::1]", 80), ("::1", 80));
+        assert_eq!(host_port("api:x", 80), ("api:x", 80));
     }
 
     #[test]

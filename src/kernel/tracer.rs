@@ -176,6 +176,7 @@ impl Tracer {
             ro.follow_forks = u32::from(settings.follow_forks);
             ro.discover = u32::from(settings.discover);
             ro.trap_only = u32::from(settings.trap_only);
+            ro.requests = u32::from(settings.detail.requests);
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
