@@ -19,12 +19,17 @@ fn ms(v: f64) -> String {
     }
 }
 
+/// At most `n` characters: the start and the end, "…" in the middle.
 fn short(s: &str, n: usize) -> String {
-    if s.chars().count() <= n {
+    let len = s.chars().count();
+    if len <= n {
         return s.to_string();
     }
-    let tail: String = s.chars().rev().take(n - 1).collect::<Vec<_>>().into_iter().rev().collect();
-    format!("…{tail}")
+    let head = n / 3;
+    let tail = n - head - 1;
+    let start: String = s.chars().take(head).collect();
+    let end: String = s.chars().skip(len - tail).collect();
+    format!("{start}…{end}")
 }
 
 fn process_row(who: String, s: &Sections) -> Vec<String> {
@@ -204,6 +209,12 @@ mod tests {
         let r = sample();
         crate::report::tests::golden("summary.md", &markdown(&r));
         crate::report::tests::golden("summary.txt", &text(&r));
+    }
+
+    #[test]
+    fn long_cells_keep_both_ends() {
+        assert_eq!(short("node /a/very/long/path/to/the/app.js", 20), "node /…to/the/app.js");
+        assert_eq!(short("short", 20), "short");
     }
 
     #[test]
