@@ -186,7 +186,12 @@ pub struct RunOpts {
 pub fn command() -> clap::Command {
     use clap::CommandFactory;
     let top = Cli::command();
-    let tracing: Vec<clap::Arg> = top.get_arguments().cloned().collect();
+    // The discovery options do not apply (hidden, refused by config::cli_with_file).
+    let not_for_run = ["pids", "all", "cgroup", "container", "exclude_already_instrumented"];
+    let tracing: Vec<clap::Arg> = top
+        .get_arguments()
+        .map(|a| a.clone().help_heading("Tracing options").hide(not_for_run.contains(&a.get_id().as_str())))
+        .collect();
     top.mut_subcommand("run", |run| {
         run.args(tracing).after_help(
             "Examples:\n  uvspan run --budget 'loop.blocked.max_ms<=100' --html uvspan.html -- npm test\n  \

@@ -195,7 +195,11 @@ pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
              (slow iterations are still reported with --sample-time, without phase children); drop one of them"
         );
     }
+    let misused = cli.command.is_empty() || !cli.pids.is_empty() || cli.discover();
     if let Some(crate::cli::Sub::Run(opts)) = &mut cli.sub {
+        if misused {
+            anyhow::bail!("uvspan run traces a command it starts: give -- COMMAND [ARGS...] (not --pid or --all); see uvspan run --help");
+        }
         // The file's budgets and the flags' all apply; a bad one stops here (exit 2).
         let flags = std::mem::take(&mut opts.budgets);
         opts.budgets = file.budgets.clone().unwrap_or_default().into_iter().chain(flags).collect();

@@ -317,7 +317,9 @@ fn a_bad_budget_exits_2_before_anything_runs() {
     assert!(out.stderr.starts_with("uvspan: invalid budget \"loop.blockd.max_ms<=3\""), "{}", out.stderr);
     assert!(!Path::new(&marker).exists());
     // run needs a command.
-    let out = run_cmd(uvspan_cmd(["run", "--pid", "1"]));
-    assert_ne!(out.code(), Some(0), "{}", out.context());
-    assert!(out.stderr.starts_with("uvspan: uvspan run traces a command it starts"), "{}", out.stderr);
+    for args in [&["run", "--pid", "1"][..], &["run", "--"], &["run", "--all", "--", "true"]] {
+        let out = run_cmd(uvspan_cmd(args));
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.context());
+        assert!(out.stderr.starts_with("uvspan: uvspan run traces a command it starts"), "{}", out.stderr);
+    }
 }

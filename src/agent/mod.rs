@@ -227,12 +227,8 @@ impl Agent {
             bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
         }
         let report = match &cli.sub {
-            Some(crate::cli::Sub::Run(opts)) => {
-                if cli.command.is_empty() || !cli.pids.is_empty() || discovering {
-                    bail!("uvspan run traces a command it starts: give -- COMMAND [ARGS...] (not --pid or --all); see uvspan run --help");
-                }
-                Some(crate::report::Collector::new(opts.clone())?)
-            }
+            // config::cli_with_file made sure it has a command and no --pid/--all.
+            Some(crate::cli::Sub::Run(opts)) => Some(crate::report::Collector::new(opts.clone())?),
             _ => None,
         };
         let export_spans = report.is_none() || cli.otlp_endpoint.as_deref().is_some_and(|e| !e.is_empty());
