@@ -323,3 +323,25 @@ fn a_bad_budget_exits_2_before_anything_runs() {
         assert!(out.stderr.starts_with("uvspan: uvspan run traces a command it starts"), "{}", out.stderr);
     }
 }
+
+#[test]
+fn spans_still_go_to_otlp_and_match_the_report() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let r = run("run-otlp", &["--otlp-endpoint", &ep, "--budget", "dns.count==1"], 0);
+    assert_eq!(r.out.code(), Some(0), "{}", r.out.context());
+    let (parent, child) = (r.markers.i64("parent", "pid"), r.markers.i64("child", "pid"));
+    let spans = rx.spans();
+    check_summary(&r.out, spans.len());
+    let j = r.json();
+    let count = |pid: i64, pred: &dyn Fn(&Span) -> bool| spans.iter().filter(|s| s.res_int("process.pid") == Some(pid) && pred(s)).count() as u64;
+    for pid in [parent, child] {
+        let p = process(&j, pid);
+        assert_eq!(count(pid, &|s| s.name.starts_with("fs.")), n(&p["fs"]["count"]), "fs spans exported and counted, process {pid}");
+        assert_eq!(count(pid, &|s| s.name == "fs.access"), n(&p["fs"]["by_op"]["access"]["count"]));
+        assert_eq!(count(pid, &|s| s.name == "dns.getaddrinfo"), n(&p["dns"]["count"]));
+        assert_eq!(count(pid, &|s| s.name == "uv.loop.iteration"), n(&p["loop"]["blocked"]["count"]));
+    }
+    assert_eq!(count(parent, &|s| s.name == "fs.access"), SYNC_CALLS);
+}
