@@ -41,6 +41,18 @@ pub fn escape(s: &str) -> String {
     out
 }
 
+/// The command's own status when it is not 0, else 3 when a budget is
+/// broken, else 0.
+pub fn exit_status(report: &Report) -> i32 {
+    if report.exit_code != 0 {
+        report.exit_code
+    } else if report.budgets.iter().any(|b| !b.ok) {
+        EXIT_BUDGET_BROKEN
+    } else {
+        0
+    }
+}
+
 /// The report's side of a run: everything the spans say, as they pass.
 pub struct Collector {
     opts: RunOpts,
@@ -98,13 +110,7 @@ impl Collector {
         let mut report = self.agg.report(&facts);
         budget::evaluate(&mut report, &self.budgets);
         eprint!("{}", summary::text(&report));
-        let mut code = if facts.exit_code != 0 {
-            facts.exit_code
-        } else if report.budgets.iter().any(|b| !b.ok) {
-            EXIT_BUDGET_BROKEN
-        } else {
-            0
-        };
+        let mut code = exit_status(&report);
         if let Err(e) = self.write(&report) {
             eprintln!("uvspan: {e:#}");
             if code == 0 {
@@ -154,6 +160,19 @@ pub(crate) mod tests {
         }
         let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (UPDATE_GOLDEN=1 writes it)", path.display()));
         assert_eq!(got, want, "{} differs (after an intended change: UPDATE_GOLDEN=1 cargo test --lib report)", path.display());
+    }
+
+    #[test]
+    fn exit_status_command_first_then_budgets() {
+        use super::aggregate::BudgetResult;
+        let mut r = super::aggregate::tests::sample();
+        assert_eq!(super::exit_status(&r), 0, "no budgets");
+        r.budgets = vec![BudgetResult { expr: "a<1".into(), value: 0.0, ok: true }];
+        assert_eq!(super::exit_status(&r), 0);
+        r.budgets.push(BudgetResult { expr: "b<1".into(), value: 2.0, ok: false });
+        assert_eq!(super::exit_status(&r), 3);
+        r.exit_code = 7;
+        assert_eq!(super::exit_status(&r), 7, "the command's failure wins");
     }
 
     #[test]
