@@ -346,3 +346,15 @@ fn spans_still_go_to_otlp_and_match_the_report() {
     }
     assert_eq!(count(parent, &|s| s.name == "fs.access"), SYNC_CALLS);
 }
+
+#[test]
+fn an_unwritable_report_is_said_and_fails_a_passing_run() {
+    require_root();
+    let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "0"]));
+    assert_eq!(out.code(), Some(1), "{}", out.context());
+    let line = out.stderr.lines().find(|l| l.contains("cannot write")).unwrap_or_else(|| panic!("{}", out.stderr));
+    assert!(line.starts_with("uvspan: cannot write the JSON report to /nonexistent-dir/report.json; check the directory exists and is writable: "), "{line}");
+    // The command's own failure still wins.
+    let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "process.exit(5)"]));
+    assert_eq!(out.code(), Some(5), "{}", out.context());
+}
