@@ -200,6 +200,12 @@ pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
         if misused {
             anyhow::bail!("uvspan run traces a command it starts: give -- COMMAND [ARGS...] (not --pid or --all); see uvspan run --help");
         }
+        if cli.sample_time.is_some_and(|f| f < 1.0) {
+            anyhow::bail!(
+                "uvspan run cannot be combined with --sample-time: its report and budgets count every operation, \
+                 sampling windows would count a share of them; drop --sample-time"
+            );
+        }
         // The file's budgets and the flags' all apply; a bad one stops here (exit 2).
         let flags = std::mem::take(&mut opts.budgets);
         opts.budgets = file.budgets.clone().unwrap_or_default().into_iter().chain(flags).collect();

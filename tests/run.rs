@@ -323,6 +323,11 @@ fn a_bad_budget_exits_2_before_anything_runs() {
         assert_eq!(out.code(), Some(2), "{args:?}: {}", out.context());
         assert!(out.stderr.starts_with("uvspan: uvspan run traces a command it starts"), "{}", out.stderr);
     }
+    // Nor with sampling: the numbers would be a share.
+    let out = run_cmd(uvspan_cmd(["run", "--sample-time", "10%", "--", "touch", &marker]));
+    assert_eq!(out.code(), Some(2), "{}", out.context());
+    assert!(out.stderr.starts_with("uvspan: uvspan run cannot be combined with --sample-time"), "{}", out.stderr);
+    assert!(!Path::new(&marker).exists());
 }
 
 #[test]
