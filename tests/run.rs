@@ -226,6 +226,9 @@ fn check_html(r: &Run, parent: i64, child: i64) {
     assert!(d.matches("class=\"histogram\"").count() >= 3, "histograms per op");
     assert!(d.contains(">nonexistent.invalid<") && d.contains(&format!(">{parent} ")) && d.contains(&format!(">{child} ")), "tables");
     assert!(d.contains(">fs.by_op.access.count==32<") && d.contains(">held<"), "budgets");
+    // The path with markup in it is text (in the bar's tooltip), not an element.
+    assert!(!d.contains("<b id=\"injected\">"), "markup from a path became an element");
+    assert!(d.contains("/nonexistent/&lt;b id=\"injected\"&gt;&amp;'quoted'&lt;/b&gt;.json"), "the path is shown as text");
     let png = r.dir.join("report.png");
     let shot = browser(&[&format!("--screenshot={png}"), "--virtual-time-budget=5000"]);
     assert!(shot.status.success(), "chromium screenshot failed: {}", shot.context());
