@@ -1271,13 +1271,14 @@ int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
 }
 
 /* ---- process lifecycle ---- */
-static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid)
+static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast)
 {
 	struct proc_event ev = {};
 	ev.hdr.kind = kind;
 	ev.hdr.pid = pid;
 	ev.hdr.tid = tid;
 	ev.ppid = ppid;
+	ev.fast_iterations = fast;
 	ev.ts_ns = bpf_ktime_get_ns();
 	emit(&ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
 }
@@ -1295,7 +1296,7 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
 	__u8 f = flags ? *flags : TRACED;
 	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
-	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid);
+	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid, 0);
 	return 0;
 }
 
@@ -1306,7 +1307,7 @@ int BPF_PROG(proc_exec, struct task_struct *p)
 	__u32 pid = id >> 32;
 	if (!discover && !is_traced(pid))
 		return 0;
-	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0);
+	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0);
 	return 0;
 }
 
@@ -1318,6 +1319,10 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	/* A sync call still waiting for the thread's next libuv call (END_NEXT)
 	 * has returned: end it now, before its storage goes with the thread. */
 	end_pending_sync();
+	/* The main thread's fast iterations after its last record, for the exit
+	 * record (uvspan run's per-process iteration count). */
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	__u32 fast = st ? (__u32)st->ev.skipped : 0;
 	/* Per-thread state goes whatever the order of exits: in exit_group the
 	 * main thread may exit (and leave the traced set) before the others. */
 	bpf_map_delete_elem(&loops, &tid);
@@ -1325,6 +1330,6 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	if (pid != tid || !is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);
-	emit_proc(EV_PROC_EXIT, pid, tid, 0);
+	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast);
 	return 0;
 }

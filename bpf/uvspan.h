@@ -222,7 +222,7 @@ struct http_event {
 struct proc_event {
 	struct ev_header hdr;
 	unsigned int ppid;
-	unsigned int _pad;
+	unsigned int fast_iterations; /* exit: the main thread's fast loop iterations since its last record */
 	unsigned long long ts_ns;
 };
 

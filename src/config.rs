@@ -35,6 +35,8 @@ pub struct FileConfig {
     pub sample_time: Option<String>,
     pub otlp: Option<OtlpSection>,
     pub batch: Option<BatchSection>,
+    /// `uvspan run`: budgets on its report (with the --budget flags).
+    pub budgets: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
@@ -172,6 +174,16 @@ impl FileConfig {
 pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
     use clap::FromArgMatches;
     let mut cli = Cli::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // `uvspan run`: the tracing options are the subcommand's.
+    let m = match (&cli.sub, m.subcommand()) {
+        (Some(crate::cli::Sub::Run(opts)), Some((_, sub))) => {
+            let opts = opts.clone();
+            cli = Cli::from_arg_matches(sub).map_err(|e| anyhow::anyhow!("{e}"))?;
+            cli.sub = Some(crate::cli::Sub::Run(opts));
+            sub
+        }
+        _ => m,
+    };
     let file = match &cli.config {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
@@ -182,6 +194,24 @@ pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
             "--sample-time cannot be combined with --detail phases: phase spans need probes in every loop iteration \
              (slow iterations are still reported with --sample-time, without phase children); drop one of them"
         );
+    }
+    let misused = cli.command.is_empty() || !cli.pids.is_empty() || cli.discover();
+    if let Some(crate::cli::Sub::Run(opts)) = &mut cli.sub {
+        if misused {
+            anyhow::bail!("uvspan run traces a command it starts: give -- COMMAND [ARGS...] (not --pid or --all); see uvspan run --help");
+        }
+        if cli.sample_time.is_some_and(|f| f < 1.0) {
+            anyhow::bail!(
+                "uvspan run cannot be combined with --sample-time: its report and budgets count every operation, \
+                 sampling windows would count a share of them; drop --sample-time"
+            );
+        }
+        // The file's budgets and the flags' all apply; a bad one stops here (exit 2).
+        let flags = std::mem::take(&mut opts.budgets);
+        opts.budgets = file.budgets.clone().unwrap_or_default().into_iter().chain(flags).collect();
+        for b in &opts.budgets {
+            crate::report::budget::Budget::parse(b)?;
+        }
     }
     Ok((cli, file))
 }

@@ -118,6 +118,11 @@ pub struct Agent {
     timers: Timers,
     /// --sample-time: when the probes are live.
     windows: Option<sampling::Windows>,
+    /// `uvspan run`: the report the spans are folded into.
+    report: Option<crate::report::Collector>,
+    /// Spans go to the exporter (not with `uvspan run` and no endpoint: the
+    /// console shows only the summary).
+    export_spans: bool,
     /// The export runtime outlives everything that sends to it.
     _rt: tokio::runtime::Runtime,
 }
@@ -221,6 +226,12 @@ impl Agent {
         if discovering && !cli.command.is_empty() {
             bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
         }
+        let report = match &cli.sub {
+            // config::cli_with_file made sure it has a command and no --pid/--all.
+            Some(crate::cli::Sub::Run(opts)) => Some(crate::report::Collector::new(opts.clone())?),
+            _ => None,
+        };
+        let export_spans = report.is_none() || cli.otlp_endpoint.as_deref().is_some_and(|e| !e.is_empty());
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
         let loaded = Tracer::load(&Settings {
@@ -244,8 +255,12 @@ impl Agent {
         let status = cli.status_interval;
         let share = cli.sample_time.filter(|&s| s < 1.0);
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
+        let mut procs = Procs::new(cli.service_name.clone());
+        if report.is_some() {
+            procs.commands = Some(HashMap::new());
+        }
         let mut agent = Agent {
-            procs: Procs::new(cli.service_name.clone()),
+            procs,
             requests: (cli.requests != RequestsMode::Off).then(|| Requests::new(cli.requests == RequestsMode::Always)),
             cli,
             rb,
@@ -263,6 +278,8 @@ impl Agent {
             exit_code: 0,
             clock: Clock::estimate(25),
             stats: RunStats::default(),
+            report,
+            export_spans,
             timers: Timers {
                 check: Every::new(Duration::from_millis(500)),
                 health: Every::new(Duration::from_secs(1)),
@@ -327,6 +344,9 @@ impl Agent {
         report::announce(None, images, &report, found.elapsed(), true);
         // Its resource is read once it has exec'd (the exec record).
         self.procs.add(child.pid, Origin::Other, images.node_version.clone(), &self.exporter, false);
+        if let Some(r) = self.report.as_mut() {
+            r.started();
+        }
         child.release()?;
         self.command = Some(child);
         Ok(())
@@ -348,6 +368,9 @@ impl Agent {
         self.sample_window();
         self.discover();
         if let Some(code) = self.command_exited() {
+            if let Some(r) = self.report.as_mut() {
+                r.command_exited();
+            }
             self.exit_code = code;
             return Ok(false);
         }
@@ -399,7 +422,10 @@ impl Agent {
         for rec in recs {
             match rec {
                 Record::Exec { pid } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
-                Record::Exit { pid } => {
+                Record::Exit { pid, fast_iterations } => {
+                    if let Some(r) = self.report.as_mut() {
+                        r.exited(pid, fast_iterations);
+                    }
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
                 }
@@ -410,7 +436,12 @@ impl Agent {
             if let Some(w) = &self.windows {
                 sampling::mark(&mut spans, w.share);
             }
-            self.exporter.send(pid, spans);
+            if let Some(r) = self.report.as_mut() {
+                r.add(pid, &spans);
+            }
+            if self.export_spans {
+                self.exporter.send(pid, spans);
+            }
         }
     }
 
@@ -505,7 +536,7 @@ impl Agent {
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
         self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
         report::update_health(&self.health, 0, &k, &self.stats);
-        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, exit_code, _rt, .. } = self;
+        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, .. } = self;
         let sum = exporter.finish(cli.flush_timeout);
         if let Some(m) = health_metrics {
             // The last values, within a short deadline: the collector may be gone.
@@ -517,6 +548,17 @@ impl Agent {
             let _ = rx.recv_timeout(Duration::from_secs(2));
         }
         eprintln!("{}", report::summary_line(procs.seen(), &sum, &k, &stats, cli.loop_threshold));
+        if let Some(r) = report {
+            let facts = crate::report::aggregate::RunFacts {
+                command: cli.command.clone(),
+                exit_code,
+                wall_ms: 0.0,
+                loop_threshold_ms: cli.loop_threshold.as_secs_f64() * 1e3,
+                loop_iterations: k.loop_iterations,
+                commands: procs.commands.clone().unwrap_or_default(),
+            };
+            exit_code = r.finish(facts);
+        }
         // Detaching uprobes waits for the kernel (~40 ms): a child process
         // does it after we are gone.
         wake::detach_after_exit();

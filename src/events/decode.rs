@@ -101,7 +101,9 @@ pub enum Record {
     Http(HttpRecord),
     Fork { pid: u32, ppid: u32 },
     Exec { pid: u32 },
-    Exit { pid: u32 },
+    /// `fast_iterations`: the main thread's loop iterations under the
+    /// threshold since its last reported one.
+    Exit { pid: u32, fast_iterations: u64 },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -265,7 +267,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(match kind {
                 ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
                 ev_kind::EV_PROC_EXEC => Record::Exec { pid },
-                _ => Record::Exit { pid },
+                _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
             })
         }
         other => Err(DecodeError::UnknownKind(other.0)),
