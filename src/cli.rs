@@ -78,6 +78,13 @@ pub struct Cli {
     #[arg(long, value_name = "MODE", env = "UVSPAN_REQUESTS", default_value = "on")]
     pub requests: RequestsMode,
 
+    /// Who blocked the loop: `slow-iterations` samples the loop thread's
+    /// stack (~1 kHz of its CPU time, kept only while an iteration is
+    /// already over --loop-threshold) and puts the JS and native frames on
+    /// the slow iteration's span; `off` opens no sampling event.
+    #[arg(long, value_name = "MODE", env = "UVSPAN_STACKS", default_value = "slow-iterations")]
+    pub stacks: StacksMode,
+
     /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
     /// else derived from its command line).
     #[arg(long, value_name = "NAME")]
@@ -114,6 +121,13 @@ pub struct Cli {
 pub enum RequestsMode {
     On,
     Always,
+    Off,
+}
+
+/// `--stacks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StacksMode {
+    SlowIterations,
     Off,
 }
 

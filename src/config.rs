@@ -29,6 +29,8 @@ pub struct FileConfig {
     pub symbol_cache: Option<String>,
     /// Request context: on or off.
     pub requests: Option<String>,
+    /// Loop-thread stacks on slow iterations: slow-iterations or off.
+    pub stacks: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
     pub otlp: Option<OtlpSection>,
@@ -105,6 +107,11 @@ impl FileConfig {
             use clap::ValueEnum;
             cli.requests = crate::cli::RequestsMode::from_str(v.trim(), true)
                 .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on, always or off"))?;
+        }
+        if let (true, Some(v)) = (unset("stacks"), &self.stacks) {
+            use clap::ValueEnum;
+            cli.stacks = crate::cli::StacksMode::from_str(v.trim(), true)
+                .map_err(|_| anyhow::anyhow!("config stacks: {v:?}: use slow-iterations or off"))?;
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;
@@ -244,6 +251,22 @@ mod tests {
         assert_eq!(req(&["uvspan"], ""), RequestsMode::On);
         assert_eq!(req(&["uvspan"], "requests: off"), RequestsMode::Off);
         assert_eq!(req(&["uvspan", "--requests", "on"], "requests: off"), RequestsMode::On);
+    }
+
+    #[test]
+    fn stacks_from_the_file_unless_the_flag_is_given() {
+        use crate::cli::StacksMode;
+        use clap::FromArgMatches;
+        let get = |args: &[&str], yaml: &str| {
+            let m = Cli::command().try_get_matches_from(args).unwrap();
+            let mut cli = Cli::from_arg_matches(&m).unwrap();
+            FileConfig::parse(yaml).and_then(|f| f.apply(&mut cli, &m)).map(|_| cli.stacks)
+        };
+        assert_eq!(get(&["uvspan"], "").unwrap(), StacksMode::SlowIterations);
+        assert_eq!(get(&["uvspan"], "stacks: off").unwrap(), StacksMode::Off);
+        assert_eq!(get(&["uvspan", "--stacks", "slow-iterations"], "stacks: off").unwrap(), StacksMode::SlowIterations);
+        let e = get(&["uvspan"], "stacks: sometimes").unwrap_err().to_string();
+        assert!(e.contains("config stacks"), "{e}");
     }
 
     #[test]

@@ -16,4 +16,5 @@ pub mod events;
 pub mod export;
 pub mod kernel;
 pub mod probes;
+pub mod stacks;
 pub mod symbols;

@@ -2,7 +2,8 @@
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
 use crate::kernel::skel::types::{
-    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, proc_event, uvspan_sizes,
+    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, proc_event, stack_event,
+    uvspan_sizes,
 };
 
 /// A finished fs request.
@@ -60,6 +61,31 @@ pub struct LoopRecord {
     /// (phase index, start, end) for the phases seen, in catalog order;
     /// empty when the build has no phase probes (epoll waits only).
     pub phases: Vec<(usize, u64, u64)>,
+    /// --stacks: the loop thread's stacks while it was blocked (filled in by
+    /// the agent from the samples that came before this record).
+    pub stacks: Option<crate::stacks::fold::Blocked>,
+}
+
+/// One frame of a sampled stack, as the kernel saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawFrame {
+    pub pc: u64,
+    /// The word at the frame pointer - 16: a JS frame's JSFunction.
+    pub fp_m16: u64,
+    /// The word at the frame pointer - 8: context or frame-type marker.
+    pub fp_m8: u64,
+}
+
+/// A sample of a loop thread's user stack during a slow iteration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackRecord {
+    pub pid: u32,
+    pub tid: u32,
+    /// The iteration's `LoopRecord::start_ns`.
+    pub iter_start_ns: u64,
+    pub ts_ns: u64,
+    /// Innermost first.
+    pub frames: Vec<RawFrame>,
 }
 
 /// What an HTTP record says (enum http_what in bpf/uvspan.h).
@@ -99,6 +125,7 @@ pub enum Record {
     Dns(DnsRecord),
     Loop(LoopRecord),
     Http(HttpRecord),
+    Stack(StackRecord),
     Fork { pid: u32, ppid: u32 },
     Exec { pid: u32 },
     Exit { pid: u32 },
@@ -234,6 +261,18 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 poll_wait_ns: e.poll_wait_ns,
                 skipped: e.skipped,
                 phases,
+                stacks: None,
+            }))
+        }
+        ev_kind::EV_STACK => {
+            let e: stack_event = read(data, kind.0, std::mem::size_of::<stack_event>())?;
+            let n = (e.n_frames as usize).min(e.frames.len());
+            Ok(Record::Stack(StackRecord {
+                pid: e.hdr.pid,
+                tid: e.hdr.tid,
+                iter_start_ns: e.iter_start_ns,
+                ts_ns: e.ts_ns,
+                frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8 }).collect(),
             }))
         }
         ev_kind::EV_HTTP => {
