@@ -73,8 +73,12 @@ pub fn render(stack: &[Frame]) -> String {
     stack.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n")
 }
 
-/// libuv's phase functions, by the phase name used in attributes.
+/// libuv's phase functions, by the phase name used in attributes; and
+/// Node's exported functions that run all due timers and immediates (named
+/// in builds whose libuv internals are stripped).
 const PHASE_FUNCTIONS: &[(&str, &str)] = &[
+    ("node::Environment::RunTimers", "timers"),
+    ("node::Environment::CheckImmediate", "check"),
     ("uv__run_timers", "timers"),
     ("uv__run_pending", "pending"),
     ("uv__run_idle", "idle"),
@@ -91,7 +95,9 @@ const PHASE_FUNCTIONS: &[(&str, &str)] = &[
 /// not reach `uv_run`.
 pub fn phase_of(stack: &[Frame]) -> &'static str {
     for f in stack.iter().filter(|f| !f.js) {
-        if let Some((_, p)) = PHASE_FUNCTIONS.iter().find(|(sym, _)| f.function == *sym) {
+        // C++ names come with their parameters: "node::Environment::RunTimers(uv_timer_s*)".
+        let name = f.function.split_once('(').map_or(f.function.as_str(), |(n, _)| n);
+        if let Some((_, p)) = PHASE_FUNCTIONS.iter().find(|(sym, _)| name == *sym) {
             return p;
         }
         if f.function == "uv_run" {
@@ -192,6 +198,8 @@ mod tests {
         // A nested loop inside a timer callback: the inner phase counts.
         let nested = vec![native("uv__io_poll"), native("uv_run"), js("spin"), native("uv__run_timers"), native("uv_run")];
         assert_eq!(phase_of(&nested), "poll");
+        let stripped = vec![js("onTimer"), native("node::Environment::RunTimers(uv_timer_s*)"), native("uv_run")];
+        assert_eq!(phase_of(&stripped), "timers");
         let inlined = vec![js("onClose"), native("node::HandleWrap::OnClose"), native("uv_run")];
         assert_eq!(phase_of(&inlined), "other");
         assert_eq!(phase_of(&[js("x"), Frame::native("[unknown]", Some("0x1234".into()))]), "unknown");

@@ -260,9 +260,9 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
     for (f, addr) in r.frames.iter().zip(&lookups) {
         let native = p.native.get(addr).cloned().unwrap_or_else(|| Frame::native("[unknown]", None));
         // A JS frame runs JIT code (anonymous memory) or one of V8's
-        // builtins (the interpreter, baseline code): only there is the
-        // frame's function slot asked.
-        let maybe_js = native.function == "[jit]" || native.function.starts_with("Builtins_");
+        // builtins (the interpreter, baseline code; in a stripped node they
+        // have no symbol): only there is the frame's function slot asked.
+        let maybe_js = matches!(native.function.as_str(), "[jit]" | "[unknown]") || native.function.starts_with("Builtins_");
         let js = match (&p.v8, &p.mem) {
             // The kernel sends the words at fp-16 and fp-8; a JS frame
             // keeps its context (a heap object) at fp-8 where typed frames

@@ -16,8 +16,10 @@ use crate::stacks::fold::{self, Blocked};
 /// `uvspan.loop.blocked_by`, time per loop phase, and one span event per
 /// distinct stack with its sample count. Events, not child spans: a stack's
 /// samples are scattered over the iteration, so a child span would claim
-/// an interval it did not occupy.
-fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, at: u64) {
+/// an interval it did not occupy. Times per phase and per stack are the
+/// iteration's busy time split by their share of the samples (the samples
+/// count the thread's CPU time, less than wall time when it waits for a CPU).
+fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, busy: u64, at: u64) {
     let a = &mut span.attributes;
     a.push(KeyValue::new(keys::STACK_SAMPLES, blocked.samples as i64));
     if let Some(t) = blocked.heaviest() {
@@ -26,13 +28,14 @@ fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, at: u64) 
     if let Some(c) = blocked.culprit() {
         a.push(KeyValue::new(keys::BLOCKED_BY, c.to_string()));
     }
+    let total = blocked.samples.max(1) as f64;
+    let part = |n: u64| ms(busy) * n as f64 / total;
     for (phase, n) in &blocked.phases {
-        a.push(KeyValue::new(format!("uvspan.loop.phase.{phase}_ms"), ms(n * blocked.period_ns)));
+        a.push(KeyValue::new(format!("uvspan.loop.phase.{phase}_ms"), part(*n)));
     }
     if let Some(n) = &blocked.notice {
         a.push(KeyValue::new(keys::STACKS_NOTICE, n.clone()));
     }
-    let total = blocked.samples.max(1) as f64;
     for (stack, n) in &blocked.stacks {
         span.events.events.push(Event::new(
             STACK_EVENT,
@@ -41,7 +44,7 @@ fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, at: u64) 
                 KeyValue::new(keys::STACKTRACE, fold::render(stack)),
                 KeyValue::new(keys::SAMPLES, *n as i64),
                 KeyValue::new(keys::SHARE, *n as f64 / total),
-                KeyValue::new(keys::SAMPLED_MS, ms(n * blocked.period_ns)),
+                KeyValue::new(keys::SAMPLED_MS, part(*n)),
             ],
             0,
         ));
@@ -63,7 +66,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
     ];
     let mut root = b.span(ITERATION, b.parent, start, r.end_ns, attrs);
     if let Some(blocked) = &r.stacks {
-        add_stacks(b, &mut root, blocked, r.end_ns);
+        add_stacks(b, &mut root, blocked, busy, r.end_ns);
     }
     let parent = root.span_context.span_id();
     let mut out = vec![root];
@@ -131,7 +134,7 @@ mod tests {
                 "parseBigPayload (/app/blocker.js:3:10)\nonTimer (/app/blocker.js:9:1)\nuv__run_timers (node)\nuv_run (node)"
             ))
         );
-        assert_eq!(attr(s, "uvspan.loop.phase.timers_ms"), Some(&Value::F64(4.0)));
+        assert_eq!(attr(s, "uvspan.loop.phase.timers_ms"), Some(&Value::F64(0.1)), "the busy time, all in timers");
         let ev: Vec<_> = s.events.iter().collect();
         assert_eq!(ev.len(), 2, "one event per distinct stack");
         assert!(ev.iter().all(|e| e.name == "uvspan.loop.stack"));

@@ -1,0 +1,153 @@
+//! Who blocked the loop (--stacks, on by default): node processes started
+//! with no flags run tests/fixtures/blocker.js, whose timers block the loop
+//! inside named nested functions (onTimer → handleRequest →
+//! parseBigPayload, ~180 ms) and inside a warmed-up, optimized function
+//! (hotChecksum). The slow iterations' spans, received over OTLP, must name
+//! those functions and their file, on every official build 18–24 (from the
+//! matrix cache, tests/common/node_builds.rs) and on a stripped node.
+//!
+//! Nothing here bounds a duration: the fixture's blocks are long compared
+//! with the 50 ms threshold, and the checks are about names.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// One run of blocker.js under uvspan: its output and the iteration spans.
+fn run_blocker(node: &Path, extra: &[&str]) -> (Output, Vec<Span>) {
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let script = fixture("blocker.js");
+    let node = node.to_string_lossy().into_owned();
+    let mut args = vec!["--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"];
+    args.extend_from_slice(extra);
+    args.extend(["--", &node, &script]);
+    let out = run(uvspan_cmd(args));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let _ = m.get("done");
+    let spans = rx.spans().into_iter().filter(|s| s.name == "uv.loop.iteration").collect();
+    (out, spans)
+}
+
+fn stacktrace(s: &Span) -> &str {
+    s.str("code.stacktrace").unwrap_or("")
+}
+
+/// The iteration whose heaviest stack runs `leaf`.
+fn blocked_in<'a>(spans: &'a [Span], leaf: &str, out: &Output) -> &'a Span {
+    spans
+        .iter()
+        .find(|s| s.str("uvspan.loop.blocked_by").is_some_and(|b| b.starts_with(&format!("{leaf} ("))))
+        .unwrap_or_else(|| {
+            let all: Vec<&Span> = spans.iter().collect();
+            panic!("no slow iteration blocked in {leaf}\n{}\n{}", dump(&all), out.context())
+        })
+}
+
+/// The checks every build with V8 metadata passes.
+fn names_the_blockers(node: &Path, label: &str) {
+    require_root();
+    let (out, spans) = run_blocker(node, &[]);
+    let parse = blocked_in(&spans, "parseBigPayload", &out);
+    let trace = stacktrace(parse);
+    let lines: Vec<&str> = trace.lines().collect();
+    // Innermost first: the parser, its caller, the timer callback.
+    let pos = |name: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(&format!("{name} (")))
+            .unwrap_or_else(|| panic!("{label}: {name} is not on the heaviest stack:\n{trace}"))
+    };
+    assert!(pos("parseBigPayload") < pos("handleRequest") && pos("handleRequest") < pos("onTimer"), "{label}:\n{trace}");
+    for name in ["parseBigPayload", "handleRequest", "onTimer"] {
+        let line = lines[pos(name)];
+        assert!(line.contains("blocker.js:"), "{label}: {name} without its file and line: {line}");
+    }
+    // parseBigPayload is declared on line 9 of the fixture.
+    assert!(lines[pos("parseBigPayload")].contains("blocker.js:9:"), "{label}: {}", lines[pos("parseBigPayload")]);
+    // The native frames below the JS ones are named, down to libuv's loop.
+    assert!(lines.iter().any(|l| l.starts_with("uv_run (")), "{label}: no uv_run frame:\n{trace}");
+    let samples = parse.int("uvspan.loop.stack_samples").expect("stack_samples");
+    assert!(samples > 0, "{label}");
+    // One event per distinct stack, their counts within the total.
+    let events: Vec<&Event> = parse.events.iter().filter(|e| e.name == "uvspan.loop.stack").collect();
+    assert!(!events.is_empty(), "{label}: no stack events");
+    let counted: i64 = events
+        .iter()
+        .map(|e| match e.attributes.get("uvspan.stack.samples") {
+            Some(Attr::Int(n)) => *n,
+            other => panic!("{label}: stack event without a sample count: {other:?}"),
+        })
+        .sum();
+    assert!(counted > 0 && counted <= samples, "{label}: events count {counted} of {samples} samples");
+    assert!(events.iter().all(|e| matches!(e.attributes.get("code.stacktrace"), Some(Attr::Str(_)))), "{label}");
+
+    // The optimized function: warmed up before the timer, then run hot.
+    let hot = blocked_in(&spans, "hotChecksum", &out);
+    assert!(stacktrace(hot).contains("onHotTimer (") && stacktrace(hot).contains("blocker.js:"), "{label}:\n{}", stacktrace(hot));
+    (out, spans).0.stderr.lines().for_each(|l| assert!(!l.contains("panicked"), "{label}: {l}"));
+}
+
+/// The phase the samples fell in, from the libuv frames under the JS ones:
+/// both blockers run in timer callbacks.
+fn timers_phase(node: &Path, label: &str) {
+    require_root();
+    let (out, spans) = run_blocker(node, &[]);
+    let parse = blocked_in(&spans, "parseBigPayload", &out);
+    let timers = parse.double("uvspan.loop.phase.timers_ms").unwrap_or_else(|| panic!("{label}: no timers phase: {}", parse.brief()));
+    assert!(timers > 0.0, "{label}");
+    assert_eq!(parse.double("uvspan.loop.phase.poll_ms"), None, "{label}: {}", parse.brief());
+}
+
+#[test]
+fn node_20_names_the_js_functions_that_blocked_the_loop() {
+    names_the_blockers(&official_node(20), "node 20");
+}
+
+#[test]
+fn node_18_names_the_js_functions_that_blocked_the_loop() {
+    names_the_blockers(&official_node(18), "node 18");
+}
+
+#[test]
+fn node_22_names_the_js_functions_that_blocked_the_loop() {
+    names_the_blockers(&official_node(22), "node 22");
+}
+
+#[test]
+fn node_24_names_the_js_functions_that_blocked_the_loop() {
+    names_the_blockers(&official_node(24), "node 24");
+}
+
+#[test]
+fn the_blocked_phase_comes_from_the_native_frames() {
+    timers_phase(&official_node(20), "node 20");
+}
+
+/// A stripped node keeps V8's metadata in .dynsym: JS frames are still
+/// named; native frames it no longer names show module+offset.
+#[test]
+fn stripped_node_still_names_js_frames() {
+    require_root();
+    let node = stripped_node();
+    let (out, spans) = run_blocker(&node, &[]);
+    let parse = blocked_in(&spans, "parseBigPayload", &out);
+    let trace = stacktrace(parse);
+    assert!(trace.contains("handleRequest (") && trace.contains("onTimer ("), "{trace}");
+    assert!(trace.lines().any(|l| l.contains("node+0x")), "unnamed native frames show module+offset:\n{trace}");
+    assert_eq!(parse.str("uvspan.loop.stacks_notice"), None, "{}", parse.brief());
+}
+
+#[test]
+fn stacks_off_opens_no_sampler() {
+    require_root();
+    let (out, spans) = run_blocker(&official_node(20), &["--stacks", "off"]);
+    assert!(spans.len() >= 2, "the slow iterations are still reported\n{}", out.context());
+    for s in &spans {
+        assert_eq!(s.str("code.stacktrace"), None, "{}", s.brief());
+        assert!(s.events.is_empty(), "{}", s.brief());
+    }
+}
