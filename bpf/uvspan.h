@@ -21,6 +21,7 @@ enum uvspan_sizes {
 	UVSPAN_HTTP_CAPTURE = 1024, /* bytes of an HTTP call kept (request line, headers) */
 	UVSPAN_WRITE_BUFS = 8,      /* uv_buf_t entries of a write whose lengths are summed */
 	UVSPAN_STACK_FRAMES = 64,   /* frames of a sampled loop-thread stack (--stacks) */
+	UVSPAN_FN_WORDS = 6,        /* words of a frame's function object kept with the sample */
 	UVSPAN_STACK_SAMPLES_MAX = 20000, /* samples sent per iteration at most (20 s at ~1 kHz) */
 };
 
@@ -230,6 +231,11 @@ struct stack_frame {
 	unsigned long long pc;       /* the frame's instruction pointer (a return address above frame 0) */
 	unsigned long long fp_m16;   /* word at fp - 16: a JS frame's JSFunction */
 	unsigned long long fp_m8;    /* word at fp - 8: context, or a typed frame's marker */
+	/* When fp_m16 looks like a heap object: its first words, read at the
+	 * sample (map, ..., the JSFunction's `shared` at word 3 or 4). A young
+	 * JSFunction moves at the next scavenge; its SharedFunctionInfo and map
+	 * live in old space, so naming can wait for user space. */
+	unsigned long long obj[UVSPAN_FN_WORDS];
 };
 
 /* A sample of the loop thread's user stack, taken while the current

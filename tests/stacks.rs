@@ -36,15 +36,26 @@ fn stacktrace(s: &Span) -> &str {
     s.str("code.stacktrace").unwrap_or("")
 }
 
+/// Every sampled stack of every iteration, for failure messages.
+fn stacks_of(spans: &[Span]) -> String {
+    let mut t = String::new();
+    for s in spans {
+        t += &format!("iteration {}\n", s.brief().lines().next().unwrap_or(""));
+        for e in &s.events {
+            let n = e.attributes.get("uvspan.stack.samples").map(|a| a.to_string()).unwrap_or_default();
+            let st = e.attributes.get("code.stacktrace").map(|a| a.to_string()).unwrap_or_default();
+            t += &format!("  {n} samples:\n    {}\n", st.replace('\n', "\n    "));
+        }
+    }
+    t
+}
+
 /// The iteration whose heaviest stack runs `leaf`.
 fn blocked_in<'a>(spans: &'a [Span], leaf: &str, out: &Output) -> &'a Span {
     spans
         .iter()
         .find(|s| s.str("uvspan.loop.blocked_by").is_some_and(|b| b.starts_with(&format!("{leaf} ("))))
-        .unwrap_or_else(|| {
-            let all: Vec<&Span> = spans.iter().collect();
-            panic!("no slow iteration blocked in {leaf}\n{}\n{}", dump(&all), out.context())
-        })
+        .unwrap_or_else(|| panic!("no slow iteration blocked in {leaf}\n{}\n{}", stacks_of(spans), out.context()))
 }
 
 /// The checks every build with V8 metadata passes.

@@ -74,6 +74,9 @@ pub struct RawFrame {
     pub fp_m16: u64,
     /// The word at the frame pointer - 8: context or frame-type marker.
     pub fp_m8: u64,
+    /// The first words of the object at `fp_m16`, read at the sample (zeros
+    /// when it did not look like a JS frame's function).
+    pub obj: [u64; 6],
 }
 
 /// A sample of a loop thread's user stack during a slow iteration.
@@ -272,7 +275,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 tid: e.hdr.tid,
                 iter_start_ns: e.iter_start_ns,
                 ts_ns: e.ts_ns,
-                frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8 }).collect(),
+                frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
             }))
         }
         ev_kind::EV_HTTP => {

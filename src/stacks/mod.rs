@@ -269,11 +269,12 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
             // (entry, exit, internal: not a JS function's own frame) keep a
             // frame-type marker (a small integer).
             (Some(Ok(l)), Some(mem)) if maybe_js && fp_slots_match(l) && f.fp_m8 & 1 == 1 => {
-                // Cached by SharedFunctionInfo: the JSFunction is checked
-                // on every sample (a GC may have put something else there),
-                // the names behind it are read once.
+                // The JSFunction's words as the kernel copied them at the
+                // sample (it may have moved since), else as it is now;
+                // names are cached per SharedFunctionInfo (old space).
                 let heap = v8::Heap::new(l, mem, p.node_major);
-                heap.shared_info_of(f.fp_m16).and_then(|sfi| {
+                let sfi = heap.shared_info_from(&f.obj).or_else(|| heap.shared_info_of(f.fp_m16));
+                sfi.and_then(|sfi| {
                     p.js.entry(sfi).or_insert_with(|| heap.describe(sfi)).clone()
                 })
             }

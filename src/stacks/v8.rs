@@ -112,6 +112,26 @@ impl<'a, M: Memory> Heap<'a, M> {
         (self.instance_type(sfi)? == self.l.shared_function_info_type).then_some(sfi)
     }
 
+    /// Like [`Self::shared_info_of`], from the first words of the object as
+    /// they were at the sample (`words[0]` its map): the object itself may
+    /// have moved since, its map and SharedFunctionInfo (old space) not.
+    pub fn shared_info_from(&self, words: &[u64]) -> Option<u64> {
+        let map = *words.first()?;
+        if !self.is_heap_object(map) {
+            return None;
+        }
+        let t = self.u16_at(self.untag(map) + self.l.map_instance_type)?;
+        if t < self.l.js_function_type || t > self.l.js_function_type + 15 {
+            return None;
+        }
+        let at = usize::try_from(self.l.js_function_shared / 8).ok()?;
+        let sfi = match words.get(at) {
+            Some(&w) if self.l.js_function_shared % 8 == 0 => w,
+            _ => return None,
+        };
+        (self.instance_type(sfi)? == self.l.shared_function_info_type).then_some(sfi)
+    }
+
     /// The function held by a frame's function slot, named; None if `v` is
     /// not a JSFunction.
     pub fn function(&self, v: u64) -> Option<JsFunction> {
@@ -544,6 +564,11 @@ pub(crate) mod tests {
         assert_eq!(f.name, "handleRequest");
         assert_eq!(f.script.as_deref(), Some("/srv/app/blocker.js"));
         assert_eq!((f.line, f.column), (Some(3), Some(10)));
+        // The same from the words copied at the sample, after the function moved.
+        let words: Vec<u64> = (0..6).map(|i| heap.u64_at(func - 1 + i * 8).unwrap_or(0)).collect();
+        assert_eq!(heap.shared_info_from(&words), Some(sfi));
+        assert_eq!(heap.shared_info_from(&[0; 6]), None);
+        assert_eq!(heap.shared_info_from(&words[..2]), None, "shared beyond the copied words");
         // Not a function: a frame slot holding something else.
         assert_eq!(heap.function(sfi), None);
         assert_eq!(heap.function(smi(7)), None);
