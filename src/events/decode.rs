@@ -391,6 +391,36 @@ mod tests {
     }
 
     #[test]
+    fn stack_samples_keep_their_frames_in_order() {
+        let bytes = record_bytes(usize::MAX, |e: &mut stack_event| {
+            e.hdr.kind = ev_kind::EV_STACK;
+            e.hdr.pid = 10;
+            e.hdr.tid = 10;
+            e.iter_start_ns = 1_000;
+            e.ts_ns = 60_000_000;
+            e.n_frames = 3;
+            for (i, f) in e.frames.iter_mut().enumerate() {
+                f.pc = 0x1000 + i as u64;
+                f.fp_m16 = 0x2001;
+                f.obj[0] = 0x3001;
+            }
+        });
+        let Record::Stack(r) = decode(&bytes).unwrap() else { panic!("not a stack") };
+        assert_eq!((r.pid, r.iter_start_ns, r.ts_ns), (10, 1_000, 60_000_000));
+        let pcs: Vec<u64> = r.frames.iter().map(|f| f.pc).collect();
+        assert_eq!(pcs, [0x1000, 0x1001, 0x1002], "n_frames of them, innermost first");
+        assert_eq!((r.frames[0].fp_m16, r.frames[0].obj[0]), (0x2001, 0x3001));
+        // A frame count beyond the array is clamped, a short record refused.
+        let over = record_bytes(usize::MAX, |e: &mut stack_event| {
+            e.hdr.kind = ev_kind::EV_STACK;
+            e.n_frames = 1_000;
+        });
+        let Record::Stack(r) = decode(&over).unwrap() else { panic!("not a stack") };
+        assert_eq!(r.frames.len(), uvspan_sizes::UVSPAN_STACK_FRAMES.0 as usize);
+        assert!(decode(&over[..100]).is_err());
+    }
+
+    #[test]
     fn dns_answers_are_decoded() {
         let bytes = record_bytes(usize::MAX, |e: &mut dns_event| {
             e.hdr.kind = ev_kind::EV_DNS;
