@@ -57,6 +57,9 @@ struct Proc {
     mem: Option<ProcMem>,
     maps: Vec<Mapping>,
     maps_read: Option<Instant>,
+    /// Whether /proc/PID/map_files can be opened (CAP_SYS_ADMIN or
+    /// CAP_CHECKPOINT_RESTORE); else blazesym opens the files by path.
+    map_files: bool,
     js: HashMap<u64, Option<v8::JsFunction>>,
     native: HashMap<u64, Frame>,
     pending: Vec<(u64, Folder)>,
@@ -99,6 +102,7 @@ impl Stacks {
                 mem: None,
                 maps: Vec::new(),
                 maps_read: None,
+                map_files: false,
                 js: HashMap::new(),
                 native: HashMap::new(),
                 pending: Vec::new(),
@@ -117,6 +121,11 @@ impl Stacks {
         if p.v8.is_none() {
             p.v8 = Some(v8_layout(r.pid));
             p.mem = File::open(format!("/proc/{}/mem", r.pid)).ok().map(ProcMem);
+            p.map_files = std::fs::read_dir(format!("/proc/{}/map_files", r.pid))
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| e.ok())
+                .is_some_and(|e| std::fs::metadata(e.path()).is_ok());
         }
         let stack = name_frames(&self.symbolizer, r.pid, p, r);
         let notice = match &p.v8 {
@@ -238,6 +247,7 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
         let Some(nz) = std::num::NonZeroU32::new(pid) else { return Vec::new() };
         let mut src = Process::new(Pid::Pid(nz));
         src.debug_syms = false;
+        src.map_files = p.map_files;
         let named = sym.symbolize(&Source::Process(src), Input::AbsAddr(&missing)).unwrap_or_default();
         for (i, &addr) in missing.iter().enumerate() {
             let frame = match named.get(i) {
