@@ -35,6 +35,8 @@ const volatile unsigned int discover = 0;
 const volatile unsigned int trap_only = 0;
 /* Request context (--requests): off, the hot paths skip the thread's cause. */
 const volatile unsigned int requests = 0;
+/* --stacks all-ops: the user stack at each fs/DNS submit. */
+const volatile unsigned int stacks_all_ops = 0;
 
 /* Kernel types (CO-RE: only the fields used). */
 struct files_struct;
@@ -261,6 +263,40 @@ struct {
 } scratch_buf SEC(".maps");
 
 /* ---- helpers ---- */
+/* --stacks: walks the frame-pointer chain of the user stack from (pc, fp)
+ * into e->frames. */
+static __always_inline void walk_user_stack(struct stack_event *e, __u64 pc, __u64 fp)
+{
+	__u32 n = 0;
+	for (int i = 0; i < UVSPAN_STACK_FRAMES; i++) {
+		/* fp-16, fp-8, saved fp, return address */
+		__u64 w[4] = {};
+		e->frames[i].pc = pc;
+		e->frames[i].fp_m16 = 0;
+		e->frames[i].fp_m8 = 0;
+		__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		n = i + 1;
+		if (!fp || bpf_probe_read_user(w, sizeof(w), (void *)(fp - 16)))
+			break;
+		e->frames[i].fp_m16 = w[0];
+		e->frames[i].fp_m8 = w[1];
+		/* A JS frame: a heap object (tag 01) at fp-16, a context (also a
+		 * heap object) at fp-8 where typed frames keep a small marker. */
+		if ((w[0] & 3) == 1 && (w[1] & 1) == 1) {
+			if (bpf_probe_read_user(e->frames[i].obj, sizeof(e->frames[i].obj), (void *)(w[0] - 1)))
+				__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		} else {
+			__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		}
+		/* The caller's frame is higher on the stack; anything else ends the chain. */
+		if (w[2] <= fp || !w[3])
+			break;
+		pc = w[3];
+		fp = w[2];
+	}
+	e->n_frames = n;
+}
+
 static __always_inline void stat_inc(__u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
@@ -442,11 +478,36 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	return 0;
 }
 
+/* --stacks all-ops: the stack of the thread submitting fs/DNS request
+ * `req`, sent before the request's own record. */
+static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
+{
+	struct stack_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(STAT_RINGBUF_LOST);
+		return;
+	}
+	__u64 id = bpf_get_current_pid_tgid();
+	e->hdr.kind = EV_STACK;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->hdr._pad = 0;
+	e->iter_start_ns = 0;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->sp = PT_REGS_SP(ctx);
+	e->req = req;
+	e->_pad = 0;
+	walk_user_stack(e, PT_REGS_IP(ctx), PT_REGS_FP(ctx));
+	bpf_ringbuf_submit(e, wake_flags());
+}
+
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	__u64 req = PT_REGS_PARM2(ctx);
+	if (stacks_all_ops)
+		op_stack(ctx, req);
 	__u64 now = bpf_ktime_get_ns();
 	__u32 idx;
 	struct args args;
@@ -584,6 +645,8 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
+	if (stacks_all_ops)
+		op_stack(ctx, PT_REGS_PARM2(ctx));
 	struct dns_event *e = &s->dns;
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HOST_MAX);
 	e->hdr.kind = EV_DNS;
@@ -1278,37 +1341,9 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	e->iter_start_ns = st->ev.start_ns;
 	e->ts_ns = now;
 	e->sp = BPF_CORE_READ(regs, sp);
+	e->req = 0;
 	e->_pad = 0;
-	__u64 pc = BPF_CORE_READ(regs, ip);
-	__u64 fp = BPF_CORE_READ(regs, bp);
-	__u32 n = 0;
-	for (int i = 0; i < UVSPAN_STACK_FRAMES; i++) {
-		/* fp-16, fp-8, saved fp, return address */
-		__u64 w[4] = {};
-		e->frames[i].pc = pc;
-		e->frames[i].fp_m16 = 0;
-		e->frames[i].fp_m8 = 0;
-		__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
-		n = i + 1;
-		if (!fp || bpf_probe_read_user(w, sizeof(w), (void *)(fp - 16)))
-			break;
-		e->frames[i].fp_m16 = w[0];
-		e->frames[i].fp_m8 = w[1];
-		/* A JS frame: a heap object (tag 01) at fp-16, a context (also a
-		 * heap object) at fp-8 where typed frames keep a small marker. */
-		if ((w[0] & 3) == 1 && (w[1] & 1) == 1) {
-			if (bpf_probe_read_user(e->frames[i].obj, sizeof(e->frames[i].obj), (void *)(w[0] - 1)))
-				__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
-		} else {
-			__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
-		}
-		/* The caller's frame is higher on the stack; anything else ends the chain. */
-		if (w[2] <= fp || !w[3])
-			break;
-		pc = w[3];
-		fp = w[2];
-	}
-	e->n_frames = n;
+	walk_user_stack(e, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, bp));
 	stat_inc(STAT_STACK_SAMPLES);
 	bpf_ringbuf_submit(e, wake_flags());
 	return 0;

@@ -246,6 +246,7 @@ struct stack_event {
 	unsigned long long iter_start_ns; /* the iteration's loop_event.start_ns */
 	unsigned long long ts_ns;
 	unsigned long long sp;            /* user stack pointer at the sample */
+	unsigned long long req;           /* --stacks all-ops: the fs/DNS request submitted (0: a loop sample) */
 	unsigned int n_frames;
 	unsigned int _pad;
 	struct stack_frame frames[UVSPAN_STACK_FRAMES];

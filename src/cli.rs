@@ -81,7 +81,9 @@ pub struct Cli {
     /// Who blocked the loop: `slow-iterations` samples the loop thread's
     /// stack (~1 kHz of its CPU time, kept only while an iteration is
     /// already over --loop-threshold) and puts the JS and native frames on
-    /// the slow iteration's span; `off` opens no sampling event.
+    /// the slow iteration's span; `all-ops` also puts the stack of each fs
+    /// and DNS submit on its span (a user-stack walk per operation); `off`
+    /// opens no sampling event.
     #[arg(long, value_name = "MODE", env = "UVSPAN_STACKS", default_value = "slow-iterations")]
     pub stacks: StacksMode,
 
@@ -128,6 +130,7 @@ pub enum RequestsMode {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum StacksMode {
     SlowIterations,
+    AllOps,
     Off,
 }
 

@@ -29,7 +29,7 @@ pub struct FileConfig {
     pub symbol_cache: Option<String>,
     /// Request context: on or off.
     pub requests: Option<String>,
-    /// Loop-thread stacks on slow iterations: slow-iterations or off.
+    /// Loop-thread stacks on slow iterations: slow-iterations, all-ops or off.
     pub stacks: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
@@ -111,7 +111,7 @@ impl FileConfig {
         if let (true, Some(v)) = (unset("stacks"), &self.stacks) {
             use clap::ValueEnum;
             cli.stacks = crate::cli::StacksMode::from_str(v.trim(), true)
-                .map_err(|_| anyhow::anyhow!("config stacks: {v:?}: use slow-iterations or off"))?;
+                .map_err(|_| anyhow::anyhow!("config stacks: {v:?}: use slow-iterations, all-ops or off"))?;
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;
@@ -264,6 +264,7 @@ mod tests {
         };
         assert_eq!(get(&["uvspan"], "").unwrap(), StacksMode::SlowIterations);
         assert_eq!(get(&["uvspan"], "stacks: off").unwrap(), StacksMode::Off);
+        assert_eq!(get(&["uvspan"], "stacks: all-ops").unwrap(), StacksMode::AllOps);
         assert_eq!(get(&["uvspan", "--stacks", "slow-iterations"], "stacks: off").unwrap(), StacksMode::SlowIterations);
         let e = get(&["uvspan"], "stacks: sometimes").unwrap_err().to_string();
         assert!(e.contains("config stacks"), "{e}");

@@ -17,6 +17,10 @@ use common::*;
 
 /// One run of blocker.js under uvspan: its output and the iteration spans.
 fn run_blocker(node: &Path, extra: &[&str]) -> (Output, Vec<Span>) {
+    run_blocker_env(node, extra, &[])
+}
+
+fn run_blocker_env(node: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Span>) {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let script = fixture("blocker.js");
@@ -24,7 +28,9 @@ fn run_blocker(node: &Path, extra: &[&str]) -> (Output, Vec<Span>) {
     let mut args = vec!["--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"];
     args.extend_from_slice(extra);
     args.extend(["--", &node, &script]);
-    let out = run(uvspan_cmd(args));
+    let mut cmd = uvspan_cmd(args);
+    cmd.envs(env.iter().copied());
+    let out = run(cmd);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let m = Markers::parse(&out.stdout);
     let _ = m.get("done");
@@ -152,6 +158,21 @@ fn stripped_node_still_names_js_frames() {
     assert_eq!(parse.str("uvspan.loop.stacks_notice"), None, "{}", parse.brief());
 }
 
+/// Debian's nodejs keeps V8 (and its metadata) in libnode.so.108, its
+/// libuv stripped and shared: JS frames are named from libnode's metadata,
+/// native ones from its exported symbols.
+#[test]
+fn debian_node_names_js_frames_from_libnode() {
+    require_root();
+    let d = debian_node();
+    let lib = d.lib_dir.to_string_lossy().into_owned();
+    let (out, spans) = run_blocker_env(&d.node, &[], &[("LD_LIBRARY_PATH", lib.as_str())]);
+    let parse = blocked_in(&spans, "parseBigPayload", &out);
+    let trace = stacktrace(parse);
+    assert!(trace.contains("handleRequest (") && trace.contains("onTimer (") && trace.contains("blocker.js:"), "{trace}");
+    assert!(trace.contains("(libnode.so.108"), "native frames in libnode are named after it:\n{trace}");
+}
+
 #[test]
 fn stacks_off_opens_no_sampler() {
     require_root();
@@ -161,4 +182,37 @@ fn stacks_off_opens_no_sampler() {
         assert_eq!(s.str("code.stacktrace"), None, "{}", s.brief());
         assert!(s.events.is_empty(), "{}", s.brief());
     }
+}
+
+/// `--stacks all-ops`: each fs and DNS operation's span carries the stack
+/// that submitted it, JS functions named; the default mode adds none.
+#[test]
+fn all_ops_names_the_js_function_that_submitted_each_operation() {
+    require_root();
+    let script = fixture("submit_stacks.js");
+    let run_with = |mode: &str| {
+        let rx = Receiver::start(Protocol::Grpc);
+        let ep = rx.endpoint();
+        let out = run(uvspan_cmd(["--stacks", mode, "--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", &script]));
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        let _ = Markers::parse(&out.stdout).get("done");
+        (out, rx.spans())
+    };
+    let (out, spans) = run_with("all-ops");
+    let find = |name: &str, pred: &dyn Fn(&Span) -> bool| {
+        spans
+            .iter()
+            .find(|s| s.name == name && pred(s))
+            .unwrap_or_else(|| panic!("no {name} span\n{}", out.context()))
+    };
+    let mine = |s: &Span| s.str("file.path") == Some(script.as_str());
+    let stat = find("fs.stat", &|s| mine(s) && s.bool("uvspan.sync") == Some(true) && stacktrace(s).contains("statTheFile ("));
+    assert!(stacktrace(stat).contains("submit_stacks.js:9:"), "{}", stacktrace(stat));
+    let open = find("fs.open", &|s| mine(s) && s.bool("uvspan.sync") == Some(false));
+    assert!(stacktrace(open).contains("readIt (") && stacktrace(open).contains("submit_stacks.js:"), "{}", stacktrace(open));
+    let dns = find("dns.getaddrinfo", &|s| s.str("dns.question.name") == Some("localhost"));
+    assert!(stacktrace(dns).contains("lookItUp ("), "{}", stacktrace(dns));
+    let (_, spans) = run_with("slow-iterations");
+    assert!(spans.iter().any(|s| s.name.starts_with("fs.")), "fs spans are still there");
+    assert!(spans.iter().all(|s| !s.name.starts_with("fs.") || s.str("code.stacktrace").is_none()), "no submit stacks by default");
 }

@@ -231,6 +231,7 @@ impl Agent {
             detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
             trap_only: bench_trap_only(),
             stacks: cli.stacks != StacksMode::Off,
+            stacks_all_ops: cli.stacks == StacksMode::AllOps,
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
@@ -399,6 +400,18 @@ impl Agent {
                     if let Some(st) = self.stacks.as_mut() {
                         st.sample(&s);
                     }
+                }
+                Record::Fs(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stack = st.take_op(r.pid, r.req);
+                    }
+                    self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
+                Record::Dns(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stack = st.take_op(r.pid, r.req);
+                    }
+                    self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 Record::Loop(mut r) => {
                     if let Some(st) = self.stacks.as_mut() {

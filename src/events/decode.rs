@@ -11,6 +11,10 @@ use crate::kernel::skel::types::{
 pub struct FsRecord {
     pub pid: u32,
     pub tid: u32,
+    /// The request's address in the process (pairs it with its submit stack).
+    pub req: u64,
+    /// --stacks all-ops: the stack that submitted it, innermost first, one frame per line.
+    pub stack: Option<String>,
     /// The request that caused it (0: none known).
     pub cause: u64,
     pub op: u8,
@@ -33,6 +37,10 @@ pub struct FsRecord {
 pub struct DnsRecord {
     pub pid: u32,
     pub tid: u32,
+    /// The request's address in the process (pairs it with its submit stack).
+    pub req: u64,
+    /// --stacks all-ops: the stack that submitted it, innermost first, one frame per line.
+    pub stack: Option<String>,
     /// The request that caused it (0: none known).
     pub cause: u64,
     pub sync: bool,
@@ -84,8 +92,10 @@ pub struct RawFrame {
 pub struct StackRecord {
     pub pid: u32,
     pub tid: u32,
-    /// The iteration's `LoopRecord::start_ns`.
+    /// The iteration's `LoopRecord::start_ns` (0: the stack of an fs/DNS submit).
     pub iter_start_ns: u64,
+    /// --stacks all-ops: the request submitted (0: a loop sample).
+    pub req: u64,
     pub ts_ns: u64,
     /// Innermost first.
     pub frames: Vec<RawFrame>,
@@ -205,6 +215,8 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(Record::Fs(FsRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
+                req: e.req,
+                stack: None,
                 cause: e.cause,
                 op: e.op,
                 sync: e.sync != 0,
@@ -233,6 +245,8 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(Record::Dns(DnsRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
+                req: e.req,
+                stack: None,
                 cause: e.cause,
                 sync: e.sync != 0,
                 start_ns: e.start_ns,
@@ -274,6 +288,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
                 iter_start_ns: e.iter_start_ns,
+                req: e.req,
                 ts_ns: e.ts_ns,
                 frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
             }))

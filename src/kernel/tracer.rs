@@ -34,6 +34,8 @@ pub struct Settings {
     pub trap_only: bool,
     /// --stacks: sample loop threads during slow iterations.
     pub stacks: bool,
+    /// --stacks all-ops: the user stack at each fs/DNS submit.
+    pub stacks_all_ops: bool,
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -186,6 +188,7 @@ impl Tracer {
             ro.discover = u32::from(settings.discover);
             ro.trap_only = u32::from(settings.trap_only);
             ro.requests = u32::from(settings.detail.requests);
+            ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }

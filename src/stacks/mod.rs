@@ -61,8 +61,13 @@ struct Proc {
     /// CAP_CHECKPOINT_RESTORE); else blazesym opens the files by path.
     map_files: bool,
     js: HashMap<u64, Option<v8::JsFunction>>,
+    /// Maps seen to be JSFunction maps (maps do not move).
+    fn_maps: std::collections::HashSet<u64>,
     native: HashMap<u64, Frame>,
     pending: Vec<(u64, Folder)>,
+    /// --stacks all-ops: submit stacks by request address, until the
+    /// request's record arrives.
+    ops: HashMap<u64, String>,
 }
 
 pub struct Stacks {
@@ -104,8 +109,10 @@ impl Stacks {
                 maps_read: None,
                 map_files: false,
                 js: HashMap::new(),
+                fn_maps: Default::default(),
                 native: HashMap::new(),
                 pending: Vec::new(),
+                ops: HashMap::new(),
             },
         );
     }
@@ -128,6 +135,13 @@ impl Stacks {
                 .is_some_and(|e| std::fs::metadata(e.path()).is_ok());
         }
         let stack = name_frames(&self.symbolizer, r.pid, p, r);
+        if r.req != 0 {
+            if p.ops.len() >= CACHE_MAX {
+                p.ops.clear();
+            }
+            p.ops.insert(r.req, fold::render(&stack));
+            return;
+        }
         let notice = match &p.v8 {
             Some(Err(e)) => Some(format!("JS frames not named: {e}")),
             _ if p.mem.is_none() => Some(format!("JS frames not named: cannot open /proc/{}/mem", r.pid)),
@@ -148,6 +162,11 @@ impl Stacks {
             folder.notice = notice;
         }
         folder.add(stack);
+    }
+
+    /// --stacks all-ops: the stack that submitted request `req`, rendered.
+    pub fn take_op(&mut self, pid: u32, req: u64) -> Option<String> {
+        self.procs.get_mut(&pid)?.ops.remove(&req)
     }
 
     /// The samples of the iteration that started at `start_ns`, folded;
@@ -234,6 +253,9 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
     if p.js.len() > CACHE_MAX {
         p.js.clear();
     }
+    if p.fn_maps.len() > CACHE_MAX {
+        p.fn_maps.clear();
+    }
     if p.native.len() > CACHE_MAX {
         p.native.clear();
     }
@@ -283,10 +305,23 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
                 // sample (it may have moved since), else as it is now;
                 // names are cached per SharedFunctionInfo (old space).
                 let heap = v8::Heap::new(l, mem, p.node_major);
-                let sfi = heap.shared_info_from(&f.obj).or_else(|| heap.shared_info_of(f.fp_m16));
-                sfi.and_then(|sfi| {
-                    p.js.entry(sfi).or_insert_with(|| heap.describe(sfi)).clone()
-                })
+                // A function whose map was seen to be a JSFunction map and
+                // whose SharedFunctionInfo is already named needs no read
+                // (nor a live process: samples read after it exited).
+                let shared_word = usize::try_from(l.js_function_shared / 8).ok().and_then(|i| f.obj.get(i)).copied();
+                let known = shared_word.filter(|s| p.fn_maps.contains(&f.obj[0]) && p.js.contains_key(s));
+                match known {
+                    Some(sfi) => p.js.get(&sfi).cloned().flatten(),
+                    None => {
+                        let from_words = heap.shared_info_from(&f.obj);
+                        if from_words.is_some() {
+                            p.fn_maps.insert(f.obj[0]);
+                        }
+                        from_words
+                            .or_else(|| heap.shared_info_of(f.fp_m16))
+                            .and_then(|sfi| p.js.entry(sfi).or_insert_with(|| heap.describe(sfi)).clone())
+                    }
+                }
             }
             _ => None,
         };
