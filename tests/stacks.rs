@@ -3,8 +3,9 @@
 //! inside named nested functions (onTimer → handleRequest →
 //! parseBigPayload, ~180 ms) and inside a warmed-up, optimized function
 //! (hotChecksum). The slow iterations' spans, received over OTLP, must name
-//! those functions and their file, on every official build 18–24 (from the
-//! matrix cache, tests/common/node_builds.rs) and on a stripped node.
+//! those functions and their file, on every official build 18–26 (from the
+//! matrix cache, tests/common/node_builds.rs), Debian's (libnode) and a
+//! stripped node; `--stacks all-ops` names the submitter of fs/DNS operations.
 //!
 //! Nothing here bounds a duration: the fixture's blocks are long compared
 //! with the 50 ms threshold, and the checks are about names.
@@ -137,6 +138,11 @@ fn node_22_names_the_js_functions_that_blocked_the_loop() {
 #[test]
 fn node_24_names_the_js_functions_that_blocked_the_loop() {
     names_the_blockers(&official_node(24), "node 24");
+}
+
+#[test]
+fn node_26_names_the_js_functions_that_blocked_the_loop() {
+    names_the_blockers(&official_node(26), "node 26");
 }
 
 #[test]

@@ -503,6 +503,11 @@ impl Agent {
     /// requests counted), exited ones forgotten; true when every --pid
     /// target has exited.
     fn check_exited(&mut self) -> bool {
+        // What a process sent before it went is read first: a tick slowed
+        // down (naming stack samples, a slow export) must not make its last
+        // records arrive after it was forgotten.
+        let _ = self.rb.consume();
+        self.handle_records(false);
         for pid in self.procs.find_gone() {
             self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
             if let Some(s) = self.stacks.as_mut() {
