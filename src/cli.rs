@@ -85,6 +85,14 @@ pub struct Cli {
     /// Spans carry the share (`uvspan.sample_time`) so counts can be scaled.
     #[arg(long, value_name = "PERCENT", env = "UVSPAN_SAMPLE_TIME", value_parser = parse_percent)]
     pub sample_time: Option<f64>,
+    /// Who blocked the loop: `slow-iterations` samples the loop thread's
+    /// stack (~1 kHz of its CPU time, kept only while an iteration is
+    /// already over --loop-threshold) and puts the JS and native frames on
+    /// the slow iteration's span; `all-ops` also puts the stack of each fs
+    /// and DNS submit on its span (a user-stack walk per operation); `off`
+    /// opens no sampling event.
+    #[arg(long, value_name = "MODE", env = "UVSPAN_STACKS", default_value = "slow-iterations")]
+    pub stacks: StacksMode,
 
     /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
     /// else derived from its command line).
@@ -122,6 +130,14 @@ pub struct Cli {
 pub enum RequestsMode {
     On,
     Always,
+    Off,
+}
+
+/// `--stacks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StacksMode {
+    SlowIterations,
+    AllOps,
     Off,
 }
 

@@ -29,6 +29,8 @@ pub struct FileConfig {
     pub symbol_cache: Option<String>,
     /// Request context: on or off.
     pub requests: Option<String>,
+    /// Loop-thread stacks on slow iterations: slow-iterations, all-ops or off.
+    pub stacks: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
     /// --sample-time, e.g. "10%".
@@ -109,6 +111,11 @@ impl FileConfig {
             use clap::ValueEnum;
             cli.requests = crate::cli::RequestsMode::from_str(v.trim(), true)
                 .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on, always or off"))?;
+        }
+        if let (true, Some(v)) = (unset("stacks"), &self.stacks) {
+            use clap::ValueEnum;
+            cli.stacks = crate::cli::StacksMode::from_str(v.trim(), true)
+                .map_err(|_| anyhow::anyhow!("config stacks: {v:?}: use slow-iterations, all-ops or off"))?;
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;
@@ -285,6 +292,23 @@ mod tests {
         assert_eq!(req(&["uvspan"], ""), RequestsMode::On);
         assert_eq!(req(&["uvspan"], "requests: off"), RequestsMode::Off);
         assert_eq!(req(&["uvspan", "--requests", "on"], "requests: off"), RequestsMode::On);
+    }
+
+    #[test]
+    fn stacks_from_the_file_unless_the_flag_is_given() {
+        use crate::cli::StacksMode;
+        use clap::FromArgMatches;
+        let get = |args: &[&str], yaml: &str| {
+            let m = Cli::command().try_get_matches_from(args).unwrap();
+            let mut cli = Cli::from_arg_matches(&m).unwrap();
+            FileConfig::parse(yaml).and_then(|f| f.apply(&mut cli, &m)).map(|_| cli.stacks)
+        };
+        assert_eq!(get(&["uvspan"], "").unwrap(), StacksMode::SlowIterations);
+        assert_eq!(get(&["uvspan"], "stacks: off").unwrap(), StacksMode::Off);
+        assert_eq!(get(&["uvspan"], "stacks: all-ops").unwrap(), StacksMode::AllOps);
+        assert_eq!(get(&["uvspan", "--stacks", "slow-iterations"], "stacks: off").unwrap(), StacksMode::SlowIterations);
+        let e = get(&["uvspan"], "stacks: sometimes").unwrap_err().to_string();
+        assert!(e.contains("config stacks"), "{e}");
     }
 
     #[test]

@@ -17,4 +17,5 @@ pub mod export;
 pub mod kernel;
 pub mod probes;
 pub mod report;
+pub mod stacks;
 pub mod symbols;

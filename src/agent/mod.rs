@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::RingBuffer;
 use opentelemetry_sdk::trace::SpanData;
 
-use crate::cli::{Cli, RequestsMode};
+use crate::cli::{Cli, RequestsMode, StacksMode};
 use crate::config::FileConfig;
 use crate::discover::target::{self, Spawned};
 use crate::discover::watcher::{Found, Trouble, Watcher};
@@ -35,6 +35,7 @@ use crate::export::otlp::OtlpConfig;
 use crate::export::{Destination, Exporter};
 use crate::kernel::tracer::{Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
+use crate::stacks::Stacks;
 use crate::probes::catalog::Detail;
 use crate::symbols::Images;
 use procs::{Origin, Procs};
@@ -106,6 +107,8 @@ pub struct Agent {
     procs: Procs,
     /// Request context (None with --requests off).
     requests: Option<Requests>,
+    /// Loop-thread stacks on slow iterations (None with --stacks off).
+    stacks: Option<Stacks>,
     watcher: Option<Watcher>,
     command: Option<Spawned>,
     waker: Waker,
@@ -242,6 +245,8 @@ impl Agent {
             detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
             trap_only: bench_trap_only(),
             sampling: cli.sample_time.is_some_and(|s| s < 1.0),
+            stacks: cli.stacks != StacksMode::Off,
+            stacks_all_ops: cli.stacks == StacksMode::AllOps,
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
@@ -262,6 +267,7 @@ impl Agent {
         let mut agent = Agent {
             procs,
             requests: (cli.requests != RequestsMode::Off).then(|| Requests::new(cli.requests == RequestsMode::Always)),
+            stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
             cli,
             rb,
             sleeper,
@@ -310,7 +316,18 @@ impl Agent {
         self.tracer.add_pid(pid, &report)?;
         report::announce(Some(pid), images, &report, found.elapsed(), true);
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
+        self.start_sampling(pid, images);
         Ok(())
+    }
+
+    /// --stacks: the process's loop thread sampled during slow iterations.
+    /// A refusal is said and tracing goes on without stacks.
+    fn start_sampling(&mut self, pid: u32, images: &Images) {
+        let Some(stacks) = self.stacks.as_mut() else { return };
+        match self.tracer.sample_loop(pid, stacks.period_ns()) {
+            Ok(()) => stacks.add_process(pid, images.node_version.as_deref()),
+            Err(e) => eprintln!("uvspan: {e:#}"),
+        }
     }
 
     /// --all: the processes running now, then every exec the kernel reports.
@@ -341,6 +358,7 @@ impl Agent {
         let child = target::spawn_held(&self.cli.command, move || w.wake())?;
         let report = self.tracer.attach(images, -1)?.report;
         self.tracer.add_pid(child.pid, &report)?;
+        self.start_sampling(child.pid, images);
         report::announce(None, images, &report, found.elapsed(), true);
         // Its resource is read once it has exec'd (the exec record).
         self.procs.add(child.pid, Origin::Other, images.node_version.clone(), &self.exporter, false);
@@ -428,6 +446,32 @@ impl Agent {
                     }
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+                    if let Some(s) = self.stacks.as_mut() {
+                        s.forget(pid);
+                    }
+                }
+                Record::Stack(s) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        st.sample(&s);
+                    }
+                }
+                Record::Fs(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stack = st.take_op(r.pid, r.req);
+                    }
+                    self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
+                Record::Dns(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stack = st.take_op(r.pid, r.req);
+                    }
+                    self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
+                Record::Loop(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stacks = st.take(r.pid, r.start_ns);
+                    }
+                    self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
             }
@@ -483,6 +527,7 @@ impl Agent {
         }
         report::announce(Some(pid), &images, &attach.report, since.elapsed(), attach.new);
         self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
+        self.start_sampling(pid, &images);
     }
 
     /// The command's exit code, once it has exited (128+N if killed by N).
@@ -520,8 +565,16 @@ impl Agent {
     /// requests counted), exited ones forgotten; true when every --pid
     /// target has exited.
     fn check_exited(&mut self) -> bool {
+        // What a process sent before it went is read first: a tick slowed
+        // down (naming stack samples, a slow export) must not make its last
+        // records arrive after it was forgotten.
+        let _ = self.rb.consume();
+        self.handle_records(false);
         for pid in self.procs.find_gone() {
             self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+            if let Some(s) = self.stacks.as_mut() {
+                s.forget(pid);
+            }
         }
         self.procs.forget_exited(&self.exporter);
         self.command.is_none() && self.watcher.is_none() && self.procs.targets_all_exited()

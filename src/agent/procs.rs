@@ -166,6 +166,7 @@ impl Procs {
             Record::Dns(r) => r.pid,
             Record::Loop(r) => r.pid,
             Record::Http(r) => r.pid,
+            Record::Stack(_) => return,
         };
         self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
         self.register(pid, exporter);
