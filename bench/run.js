@@ -336,10 +336,11 @@ const UVSPAN_CONFIGS = {
   uvspan_all: { args: ['--detail', 'all'] },
   uvspan_trap: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1' } },
   uvspan_sample10: { args: ['--sample-time', '10%'] },
+  uvspan_nostacks: { args: ['--stacks', 'off'] },
 };
 const MODES = {
   // ~1000 req/s offered on 10 connections: the app has idle time.
-  paced: { configs: ['bare', 'uvspan', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
+  paced: { configs: ['bare', 'uvspan', 'uvspan_nostacks', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
   // Closed loop (no pacing) on 16 connections: the machine is saturated.
   saturated: { configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 16, rate: 0 },
 };
@@ -453,8 +454,14 @@ async function statloop() {
     const uvt = await startUvspan(['--pid', String(p.pid)], { env: { UVSPAN_BENCH_TRAP_ONLY: '1' } });
     const trapOnly = await cmd(`run ${c.ops}`);
     await uvt.done('SIGINT');
+    // --stacks all-ops: the user-stack walk at each submit, on top of the default.
+    const uva = await startUvspan(['--pid', String(p.pid), '--stacks', 'all-ops']);
+    const allOps = await cmd(`run ${c.ops}`);
+    await uva.done('SIGINT');
     rounds.push({
       round: r + 1,
+      all_ops_cpu_ns: round(allOps.cpu_ns_per_op, 1),
+      all_ops_over_default_ns: round(allOps.cpu_ns_per_op - traced.cpu_ns_per_op, 1),
       trap_only_cpu_ns: round(trapOnly.cpu_ns_per_op, 1),
       added_trap_only_cpu_ns: round(trapOnly.cpu_ns_per_op - bare.cpu_ns_per_op, 1),
       bare_cpu_ns: round(bare.cpu_ns_per_op, 1), traced_cpu_ns: round(traced.cpu_ns_per_op, 1),
@@ -508,6 +515,7 @@ async function statloop() {
       bare_cpu_ns: m('bare_cpu_ns'), traced_cpu_ns: m('traced_cpu_ns'), added_cpu_ns: m('added_cpu_ns'),
       bare_wall_ns: m('bare_wall_ns'), traced_wall_ns: m('traced_wall_ns'), added_wall_ns: m('added_wall_ns'),
       trap_only_cpu_ns: m('trap_only_cpu_ns'), added_trap_only_cpu_ns: m('added_trap_only_cpu_ns'),
+      all_ops_cpu_ns: m('all_ops_cpu_ns'), all_ops_over_default_ns: m('all_ops_over_default_ns'),
     },
     anatomy,
   };
@@ -655,6 +663,16 @@ function targets(R) {
     add('paced: app CPU/request under uvspan', '<= 1.10x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.10,
       `added ${o.uvspan_added_us_per_req} vs SDK ${o.otel_sdk_added_us_per_req} us/req`);
   }
+  if (R.overhead && R.overhead.ratios.uvspan_nostacks_cpu) {
+    // Paired per round: default (stacks on) vs --stacks off, as a share of the app's CPU.
+    const runs = R.overhead.runs;
+    const shares = runs.filter((x) => x.config === 'uvspan').map((x) => {
+      const y = runs.find((z) => z.round === x.round && z.config === 'uvspan_nostacks');
+      return y ? (x.cpu_us_per_req - y.cpu_us_per_req) / y.cpu_us_per_req : null;
+    });
+    const v = round(median(shares) * 100, 2);
+    add('stack sampler (no slow iteration): app CPU', '<= 1%', v === null ? null : `${v}%`, v !== null && v <= 1, 'default vs --stacks off, paced, paired per round');
+  }
   if (R.saturated) {
     const o = R.saturated.ratios;
     add('saturated: app CPU/request under uvspan', '<= 1.30x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.30,
@@ -713,6 +731,7 @@ function markdown(R) {
     uvspan_all: '(b+) uvspan --detail all → OTLP',
     uvspan_trap: '(b0) default probes, programs return at once',
     uvspan_sample10: '(b10) uvspan --sample-time 10% → OTLP',
+    uvspan_nostacks: '(bs) uvspan --stacks off → OTLP (b minus the stack sampler)',
     otel_sdk: '(c) OTel JS SDK → OTLP',
   };
   for (const [o, title] of [[R.overhead, '1. Overhead on the app, paced'], [R.saturated, '1b. Overhead on the app, saturated']]) {
@@ -736,6 +755,7 @@ function markdown(R) {
     row('---', '---', '---', '---');
     row('CPU time', s.median.bare_cpu_ns, s.median.traced_cpu_ns, s.median.added_cpu_ns);
     row('wall time', s.median.bare_wall_ns, s.median.traced_wall_ns, s.median.added_wall_ns);
+    L.push('', `With --stacks all-ops (the JS stack read at each submit): ${s.median.all_ops_cpu_ns} ns/op, ${s.median.all_ops_over_default_ns} ns/op over the default.`);
     L.push('', `The same probes with programs that return at once (UVSPAN_BENCH_TRAP_ONLY=1): ${s.median.trap_only_cpu_ns} ns/op, added ${s.median.added_trap_only_cpu_ns} ns/op — the kernel's uprobe mechanism alone (int3 trap, emulated instruction, return), the floor for any uprobe-based tracer at these probe points on this machine.`);
     if (s.anatomy) {
       L.push('', `Probe anatomy (bpf_stats run): ${s.anatomy.probe_hits_per_op} probe hits per op, ${s.anatomy.bpf_ns_per_op} ns/op inside BPF programs; the other ${s.anatomy.outside_bpf_ns_per_hit} ns per hit is the uprobe mechanism (int3 trap, then the probed instruction emulated or single-stepped out of line).`, '');
