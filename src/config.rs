@@ -32,6 +32,9 @@ pub struct FileConfig {
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
     pub otlp: Option<OtlpSection>,
+    /// --otlp-listen addresses and --join-window.
+    pub otlp_listen: Option<Vec<String>>,
+    pub join_window: Option<String>,
     pub batch: Option<BatchSection>,
 }
 
@@ -115,6 +118,15 @@ impl FileConfig {
                         .map_err(|_| anyhow::anyhow!("config detail: unknown group {k:?}: use threadpool, phases or all"))
                 })
                 .collect::<Result<_>>()?;
+        }
+        if let (true, Some(v)) = (unset("otlp_listen"), &self.otlp_listen) {
+            cli.otlp_listen = v
+                .iter()
+                .map(|a| a.trim().parse().map_err(|_| anyhow::anyhow!("config otlp_listen: {a:?} is not an address like 127.0.0.1:4317")))
+                .collect::<Result<_>>()?;
+        }
+        if let (true, Some(v)) = (unset("join_window"), dur("join_window", &self.join_window)?) {
+            cli.join_window = v;
         }
         if let Some(o) = &self.otlp {
             if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {

@@ -15,5 +15,6 @@ pub mod enrich;
 pub mod events;
 pub mod export;
 pub mod kernel;
+pub mod listen;
 pub mod probes;
 pub mod symbols;
