@@ -67,9 +67,13 @@ fn by_id(mut v: Vec<Span>) -> Vec<Span> {
 /// The app's spans that reached uvspan's endpoint are exactly those it
 /// exported directly.
 fn check_unchanged(forwarded: &[Span], direct: &[Span]) {
+    check_unchanged_n(forwarded, direct, N)
+}
+
+fn check_unchanged_n(forwarded: &[Span], direct: &[Span], requests: usize) {
     let app: Vec<Span> = forwarded.iter().filter(|s| s.scope != "uvspan").cloned().collect();
     let servers = direct.iter().filter(|s| s.kind == 2).count();
-    assert_eq!(servers, N, "the SDK made a SERVER span per request");
+    assert_eq!(servers, requests, "the SDK made a SERVER span per request");
     assert_eq!(app.len(), direct.len(), "as many app spans forwarded as exported directly");
     let (app, direct) = (by_id(app), by_id(direct.to_vec()));
     for (a, d) in app.iter().zip(&direct) {
@@ -87,6 +91,11 @@ fn request_of(s: &Span) -> Option<usize> {
 /// span of their request as parent, in its trace: (joined, all) for
 /// requests with and without traceparent.
 fn join_shares(dir: &TempDir, out: &Output, spans: &[Span]) -> ((usize, usize), (usize, usize)) {
+    join_shares_of(dir, &traceparents(out), spans, None)
+}
+
+/// Which requests the fixture sent with a traceparent.
+fn traceparents(out: &Output) -> BTreeMap<usize, bool> {
     let with_tp: BTreeMap<usize, bool> = out
         .stdout
         .lines()
@@ -98,10 +107,16 @@ fn join_shares(dir: &TempDir, out: &Output, spans: &[Span]) -> ((usize, usize), 
         .collect();
     assert_eq!(with_tp.len(), N, "{}", out.context());
     assert!(with_tp.values().any(|t| !t) && with_tp.values().any(|t| *t), "requests with and without traceparent");
+    with_tp
+}
+
+/// [`join_shares`] for the process `pid` only (resource process.pid), when given.
+fn join_shares_of(dir: &TempDir, with_tp: &BTreeMap<usize, bool>, spans: &[Span], pid: Option<i64>) -> ((usize, usize), (usize, usize)) {
+    let spans: Vec<&Span> = spans.iter().filter(|s| pid.is_none() || s.res_int("process.pid") == pid).collect();
     let servers: BTreeMap<usize, &Span> =
-        spans.iter().filter(|s| s.kind == 2 && s.scope != "uvspan").filter_map(|s| Some((request_of(s)?, s))).collect();
+        spans.iter().filter(|s| s.kind == 2 && s.scope != "uvspan").filter_map(|s| Some((request_of(s)?, *s))).collect();
     assert_eq!(servers.len(), N);
-    let uv: Vec<&Span> = spans.iter().filter(|s| s.scope == "uvspan").collect();
+    let uv: Vec<&Span> = spans.iter().filter(|s| s.scope == "uvspan").copied().collect();
     assert!(uv.iter().all(|s| s.kind != 2), "no SERVER span of uvspan's own: the app's stands for each request");
     let (mut yes, mut no) = ((0, 0), (0, 0));
     for (i, srv) in &servers {
@@ -303,4 +318,46 @@ fn an_address_in_use_stops_uvspan_with_one_line() {
     // Without an endpoint to forward to: a usage error too.
     let out = run(uvspan_cmd(["--otlp-listen", "127.0.0.1:0", "--", "node", "-e", "1"]));
     assert_eq!(out.code(), Some(2), "{}", out.context());
+}
+
+/// Two traced processes export through one uvspan: each one's spans join
+/// its own SERVER spans (matched per process: resource process.pid).
+#[test]
+fn several_processes_export_through_one_uvspan() {
+    require_root();
+    let upstream = Receiver::start(Protocol::Grpc);
+    let direct = Receiver::start(Protocol::Grpc);
+    let (a, b) = (TempDir::new("listen-multi-a"), TempDir::new("listen-multi-b"));
+    let ep = upstream.endpoint();
+    let mut cmd = listen_cmd(&a, (ep.as_str(), Protocol::Grpc), Protocol::HttpProtobuf, &direct, &[]);
+    // The same fixture twice, under one shell: uvspan follows its node children.
+    let (preload, script) = (fixture("otel_sdk_listen.js"), fixture("requests_server.js"));
+    let one = |d: &TempDir| format!("node -r {preload} {script} {} {N} {CONCURRENCY}", d.str());
+    let args: Vec<String> = cmd.get_args().map(|x| x.to_string_lossy().into_owned()).collect();
+    let dashes = args.iter().position(|x| x == "--").expect("--");
+    let mut args = args[..=dashes].to_vec();
+    args.extend(["sh".into(), "-c".into(), format!("{} > {} & {} > {}; wait", one(&a), a.join("out"), one(&b), b.join("out"))]);
+    let envs: Vec<(std::ffi::OsString, std::ffi::OsString)> =
+        cmd.get_envs().filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned()))).collect();
+    cmd = uvspan_cmd(&args);
+    cmd.envs(envs);
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = upstream.spans();
+    check_unchanged_n(&spans, &direct.spans(), 2 * N);
+    let mut all = (0, 0);
+    for d in [&a, &b] {
+        let stdout = std::fs::read_to_string(d.join("out")).expect("the fixture's output");
+        let fake = Output { status: out.status, stdout, stderr: String::new(), pid: 0 };
+        // The process whose fs spans are in this directory.
+        let pid = spans
+            .iter()
+            .find(|s| s.scope == "uvspan" && s.str("file.path").is_some_and(|p| p.starts_with(&d.str())))
+            .and_then(|s| s.res_int("process.pid"))
+            .expect("uvspan's spans of the process");
+        let (yes, no) = join_shares_of(d, &traceparents(&fake), &spans, Some(pid));
+        all = (all.0 + yes.0 + no.0, all.1 + yes.1 + no.1);
+    }
+    eprintln!("listen (two processes): uvspan fs/DNS spans under their app's SERVER span: {:.1}% ({}/{})", pct(all), all.0, all.1);
+    assert!(all.0 * 100 >= all.1 * 95, "join rate below 95%\n{}", out.context());
 }
