@@ -259,6 +259,19 @@ mod tests {
     }
 
     #[test]
+    fn otlp_listen_from_file_and_flag() {
+        let c = with(&["uvspan"], "otlp_listen: [127.0.0.1:4317, '[::1]:4318']\njoin_window: 2s");
+        assert_eq!(c.otlp_listen, vec!["127.0.0.1:4317".parse().unwrap(), "[::1]:4318".parse().unwrap()]);
+        assert_eq!(c.join_window, std::time::Duration::from_secs(2));
+        let c = with(&["uvspan", "--otlp-listen", "127.0.0.1:1,127.0.0.1:2"], "otlp_listen: [127.0.0.1:4317]");
+        assert_eq!(c.otlp_listen.len(), 2, "the flag wins");
+        assert_eq!(with(&["uvspan"], "").join_window, std::time::Duration::from_secs(6));
+        let m = Cli::command().try_get_matches_from(["uvspan"]).unwrap();
+        let mut cli = clap::FromArgMatches::from_arg_matches(&m).unwrap();
+        assert!(FileConfig::parse("otlp_listen: [nowhere]").unwrap().apply(&mut cli, &m).is_err());
+    }
+
+    #[test]
     fn shipped_example_parses() {
         let text = include_str!("../otel-config/uvspan.yaml");
         FileConfig::parse(text).unwrap();

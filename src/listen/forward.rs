@@ -203,7 +203,7 @@ enum Fail {
 }
 
 enum Upstream {
-    Grpc { grpc: tonic::client::Grpc<tonic::transport::Channel>, headers: tonic::metadata::MetadataMap, timeout: Duration },
+    Grpc { grpc: Box<tonic::client::Grpc<tonic::transport::Channel>>, headers: tonic::metadata::MetadataMap, timeout: Duration },
     Http { client: reqwest::Client, base: String, headers: Vec<(String, String)>, gzip: bool },
 }
 
@@ -273,7 +273,7 @@ impl Upstream {
                         .with_context(|| format!("invalid OTLP header name {k:?}"))?;
                     md.insert(key, v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?);
                 }
-                Upstream::Grpc { grpc, headers: md, timeout }
+                Upstream::Grpc { grpc: Box::new(grpc), headers: md, timeout }
             }
             OtlpProtocol::HttpProtobuf => Upstream::Http {
                 client: reqwest::Client::builder().timeout(timeout).build().context("cannot set up the HTTP client")?,
