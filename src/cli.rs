@@ -118,6 +118,11 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", env = "UVSPAN_JOIN_WINDOW", default_value = "6s", value_parser = parse_duration)]
     pub join_window: Duration,
 
+    /// With --otlp-listen: bytes of the app's requests queued for the
+    /// endpoint at most (a power of two); when full, the app is told to retry.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_size)]
+    pub otlp_listen_queue: u32,
+
     /// Command to start and trace (after `--`); uvspan exits with its status.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

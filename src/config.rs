@@ -35,6 +35,7 @@ pub struct FileConfig {
     /// --otlp-listen addresses and --join-window.
     pub otlp_listen: Option<Vec<String>>,
     pub join_window: Option<String>,
+    pub otlp_listen_queue: Option<String>,
     pub batch: Option<BatchSection>,
 }
 
@@ -127,6 +128,9 @@ impl FileConfig {
         }
         if let (true, Some(v)) = (unset("join_window"), dur("join_window", &self.join_window)?) {
             cli.join_window = v;
+        }
+        if let (true, Some(v)) = (unset("otlp_listen_queue"), &self.otlp_listen_queue) {
+            cli.otlp_listen_queue = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config otlp_listen_queue: {e}"))?;
         }
         if let Some(o) = &self.otlp {
             if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {

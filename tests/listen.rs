@@ -229,6 +229,11 @@ fn a_collector_outage_loses_none_of_the_apps_spans() {
 
 /// Sends one HTTP request to the listener; its status code.
 fn post(port: u16, path: &str, body: &[u8], content_type: &str) -> u16 {
+    post_reply(port, path, body, content_type).0
+}
+
+/// Sends one HTTP request to the listener; its status code and the whole reply.
+fn post_reply(port: u16, path: &str, body: &[u8], content_type: &str) -> (u16, String) {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the listener");
     let head = format!(
@@ -238,7 +243,24 @@ fn post(port: u16, path: &str, body: &[u8], content_type: &str) -> u16 {
     s.write_all(head.as_bytes()).and_then(|()| s.write_all(body)).expect("send");
     let mut reply = String::new();
     let _ = s.read_to_string(&mut reply);
-    reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    (reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), reply)
+}
+
+/// An OTLP traces request with one SERVER span named `name`.
+fn one_span(name: &str) -> Vec<u8> {
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span as PbSpan};
+    use prost::Message;
+    ExportTraceServiceRequest {
+        resource_spans: vec![ResourceSpans {
+            scope_spans: vec![ScopeSpans {
+                spans: vec![PbSpan { trace_id: vec![7; 16], span_id: vec![7; 8], name: name.into(), kind: 2, ..Default::default() }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }],
+    }
+    .encode_to_vec()
 }
 
 /// Sends raw bytes as a gRPC traces export; the status code.
@@ -262,9 +284,6 @@ fn grpc_export(port: u16, body: Vec<u8>) -> tonic::Code {
 #[test]
 fn malformed_requests_are_refused_and_counted() {
     require_root();
-    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span as PbSpan};
-    use prost::Message;
     let upstream = Receiver::start(Protocol::Grpc);
     let port = reserve_port();
     let listen = format!("127.0.0.1:{port}");
@@ -280,21 +299,12 @@ fn malformed_requests_are_refused_and_counted() {
     assert_eq!(post(port, "/v1/logs", b"{}", "application/json"), 415);
     assert_eq!(grpc_export(port, b"\xff\xff\xff\xff".to_vec()), tonic::Code::InvalidArgument);
     // Still serving: a valid request goes through, over both protocols.
-    let one = |name: &str| ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            scope_spans: vec![ScopeSpans {
-                spans: vec![PbSpan { trace_id: vec![7; 16], span_id: vec![7; 8], name: name.into(), kind: 2, ..Default::default() }],
-                ..Default::default()
-            }],
-            ..Default::default()
-        }],
-    };
     let t0 = Instant::now();
-    assert_eq!(post(port, "/v1/traces", &one("via-http").encode_to_vec(), "application/x-protobuf"), 200);
+    assert_eq!(post(port, "/v1/traces", &one_span("via-http"), "application/x-protobuf"), 200);
     assert!(wait_until(RUN_TIMEOUT, || upstream.spans().iter().any(|s| s.name == "via-http")));
     let http_took = t0.elapsed();
     let t0 = Instant::now();
-    assert_eq!(grpc_export(port, one("via-grpc").encode_to_vec()), tonic::Code::Ok);
+    assert_eq!(grpc_export(port, one_span("via-grpc")), tonic::Code::Ok);
     assert!(wait_until(RUN_TIMEOUT, || upstream.spans().iter().any(|s| s.name == "via-grpc")));
     eprintln!("listen: one request from the app to the endpoint through uvspan: HTTP {http_took:?}, gRPC {:?} (polled every 10 ms)", t0.elapsed());
     // SAFETY: kill(2) on the uvspan process this test started.
@@ -360,4 +370,48 @@ fn several_processes_export_through_one_uvspan() {
     }
     eprintln!("listen (two processes): uvspan fs/DNS spans under their app's SERVER span: {:.1}% ({}/{})", pct(all), all.0, all.1);
     assert!(all.0 * 100 >= all.1 * 95, "join rate below 95%\n{}", out.context());
+}
+
+/// The endpoint is down and the queue fills: the app is told to retry
+/// (HTTP 503 with Retry-After, gRPC RESOURCE_EXHAUSTED; counted as refused);
+/// everything taken arrives once the endpoint is up.
+#[test]
+fn a_full_queue_tells_the_app_to_retry_and_keeps_what_it_took() {
+    require_root();
+    let mut upstream = FaultyReceiver::unstarted(reserve_port());
+    let port = reserve_port();
+    let (listen, ep) = (format!("127.0.0.1:{port}"), upstream.endpoint());
+    let mut uv = Running::spawn(uvspan_cmd([
+        "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--otlp-listen", listen.as_str(), "--otlp-listen-queue", "4KiB",
+        "--flush-timeout", "60s", "--", "node", "-e", "setTimeout(() => {}, 60000)",
+    ]));
+    uv.wait_stderr(RUN_TIMEOUT, "tracing", |e| e.contains("uvspan: tracing"));
+    // Requests of ~1 KiB: a few fit.
+    let name = |k: usize| format!("queued-{k}-{}", "x".repeat(1000));
+    let mut taken = Vec::new();
+    let full = loop {
+        let k = taken.len();
+        assert!(k < 100, "the queue never filled");
+        let (status, reply) = post_reply(port, "/v1/traces", &one_span(&name(k)), "application/x-protobuf");
+        match status {
+            200 => taken.push(name(k)),
+            _ => break (status, reply),
+        }
+    };
+    assert_eq!(full.0, 503, "{}", full.1);
+    assert!(full.1.to_ascii_lowercase().contains("retry-after: 1"), "{}", full.1);
+    assert!(taken.len() >= 2, "{} requests taken", taken.len());
+    assert_eq!(grpc_export(port, one_span(&format!("refused-{}", "x".repeat(1000)))), tonic::Code::ResourceExhausted);
+    upstream.start();
+    let arrived = wait_until(RUN_TIMEOUT, || {
+        let names: Vec<String> = upstream.spans().into_iter().map(|s| s.name).collect();
+        taken.iter().all(|n| names.contains(n))
+    });
+    assert!(arrived, "what the queue took arrived once the endpoint was up");
+    // SAFETY: kill(2) on the uvspan process this test started.
+    unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
+    let out = uv.finish(RUN_TIMEOUT);
+    assert_eq!(per_signal(&out.stderr, "forwarded").0, taken.len() as u64, "{}", out.context());
+    assert_eq!(per_signal(&out.stderr, "refused while the queue was full").0, 2, "{}", out.context());
+    assert_eq!(per_signal(&out.stderr, "dropped"), (0, 0, 0), "{}", out.context());
 }

@@ -174,9 +174,6 @@ fn start_export(cli: &Cli, file: &FileConfig) -> Result<(tokio::runtime::Runtime
     Ok((rt, exporter, health, metrics))
 }
 
-/// Bytes of the app's OTLP requests queued for the endpoint at most.
-const LISTEN_QUEUE_BYTES: u64 = 64 << 20;
-
 /// --otlp-listen: the app's OTLP served on its addresses (bound now: a bad
 /// address stops uvspan before anything is traced) and forwarded to uvspan's
 /// endpoint.
@@ -204,7 +201,7 @@ fn start_listener(cli: &Cli, file: &FileConfig, rt: &tokio::runtime::Runtime, he
     let cfg = ListenConfig {
         addrs: cli.otlp_listen.clone(),
         upstream: OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol, headers: file.headers() },
-        queue_bytes: LISTEN_QUEUE_BYTES,
+        queue_bytes: u64::from(cli.otlp_listen_queue),
     };
     match Listener::start(&cfg, rt, health.listen.clone()) {
         Ok(l) => Ok(Some(l)),
