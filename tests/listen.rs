@@ -299,19 +299,34 @@ fn malformed_requests_are_refused_and_counted() {
     assert_eq!(post(port, "/v1/logs", b"{}", "application/json"), 415);
     assert_eq!(grpc_export(port, b"\xff\xff\xff\xff".to_vec()), tonic::Code::InvalidArgument);
     // Still serving: a valid request goes through, over both protocols.
-    let t0 = Instant::now();
-    assert_eq!(post(port, "/v1/traces", &one_span("via-http"), "application/x-protobuf"), 200);
-    assert!(wait_until(RUN_TIMEOUT, || upstream.spans().iter().any(|s| s.name == "via-http")));
-    let http_took = t0.elapsed();
-    let t0 = Instant::now();
-    assert_eq!(grpc_export(port, one_span("via-grpc")), tonic::Code::Ok);
-    assert!(wait_until(RUN_TIMEOUT, || upstream.spans().iter().any(|s| s.name == "via-grpc")));
-    eprintln!("listen: one request from the app to the endpoint through uvspan: HTTP {http_took:?}, gRPC {:?} (polled every 10 ms)", t0.elapsed());
+    // Still serving, over both protocols; how long a request takes from the
+    // app to the endpoint (printed, never asserted: a loaded machine).
+    let mut took: BTreeMap<&str, Vec<Duration>> = BTreeMap::new();
+    for k in 0..20 {
+        for via in ["http", "grpc"] {
+            let name = format!("via-{via}-{k}");
+            let t0 = Instant::now();
+            match via {
+                "http" => assert_eq!(post(port, "/v1/traces", &one_span(&name), "application/x-protobuf"), 200),
+                _ => assert_eq!(grpc_export(port, one_span(&name)), tonic::Code::Ok),
+            }
+            let deadline = Instant::now() + RUN_TIMEOUT;
+            while !upstream.spans().iter().any(|s| s.name == name) {
+                assert!(Instant::now() < deadline, "{name} never reached the endpoint");
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            took.entry(via).or_default().push(t0.elapsed());
+        }
+    }
+    for (via, mut t) in took {
+        t.sort();
+        eprintln!("listen: app → uvspan ({via}) → endpoint (gRPC), send to arrival: median {:?}, max {:?} of {}", t[t.len() / 2], t[t.len() - 1], t.len());
+    }
     // SAFETY: kill(2) on the uvspan process this test started.
     unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
     let out = uv.finish(RUN_TIMEOUT);
     assert!(out.stderr.contains("malformed requests 3"), "{}", out.context());
-    assert_eq!(per_signal(&out.stderr, "forwarded").0, 2, "{}", out.context());
+    assert_eq!(per_signal(&out.stderr, "forwarded").0, 40, "{}", out.context());
 }
 
 /// An address in use: one line naming it, exit code 2, nothing traced.
