@@ -246,6 +246,20 @@ fn post_reply(port: u16, path: &str, body: &[u8], content_type: &str) -> (u16, S
     (reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0), reply)
 }
 
+/// POSTs a gzip body to /v1/traces; the status code.
+fn post_gzip(port: u16, body: &[u8]) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the listener");
+    let head = format!(
+        "POST /v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-protobuf\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).and_then(|()| s.write_all(body)).expect("send");
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+}
+
 /// An OTLP traces request with one SERVER span named `name`.
 fn one_span(name: &str) -> Vec<u8> {
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
@@ -298,6 +312,12 @@ fn malformed_requests_are_refused_and_counted() {
     assert_eq!(post(port, "/v1/nothing", b"", "application/x-protobuf"), 404);
     assert_eq!(post(port, "/v1/logs", b"{}", "application/json"), 415);
     assert_eq!(grpc_export(port, b"\xff\xff\xff\xff".to_vec()), tonic::Code::InvalidArgument);
+    // A gzip body that is not gzip; then a real one.
+    assert_eq!(post_gzip(port, b"not gzip at all"), 400);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &one_span("gzipped")).expect("gzip");
+    assert_eq!(post_gzip(port, &gz.finish().expect("gzip")), 200);
+    assert!(wait_until(RUN_TIMEOUT, || upstream.spans().iter().any(|s| s.name == "gzipped")), "a gzip body is forwarded");
     // Still serving: a valid request goes through, over both protocols.
     // Still serving, over both protocols; how long a request takes from the
     // app to the endpoint (printed, never asserted: a loaded machine).
@@ -325,8 +345,8 @@ fn malformed_requests_are_refused_and_counted() {
     // SAFETY: kill(2) on the uvspan process this test started.
     unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
     let out = uv.finish(RUN_TIMEOUT);
-    assert!(out.stderr.contains("malformed requests 3"), "{}", out.context());
-    assert_eq!(per_signal(&out.stderr, "forwarded").0, 40, "{}", out.context());
+    assert!(out.stderr.contains("malformed requests 4"), "{}", out.context());
+    assert_eq!(per_signal(&out.stderr, "forwarded").0, 41, "{}", out.context());
 }
 
 /// An address in use: one line naming it, exit code 2, nothing traced.
