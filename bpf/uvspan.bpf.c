@@ -34,6 +34,13 @@ const volatile unsigned int discover = 0;
 const volatile unsigned int trap_only = 0;
 /* Request context (--requests): off, the hot paths skip the thread's cause. */
 const volatile unsigned int requests = 0;
+/* --sample-time: user space attaches the uprobes only during sampling
+ * windows. It sets window_closed before detaching and bumps window_gen
+ * before attaching again, so an operation that crosses a window edge is
+ * dropped and counted (STAT_STRADDLED), never paired with a wrong end. */
+const volatile unsigned int sampling = 0;
+volatile __u32 window_closed = 0;
+volatile __u32 window_gen = 0;
 
 /* Kernel types (CO-RE: only the fields used). */
 struct files_struct;
@@ -152,6 +159,7 @@ struct {
  * call has returned by the time its thread does anything else. */
 struct sync_slot {
 	__u64 req;
+	__u64 gen; /* window_gen at its start (--sample-time) */
 	struct fs_event ev;
 };
 
@@ -348,13 +356,32 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 	slot->req = 0;
 }
 
+/* --sample-time: the sync call began in an earlier window, or the window
+ * closed while it ran (its end probe is gone): its end would be wrong. */
+static __always_inline int sync_straddles(struct sync_slot *slot)
+{
+	return sampling && (window_closed || slot->gen != window_gen);
+}
+
+/* Ends the thread's pending sync call, or drops it (counted) if it
+ * straddles a sampling window's edge. */
+static __always_inline void sync_end(struct sync_slot *slot, __u8 end_kind)
+{
+	if (sync_straddles(slot)) {
+		slot->req = 0;
+		stat_inc(STAT_STRADDLED);
+		return;
+	}
+	sync_finish(slot, end_kind);
+}
+
 /* Ends the thread's pending sync call, if any: a sync call has returned by
  * the time its thread does anything else in libuv (see sync_slot). */
 static __always_inline void end_pending_sync(void)
 {
 	struct sync_slot *slot = sync_slot_of(0);
 	if (slot && slot->req)
-		sync_finish(slot, END_NEXT);
+		sync_end(slot, END_NEXT);
 }
 
 /* ---- request context ----
@@ -391,8 +418,14 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 {
 	struct req_key key = { .pid = pid, .req = req };
 	struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &key);
-	if (!a)
+	if (!a) {
+		/* Its start fell before this sampling window. (Without
+		 * uv__fs_done, uv_fs_req_cleanup ends async requests and also
+		 * sees every sync one: not counted there.) */
+		if (sampling && end_kind == END_DONE)
+			stat_inc(STAT_STRADDLED);
 		return 0;
+	}
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
@@ -452,7 +485,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 
 	struct sync_slot *slot = sync_slot_of(sync);
 	if (slot && slot->req)
-		sync_finish(slot, END_NEXT);
+		sync_end(slot, END_NEXT);
 
 	if (!sync) {
 		struct fs_async a = {
@@ -479,6 +512,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	/* A sync call: its arguments are only valid now, so read them now. */
 	struct fs_event *e = &slot->ev;
 	slot->req = req;
+	slot->gen = window_gen;
 	e->hdr.kind = EV_FS;
 	e->hdr.pid = pid;
 	e->hdr.tid = (__u32)id;
@@ -544,7 +578,7 @@ static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 	__u64 req = PT_REGS_PARM1(ctx);
 	struct sync_slot *slot = sync_slot_of(0);
 	if (slot && slot->req == req) {
-		sync_finish(slot, END_CLEANUP);
+		sync_end(slot, END_CLEANUP);
 		return 0;
 	}
 	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, req, END_CLEANUP);
@@ -624,8 +658,11 @@ static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
 static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_kind)
 {
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, key);
-	if (!e)
+	if (!e) {
+		if (sampling && end_kind == END_DONE)
+			stat_inc(STAT_STRADDLED); /* started before this window */
 		return 0;
+	}
 	__u64 req = key->req;
 	e->end_ns = bpf_ktime_get_ns();
 	e->end_kind = end_kind;

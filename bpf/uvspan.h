@@ -128,6 +128,7 @@ enum stat_idx {
 	STAT_INFLIGHT_REPLACED = 3, /* a request started again before its end was seen */
 	STAT_SCRATCH_MISS = 4,      /* per-CPU scratch unavailable (never expected) */
 	STAT_INFLIGHT_FULL = 5,     /* an async request not tracked: in-flight table full */
+	STAT_STRADDLED = 6,         /* --sample-time: an operation crossed a window edge, dropped */
 	STAT_MAX = 8,
 };
 

@@ -78,6 +78,14 @@ pub struct Cli {
     #[arg(long, value_name = "MODE", env = "UVSPAN_REQUESTS", default_value = "on")]
     pub requests: RequestsMode,
 
+    /// Below the per-probe cost: the fs/DNS/request probes are live only
+    /// this share of the time (`10%`: 100 ms of every second, at a random
+    /// point of it), and detached otherwise. Operations that cross a window
+    /// edge are dropped and counted; slow loop iterations are always seen.
+    /// Spans carry the share (`uvspan.sample_time`) so counts can be scaled.
+    #[arg(long, value_name = "PERCENT", env = "UVSPAN_SAMPLE_TIME", value_parser = parse_percent)]
+    pub sample_time: Option<f64>,
+
     /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
     /// else derived from its command line).
     #[arg(long, value_name = "NAME")]
@@ -188,6 +196,22 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
     Ok(v as u32)
 }
 
+/// "10%", "10", "2.5%": a share of the time in (0, 100] %, as a fraction;
+/// 100% is the same as not sampling (None).
+pub fn parse_percent(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let n: f64 = t
+        .strip_suffix('%')
+        .unwrap_or(t)
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid share {s:?}: expected a percentage, e.g. 10%"))?;
+    if !n.is_finite() || n <= 0.0 || n > 100.0 {
+        return Err(format!("invalid share {s:?}: must be more than 0% and at most 100%"));
+    }
+    Ok(n / 100.0)
+}
+
 /// "10ms", "1.5s", "250us", "2m", "0" (a bare number is milliseconds).
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
@@ -211,6 +235,16 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percents() {
+        assert_eq!(parse_percent("10%"), Ok(0.1));
+        assert_eq!(parse_percent(" 2.5 % "), Ok(0.025));
+        assert_eq!(parse_percent("100"), Ok(1.0));
+        for bad in ["0", "0%", "-5%", "101%", "ten", "", "nan%"] {
+            assert!(parse_percent(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn sizes() {

@@ -31,6 +31,8 @@ pub struct FileConfig {
     pub requests: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
+    /// --sample-time, e.g. "10%".
+    pub sample_time: Option<String>,
     pub otlp: Option<OtlpSection>,
     /// --otlp-listen addresses and --join-window.
     pub otlp_listen: Option<Vec<String>>,
@@ -132,6 +134,9 @@ impl FileConfig {
         if let (true, Some(v)) = (unset("otlp_listen_queue"), &self.otlp_listen_queue) {
             cli.otlp_listen_queue = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config otlp_listen_queue: {e}"))?;
         }
+        if let (true, Some(v)) = (unset("sample_time"), &self.sample_time) {
+            cli.sample_time = Some(crate::cli::parse_percent(v).map_err(|e| anyhow::anyhow!("config sample_time: {e}"))?);
+        }
         if let Some(o) = &self.otlp {
             if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {
                 cli.otlp_endpoint = Some(v.clone());
@@ -188,6 +193,12 @@ pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
         None => FileConfig::default(),
     };
     file.apply(&mut cli, m)?;
+    if cli.sample_time.is_some_and(|f| f < 1.0) && crate::probes::catalog::Detail::from_kinds(&cli.detail).phases {
+        anyhow::bail!(
+            "--sample-time cannot be combined with --detail phases: phase spans need probes in every loop iteration \
+             (slow iterations are still reported with --sample-time, without phase children); drop one of them"
+        );
+    }
     Ok((cli, file))
 }
 

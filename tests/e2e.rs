@@ -1091,3 +1091,74 @@ fn says_once_when_the_kernel_refuses_fentry() {
     let again = run(uvspan_cmd(["--symbol-cache", &cache.str(), "--status-interval", "0", "--", "node", "-e", "0"]));
     assert_eq!(again.stderr.lines().filter(|l| l.starts_with(KERNEL_FALLBACK_NOTICE)).count(), said, "{}", again.context());
 }
+
+// ===========================================================================
+// --sample-time
+// ===========================================================================
+
+/// Probes live 20% of the time: fewer fs spans than operations, each marked
+/// with the share; every slow iteration still reported (the epoll path is
+/// always on); operations cut by a window edge dropped and counted, and the
+/// summary says how long the probes were live.
+#[test]
+fn sample_time_samples_operations_but_sees_every_slow_iteration() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let script = fixture("sampled.js");
+    let out = run(uvspan_cmd([
+        "--sample-time",
+        "20%",
+        "--loop-threshold",
+        "50ms",
+        "--otlp-endpoint",
+        &ep,
+        "--",
+        "node",
+        &script,
+    ]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let ops = m.i64("done", "async") + m.i64("done", "sync");
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    let fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
+    for s in &fs {
+        assert_eq!(s.double("uvspan.sample_time"), Some(0.2), "{}", s.brief());
+        assert!(s.end_unix_nano >= s.start_unix_nano, "{}", s.brief());
+    }
+    // The fixture's own stats (module loading is fs work too).
+    let stats = fs.iter().filter(|s| s.name == "fs.stat" && s.str("file.path") == Some(script.as_str())).count();
+    assert!(stats > 0, "no fs.stat of the fixture in the sampling windows\n{}", out.context());
+    assert!(
+        (stats as i64) < ops,
+        "{stats} fs.stat spans for {ops} operations: probes were not switched off\n{}",
+        out.context()
+    );
+    let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
+    for it in &iters {
+        assert_eq!(it.double("uvspan.sample_time"), Some(1.0), "iterations are not sampled: {}", it.brief());
+    }
+    for n in 1..=4 {
+        let name = format!("busy{n}");
+        let (before, after) = (m.f64(&name, "before"), m.f64(&name, "after"));
+        assert!(
+            iters.iter().any(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS),
+            "no iteration covers {name} [{before:.3}, {after:.3}]:\n{}",
+            dump(&iters)
+        );
+    }
+    let line = out.stderr.lines().last().unwrap_or_default();
+    assert!(line.contains("--sample-time 20%: probes live "), "{line}");
+    // Crossing a window edge is counted (it happens: async stats are in
+    // flight nearly all the time), so it cannot be lost silently.
+    assert!(summary_number(&out.stderr, " operations crossing a window edge dropped") > 0, "{}", out.context());
+}
+
+#[test]
+fn bad_input_sample_time() {
+    let out = run(uvspan_cmd(["--sample-time", "0%", "--", "node", "-e", "1"]));
+    assert_clap_value_error(&out, "--sample-time", "0%", "must be more than 0%");
+    let out = run(uvspan_cmd(["--sample-time", "10%", "--detail", "phases", "--", "node", "-e", "1"]));
+    assert_one_line_error(&out, 2, &["--sample-time cannot be combined with --detail phases"]);
+}

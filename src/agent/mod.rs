@@ -9,6 +9,7 @@
 
 mod procs;
 mod report;
+mod sampling;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -121,6 +122,8 @@ pub struct Agent {
     clock: Clock,
     stats: RunStats,
     timers: Timers,
+    /// --sample-time: when the probes are live.
+    windows: Option<sampling::Windows>,
     /// The export runtime outlives everything that sends to it.
     _rt: tokio::runtime::Runtime,
 }
@@ -272,6 +275,7 @@ impl Agent {
             ring_buffer_size: cli.ring_buffer_size,
             detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
             trap_only: bench_trap_only(),
+            sampling: cli.sample_time.is_some_and(|s| s < 1.0),
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
@@ -283,6 +287,8 @@ impl Agent {
         let (rb, inbox) = open_ring(&tracer)?;
         let sleeper = Sleeper::new(rb.epoll_fd(), waker.clone())?;
         let status = cli.status_interval;
+        let windows = cli.sample_time.filter(|&s| s < 1.0).map(|s| sampling::Windows::new(s, Instant::now()));
+        health.sample_time_ppm.store(windows.as_ref().map_or(1_000_000, |w| (w.share * 1e6).round() as u64), Ordering::Relaxed);
         let mut agent = Agent {
             procs: Procs::new(cli.service_name.clone()),
             requests: (cli.requests != RequestsMode::Off).then(|| {
@@ -317,6 +323,7 @@ impl Agent {
                 status: Every::new(status),
                 requests: Every::new(Duration::from_millis(200)),
             },
+            windows,
             _rt: rt,
         };
         for (pid, images) in &targets.pids {
@@ -382,9 +389,14 @@ impl Agent {
         // wake_flags in bpf/), so wait at most 100 ms; 5 ms while the
         // symbol worker has something coming. The waker ends it early.
         let busy = self.watcher.as_ref().is_some_and(Watcher::busy);
-        self.sleeper.sleep(Duration::from_millis(if busy { 5 } else { 100 }));
+        let mut wait = Duration::from_millis(if busy { 5 } else { 100 });
+        if let Some(w) = &self.windows {
+            wait = wait.min(w.until_next(Instant::now()));
+        }
+        self.sleeper.sleep(wait);
         let _ = self.rb.consume();
         self.handle_records(false);
+        self.sample_window();
         self.discover();
         if let Some(code) = self.command_exited() {
             self.exit_code = code;
@@ -411,6 +423,20 @@ impl Agent {
         Ok(true)
     }
 
+    /// --sample-time: opens or closes the window when due.
+    fn sample_window(&mut self) {
+        let Some(w) = self.windows.as_mut() else { return };
+        match w.step(Instant::now()) {
+            Some(sampling::Edge::Close) => {
+                let t = Instant::now();
+                self.tracer.close_window();
+                w.detached_after(t.elapsed());
+            }
+            Some(sampling::Edge::Open) => self.tracer.open_window(),
+            None => {}
+        }
+    }
+
     /// Decoded records → process table and spans → exporter; requests
     /// that are over (all of them at `shutdown`) go out too.
     fn handle_records(&mut self, shutdown: bool) {
@@ -432,7 +458,10 @@ impl Agent {
             }
         }
         self.join(shutdown, &mut out);
-        for (pid, spans) in out {
+        for (pid, mut spans) in out {
+            if let Some(w) = &self.windows {
+                sampling::mark(&mut spans, w.share);
+            }
             self.exporter.send(pid, spans);
         }
     }
@@ -553,6 +582,7 @@ impl Agent {
         let k = self.tracer.stats();
         self.stats.undecodable = self.inbox.undecodable.get();
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+        self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, exit_code, _rt, listener, health, .. } = self;
         if let Some(l) = listener {

@@ -21,6 +21,9 @@ pub struct RunStats {
     pub undecodable: u64,
     /// Request context's counters (None: --requests off).
     pub requests: Option<RequestStats>,
+    /// --sample-time: the share asked for, and the share the probes were
+    /// live (None: not sampling).
+    pub sampling: Option<(f64, f64)>,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -63,10 +66,18 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
             r.requests, r.bad_traceparent, r.unsampled
         )
     });
+    let sampling = run.sampling.map_or_else(String::new, |(share, live)| {
+        format!(
+            "; --sample-time {}%: probes live {:.1}% of the time, {} operations crossing a window edge dropped",
+            share * 100.0,
+            live * 100.0,
+            k.straddled
+        )
+    });
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{sampling}",
         sum.exported,
         sum.dropped,
         sum.failed,
@@ -84,6 +95,7 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.records_lost.store(k.records_lost, Ordering::Relaxed);
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
+    health.straddled.store(k.straddled, Ordering::Relaxed);
     if let Some(r) = run.requests {
         health.requests.store(r.requests, Ordering::Relaxed);
         health.requests_bad_traceparent.store(r.bad_traceparent, Ordering::Relaxed);

@@ -30,6 +30,10 @@ pub struct Health {
     pub requests_bad_traceparent: AtomicU64,
     /// Requests their caller did not sample (not exported).
     pub requests_unsampled: AtomicU64,
+    /// --sample-time: operations dropped because they crossed a window edge.
+    pub straddled: AtomicU64,
+    /// --sample-time share in millionths (1_000_000 = probes always live).
+    pub sample_time_ppm: AtomicU64,
     /// --otlp-listen: the app's OTLP forwarded, and the joins.
     pub listen: Arc<crate::listen::ListenCounters>,
 }
@@ -79,7 +83,7 @@ impl HealthMetrics {
             let h = h.clone();
             Box::new(move || f(&h).load(Ordering::Relaxed))
         };
-        let counters: [(&'static str, &'static str, Read); 10] = [
+        let counters: [(&'static str, &'static str, Read); 11] = [
             ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
             ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
@@ -90,6 +94,7 @@ impl HealthMetrics {
             ("uvspan.requests", "HTTP requests seen", read_h(|h| &h.requests)),
             ("uvspan.requests.bad_traceparent", "Requests whose traceparent was malformed (ignored)", read_h(|h| &h.requests_bad_traceparent)),
             ("uvspan.requests.unsampled", "Requests their caller did not sample (not exported)", read_h(|h| &h.requests_unsampled)),
+            ("uvspan.operations.straddled", "Operations dropped: they crossed a --sample-time window edge", read_h(|h| &h.straddled)),
         ];
         for (name, desc, read) in counters {
             // The callback stays registered with the provider; the handle is not needed.
@@ -101,6 +106,12 @@ impl HealthMetrics {
             .u64_observable_gauge("uvspan.processes.traced")
             .with_description("Processes being traced")
             .with_callback(move |o| o.observe(traced(), &[]))
+            .build();
+        let share = read_h(|h| &h.sample_time_ppm);
+        let _ = meter
+            .f64_observable_gauge("uvspan.sample_time")
+            .with_description("Share of the time the fs/DNS/request probes are live (--sample-time; 1 = always)")
+            .with_callback(move |o| o.observe(share() as f64 / 1e6, &[]))
             .build();
         Ok(HealthMetrics { provider })
     }

@@ -32,6 +32,9 @@ pub struct Settings {
     pub detail: Detail,
     /// Benchmark only: probe programs return at once (UVSPAN_BENCH_TRAP_ONLY=1).
     pub trap_only: bool,
+    /// --sample-time: uprobes live only in sampling windows
+    /// ([`Tracer::close_window`], [`Tracer::open_window`]).
+    pub sampling: bool,
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -43,6 +46,8 @@ pub struct Stats {
     pub loop_iterations: u64,
     pub loop_emitted: u64,
     pub inflight_replaced: u64,
+    /// --sample-time: operations that crossed a window edge, dropped.
+    pub straddled: u64,
 }
 
 /// (device, inode) of a file.
@@ -54,9 +59,21 @@ fn file_id(p: &std::path::Path) -> Option<FileId> {
 }
 
 struct Attached {
-    _links: Vec<Link>,
+    /// Empty while a sampling window is closed.
+    links: Vec<Link>,
+    /// What was attached, to attach it again when a window opens.
+    spec: AttachSpec,
     /// The statuses of this image's probes when it was attached.
     report: Vec<ProbeStatus>,
+}
+
+/// The probes attached to one file for one pid filter.
+#[derive(Clone)]
+struct AttachSpec {
+    path: std::path::PathBuf,
+    pid: i32,
+    /// (offset, cookie) of each probe that attached.
+    probes: Vec<(usize, u64)>,
 }
 
 /// What [`Tracer::attach`] did.
@@ -79,6 +96,10 @@ pub struct Tracer {
     /// Epoll and process lifecycle links.
     _global: Vec<Link>,
     notices: Vec<String>,
+    /// --sample-time: the uprobes are detached now.
+    window_closed: bool,
+    /// In-flight operations removed when a window closed (they straddle it).
+    swept: u64,
 }
 
 /// libbpf's own messages go to stderr only with UVSPAN_DEBUG=1.
@@ -157,6 +178,8 @@ impl Tracer {
             uprobes: HashMap::new(),
             _global: global,
             notices: Vec::new(),
+            window_closed: false,
+            swept: 0,
         })
     }
 
@@ -177,6 +200,7 @@ impl Tracer {
             ro.discover = u32::from(settings.discover);
             ro.trap_only = u32::from(settings.trap_only);
             ro.requests = u32::from(settings.detail.requests);
+            ro.sampling = u32::from(settings.sampling);
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
@@ -225,20 +249,7 @@ impl Tracer {
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
         self.uprobes.retain(|&(_, p), _| p != pid as i32);
-        let mut dropped = 0;
-        for map in [&self.skel.maps.inflight_fs, &self.skel.maps.inflight_dns] {
-            let of_pid = |k: &Vec<u8>| {
-                let mut key = req_key::default();
-                plain::copy_from_bytes(&mut key, k).is_ok() && key.pid == pid
-            };
-            let stale: Vec<Vec<u8>> = map.keys().filter(of_pid).collect();
-            for k in stale {
-                if map.delete(&k).is_ok() {
-                    dropped += 1;
-                }
-            }
-        }
-        dropped
+        self.sweep_inflight(|p| p == pid)
     }
 
     /// The optional probe groups this tracer attaches.
@@ -268,7 +279,7 @@ impl Tracer {
                         r.state = was.state.clone();
                     }
                 }
-                live += done._links.len();
+                live += done.spec.probes.len();
                 continue;
             }
             let mine: Vec<&mut ProbeStatus> =
@@ -276,12 +287,17 @@ impl Tracer {
             if mine.is_empty() {
                 continue;
             }
-            let links = self.attach_image(loc, pid_filter, mine);
-            live += links.len();
-            if !links.is_empty() {
+            let (mut links, probes) = self.attach_image(loc, pid_filter, mine);
+            live += probes.len();
+            if !probes.is_empty() {
                 new = true;
                 let report = report.iter().filter(|r| r.image == kind).cloned().collect();
-                self.uprobes.insert((id, pid_filter), Attached { _links: links, report });
+                if self.window_closed {
+                    // Attached to check it can be; live from the next window.
+                    detach_all(std::mem::take(&mut links));
+                }
+                let spec = AttachSpec { path: loc.attach_path.clone(), pid: pid_filter, probes };
+                self.uprobes.insert((id, pid_filter), Attached { links, spec, report });
             }
         }
         if live == 0 {
@@ -298,33 +314,102 @@ impl Tracer {
     }
 
     /// One multi-uprobe link for the image when the kernel has them, else one
-    /// link per probe (so a failure is reported per probe).
-    fn attach_image(&self, loc: &Located, pid: i32, mut probes: Vec<&mut ProbeStatus>) -> Vec<Link> {
+    /// link per probe (so a failure is reported per probe). Returns the links
+    /// and the (offset, cookie) of the probes they hold.
+    fn attach_image(&self, loc: &Located, pid: i32, mut probes: Vec<&mut ProbeStatus>) -> (Vec<Link>, Vec<(usize, u64)>) {
+        let wanted: Vec<(usize, u64)> = probes.iter().map(|r| (r.offset.unwrap_or(0) as usize, r.cookie)).collect();
+        let (links, failed) = self.attach_probes(&loc.attach_path, pid, &wanted);
+        for (i, e) in &failed {
+            probes[*i].state = ProbeState::Failed(format!("attach failed: {e}"));
+        }
+        let live = wanted.into_iter().enumerate().filter(|(i, _)| !failed.iter().any(|(f, _)| f == i)).map(|(_, p)| p).collect();
+        (links, live)
+    }
+
+    /// Attaches (offset, cookie) probes to a file; the indexes that failed
+    /// with their error (multi-uprobe: all or none).
+    fn attach_probes(&self, path: &std::path::Path, pid: i32, probes: &[(usize, u64)]) -> (Vec<Link>, Vec<(usize, String)>) {
         if self.multi {
             let opts = UprobeMultiOpts {
-                offsets: probes.iter().map(|r| r.offset.unwrap_or(0) as usize).collect(),
-                cookies: probes.iter().map(|r| r.cookie).collect(),
+                offsets: probes.iter().map(|p| p.0).collect(),
+                cookies: probes.iter().map(|p| p.1).collect(),
                 ..Default::default()
             };
-            return match self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, &loc.attach_path, "", opts) {
-                Ok(link) => vec![link],
-                Err(e) => {
-                    for r in probes.iter_mut() {
-                        r.state = ProbeState::Failed(format!("attach failed: {e}"));
-                    }
-                    vec![]
-                }
+            return match self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, path, "", opts) {
+                Ok(link) => (vec![link], vec![]),
+                Err(e) => (vec![], (0..probes.len()).map(|i| (i, e.to_string())).collect()),
             };
         }
-        let mut links = Vec::new();
-        for r in probes.iter_mut() {
-            let opts = UprobeOpts { cookie: r.cookie, retprobe: false, ..Default::default() };
-            match self.skel.progs.uv_single.attach_uprobe_with_opts(pid, &loc.attach_path, r.offset.unwrap_or(0) as usize, opts) {
+        let (mut links, mut failed) = (Vec::new(), Vec::new());
+        for (i, &(offset, cookie)) in probes.iter().enumerate() {
+            let opts = UprobeOpts { cookie, retprobe: false, ..Default::default() };
+            match self.skel.progs.uv_single.attach_uprobe_with_opts(pid, path, offset, opts) {
                 Ok(link) => links.push(link),
-                Err(e) => r.state = ProbeState::Failed(format!("attach failed: {e}")),
+                Err(e) => failed.push((i, e.to_string())),
             }
         }
-        links
+        (links, failed)
+    }
+
+    /// --sample-time: the window closes. The uprobes are detached; then the
+    /// BPF side drops sync calls still open (their end probe is gone) and
+    /// async operations still in flight are removed, both counted: their
+    /// end will not be seen.
+    pub fn close_window(&mut self) {
+        if self.window_closed {
+            return;
+        }
+        self.window_closed = true;
+        let links: Vec<Link> = self.uprobes.values_mut().flat_map(|a| std::mem::take(&mut a.links)).collect();
+        detach_all(links);
+        // Only now: operations that end while the probes are being removed
+        // (tens of ms) are still whole.
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.window_closed = 1;
+        }
+        self.swept += self.sweep_inflight(|_| true);
+    }
+
+    /// --sample-time: the window opens; the probes of every attached file
+    /// go live again. A file that cannot be attached any more (its
+    /// processes are gone) is forgotten.
+    pub fn open_window(&mut self) {
+        if !self.window_closed {
+            return;
+        }
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.window_gen = bss.window_gen.wrapping_add(1);
+            bss.window_closed = 0;
+        }
+        self.window_closed = false;
+        let keys: Vec<(FileId, i32)> = self.uprobes.keys().copied().collect();
+        for k in keys {
+            let spec = self.uprobes[&k].spec.clone();
+            let (links, _failed) = self.attach_probes(&spec.path, spec.pid, &spec.probes);
+            if links.is_empty() {
+                self.uprobes.remove(&k);
+            } else if let Some(a) = self.uprobes.get_mut(&k) {
+                a.links = links;
+            }
+        }
+    }
+
+    /// Removes in-flight async operations whose pid matches; how many.
+    fn sweep_inflight(&self, of_pid: impl Fn(u32) -> bool) -> u64 {
+        let mut removed = 0;
+        for map in [&self.skel.maps.inflight_fs, &self.skel.maps.inflight_dns] {
+            let matches = |k: &Vec<u8>| {
+                let mut key = req_key::default();
+                plain::copy_from_bytes(&mut key, k).is_ok() && of_pid(key.pid)
+            };
+            let stale: Vec<Vec<u8>> = map.keys().filter(matches).collect();
+            for k in stale {
+                if map.delete(&k).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
     }
 
     /// A ring-buffer reader that hands each raw record to `on_record`.
@@ -357,7 +442,20 @@ impl Tracer {
             loop_iterations: read(stat_idx::STAT_LOOP_ITERATIONS),
             loop_emitted: read(stat_idx::STAT_LOOP_EMITTED),
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),
+            straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
         }
+    }
+}
+
+/// Detaches links side by side: each waits for the kernel's RCU grace
+/// periods (~40 ms for a multi-uprobe link), not for each other.
+fn detach_all(links: Vec<Link>) {
+    if links.len() <= 1 {
+        return drop(links);
+    }
+    let threads: Vec<_> = links.into_iter().map(|l| std::thread::spawn(move || drop(l))).collect();
+    for t in threads {
+        let _ = t.join();
     }
 }
 
@@ -367,9 +465,6 @@ impl Drop for Tracer {
     /// uvspan's exit time (measured 620 ms → 320 ms).
     fn drop(&mut self) {
         self.uprobes.clear();
-        let threads: Vec<_> = self._global.drain(..).map(|l| std::thread::spawn(move || drop(l))).collect();
-        for t in threads {
-            let _ = t.join();
-        }
+        detach_all(self._global.drain(..).collect());
     }
 }

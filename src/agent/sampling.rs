@@ -1,0 +1,197 @@
+//! `--sample-time`: when the uprobes are live. Each second (the period) has
+//! one window of `share × period`, at a random offset inside it, so a
+//! periodic job in the app is not always in (or always out of) the window.
+//! The tracer detaches the probes outside the windows (see
+//! `Tracer::close_window`); the loop thread's epoll path stays on.
+
+use std::time::{Duration, Instant};
+
+/// Writes the share on each span (`uvspan.sample_time`), so counts can be
+/// scaled: loop iterations come from the always-on epoll path (1.0), the
+/// rest from the sampled probes.
+pub fn mark(spans: &mut [opentelemetry_sdk::trace::SpanData], share: f64) {
+    for s in spans {
+        let v = if s.name.starts_with("uv.loop") { 1.0 } else { share };
+        s.attributes.push(opentelemetry::KeyValue::new("uvspan.sample_time", v));
+    }
+}
+
+/// The sampling period.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// A window edge that is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Edge {
+    Open,
+    Close,
+}
+
+/// One window: offset from its period's start, and length.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Window {
+    pub offset: Duration,
+    pub len: Duration,
+}
+
+/// The window of a period, from a random value in [0, 1).
+pub fn window(share: f64, period: Duration, r: f64) -> Window {
+    let len = period.mul_f64(share.clamp(0.0, 1.0));
+    let room = period.saturating_sub(len);
+    Window { offset: room.mul_f64(r.clamp(0.0, 1.0)), len }
+}
+
+/// xorshift64*: enough to place windows; seeded from the clock.
+struct Rng(u64);
+
+impl Rng {
+    fn next_unit(&mut self) -> f64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// The schedule of windows, and how long the probes were live.
+pub struct Windows {
+    pub share: f64,
+    rng: Rng,
+    /// Length of the next window.
+    pending_len: Duration,
+    /// The next edge and when it is due.
+    next: (Edge, Instant),
+    /// Start of the period holding the current or next window.
+    period_start: Instant,
+    opened_at: Option<Instant>,
+    live: Duration,
+    started: Instant,
+    /// How long detaching takes (moving average): the probes stay live
+    /// meanwhile, so windows are cut short by as much.
+    detach: Duration,
+}
+
+impl Windows {
+    /// The probes are live at start (they were just attached): the first
+    /// window runs from now for `share × period`.
+    pub fn new(share: f64, now: Instant) -> Windows {
+        let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+        Windows {
+            share,
+            rng: Rng(seed),
+            pending_len: Duration::ZERO,
+            next: (Edge::Close, now + window(share, PERIOD, 0.0).len),
+            period_start: now,
+            opened_at: Some(now),
+            live: Duration::ZERO,
+            started: now,
+            detach: Duration::ZERO,
+        }
+    }
+
+    /// Time until the next edge (zero if due).
+    pub fn until_next(&self, now: Instant) -> Duration {
+        self.next.1.saturating_duration_since(now)
+    }
+
+    /// The edge due now, if any; the caller carries it out.
+    pub fn step(&mut self, now: Instant) -> Option<Edge> {
+        let (edge, at) = self.next;
+        if now < at {
+            return None;
+        }
+        match edge {
+            Edge::Close => {
+                if let Some(t) = self.opened_at.take() {
+                    self.live += now - t;
+                }
+                // The next period's window; a late tick skips periods.
+                let mut start = self.period_start + PERIOD;
+                while start + PERIOD <= now {
+                    start += PERIOD;
+                }
+                let w = window(self.share, PERIOD, self.rng.next_unit());
+                self.period_start = start;
+                self.next = (Edge::Open, (start + w.offset).max(now));
+                self.pending_len = w.len;
+            }
+            Edge::Open => {
+                self.opened_at = Some(now);
+                self.next = (Edge::Close, now + self.pending_len.saturating_sub(self.detach));
+            }
+        }
+        Some(edge)
+    }
+
+    /// The probes took `d` to detach after the close edge: live meanwhile.
+    pub fn detached_after(&mut self, d: Duration) {
+        self.live += d;
+        self.detach = if self.detach.is_zero() { d } else { (self.detach * 3 + d) / 4 };
+    }
+
+    /// Share of the time the probes were live so far.
+    pub fn measured(&self, now: Instant) -> f64 {
+        let live = self.live + self.opened_at.map_or(Duration::ZERO, |t| now - t);
+        let all = now - self.started;
+        if all.is_zero() {
+            return self.share;
+        }
+        live.as_secs_f64() / all.as_secs_f64()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_window_fits_its_period() {
+        let p = Duration::from_secs(1);
+        assert_eq!(window(0.1, p, 0.0), Window { offset: Duration::ZERO, len: Duration::from_millis(100) });
+        assert_eq!(window(0.1, p, 1.0), Window { offset: Duration::from_millis(900), len: Duration::from_millis(100) });
+        assert_eq!(window(0.25, p, 0.5).offset, Duration::from_millis(375));
+        assert_eq!(window(1.0, p, 0.7), Window { offset: Duration::ZERO, len: p });
+    }
+
+    #[test]
+    fn edges_alternate_one_window_per_period() {
+        let t0 = Instant::now();
+        let mut w = Windows::new(0.1, t0);
+        assert_eq!(w.step(t0), None);
+        assert_eq!(w.until_next(t0), Duration::from_millis(100));
+        let mut t = t0;
+        let mut edges = vec![];
+        let mut opens = vec![];
+        // Tick every millisecond for 10 periods.
+        for _ in 0..10_000 {
+            t += Duration::from_millis(1);
+            if let Some(e) = w.step(t) {
+                edges.push(e);
+                if e == Edge::Open {
+                    opens.push(t - t0);
+                }
+            }
+        }
+        assert!(edges.windows(2).all(|p| p[0] != p[1]), "{edges:?}");
+        assert_eq!(edges[0], Edge::Close);
+        // One window opens in each later period.
+        assert_eq!(opens.len(), 9, "{opens:?}");
+        for (i, o) in opens.iter().enumerate() {
+            let period = (i + 1) as u128 * 1000;
+            assert!((period..period + 1000).contains(&o.as_millis()), "window {i} opened at {o:?}");
+        }
+        let m = w.measured(t);
+        assert!((0.095..=0.105).contains(&m), "{m}");
+    }
+
+    #[test]
+    fn a_late_tick_skips_periods_instead_of_catching_up() {
+        let t0 = Instant::now();
+        let mut w = Windows::new(0.5, t0);
+        let late = t0 + Duration::from_millis(3500);
+        assert_eq!(w.step(late), Some(Edge::Close));
+        // The next window is in the period that holds `late`, or after.
+        assert!(w.until_next(late) < Duration::from_millis(1000));
+    }
+}
