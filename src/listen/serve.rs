@@ -143,9 +143,37 @@ impl tonic::server::UnaryService<Bytes> for Export {
             // An empty Export*ServiceResponse: everything taken.
             Ok(()) => Ok(tonic::Response::new(Bytes::new())),
             Err(Refused::Malformed(e)) => Err(tonic::Status::invalid_argument(e)),
-            Err(Refused::Full) => Err(tonic::Status::resource_exhausted("uvspan's forwarding queue is full; retry later")),
+            Err(Refused::Full) => Err(resource_exhausted()),
         })
     }
+}
+
+/// google.rpc.RetryInfo.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RetryInfo {
+    #[prost(message, optional, tag = "1")]
+    retry_delay: Option<prost_types::Duration>,
+}
+
+/// google.rpc.Status (a gRPC status's details).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RpcStatus {
+    #[prost(int32, tag = "1")]
+    code: i32,
+    #[prost(string, tag = "2")]
+    message: String,
+    #[prost(message, repeated, tag = "3")]
+    details: Vec<prost_types::Any>,
+}
+
+/// RESOURCE_EXHAUSTED with a RetryInfo of 1 s, as the OTLP spec asks of a
+/// server that can take the data later.
+fn resource_exhausted() -> tonic::Status {
+    let msg = "uvspan's forwarding queue is full; retry later";
+    let info = RetryInfo { retry_delay: Some(prost_types::Duration { seconds: 1, nanos: 0 }) };
+    let any = prost_types::Any { type_url: "type.googleapis.com/google.rpc.RetryInfo".into(), value: info.encode_to_vec() };
+    let st = RpcStatus { code: tonic::Code::ResourceExhausted as i32, message: msg.into(), details: vec![any] };
+    tonic::Status::with_details(tonic::Code::ResourceExhausted, msg, st.encode_to_vec().into())
 }
 
 fn reply(status: http::StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response {
@@ -220,5 +248,15 @@ mod tests {
         assert_eq!(count(Signal::Traces, b"").unwrap().0, 0, "an empty request is a valid one");
         assert!(count(Signal::Traces, b"\xff\xff\xff").is_err());
         assert!(count(Signal::Metrics, b"\x0a\x05ab").is_err(), "a field cut short");
+    }
+
+    #[test]
+    fn a_full_queue_says_when_to_retry() {
+        let st = resource_exhausted();
+        assert_eq!(st.code(), tonic::Code::ResourceExhausted);
+        let details = RpcStatus::decode(st.details()).unwrap();
+        assert_eq!(details.details[0].type_url, "type.googleapis.com/google.rpc.RetryInfo");
+        let info = RetryInfo::decode(details.details[0].value.as_slice()).unwrap();
+        assert_eq!(info.retry_delay.map(|d| d.seconds), Some(1));
     }
 }
