@@ -93,6 +93,10 @@ impl Queue {
     pub fn push(&self, it: Item) -> Result<(), Full> {
         let len = it.body.len() as u64;
         let s = &self.state;
+        if s.closed.load(Ordering::SeqCst) {
+            // uvspan is stopping: the app keeps what it would send.
+            return Err(Full);
+        }
         // Reserve, then check: concurrent pushes never overshoot together.
         let before = s.bytes.fetch_add(len, Ordering::SeqCst);
         if before + len > s.cap && before > 0 {

@@ -112,8 +112,9 @@ pub struct Joiner {
     window: Duration,
     /// Incoming parent (trace, span) → the app's SERVER span (trace, span).
     by_parent: HashMap<(TraceId, SpanId), (TraceId, SpanId)>,
-    /// SERVER spans without a parent, per process (0: no process.pid).
-    roots: HashMap<u32, VecDeque<AppServer>>,
+    /// Every SERVER span, per process (0: no process.pid), for requests
+    /// uvspan saw without a traceparent (or whose traceparent it missed).
+    by_pid: HashMap<u32, VecDeque<AppServer>>,
     /// Arrival order of every remembered SERVER span (for SERVERS_MAX).
     order: VecDeque<AppServer>,
     held: VecDeque<Held>,
@@ -135,7 +136,7 @@ impl Joiner {
         Joiner {
             window,
             by_parent: HashMap::new(),
-            roots: HashMap::new(),
+            by_pid: HashMap::new(),
             order: VecDeque::new(),
             held: VecDeque::new(),
             held_spans: 0,
@@ -154,24 +155,26 @@ impl Joiner {
         for s in servers {
             if s.parent != SpanId::INVALID {
                 self.by_parent.insert((s.trace_id, s.parent), (s.trace_id, s.span_id));
-            } else {
-                self.roots.entry(s.pid.unwrap_or(0)).or_default().push_back(s.clone());
             }
+            self.by_pid.entry(s.pid.unwrap_or(0)).or_default().push_back(s.clone());
             self.order.push_back(s);
             self.news = true;
         }
         while self.order.len() > SERVERS_MAX {
             let Some(old) = self.order.pop_front() else { break };
-            if old.parent != SpanId::INVALID {
-                if self.by_parent.get(&(old.trace_id, old.parent)) == Some(&(old.trace_id, old.span_id)) {
-                    self.by_parent.remove(&(old.trace_id, old.parent));
-                }
-            } else if let Some(q) = self.roots.get_mut(&old.pid.unwrap_or(0)) {
-                if let Some(i) = q.iter().position(|s| *s == old) {
+            if old.parent != SpanId::INVALID && self.by_parent.get(&(old.trace_id, old.parent)) == Some(&(old.trace_id, old.span_id)) {
+                self.by_parent.remove(&(old.trace_id, old.parent));
+            }
+            let pid = old.pid.unwrap_or(0);
+            if let Some(q) = self.by_pid.get_mut(&pid) {
+                // The oldest of its process is the oldest overall.
+                if q.front() == Some(&old) {
+                    q.pop_front();
+                } else if let Some(i) = q.iter().position(|s| *s == old) {
                     q.remove(i);
                 }
                 if q.is_empty() {
-                    self.roots.remove(&old.pid.unwrap_or(0));
+                    self.by_pid.remove(&pid);
                 }
             }
         }
@@ -183,7 +186,7 @@ impl Joiner {
             return self.by_parent.get(&tp).copied();
         }
         let (start, end) = (unix_ns(key.start), unix_ns(key.end));
-        let candidates = self.roots.get(&key.pid).into_iter().chain(self.roots.get(&0)).flatten();
+        let candidates = self.by_pid.get(&key.pid).into_iter().chain(self.by_pid.get(&0)).flatten();
         candidates
             .filter(|s| s.pid.is_none_or(|p| p == key.pid))
             .filter(|s| match (s.peer_port, key.peer_port) {
@@ -379,6 +382,11 @@ mod tests {
         assert_eq!(out[0].1[0].span_context.trace_id(), TraceId::from(81));
         assert_eq!(out[0].1[0].parent_span_id, SpanId::INVALID);
         assert_eq!(j.stats, JoinStats { joined: 4, unjoined: 1 });
+        // A traceparent the app saw and uvspan did not (cut from its capture): port and time still match.
+        out.clear();
+        j.offer(vec![server(7, 5, 55, 99, 700 * ms, 710 * ms, 4002)]);
+        j.hold(key(7, 4002, 699 * ms, 720 * ms), vec![uv_span(82, 6, 0)], now, &mut out);
+        assert_eq!(out[0].1[0].parent_span_id, SpanId::from(55));
     }
 
     #[test]
@@ -388,7 +396,8 @@ mod tests {
         j.offer((0..SERVERS_MAX as u64 + 10).map(|i| server(7, 1, i + 1, 0, i, i, 1)).collect());
         j.offer((0..10u64).map(|i| server(7, 1, i + 1, i + 1, i, i, 1)).collect());
         assert_eq!(j.order.len(), SERVERS_MAX);
-        assert_eq!(j.roots[&7].len() + j.by_parent.len(), SERVERS_MAX);
+        assert_eq!(j.by_pid[&7].len(), SERVERS_MAX);
+        assert_eq!(j.by_parent.len(), 10);
         let mut out = Out::new();
         let key = RequestKey { pid: 9, incoming: None, peer_port: None, start: t(0), end: t(0), parent: SpanId::INVALID };
         for i in 0..=(HELD_SPANS_MAX as u64 / 1000) {
