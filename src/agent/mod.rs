@@ -417,7 +417,11 @@ impl Agent {
         }
         if self.timers.status.due() {
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
-            let line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
+            let mut line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
+            if self.listener.is_some() {
+                line.push_str("; ");
+                line.push_str(&self.health.listen.summary());
+            }
             eprintln!("{line}");
         }
         Ok(true)
