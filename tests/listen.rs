@@ -42,7 +42,7 @@ fn listen_cmd(dir: &TempDir, upstream: (&str, Protocol), via: Protocol, direct: 
     let (preload, script, n) = (fixture("otel_sdk_listen.js"), fixture("requests_server.js"), N.to_string());
     let mut args = vec![
         "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", upstream.0, "--otlp-protocol", upstream.1.flag(),
-        "--otlp-listen", listen.as_str(), "--join-window", "3s",
+        "--otlp-listen", listen.as_str(),
     ];
     args.extend_from_slice(extra);
     let ds = dir.str();
@@ -152,12 +152,24 @@ fn per_signal(stderr: &str, what: &str) -> (u64, u64, u64) {
 }
 
 fn forwarded_and_joined(tag: &str, via: Protocol, upstream_protocol: Protocol) {
+    forwarded_and_joined_with(tag, via, upstream_protocol, false)
+}
+
+/// `defaults`: the SDK's default batch delay (5 s) and uvspan's default
+/// join window, the app alive long enough for its SDK to export on its own
+/// schedule (not only at exit).
+fn forwarded_and_joined_with(tag: &str, via: Protocol, upstream_protocol: Protocol, defaults: bool) {
     require_root();
     let upstream = Receiver::start(upstream_protocol);
     let direct = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new(tag);
     let ep = upstream.endpoint();
-    let out = run(listen_cmd(&dir, (ep.as_str(), upstream_protocol), via, &direct, &[]));
+    let window: &[&str] = if defaults { &[] } else { &["--join-window", "3s"] };
+    let mut cmd = listen_cmd(&dir, (ep.as_str(), upstream_protocol), via, &direct, window);
+    if defaults {
+        cmd.env_remove("OTEL_BSP_SCHEDULE_DELAY").env("OTLP_STAY_MS", "9000");
+    }
+    let out = run(cmd);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let direct_spans = direct.spans();
     let spans = upstream.spans();
@@ -201,6 +213,12 @@ fn app_exports_over_http_protobuf_through_uvspan_unchanged_and_its_spans_parent_
     forwarded_and_joined("listen-http", Protocol::HttpProtobuf, Protocol::Grpc);
 }
 
+/// The defaults fit each other: the SDK exports every 5 s, uvspan waits 6 s.
+#[test]
+fn the_default_join_window_covers_the_sdks_default_batch_delay() {
+    forwarded_and_joined_with("listen-defaults", Protocol::Grpc, Protocol::Grpc, true);
+}
+
 /// The collector goes away while the app runs and comes back later: every
 /// span the app exported arrives once it is back (held in uvspan's queue).
 #[test]
@@ -210,7 +228,7 @@ fn a_collector_outage_loses_none_of_the_apps_spans() {
     let direct = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("listen-outage");
     let ep = upstream.endpoint();
-    let mut cmd = listen_cmd(&dir, (ep.as_str(), Protocol::Grpc), Protocol::Grpc, &direct, &["--flush-timeout", "60s"]);
+    let mut cmd = listen_cmd(&dir, (ep.as_str(), Protocol::Grpc), Protocol::Grpc, &direct, &["--flush-timeout", "60s", "--join-window", "3s"]);
     cmd.env("OTLP_TRACES_ONLY", "1");
     let mut uv = Running::spawn(cmd);
     uv.wait_stdout(RUN_TIMEOUT, "the first request", |o| o.contains("{\"marker\":\"req\""));
@@ -374,7 +392,7 @@ fn several_processes_export_through_one_uvspan() {
     let direct = Receiver::start(Protocol::Grpc);
     let (a, b) = (TempDir::new("listen-multi-a"), TempDir::new("listen-multi-b"));
     let ep = upstream.endpoint();
-    let mut cmd = listen_cmd(&a, (ep.as_str(), Protocol::Grpc), Protocol::HttpProtobuf, &direct, &[]);
+    let mut cmd = listen_cmd(&a, (ep.as_str(), Protocol::Grpc), Protocol::HttpProtobuf, &direct, &["--join-window", "3s"]);
     // The same fixture twice, under one shell: uvspan follows its node children.
     let (preload, script) = (fixture("otel_sdk_listen.js"), fixture("requests_server.js"));
     let one = |d: &TempDir| format!("node -r {preload} {script} {} {N} {CONCURRENCY}", d.str());
