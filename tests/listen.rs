@@ -381,6 +381,10 @@ fn an_address_in_use_stops_uvspan_with_one_line() {
     // Without an endpoint to forward to: a usage error too.
     let out = run(uvspan_cmd(["--otlp-listen", "127.0.0.1:0", "--", "node", "-e", "1"]));
     assert_eq!(out.code(), Some(2), "{}", out.context());
+    // Forwarding to itself: refused.
+    let out = run(uvspan_cmd(["--otlp-endpoint", "http://127.0.0.1:4999", "--otlp-listen", "127.0.0.1:4999", "--", "node", "-e", "1"]));
+    assert_eq!(out.code(), Some(2), "{}", out.context());
+    assert!(out.stderr.contains("is uvspan's own --otlp-listen address"), "{}", out.context());
 }
 
 /// Two traced processes export through one uvspan: each one's spans join
