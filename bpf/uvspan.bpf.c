@@ -218,7 +218,14 @@ struct loop_state {
 	__u8 poll_timeout_zero; /* epoll-only: the current wait has timeout 0 */
 	__u8 last_poll_empty;   /* epoll-only: the last wait had timeout 0 and no events */
 	__u16 _pad;
+	__u64 last_exit_ns; /* when the last epoll wait returned */
 };
+
+/* libuv's two waits of one poll phase (idle-time metrics: a timeout-0 wait,
+ * then the real one) follow each other within microseconds; a longer gap
+ * means callbacks ran in between (a timeout-0 poll because immediates are
+ * pending): a new iteration. */
+#define SAME_POLL_GAP_NS 250000ULL
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -1178,8 +1185,8 @@ static __always_inline int epoll_enter(int timeout_zero)
 	__u64 now = bpf_ktime_get_ns();
 	if (st->epoll_only) {
 		/* libuv with idle-time metrics (Node) first polls with timeout 0;
-		 * the wait that follows an empty one belongs to the same iteration. */
-		if (!st->last_poll_empty)
+		 * the wait right after an empty one belongs to the same iteration. */
+		if (!st->last_poll_empty || now - st->last_exit_ns > SAME_POLL_GAP_NS)
 			loop_enter_phase(st, PHASE_POLL, now);
 		st->poll_timeout_zero = timeout_zero;
 	}
@@ -1207,6 +1214,7 @@ static __always_inline int epoll_exit(long ret)
 	__u64 now = bpf_ktime_get_ns();
 	st->ev.poll_wait_ns += now - st->epoll_enter;
 	st->last_poll_empty = st->poll_timeout_zero && ret == 0;
+	st->last_exit_ns = now;
 	if (!st->wake_frozen) {
 		st->ev.wake_ns = now;
 		st->wake_frozen = ret > 0;

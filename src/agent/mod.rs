@@ -287,8 +287,8 @@ impl Agent {
         let (rb, inbox) = open_ring(&tracer)?;
         let sleeper = Sleeper::new(rb.epoll_fd(), waker.clone())?;
         let status = cli.status_interval;
-        let windows = cli.sample_time.filter(|&s| s < 1.0).map(|s| sampling::Windows::new(s, Instant::now()));
-        health.sample_time_ppm.store(windows.as_ref().map_or(1_000_000, |w| (w.share * 1e6).round() as u64), Ordering::Relaxed);
+        let share = cli.sample_time.filter(|&s| s < 1.0);
+        health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
         let mut agent = Agent {
             procs: Procs::new(cli.service_name.clone()),
             requests: (cli.requests != RequestsMode::Off).then(|| {
@@ -323,7 +323,7 @@ impl Agent {
                 status: Every::new(status),
                 requests: Every::new(Duration::from_millis(200)),
             },
-            windows,
+            windows: None,
             _rt: rt,
         };
         for (pid, images) in &targets.pids {
@@ -335,6 +335,8 @@ impl Agent {
         if let Some(images) = &targets.command_node {
             agent.start_command(images, targets.found)?;
         }
+        // The first sampling window starts now that the probes are live.
+        agent.windows = share.map(|s| sampling::Windows::new(s, Instant::now()));
         Ok(agent)
     }
 

@@ -10,7 +10,7 @@ use opentelemetry::Value;
 use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
 
-use super::Sink;
+use super::{ExportError, Sink};
 
 pub struct Console<W: Write + Send + 'static> {
     out: W,
@@ -23,9 +23,13 @@ impl Console<std::io::Stdout> {
 }
 
 impl<W: Write + Send + 'static> Sink for Console<W> {
-    async fn export(&mut self, _resource: &Resource, label: &str, spans: Vec<SpanData>) -> Result<(), String> {
-        let text = render(label, &spans);
-        self.out.write_all(text.as_bytes()).and_then(|_| self.out.flush()).map_err(|e| e.to_string())
+    async fn export(&mut self, _resource: &Resource, label: &str, spans: &[SpanData]) -> Result<u64, ExportError> {
+        let text = render(label, spans);
+        self.out
+            .write_all(text.as_bytes())
+            .and_then(|_| self.out.flush())
+            .map_err(|e| ExportError { message: e.to_string(), retryable: false })?;
+        Ok(0)
     }
 }
 

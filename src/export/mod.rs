@@ -7,6 +7,7 @@
 //! and counted, never buffered without limit.
 
 pub mod console;
+pub mod encode;
 pub mod health;
 pub mod otlp;
 
@@ -85,13 +86,24 @@ pub struct Exporter {
 
 /// The sink the export task writes to.
 pub(crate) trait Sink: Send + 'static {
-    /// Exports one process's spans. Err is counted as failed.
+    /// Exports one process's spans: how many the receiver rejected (partial
+    /// success, counted as failed). Err: none arrived; a retryable error keeps
+    /// them queued for another try (while the queue bound holds), another is
+    /// counted as failed.
     fn export(
         &mut self,
         resource: &Resource,
         label: &str,
-        spans: Vec<SpanData>,
-    ) -> impl std::future::Future<Output = Result<(), String>> + Send;
+        spans: &[SpanData],
+    ) -> impl std::future::Future<Output = Result<u64, ExportError>> + Send;
+}
+
+/// Why an export failed.
+#[derive(Debug)]
+pub(crate) struct ExportError {
+    pub message: String,
+    /// Worth another try later (the collector is down, busy or slow).
+    pub retryable: bool,
 }
 
 impl Exporter {
@@ -161,23 +173,37 @@ impl Exporter {
     }
 }
 
+/// Retries of a failed export wait this long at first, doubling up to
+/// [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(200);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
 async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
     let mut procs: HashMap<u32, (Resource, String)> = HashMap::new();
     let mut pending: HashMap<u32, Vec<SpanData>> = HashMap::new();
     let mut forgotten: Vec<u32> = Vec::new();
-    let mut pending_n = 0usize;
     let mut tick = tokio::time::interval(cfg.schedule_delay);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut flush_ack = None;
+    // After a retryable failure: when to try again, and the next wait.
+    let mut retry_at: Option<tokio::time::Instant> = None;
+    let mut backoff = FIRST_BACKOFF;
     loop {
-        let mut flush_ack = None;
+        let pending_n: usize = pending.values().map(Vec::len).sum();
         let mut closed = false;
+        let retry = async {
+            match retry_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(Msg::Process { pid, resource, label }) => { procs.insert(pid, (resource, label)); continue; }
                 Some(Msg::Spans { pid, spans }) => {
-                    pending_n += spans.len();
+                    let full = pending_n + spans.len() >= cfg.max_batch;
                     pending.entry(pid).or_default().extend(spans);
-                    if pending_n < cfg.max_batch { continue; }
+                    if !full || retry_at.is_some() { continue; }
                 }
                 Some(Msg::Flush(ack)) => flush_ack = Some(ack),
                 Some(Msg::Forget(pid)) => {
@@ -186,35 +212,63 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                 }
                 None => closed = true,
             },
-            _ = tick.tick() => {}
+            _ = tick.tick(), if retry_at.is_none() => {}
+            _ = retry => retry_at = None,
         }
-        for (pid, spans) in pending.drain() {
-            let (resource, label) = procs
-                .get(&pid)
-                .cloned()
-                .unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
-            for chunk in chunks(spans, cfg.max_batch) {
-                let m = chunk.len() as u64;
-                match sink.export(&resource, &label, chunk).await {
-                    Ok(()) => counters.exported.fetch_add(m, Ordering::Relaxed),
-                    Err(e) => {
-                        if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                            eprintln!("uvspan: export failed: {e} (further errors are counted in the summary)");
+        if retry_at.is_none() {
+            let mut batch: Vec<(u32, Vec<SpanData>)> = pending.drain().collect();
+            while let Some((pid, spans)) = batch.pop() {
+                let (resource, label) = procs
+                    .get(&pid)
+                    .cloned()
+                    .unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
+                let mut parts = chunks(spans, cfg.max_batch).into_iter();
+                while let Some(chunk) = parts.next() {
+                    let m = chunk.len() as u64;
+                    match sink.export(&resource, &label, &chunk).await {
+                        Ok(rejected) => {
+                            let rejected = rejected.min(m);
+                            counters.failed.fetch_add(rejected, Ordering::Relaxed);
+                            counters.exported.fetch_add(m - rejected, Ordering::Relaxed);
+                            backoff = FIRST_BACKOFF;
                         }
-                        counters.failed.fetch_add(m, Ordering::Relaxed)
+                        Err(e) => {
+                            if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                                eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
+                            }
+                            if e.retryable {
+                                // Back in the queue, in order, with what was
+                                // not sent yet; tried again after a wait.
+                                let rest = pending.entry(pid).or_default();
+                                let newer = std::mem::take(rest);
+                                rest.extend(chunk);
+                                rest.extend(parts.by_ref().flatten());
+                                rest.extend(newer);
+                                for (p, s) in batch.drain(..) {
+                                    pending.entry(p).or_default().splice(0..0, s);
+                                }
+                                retry_at = Some(tokio::time::Instant::now() + backoff);
+                                backoff = (backoff * 2).min(MAX_BACKOFF);
+                                break;
+                            }
+                            counters.failed.fetch_add(m, Ordering::Relaxed);
+                        }
                     }
-                };
-                // Per chunk: if the flush deadline cuts the export short, what was
-                // sent is not also counted as not flushed.
-                counters.queued.fetch_sub(m, Ordering::Relaxed);
+                    // Per chunk: if the flush deadline cuts the export short, what
+                    // was sent is not also counted as not flushed.
+                    counters.queued.fetch_sub(m, Ordering::Relaxed);
+                }
+            }
+            for pid in forgotten.drain(..) {
+                if !pending.contains_key(&pid) {
+                    procs.remove(&pid);
+                }
             }
         }
-        pending_n = 0;
-        for pid in forgotten.drain(..) {
-            procs.remove(&pid);
-        }
-        if let Some(ack) = flush_ack {
-            let _ = ack.send(());
+        if pending.is_empty() {
+            if let Some(ack) = flush_ack.take() {
+                let _ = ack.send(());
+            }
         }
         if closed {
             return;

@@ -1,12 +1,15 @@
-//! OTLP export through opentelemetry-otlp (gRPC via tonic, or HTTP/protobuf).
-//! Spans of each traced process are exported under that process's resource.
+//! OTLP export (gRPC via tonic, or HTTP/protobuf): the spans of each traced
+//! process under that process's resource, encoded by `encode.rs`.
+
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use opentelemetry_otlp::{Protocol, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
-use opentelemetry_sdk::trace::{SpanData, SpanExporter as _};
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
+use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
+use prost::Message;
 
-use super::Sink;
+use super::{ExportError, Sink};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OtlpProtocol {
@@ -47,50 +50,211 @@ impl OtlpConfig {
     }
 }
 
+/// The OTLP trace sink: spans encoded by [`super::encode`] and sent as they
+/// are, over gRPC (tonic, `TraceService/Export`) or HTTP/protobuf
+/// (`POST /v1/traces`). Headers: `OTEL_EXPORTER_OTLP_HEADERS`, else the
+/// config file's; timeout per export request: `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// (ms, default 10000).
 pub struct Otlp {
-    exporter: SpanExporter,
+    transport: Transport,
+    timeout: Duration,
+    /// Spans the collector rejected (partial success), said once.
+    said_rejected: bool,
 }
 
+enum Transport {
+    Grpc { client: tonic::client::Grpc<tonic::transport::Channel>, metadata: tonic::metadata::MetadataMap },
+    Http { client: reqwest::Client, url: String },
+}
+
+const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
 impl Otlp {
-    /// Builds the exporter (inside the tokio runtime). Headers come from
-    /// OTEL_EXPORTER_OTLP_HEADERS, timeout from OTEL_EXPORTER_OTLP_TIMEOUT.
+    /// Sets up the transport (inside the tokio runtime); connects lazily, so
+    /// a collector that is not up yet is only a failed export.
     pub fn new(c: &OtlpConfig) -> Result<Otlp> {
         let url = c.traces_url();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", c.endpoint);
         }
-        let exporter = match c.protocol {
+        let headers = match std::env::var("OTEL_EXPORTER_OTLP_HEADERS") {
+            Ok(v) => parse_headers(&v).context("invalid OTEL_EXPORTER_OTLP_HEADERS")?,
+            Err(_) => c.headers.clone(),
+        };
+        let timeout = std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map_or(Duration::from_secs(10), Duration::from_millis);
+        let transport = match c.protocol {
             OtlpProtocol::Grpc => {
-                let mut b = SpanExporter::builder().with_tonic().with_endpoint(url.clone());
-                if !c.headers.is_empty() {
-                    let mut md = tonic::metadata::MetadataMap::new();
-                    for (k, v) in &c.headers {
-                        let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                            .with_context(|| format!("invalid OTLP header name {k:?}"))?;
-                        let val = v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?;
-                        md.insert(key, val);
-                    }
-                    b = b.with_metadata(md);
+                let channel = tonic::transport::Endpoint::from_shared(url.clone())
+                    .with_context(|| format!("invalid OTLP endpoint {url:?}"))?
+                    .connect_timeout(timeout)
+                    .connect_lazy();
+                let mut metadata = tonic::metadata::MetadataMap::new();
+                for (k, v) in &headers {
+                    let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                        .with_context(|| format!("invalid OTLP header name {k:?}"))?;
+                    let val = v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?;
+                    metadata.insert(key, val);
                 }
-                b.build()
+                Transport::Grpc { client: tonic::client::Grpc::new(channel), metadata }
             }
-            OtlpProtocol::HttpProtobuf => SpanExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(url.clone())
-                .with_headers(c.headers.iter().cloned().collect())
-                .build(),
-        }
-        .with_context(|| format!("cannot set up the OTLP exporter for {url}"))?;
-        Ok(Otlp { exporter })
+            OtlpProtocol::HttpProtobuf => {
+                let mut map = reqwest::header::HeaderMap::new();
+                for (k, v) in &headers {
+                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
+                        .with_context(|| format!("invalid OTLP header name {k:?}"))?;
+                    let val = reqwest::header::HeaderValue::from_str(v)
+                        .with_context(|| format!("invalid OTLP header value for {k:?}"))?;
+                    map.insert(name, val);
+                }
+                map.insert(reqwest::header::CONTENT_TYPE, reqwest::header::HeaderValue::from_static("application/x-protobuf"));
+                let client = reqwest::Client::builder()
+                    .default_headers(map)
+                    .timeout(timeout)
+                    .build()
+                    .context("cannot set up the OTLP HTTP client")?;
+                Transport::Http { client, url: url.clone() }
+            }
+        };
+        Ok(Otlp { transport, timeout, said_rejected: false })
+    }
+
+    /// Sends one encoded request; the collector's partial-success answer
+    /// (spans rejected, and why).
+    async fn send(&mut self, body: Vec<u8>) -> Result<Option<ExportTracePartialSuccess>, ExportError> {
+        let retry = |message: String| ExportError { message, retryable: true };
+        let timeout = self.timeout;
+        let late = move || retry(format!("no answer within {timeout:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"));
+        let answer = match &mut self.transport {
+            Transport::Grpc { client, metadata } => {
+                let call = async {
+                    client.ready().await.map_err(|e| retry(format!("cannot reach the collector: {e}")))?;
+                    let mut req = tonic::Request::new(body);
+                    *req.metadata_mut() = metadata.clone();
+                    let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT_PATH);
+                    client.unary(req, path, RawCodec).await.map(tonic::Response::into_inner).map_err(|s| ExportError {
+                        message: format!("the collector answered {:?}: {}", s.code(), s.message()),
+                        retryable: grpc_retryable(s.code()),
+                    })
+                };
+                tokio::time::timeout(timeout, call).await.map_err(|_| late())??
+            }
+            Transport::Http { client, url } => {
+                let resp = client.post(url.as_str()).body(body).send().await.map_err(|e| {
+                    if e.is_timeout() {
+                        late()
+                    } else {
+                        retry(format!("cannot reach the collector: {e}"))
+                    }
+                })?;
+                let status = resp.status();
+                let bytes = resp.bytes().await.map_err(|e| retry(format!("reading the collector's answer: {e}")))?;
+                if !status.is_success() {
+                    return Err(ExportError {
+                        message: format!("the collector answered HTTP {status}"),
+                        retryable: matches!(status.as_u16(), 429 | 502 | 503 | 504),
+                    });
+                }
+                bytes.to_vec()
+            }
+        };
+        Ok(ExportTraceServiceResponse::decode(answer.as_slice()).ok().and_then(|r| r.partial_success))
     }
 }
 
 impl Sink for Otlp {
-    async fn export(&mut self, resource: &Resource, _label: &str, spans: Vec<SpanData>) -> Result<(), String> {
-        self.exporter.set_resource(resource);
-        self.exporter.export(spans).await.map_err(|e| e.to_string())
+    async fn export(&mut self, resource: &Resource, _label: &str, spans: &[SpanData]) -> Result<u64, ExportError> {
+        let body = super::encode::export_request(resource, spans);
+        let partial = self.send(body).await?;
+        let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);
+        if rejected > 0 && !self.said_rejected {
+            self.said_rejected = true;
+            let why = partial.map(|p| p.error_message).unwrap_or_default();
+            eprintln!("uvspan: the collector rejected {rejected} spans: {why} (counted as failed; said once)");
+        }
+        Ok(rejected)
     }
+}
+
+/// The gRPC codes the OTLP specification says to retry.
+fn grpc_retryable(code: tonic::Code) -> bool {
+    use tonic::Code::*;
+    matches!(code, Cancelled | DeadlineExceeded | ResourceExhausted | Aborted | OutOfRange | Unavailable | DataLoss)
+}
+
+/// gRPC body as bytes: the request is encoded already, the answer decoded
+/// by the caller.
+#[derive(Clone, Copy, Default)]
+struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+        use bytes::Buf;
+        let mut v = vec![0; src.remaining()];
+        src.copy_to_slice(&mut v);
+        Ok(Some(v))
+    }
+}
+
+/// `OTEL_EXPORTER_OTLP_HEADERS`: `k1=v1,k2=v2`, values percent-decoded (W3C
+/// baggage format, as the OpenTelemetry specification says).
+pub fn parse_headers(s: &str) -> Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let Some((k, v)) = item.split_once('=') else { bail!("{item:?} is not key=value") };
+        let k = k.trim();
+        if k.is_empty() {
+            bail!("{item:?} has no header name");
+        }
+        out.push((k.to_string(), percent_decode(v.trim())));
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        if b[i] == b'%' && i + 2 < b.len() {
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]
@@ -105,5 +269,18 @@ mod tests {
         assert_eq!(c("http://h:4318/v1/traces", OtlpProtocol::HttpProtobuf).traces_url(), "http://h:4318/v1/traces");
         assert_eq!(c("http://h:4317", OtlpProtocol::Grpc).traces_url(), "http://h:4317");
         assert!("http/json".parse::<OtlpProtocol>().is_err());
+    }
+
+    #[test]
+    fn headers_from_the_environment_format() {
+        assert_eq!(
+            parse_headers("api-key=abc%20def, x-tenant = t1 ,,").unwrap(),
+            vec![("api-key".to_string(), "abc def".to_string()), ("x-tenant".to_string(), "t1".to_string())]
+        );
+        assert_eq!(parse_headers("a=100%").unwrap(), vec![("a".to_string(), "100%".to_string())]);
+        assert_eq!(parse_headers("a=b=c").unwrap(), vec![("a".to_string(), "b=c".to_string())]);
+        assert!(parse_headers("novalue").is_err());
+        assert!(parse_headers("=v").is_err());
+        assert_eq!(parse_headers("").unwrap(), vec![]);
     }
 }
