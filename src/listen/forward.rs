@@ -211,41 +211,12 @@ enum Upstream {
     Http { client: reqwest::Client, base: String, headers: Vec<(String, String)>, gzip: bool },
 }
 
-/// `k1=v1,k2=v2` (OTEL_EXPORTER_OTLP_HEADERS; values percent-decoded).
-pub fn parse_headers(s: &str) -> Vec<(String, String)> {
-    s.split(',')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (k.trim().to_string(), percent_decode(v.trim())))
-        .filter(|(k, _)| !k.is_empty())
-        .collect()
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let hex = |c: u8| (c as char).to_digit(16);
-        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
-            (b'%', Some(h), Some(l)) => {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-            }
-            (c, _, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The headers uvspan's own exporter sends: OTEL_EXPORTER_OTLP_HEADERS, or
 /// else the config file's.
-fn headers(cfg: &OtlpConfig) -> Vec<(String, String)> {
+fn headers(cfg: &OtlpConfig) -> Result<Vec<(String, String)>> {
     match std::env::var("OTEL_EXPORTER_OTLP_HEADERS") {
-        Ok(v) if !v.trim().is_empty() => parse_headers(&v),
-        _ => cfg.headers.clone(),
+        Ok(v) => crate::export::otlp::parse_headers(&v).context("invalid OTEL_EXPORTER_OTLP_HEADERS"),
+        Err(_) => Ok(cfg.headers.clone()),
     }
 }
 
@@ -272,7 +243,7 @@ impl Upstream {
                     grpc = grpc.send_compressed(CompressionEncoding::Gzip);
                 }
                 let mut md = tonic::metadata::MetadataMap::new();
-                for (k, v) in headers(cfg) {
+                for (k, v) in headers(cfg)? {
                     let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
                         .with_context(|| format!("invalid OTLP header name {k:?}"))?;
                     md.insert(key, v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?);
@@ -282,7 +253,7 @@ impl Upstream {
             OtlpProtocol::HttpProtobuf => Upstream::Http {
                 client: reqwest::Client::builder().timeout(timeout).build().context("cannot set up the HTTP client")?,
                 base,
-                headers: headers(cfg),
+                headers: headers(cfg)?,
                 gzip,
             },
         })
@@ -355,14 +326,6 @@ pub fn partial_success(signal: Signal, reply: &[u8]) -> (u64, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn headers_from_the_environment_format() {
-        assert_eq!(
-            parse_headers("api-key=a%20b, x=1,bad,=v"),
-            vec![("api-key".to_string(), "a b".to_string()), ("x".to_string(), "1".to_string())]
-        );
-    }
 
     #[test]
     fn partial_successes_are_read() {
