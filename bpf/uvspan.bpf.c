@@ -14,6 +14,7 @@
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
+#include <linux/bpf_perf_event.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
@@ -41,6 +42,8 @@ const volatile unsigned int requests = 0;
 const volatile unsigned int sampling = 0;
 volatile __u32 window_closed = 0;
 volatile __u32 window_gen = 0;
+/* --stacks all-ops: the user stack at each fs/DNS submit. */
+const volatile unsigned int stacks_all_ops = 0;
 
 /* Kernel types (CO-RE: only the fields used). */
 struct files_struct;
@@ -219,6 +222,8 @@ struct loop_state {
 	__u8 last_poll_empty;   /* epoll-only: the last wait had timeout 0 and no events */
 	__u16 _pad;
 	__u64 last_exit_ns; /* when the last epoll wait returned */
+	__u32 samples;          /* --stacks: stack samples sent in this iteration */
+	__u32 _pad2;
 };
 
 /* libuv's two waits of one poll phase (idle-time metrics: a timeout-0 wait,
@@ -249,6 +254,7 @@ struct scratch {
 		struct loop_state loop;
 		struct proc_event proc; /* listed so the skeleton generates its type */
 		struct http_event http;
+		struct stack_event stack; /* listed so the skeleton generates its type */
 		struct {
 			enum probe_kind probe;
 			enum ev_end end;
@@ -272,6 +278,40 @@ struct {
 } scratch_buf SEC(".maps");
 
 /* ---- helpers ---- */
+/* --stacks: walks the frame-pointer chain of the user stack from (pc, fp)
+ * into e->frames. */
+static __always_inline void walk_user_stack(struct stack_event *e, __u64 pc, __u64 fp)
+{
+	__u32 n = 0;
+	for (int i = 0; i < UVSPAN_STACK_FRAMES; i++) {
+		/* fp-16, fp-8, saved fp, return address */
+		__u64 w[4] = {};
+		e->frames[i].pc = pc;
+		e->frames[i].fp_m16 = 0;
+		e->frames[i].fp_m8 = 0;
+		__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		n = i + 1;
+		if (!fp || bpf_probe_read_user(w, sizeof(w), (void *)(fp - 16)))
+			break;
+		e->frames[i].fp_m16 = w[0];
+		e->frames[i].fp_m8 = w[1];
+		/* A JS frame: a heap object (tag 01) at fp-16, a context (also a
+		 * heap object) at fp-8 where typed frames keep a small marker. */
+		if ((w[0] & 3) == 1 && (w[1] & 1) == 1) {
+			if (bpf_probe_read_user(e->frames[i].obj, sizeof(e->frames[i].obj), (void *)(w[0] - 1)))
+				__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		} else {
+			__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		}
+		/* The caller's frame is higher on the stack; anything else ends the chain. */
+		if (w[2] <= fp || !w[3])
+			break;
+		pc = w[3];
+		fp = w[2];
+	}
+	e->n_frames = n;
+}
+
 static __always_inline void stat_inc(__u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
@@ -478,11 +518,36 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	return 0;
 }
 
+/* --stacks all-ops: the stack of the thread submitting fs/DNS request
+ * `req`, sent before the request's own record. */
+static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
+{
+	struct stack_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(STAT_RINGBUF_LOST);
+		return;
+	}
+	__u64 id = bpf_get_current_pid_tgid();
+	e->hdr.kind = EV_STACK;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->hdr._pad = 0;
+	e->iter_start_ns = 0;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->sp = PT_REGS_SP(ctx);
+	e->req = req;
+	e->_pad = 0;
+	walk_user_stack(e, PT_REGS_IP(ctx), PT_REGS_FP(ctx));
+	bpf_ringbuf_submit(e, wake_flags());
+}
+
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32;
 	__u64 req = PT_REGS_PARM2(ctx);
+	if (stacks_all_ops)
+		op_stack(ctx, req);
 	__u64 now = bpf_ktime_get_ns();
 	__u32 idx;
 	struct args args;
@@ -621,6 +686,8 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
+	if (stacks_all_ops)
+		op_stack(ctx, PT_REGS_PARM2(ctx));
 	struct dns_event *e = &s->dns;
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HOST_MAX);
 	e->hdr.kind = EV_DNS;
@@ -827,6 +894,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 		st->ev.end_ns = 0;
 		st->ev.poll_wait_ns = 0;
 		st->wake_frozen = 0;
+		st->samples = 0;
 		__builtin_memset(st->ev.phases, 0, sizeof(st->ev.phases));
 	}
 	if (st->ev.start_ns && !st->ev.phases[phase].start_ns)
@@ -1270,14 +1338,71 @@ int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
 	return epoll_exit(ret);
 }
 
+/* ---- --stacks: the loop thread's stack while an iteration is slow ----
+ * A CPU-clock perf event per traced process, on its loop thread (user space
+ * opens it), runs this at ~1 kHz while the thread runs. A sample is kept
+ * only when the iteration in progress has already been busy for the loop
+ * threshold: otherwise one map lookup and out. The frame-pointer chain is
+ * walked here (V8's JIT code keeps frame pointers); user space names the
+ * frames (ELF symbols, V8 heap objects) while the process still runs. */
+struct pt_regs___s {
+	unsigned long ip;
+	unsigned long sp;
+	unsigned long bp;
+} __attribute__((preserve_access_index));
+
+SEC("perf_event")
+int loop_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	if (!st || !st->ev.start_ns)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 idle = st->ev.poll_wait_ns;
+	if (st->epoll_enter)
+		idle += now - st->epoll_enter;
+	__u64 total = now - st->ev.start_ns;
+	if (total < idle + loop_threshold_ns)
+		return 0;
+	if (st->samples >= UVSPAN_STACK_SAMPLES_MAX)
+		return 0;
+	/* The user registers, also when the sample hit kernel code (a syscall,
+	 * a page fault): the ones saved at kernel entry. */
+	struct pt_regs___s *regs = (struct pt_regs___s *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	if (!regs)
+		return 0;
+	struct stack_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(STAT_RINGBUF_LOST);
+		return 0;
+	}
+	st->samples++;
+	e->hdr.kind = EV_STACK;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = tid;
+	e->hdr._pad = 0;
+	e->iter_start_ns = st->ev.start_ns;
+	e->ts_ns = now;
+	e->sp = BPF_CORE_READ(regs, sp);
+	e->req = 0;
+	e->_pad = 0;
+	walk_user_stack(e, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, bp));
+	stat_inc(STAT_STACK_SAMPLES);
+	bpf_ringbuf_submit(e, wake_flags());
+	return 0;
+}
+
 /* ---- process lifecycle ---- */
-static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid)
+static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast)
 {
 	struct proc_event ev = {};
 	ev.hdr.kind = kind;
 	ev.hdr.pid = pid;
 	ev.hdr.tid = tid;
 	ev.ppid = ppid;
+	ev.fast_iterations = fast;
 	ev.ts_ns = bpf_ktime_get_ns();
 	emit(&ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
 }
@@ -1295,7 +1420,7 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
 	__u8 f = flags ? *flags : TRACED;
 	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
-	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid);
+	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid, 0);
 	return 0;
 }
 
@@ -1306,7 +1431,7 @@ int BPF_PROG(proc_exec, struct task_struct *p)
 	__u32 pid = id >> 32;
 	if (!discover && !is_traced(pid))
 		return 0;
-	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0);
+	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0);
 	return 0;
 }
 
@@ -1318,6 +1443,10 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	/* A sync call still waiting for the thread's next libuv call (END_NEXT)
 	 * has returned: end it now, before its storage goes with the thread. */
 	end_pending_sync();
+	/* The main thread's fast iterations after its last record, for the exit
+	 * record (uvspan run's per-process iteration count). */
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	__u32 fast = st ? (__u32)st->ev.skipped : 0;
 	/* Per-thread state goes whatever the order of exits: in exit_group the
 	 * main thread may exit (and leave the traced set) before the others. */
 	bpf_map_delete_elem(&loops, &tid);
@@ -1325,6 +1454,6 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	if (pid != tid || !is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);
-	emit_proc(EV_PROC_EXIT, pid, tid, 0);
+	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast);
 	return 0;
 }

@@ -20,6 +20,9 @@ enum uvspan_sizes {
 	UVSPAN_PHASES = 5,
 	UVSPAN_HTTP_CAPTURE = 1024, /* bytes of an HTTP call kept (request line, headers) */
 	UVSPAN_WRITE_BUFS = 8,      /* uv_buf_t entries of a write whose lengths are summed */
+	UVSPAN_STACK_FRAMES = 64,   /* frames of a sampled loop-thread stack (--stacks) */
+	UVSPAN_FN_WORDS = 6,        /* words of a frame's function object kept with the sample */
+	UVSPAN_STACK_SAMPLES_MAX = 20000, /* samples sent per iteration at most (20 s at ~1 kHz) */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -70,6 +73,7 @@ enum ev_kind {
 	EV_PROC_EXEC = 5,
 	EV_PROC_EXIT = 6,
 	EV_HTTP = 7,
+	EV_STACK = 8,
 };
 
 /* Which handler an attach point runs: the top byte of its cookie. */
@@ -129,6 +133,7 @@ enum stat_idx {
 	STAT_SCRATCH_MISS = 4,      /* per-CPU scratch unavailable (never expected) */
 	STAT_INFLIGHT_FULL = 5,     /* an async request not tracked: in-flight table full */
 	STAT_STRADDLED = 6,         /* --sample-time: an operation crossed a window edge, dropped */
+	STAT_STACK_SAMPLES = 7,     /* loop-thread stacks sampled during slow iterations */
 	STAT_MAX = 8,
 };
 
@@ -219,10 +224,39 @@ struct http_event {
 	char data[UVSPAN_HTTP_CAPTURE];
 };
 
+/* --stacks: one frame of a sampled stack. The words around the frame
+ * pointer are kept as they are; user space reads V8's frame layout from the
+ * node binary's postmortem metadata (v8dbg_off_fp_function is -16 in every
+ * V8 since 2017, v8dbg_off_fp_context_or_frame_type -8). */
+struct stack_frame {
+	unsigned long long pc;       /* the frame's instruction pointer (a return address above frame 0) */
+	unsigned long long fp_m16;   /* word at fp - 16: a JS frame's JSFunction */
+	unsigned long long fp_m8;    /* word at fp - 8: context, or a typed frame's marker */
+	/* When fp_m16 looks like a heap object: its first words, read at the
+	 * sample (map, ..., the JSFunction's `shared` at word 3 or 4). A young
+	 * JSFunction moves at the next scavenge; its SharedFunctionInfo and map
+	 * live in old space, so naming can wait for user space. */
+	unsigned long long obj[UVSPAN_FN_WORDS];
+};
+
+/* A sample of the loop thread's user stack, taken while the current
+ * iteration had already been busy for at least the loop threshold. Sent
+ * before the iteration's loop_event (same ring buffer, same CPU order). */
+struct stack_event {
+	struct ev_header hdr;
+	unsigned long long iter_start_ns; /* the iteration's loop_event.start_ns */
+	unsigned long long ts_ns;
+	unsigned long long sp;            /* user stack pointer at the sample */
+	unsigned long long req;           /* --stacks all-ops: the fs/DNS request submitted (0: a loop sample) */
+	unsigned int n_frames;
+	unsigned int _pad;
+	struct stack_frame frames[UVSPAN_STACK_FRAMES];
+};
+
 struct proc_event {
 	struct ev_header hdr;
 	unsigned int ppid;
-	unsigned int _pad;
+	unsigned int fast_iterations; /* exit: the main thread's fast loop iterations since its last record */
 	unsigned long long ts_ns;
 };
 

@@ -4,7 +4,8 @@
 # pkg-config, util-linux's setpriv and unshare (the privilege and no-tracefs
 # tests), bpftool (the tests read uvspan's kernel maps with it), and
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
-# clang pulls binutils in on Debian, but not every clang install does).
+# clang pulls binutils in on Debian, but not every clang install does), and
+# chromium (tests/run.rs renders the HTML report headless).
 # Idempotent: it installs only what is missing.
 #   scripts/setup.sh           build + test machine (also checks node and BTF)
 #   scripts/setup.sh --build   build only (the Dockerfile's build stage)
@@ -20,6 +21,8 @@ command -v strip >/dev/null || need+=(binutils)
 if [ $build_only -eq 0 ]; then
   command -v unshare >/dev/null || need+=(util-linux)
   command -v bpftool >/dev/null || need+=(bpftool)
+  # tests/run.rs loads uvspan run's HTML report in a real headless browser.
+  command -v chromium >/dev/null || need+=(chromium)
 fi
 [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
 [ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)

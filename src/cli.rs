@@ -85,6 +85,14 @@ pub struct Cli {
     /// Spans carry the share (`uvspan.sample_time`) so counts can be scaled.
     #[arg(long, value_name = "PERCENT", env = "UVSPAN_SAMPLE_TIME", value_parser = parse_percent)]
     pub sample_time: Option<f64>,
+    /// Who blocked the loop: `slow-iterations` samples the loop thread's
+    /// stack (~1 kHz of its CPU time, kept only while an iteration is
+    /// already over --loop-threshold) and puts the JS and native frames on
+    /// the slow iteration's span; `all-ops` also puts the stack of each fs
+    /// and DNS submit on its span (a user-stack walk per operation); `off`
+    /// opens no sampling event.
+    #[arg(long, value_name = "MODE", env = "UVSPAN_STACKS", default_value = "slow-iterations")]
+    pub stacks: StacksMode,
 
     /// service.name of the spans (default: the target's OTEL_SERVICE_NAME,
     /// else derived from its command line).
@@ -144,6 +152,14 @@ pub enum RequestsMode {
     Off,
 }
 
+/// `--stacks`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StacksMode {
+    SlowIterations,
+    AllOps,
+    Off,
+}
+
 impl Cli {
     /// The persistent symbol cache directory, or None for `off`.
     pub fn symbol_cache_dir(&self) -> Option<std::path::PathBuf> {
@@ -176,6 +192,47 @@ pub enum Sub {
         #[arg(long, value_name = "MODE", default_value = "on")]
         requests: RequestsMode,
     },
+    /// Run a command as a CI performance gate: trace it and every Node.js
+    /// process it starts, print a summary, write reports, check budgets
+    /// (exit 3 when one is broken). Takes the tracing options too.
+    Run(RunOpts),
+}
+
+/// `uvspan run`'s own options; the tracing options are added by [`command`].
+#[derive(clap::Args, Debug, Clone, Default, PartialEq)]
+pub struct RunOpts {
+    /// Write the report as JSON here.
+    #[arg(long, value_name = "FILE.json")]
+    pub report: Option<std::path::PathBuf>,
+    /// Write a self-contained HTML report here (timeline, histograms, budgets).
+    #[arg(long, value_name = "FILE.html")]
+    pub html: Option<std::path::PathBuf>,
+    /// Write JUnit XML here: one test case per budget.
+    #[arg(long, value_name = "FILE.xml")]
+    pub junit: Option<std::path::PathBuf>,
+    /// A budget on the report, e.g. 'loop.blocked.max_ms<=100' (repeatable;
+    /// added to the config file's `budgets:`). Exit 3 when one is broken.
+    #[arg(long = "budget", value_name = "EXPR")]
+    pub budgets: Vec<String>,
+}
+
+/// The command line: [`Cli`] with the tracing options also under `run`
+/// (`uvspan run [run options] [tracing options] -- COMMAND`).
+pub fn command() -> clap::Command {
+    use clap::CommandFactory;
+    let top = Cli::command();
+    // The discovery options do not apply (hidden, refused by config::cli_with_file).
+    let not_for_run = ["pids", "all", "cgroup", "container", "exclude_already_instrumented"];
+    let tracing: Vec<clap::Arg> = top
+        .get_arguments()
+        .map(|a| a.clone().help_heading("Tracing options").hide(not_for_run.contains(&a.get_id().as_str())))
+        .collect();
+    top.mut_subcommand("run", |run| {
+        run.args(tracing).after_help(
+            "Examples:\n  uvspan run --budget 'loop.blocked.max_ms<=100' --html uvspan.html -- npm test\n  \
+             uvspan run --report uvspan.json --junit uvspan.xml --config uvspan.yaml -- node bench.js",
+        )
+    })
 }
 
 /// "8MiB", "64KiB", "4096": a power of two from 4 KiB to 1 GiB.
@@ -274,6 +331,26 @@ mod tests {
         let c = Cli::try_parse_from(["uvspan", "probes", "/usr/bin/node"]).unwrap();
         assert!(matches!(c.sub, Some(Sub::Probes { pid: None, path: Some(_), json: false, .. })));
         assert!(Cli::try_parse_from(["uvspan", "probes"]).is_err());
+    }
+
+    #[test]
+    fn run_takes_its_options_and_the_tracing_ones() {
+        use clap::FromArgMatches;
+        let m = command()
+            .try_get_matches_from(["uvspan", "run", "--budget", "dns.count==0", "--loop-threshold", "50ms", "--html", "r.html", "--", "npm", "test"])
+            .unwrap();
+        let top = Cli::from_arg_matches(&m).unwrap();
+        let Some(Sub::Run(opts)) = &top.sub else { panic!("not run: {top:?}") };
+        assert_eq!(opts.budgets, ["dns.count==0"]);
+        assert_eq!(opts.html.as_deref(), Some(std::path::Path::new("r.html")));
+        let (_, sub) = m.subcommand().unwrap();
+        let cli = Cli::from_arg_matches(sub).unwrap();
+        assert_eq!(cli.command, ["npm", "test"]);
+        assert_eq!(cli.loop_threshold, Duration::from_millis(50));
+        // The top level is unchanged.
+        let c = Cli::from_arg_matches(&command().try_get_matches_from(["uvspan", "--", "node", "x.js"]).unwrap()).unwrap();
+        assert_eq!((c.sub.is_none(), c.command.len()), (true, 2));
+        assert!(command().try_get_matches_from(["uvspan", "run", "--bogus", "--", "x"]).is_err());
     }
 
     #[test]

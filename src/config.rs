@@ -29,6 +29,8 @@ pub struct FileConfig {
     pub symbol_cache: Option<String>,
     /// Request context: on or off.
     pub requests: Option<String>,
+    /// Loop-thread stacks on slow iterations: slow-iterations, all-ops or off.
+    pub stacks: Option<String>,
     /// Optional probe groups: [threadpool, phases] or [all].
     pub detail: Option<Vec<String>>,
     /// --sample-time, e.g. "10%".
@@ -39,6 +41,8 @@ pub struct FileConfig {
     pub join_window: Option<String>,
     pub otlp_listen_queue: Option<String>,
     pub batch: Option<BatchSection>,
+    /// `uvspan run`: budgets on its report (with the --budget flags).
+    pub budgets: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
@@ -111,6 +115,11 @@ impl FileConfig {
             use clap::ValueEnum;
             cli.requests = crate::cli::RequestsMode::from_str(v.trim(), true)
                 .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on, always or off"))?;
+        }
+        if let (true, Some(v)) = (unset("stacks"), &self.stacks) {
+            use clap::ValueEnum;
+            cli.stacks = crate::cli::StacksMode::from_str(v.trim(), true)
+                .map_err(|_| anyhow::anyhow!("config stacks: {v:?}: use slow-iterations, all-ops or off"))?;
         }
         if let (true, Some(v)) = (unset("detail"), &self.detail) {
             use clap::ValueEnum;
@@ -188,6 +197,16 @@ impl FileConfig {
 pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
     use clap::FromArgMatches;
     let mut cli = Cli::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // `uvspan run`: the tracing options are the subcommand's.
+    let m = match (&cli.sub, m.subcommand()) {
+        (Some(crate::cli::Sub::Run(opts)), Some((_, sub))) => {
+            let opts = opts.clone();
+            cli = Cli::from_arg_matches(sub).map_err(|e| anyhow::anyhow!("{e}"))?;
+            cli.sub = Some(crate::cli::Sub::Run(opts));
+            sub
+        }
+        _ => m,
+    };
     let file = match &cli.config {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
@@ -198,6 +217,24 @@ pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
             "--sample-time cannot be combined with --detail phases: phase spans need probes in every loop iteration \
              (slow iterations are still reported with --sample-time, without phase children); drop one of them"
         );
+    }
+    let misused = cli.command.is_empty() || !cli.pids.is_empty() || cli.discover();
+    if let Some(crate::cli::Sub::Run(opts)) = &mut cli.sub {
+        if misused {
+            anyhow::bail!("uvspan run traces a command it starts: give -- COMMAND [ARGS...] (not --pid or --all); see uvspan run --help");
+        }
+        if cli.sample_time.is_some_and(|f| f < 1.0) {
+            anyhow::bail!(
+                "uvspan run cannot be combined with --sample-time: its report and budgets count every operation, \
+                 sampling windows would count a share of them; drop --sample-time"
+            );
+        }
+        // The file's budgets and the flags' all apply; a bad one stops here (exit 2).
+        let flags = std::mem::take(&mut opts.budgets);
+        opts.budgets = file.budgets.clone().unwrap_or_default().into_iter().chain(flags).collect();
+        for b in &opts.budgets {
+            crate::report::budget::Budget::parse(b)?;
+        }
     }
     Ok((cli, file))
 }
@@ -284,6 +321,23 @@ mod tests {
         let m = Cli::command().try_get_matches_from(["uvspan"]).unwrap();
         let mut cli = clap::FromArgMatches::from_arg_matches(&m).unwrap();
         assert!(FileConfig::parse("otlp_listen: [nowhere]").unwrap().apply(&mut cli, &m).is_err());
+    }
+
+    #[test]
+    fn stacks_from_the_file_unless_the_flag_is_given() {
+        use crate::cli::StacksMode;
+        use clap::FromArgMatches;
+        let get = |args: &[&str], yaml: &str| {
+            let m = Cli::command().try_get_matches_from(args).unwrap();
+            let mut cli = Cli::from_arg_matches(&m).unwrap();
+            FileConfig::parse(yaml).and_then(|f| f.apply(&mut cli, &m)).map(|_| cli.stacks)
+        };
+        assert_eq!(get(&["uvspan"], "").unwrap(), StacksMode::SlowIterations);
+        assert_eq!(get(&["uvspan"], "stacks: off").unwrap(), StacksMode::Off);
+        assert_eq!(get(&["uvspan"], "stacks: all-ops").unwrap(), StacksMode::AllOps);
+        assert_eq!(get(&["uvspan", "--stacks", "slow-iterations"], "stacks: off").unwrap(), StacksMode::SlowIterations);
+        let e = get(&["uvspan"], "stacks: sometimes").unwrap_err().to_string();
+        assert!(e.contains("config stacks"), "{e}");
     }
 
     #[test]

@@ -17,4 +17,6 @@ pub mod export;
 pub mod kernel;
 pub mod listen;
 pub mod probes;
+pub mod report;
+pub mod stacks;
 pub mod symbols;

@@ -1,7 +1,5 @@
-use clap::CommandFactory;
-
 fn main() {
-    let matches = match uvspan::cli::Cli::command().try_get_matches() {
+    let matches = match uvspan::cli::command().try_get_matches() {
         Ok(m) => m,
         Err(e) if !e.use_stderr() => e.exit(), // --help, --version
         Err(e) => {
@@ -26,7 +24,7 @@ fn main() {
             let detail = uvspan::probes::catalog::Detail::from_kinds(detail).with_requests(on);
             uvspan::probes::report::run(*pid, path.as_deref(), *json, detail).map(|()| 0)
         }
-        None => uvspan::agent::run(cli, file),
+        Some(uvspan::cli::Sub::Run(_)) | None => uvspan::agent::run(cli, file),
     };
     let code = match result {
         Ok(code) => code,

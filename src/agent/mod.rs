@@ -22,7 +22,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::RingBuffer;
 use opentelemetry_sdk::trace::SpanData;
 
-use crate::cli::{Cli, RequestsMode};
+use crate::cli::{Cli, RequestsMode, StacksMode};
 use crate::config::FileConfig;
 use crate::discover::target::{self, Spawned};
 use crate::discover::watcher::{Found, Trouble, Watcher};
@@ -37,6 +37,7 @@ use crate::kernel::tracer::{Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
 use crate::listen::join::Joiner;
 use crate::listen::{BindError, ListenConfig, Listener};
+use crate::stacks::Stacks;
 use crate::probes::catalog::Detail;
 use crate::symbols::Images;
 use procs::{Origin, Procs};
@@ -112,6 +113,8 @@ pub struct Agent {
     /// the joiner, which holds the spans of requests until they arrive.
     listener: Option<Listener>,
     joiner: Option<Joiner>,
+    /// Loop-thread stacks on slow iterations (None with --stacks off).
+    stacks: Option<Stacks>,
     watcher: Option<Watcher>,
     command: Option<Spawned>,
     waker: Waker,
@@ -124,6 +127,11 @@ pub struct Agent {
     timers: Timers,
     /// --sample-time: when the probes are live.
     windows: Option<sampling::Windows>,
+    /// `uvspan run`: the report the spans are folded into.
+    report: Option<crate::report::Collector>,
+    /// Spans go to the exporter (not with `uvspan run` and no endpoint: the
+    /// console shows only the summary).
+    export_spans: bool,
     /// The export runtime outlives everything that sends to it.
     _rt: tokio::runtime::Runtime,
 }
@@ -265,6 +273,12 @@ impl Agent {
         if discovering && !cli.command.is_empty() {
             bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
         }
+        let report = match &cli.sub {
+            // config::cli_with_file made sure it has a command and no --pid/--all.
+            Some(crate::cli::Sub::Run(opts)) => Some(crate::report::Collector::new(opts.clone())?),
+            _ => None,
+        };
+        let export_spans = report.is_none() || cli.otlp_endpoint.as_deref().is_some_and(|e| !e.is_empty());
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
         let listener = start_listener(&cli, &file, &rt, &health)?;
@@ -276,6 +290,8 @@ impl Agent {
             detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
             trap_only: bench_trap_only(),
             sampling: cli.sample_time.is_some_and(|s| s < 1.0),
+            stacks: cli.stacks != StacksMode::Off,
+            stacks_all_ops: cli.stacks == StacksMode::AllOps,
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
@@ -289,8 +305,12 @@ impl Agent {
         let status = cli.status_interval;
         let share = cli.sample_time.filter(|&s| s < 1.0);
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
+        let mut procs = Procs::new(cli.service_name.clone());
+        if report.is_some() {
+            procs.commands = Some(HashMap::new());
+        }
         let mut agent = Agent {
-            procs: Procs::new(cli.service_name.clone()),
+            procs,
             requests: (cli.requests != RequestsMode::Off).then(|| {
                 let mut r = Requests::new(cli.requests == RequestsMode::Always);
                 if listener.is_some() {
@@ -298,6 +318,7 @@ impl Agent {
                 }
                 r
             }),
+            stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
             joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window)),
             listener,
             cli,
@@ -316,6 +337,8 @@ impl Agent {
             exit_code: 0,
             clock: Clock::estimate(25),
             stats: RunStats::default(),
+            report,
+            export_spans,
             timers: Timers {
                 check: Every::new(Duration::from_millis(500)),
                 health: Every::new(Duration::from_secs(1)),
@@ -346,7 +369,18 @@ impl Agent {
         self.tracer.add_pid(pid, &report)?;
         report::announce(Some(pid), images, &report, found.elapsed(), true);
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
+        self.start_sampling(pid, images);
         Ok(())
+    }
+
+    /// --stacks: the process's loop thread sampled during slow iterations.
+    /// A refusal is said and tracing goes on without stacks.
+    fn start_sampling(&mut self, pid: u32, images: &Images) {
+        let Some(stacks) = self.stacks.as_mut() else { return };
+        match self.tracer.sample_loop(pid, stacks.period_ns()) {
+            Ok(()) => stacks.add_process(pid, images.node_version.as_deref()),
+            Err(e) => eprintln!("uvspan: {e:#}"),
+        }
     }
 
     /// --all: the processes running now, then every exec the kernel reports.
@@ -377,9 +411,13 @@ impl Agent {
         let child = target::spawn_held(&self.cli.command, move || w.wake())?;
         let report = self.tracer.attach(images, -1)?.report;
         self.tracer.add_pid(child.pid, &report)?;
+        self.start_sampling(child.pid, images);
         report::announce(None, images, &report, found.elapsed(), true);
         // Its resource is read once it has exec'd (the exec record).
         self.procs.add(child.pid, Origin::Other, images.node_version.clone(), &self.exporter, false);
+        if let Some(r) = self.report.as_mut() {
+            r.started();
+        }
         child.release()?;
         self.command = Some(child);
         Ok(())
@@ -401,6 +439,9 @@ impl Agent {
         self.sample_window();
         self.discover();
         if let Some(code) = self.command_exited() {
+            if let Some(r) = self.report.as_mut() {
+                r.command_exited();
+            }
             self.exit_code = code;
             return Ok(false);
         }
@@ -456,9 +497,38 @@ impl Agent {
         for rec in recs {
             match rec {
                 Record::Exec { pid } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
-                Record::Exit { pid } => {
+                Record::Exit { pid, fast_iterations } => {
+                    if let Some(r) = self.report.as_mut() {
+                        r.exited(pid, fast_iterations);
+                    }
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+                    if let Some(s) = self.stacks.as_mut() {
+                        s.forget(pid);
+                    }
+                }
+                Record::Stack(s) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        st.sample(&s);
+                    }
+                }
+                Record::Fs(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stack = st.take_op(r.pid, r.req);
+                    }
+                    self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
+                Record::Dns(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stack = st.take_op(r.pid, r.req);
+                    }
+                    self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
+                Record::Loop(mut r) => {
+                    if let Some(st) = self.stacks.as_mut() {
+                        r.stacks = st.take(r.pid, r.start_ns);
+                    }
+                    self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
             }
@@ -468,7 +538,12 @@ impl Agent {
             if let Some(w) = &self.windows {
                 sampling::mark(&mut spans, w.share);
             }
-            self.exporter.send(pid, spans);
+            if let Some(r) = self.report.as_mut() {
+                r.add(pid, &spans);
+            }
+            if self.export_spans {
+                self.exporter.send(pid, spans);
+            }
         }
     }
 
@@ -537,6 +612,7 @@ impl Agent {
         }
         report::announce(Some(pid), &images, &attach.report, since.elapsed(), attach.new);
         self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
+        self.start_sampling(pid, &images);
     }
 
     /// The command's exit code, once it has exited (128+N if killed by N).
@@ -574,8 +650,16 @@ impl Agent {
     /// requests counted), exited ones forgotten; true when every --pid
     /// target has exited.
     fn check_exited(&mut self) -> bool {
+        // What a process sent before it went is read first: a tick slowed
+        // down (naming stack samples, a slow export) must not make its last
+        // records arrive after it was forgotten.
+        let _ = self.rb.consume();
+        self.handle_records(false);
         for pid in self.procs.find_gone() {
             self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+            if let Some(s) = self.stacks.as_mut() {
+                s.forget(pid);
+            }
         }
         self.procs.forget_exited(&self.exporter);
         self.command.is_none() && self.watcher.is_none() && self.procs.targets_all_exited()
@@ -590,7 +674,7 @@ impl Agent {
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
         self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
         report::update_health(&self.health, 0, &k, &self.stats);
-        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, exit_code, _rt, listener, health, .. } = self;
+        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, .. } = self;
         if let Some(l) = listener {
             l.finish(cli.flush_timeout);
         }
@@ -610,6 +694,17 @@ impl Agent {
             line.push_str(&health.listen.summary());
         }
         eprintln!("{line}");
+        if let Some(r) = report {
+            let facts = crate::report::aggregate::RunFacts {
+                command: cli.command.clone(),
+                exit_code,
+                wall_ms: 0.0,
+                loop_threshold_ms: cli.loop_threshold.as_secs_f64() * 1e3,
+                loop_iterations: k.loop_iterations,
+                commands: procs.commands.clone().unwrap_or_default(),
+            };
+            exit_code = r.finish(facts);
+        }
         // Detaching uprobes waits for the kernel (~40 ms): a child process
         // does it after we are gone.
         wake::detach_after_exit();

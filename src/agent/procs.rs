@@ -44,6 +44,8 @@ pub struct Procs {
     /// Processes that load the OpenTelemetry JS SDK (their SDK makes the
     /// SERVER spans; request context only joins uvspan's work to them).
     with_sdk: std::collections::HashSet<u32>,
+    /// `uvspan run`: each process's command line, kept for the report.
+    pub commands: Option<HashMap<u32, Vec<String>>>,
 }
 
 fn merge(out: &mut HashMap<u32, Vec<SpanData>>, ready: Ready) {
@@ -70,6 +72,7 @@ impl Procs {
             warned_environ: false,
             forgotten: 0,
             with_sdk: Default::default(),
+            commands: None,
         }
     }
 
@@ -115,6 +118,9 @@ impl Procs {
         let name = info.service_name(flag);
         exporter.process(pid, info.resource(flag, &self.host), format!("{name}[{pid}]"));
         p.registered = true;
+        if let Some(c) = self.commands.as_mut() {
+            c.insert(pid, info.argv.clone());
+        }
         if crate::discover::instrumented(&info.argv, &info.env) {
             self.with_sdk.insert(pid);
         } else {
@@ -149,7 +155,7 @@ impl Procs {
                 self.register(*pid, exporter);
                 return;
             }
-            Record::Exit { pid } => {
+            Record::Exit { pid, .. } => {
                 self.mark_exited(*pid);
                 if let Some(r) = requests {
                     r.exited(*pid, &src, &mut ready);
@@ -160,6 +166,7 @@ impl Procs {
             Record::Dns(r) => r.pid,
             Record::Loop(r) => r.pid,
             Record::Http(r) => r.pid,
+            Record::Stack(_) => return,
         };
         self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
         self.register(pid, exporter);

@@ -66,6 +66,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
             r.requests, r.bad_traceparent, r.unsampled
         )
     });
+    let stacks = if k.stack_samples > 0 { format!("; {} loop-thread stack samples", k.stack_samples) } else { String::new() };
     let sampling = run.sampling.map_or_else(String::new, |(share, live)| {
         format!(
             "; --sample-time {}%: probes live {:.1}% of the time, {} operations crossing a window edge dropped",
@@ -77,7 +78,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{sampling}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{stacks}{sampling}",
         sum.exported,
         sum.dropped,
         sum.failed,

@@ -2,7 +2,8 @@
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
 use crate::kernel::skel::types::{
-    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, proc_event, uvspan_sizes,
+    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, proc_event, stack_event,
+    uvspan_sizes,
 };
 
 /// A finished fs request.
@@ -10,6 +11,10 @@ use crate::kernel::skel::types::{
 pub struct FsRecord {
     pub pid: u32,
     pub tid: u32,
+    /// The request's address in the process (pairs it with its submit stack).
+    pub req: u64,
+    /// --stacks all-ops: the stack that submitted it, innermost first, one frame per line.
+    pub stack: Option<String>,
     /// The request that caused it (0: none known).
     pub cause: u64,
     pub op: u8,
@@ -32,6 +37,10 @@ pub struct FsRecord {
 pub struct DnsRecord {
     pub pid: u32,
     pub tid: u32,
+    /// The request's address in the process (pairs it with its submit stack).
+    pub req: u64,
+    /// --stacks all-ops: the stack that submitted it, innermost first, one frame per line.
+    pub stack: Option<String>,
     /// The request that caused it (0: none known).
     pub cause: u64,
     pub sync: bool,
@@ -60,6 +69,36 @@ pub struct LoopRecord {
     /// (phase index, start, end) for the phases seen, in catalog order;
     /// empty when the build has no phase probes (epoll waits only).
     pub phases: Vec<(usize, u64, u64)>,
+    /// --stacks: the loop thread's stacks while it was blocked (filled in by
+    /// the agent from the samples that came before this record).
+    pub stacks: Option<crate::stacks::fold::Blocked>,
+}
+
+/// One frame of a sampled stack, as the kernel saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawFrame {
+    pub pc: u64,
+    /// The word at the frame pointer - 16: a JS frame's JSFunction.
+    pub fp_m16: u64,
+    /// The word at the frame pointer - 8: context or frame-type marker.
+    pub fp_m8: u64,
+    /// The first words of the object at `fp_m16`, read at the sample (zeros
+    /// when it did not look like a JS frame's function).
+    pub obj: [u64; 6],
+}
+
+/// A sample of a loop thread's user stack during a slow iteration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StackRecord {
+    pub pid: u32,
+    pub tid: u32,
+    /// The iteration's `LoopRecord::start_ns` (0: the stack of an fs/DNS submit).
+    pub iter_start_ns: u64,
+    /// --stacks all-ops: the request submitted (0: a loop sample).
+    pub req: u64,
+    pub ts_ns: u64,
+    /// Innermost first.
+    pub frames: Vec<RawFrame>,
 }
 
 /// What an HTTP record says (enum http_what in bpf/uvspan.h).
@@ -99,9 +138,12 @@ pub enum Record {
     Dns(DnsRecord),
     Loop(LoopRecord),
     Http(HttpRecord),
+    Stack(StackRecord),
     Fork { pid: u32, ppid: u32 },
     Exec { pid: u32 },
-    Exit { pid: u32 },
+    /// `fast_iterations`: the main thread's loop iterations under the
+    /// threshold since its last reported one.
+    Exit { pid: u32, fast_iterations: u64 },
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -175,6 +217,8 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(Record::Fs(FsRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
+                req: e.req,
+                stack: None,
                 cause: e.cause,
                 op: e.op,
                 sync: e.sync != 0,
@@ -203,6 +247,8 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(Record::Dns(DnsRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
+                req: e.req,
+                stack: None,
                 cause: e.cause,
                 sync: e.sync != 0,
                 start_ns: e.start_ns,
@@ -234,6 +280,19 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 poll_wait_ns: e.poll_wait_ns,
                 skipped: e.skipped,
                 phases,
+                stacks: None,
+            }))
+        }
+        ev_kind::EV_STACK => {
+            let e: stack_event = read(data, kind.0, std::mem::size_of::<stack_event>())?;
+            let n = (e.n_frames as usize).min(e.frames.len());
+            Ok(Record::Stack(StackRecord {
+                pid: e.hdr.pid,
+                tid: e.hdr.tid,
+                iter_start_ns: e.iter_start_ns,
+                req: e.req,
+                ts_ns: e.ts_ns,
+                frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
             }))
         }
         ev_kind::EV_HTTP => {
@@ -265,7 +324,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
             Ok(match kind {
                 ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
                 ev_kind::EV_PROC_EXEC => Record::Exec { pid },
-                _ => Record::Exit { pid },
+                _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
             })
         }
         other => Err(DecodeError::UnknownKind(other.0)),
@@ -346,6 +405,36 @@ mod tests {
         assert_eq!(r.fd, None);
         assert_eq!(r.result, -2);
         assert_eq!(r.ended_at, Some("libuv_done"));
+    }
+
+    #[test]
+    fn stack_samples_keep_their_frames_in_order() {
+        let bytes = record_bytes(usize::MAX, |e: &mut stack_event| {
+            e.hdr.kind = ev_kind::EV_STACK;
+            e.hdr.pid = 10;
+            e.hdr.tid = 10;
+            e.iter_start_ns = 1_000;
+            e.ts_ns = 60_000_000;
+            e.n_frames = 3;
+            for (i, f) in e.frames.iter_mut().enumerate() {
+                f.pc = 0x1000 + i as u64;
+                f.fp_m16 = 0x2001;
+                f.obj[0] = 0x3001;
+            }
+        });
+        let Record::Stack(r) = decode(&bytes).unwrap() else { panic!("not a stack") };
+        assert_eq!((r.pid, r.iter_start_ns, r.ts_ns), (10, 1_000, 60_000_000));
+        let pcs: Vec<u64> = r.frames.iter().map(|f| f.pc).collect();
+        assert_eq!(pcs, [0x1000, 0x1001, 0x1002], "n_frames of them, innermost first");
+        assert_eq!((r.frames[0].fp_m16, r.frames[0].obj[0]), (0x2001, 0x3001));
+        // A frame count beyond the array is clamped, a short record refused.
+        let over = record_bytes(usize::MAX, |e: &mut stack_event| {
+            e.hdr.kind = ev_kind::EV_STACK;
+            e.n_frames = 1_000;
+        });
+        let Record::Stack(r) = decode(&over).unwrap() else { panic!("not a stack") };
+        assert_eq!(r.frames.len(), uvspan_sizes::UVSPAN_STACK_FRAMES.0 as usize);
+        assert!(decode(&over[..100]).is_err());
     }
 
     #[test]

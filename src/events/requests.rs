@@ -673,6 +673,8 @@ mod tests {
         Record::Fs(FsRecord {
             pid: 7,
             tid: 7,
+            req: 0,
+            stack: None,
             cause,
             op: 4, // uv_fs_stat
             sync: false,

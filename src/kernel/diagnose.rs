@@ -246,3 +246,36 @@ mod tests {
         assert!(other.contains("UVSPAN_DEBUG=1") && other.contains("busy"), "{other}");
     }
 }
+
+/// Why the loop-thread sampling event (--stacks) could not be opened, and
+/// what to do: from the errno of perf_event_open(2).
+pub fn perf_event(pid: u32, e: &std::io::Error) -> String {
+    let what = format!("cannot sample the loop thread of process {pid} (--stacks)");
+    match e.raw_os_error() {
+        Some(libc::EACCES) | Some(libc::EPERM) => format!(
+            "{what}: perf events are refused ({e}); run uvspan as root or with CAP_PERFMON, \
+             or lower /proc/sys/kernel/perf_event_paranoid; or use --stacks off"
+        ),
+        Some(libc::ESRCH) => format!("{what}: the process is gone"),
+        Some(libc::ENOENT) | Some(libc::EOPNOTSUPP) | Some(libc::ENOSYS) => {
+            format!("{what}: this kernel has no CPU-clock perf event ({e}); use --stacks off")
+        }
+        Some(libc::EMFILE) | Some(libc::ENFILE) => {
+            format!("{what}: out of file descriptors ({e}); raise the limit (ulimit -n)")
+        }
+        _ => format!("{what}: {e}; use --stacks off to trace without stacks"),
+    }
+}
+
+#[cfg(test)]
+mod perf_event_tests {
+    use super::perf_event;
+
+    #[test]
+    fn perf_event_errors_say_what_to_do() {
+        let m = perf_event(7, &std::io::Error::from_raw_os_error(libc::EACCES));
+        assert!(m.contains("process 7") && m.contains("CAP_PERFMON"), "{m}");
+        let m = perf_event(7, &std::io::Error::from_raw_os_error(libc::ESRCH));
+        assert!(m.contains("gone"), "{m}");
+    }
+}

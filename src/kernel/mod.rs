@@ -4,6 +4,7 @@
 //! ([`wake`]) and explaining refusals ([`diagnose`]).
 pub mod diagnose;
 pub mod features;
+pub mod sampler;
 pub mod skel;
 pub mod tracer;
 pub mod wake;

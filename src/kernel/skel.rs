@@ -14,3 +14,5 @@ unsafe impl plain::Plain for types::loop_event {}
 unsafe impl plain::Plain for types::proc_event {}
 unsafe impl plain::Plain for types::http_event {}
 unsafe impl plain::Plain for types::req_key {}
+unsafe impl plain::Plain for types::stack_event {}
+unsafe impl plain::Plain for types::stack_frame {}

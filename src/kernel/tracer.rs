@@ -35,6 +35,10 @@ pub struct Settings {
     /// --sample-time: uprobes live only in sampling windows
     /// ([`Tracer::close_window`], [`Tracer::open_window`]).
     pub sampling: bool,
+    /// --stacks: sample loop threads during slow iterations.
+    pub stacks: bool,
+    /// --stacks all-ops: the user stack at each fs/DNS submit.
+    pub stacks_all_ops: bool,
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -48,6 +52,7 @@ pub struct Stats {
     pub inflight_replaced: u64,
     /// --sample-time: operations that crossed a window edge, dropped.
     pub straddled: u64,
+    pub stack_samples: u64,
 }
 
 /// (device, inode) of a file.
@@ -95,6 +100,10 @@ pub struct Tracer {
     uprobes: HashMap<(FileId, i32), Attached>,
     /// Epoll and process lifecycle links.
     _global: Vec<Link>,
+    /// --stacks: the loop-thread sampling link per process (the link owns
+    /// the perf event fd).
+    samplers: HashMap<u32, Link>,
+    stacks: bool,
     notices: Vec<String>,
     /// --sample-time: the uprobes are detached now.
     window_closed: bool,
@@ -177,6 +186,8 @@ impl Tracer {
             detail: settings.detail,
             uprobes: HashMap::new(),
             _global: global,
+            samplers: HashMap::new(),
+            stacks: settings.stacks,
             notices: Vec::new(),
             window_closed: false,
             swept: 0,
@@ -201,6 +212,7 @@ impl Tracer {
             ro.trap_only = u32::from(settings.trap_only);
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
+            ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
@@ -216,6 +228,7 @@ impl Tracer {
             prog.set_autoload(f.fentry);
         }
         p.syscall_enter.set_autoload(!f.fentry);
+        p.loop_sample.set_autoload(settings.stacks);
         p.syscall_exit.set_autoload(!f.fentry);
         let multi = f.multi_uprobe;
         // Load only the program that will be used: each costs verifier time.
@@ -248,8 +261,28 @@ impl Tracer {
     /// it had in flight (returned: how many were dropped unfinished).
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
+        self.samplers.remove(&pid);
         self.uprobes.retain(|&(_, p), _| p != pid as i32);
         self.sweep_inflight(|p| p == pid)
+    }
+
+    /// --stacks: starts sampling the loop thread of `pid` (its main thread)
+    /// every `period_ns` of its CPU time. Nothing to do with --stacks off.
+    pub fn sample_loop(&mut self, pid: u32, period_ns: u64) -> Result<()> {
+        if !self.stacks || self.samplers.contains_key(&pid) {
+            return Ok(());
+        }
+        let fd = crate::kernel::sampler::open_cpu_clock(pid, period_ns)
+            .map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
+        // libbpf owns the fd from here: the link closes it when dropped.
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        let link = self.skel.progs.loop_sample.attach_perf_event(raw).map_err(|e| {
+            // SAFETY: libbpf did not take the fd (the attach failed): ours to close.
+            unsafe { libc::close(raw) };
+            anyhow!("cannot attach the stack sampler to process {pid}: {e}")
+        })?;
+        self.samplers.insert(pid, link);
+        Ok(())
     }
 
     /// The optional probe groups this tracer attaches.
@@ -443,6 +476,7 @@ impl Tracer {
             loop_emitted: read(stat_idx::STAT_LOOP_EMITTED),
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),
             straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
+            stack_samples: read(stat_idx::STAT_STACK_SAMPLES),
         }
     }
 }
@@ -464,6 +498,7 @@ impl Drop for Tracer {
     /// tracepoint link); detaching the links side by side roughly halves
     /// uvspan's exit time (measured 620 ms → 320 ms).
     fn drop(&mut self) {
+        self.samplers.clear();
         self.uprobes.clear();
         detach_all(self._global.drain(..).collect());
     }

@@ -11,6 +11,7 @@ use anyhow::{bail, Context, Result};
 pub mod cache;
 pub mod elf;
 pub mod point;
+pub mod v8meta;
 
 pub use cache::{cache_dir, set_cache_dir, DEFAULT_CACHE_DIR};
 pub use elf::{inspect, Image};

@@ -26,6 +26,9 @@ pub(super) fn span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
     if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
+    if let Some(st) = &r.stack {
+        attrs.push(KeyValue::new(keys::STACKTRACE, st.clone()));
+    }
     let mut span = b.span(DNS, b.parent, r.start_ns, r.end_ns, attrs);
     span.span_kind = SpanKind::Client;
     threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
@@ -47,6 +50,8 @@ mod tests {
     fn rec() -> DnsRecord {
         DnsRecord {
             pid: 10,
+            req: 0,
+            stack: None,
             cause: 0,
             tid: 11,
             sync: false,

@@ -22,6 +22,9 @@ pub(super) fn span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
     }
     attrs.push(KeyValue::new(keys::THREAD_ID, i64::from(r.tid)));
     attrs.push(KeyValue::new(keys::SYNC, r.sync));
+    if let Some(st) = &r.stack {
+        attrs.push(KeyValue::new(keys::STACKTRACE, st.clone()));
+    }
     if r.result >= 0 {
         // What the result means is said on the operation's catalog row.
         let key = match op.map_or(FsResult::Nothing, |o| o.result) {
@@ -61,6 +64,8 @@ mod tests {
     fn rec(symbol: &str) -> FsRecord {
         FsRecord {
             pid: 10,
+            req: 0,
+            stack: None,
             cause: 0,
             tid: 11,
             op: FS_OPS.iter().position(|o| o.symbol == symbol).unwrap() as u8,

@@ -1,12 +1,55 @@
 //! `uv.loop.iteration` spans: one per slow loop iteration, with a child per
-//! phase when the phase probes are on.
+//! phase when the phase probes are on, and (--stacks) what the loop thread
+//! was running while it was blocked.
 
+use opentelemetry::trace::Event;
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::SpanData;
 
-use super::{keys, ms, Builder, ITERATION};
+use super::{keys, ms, Builder, ITERATION, STACK_EVENT};
 use crate::events::decode::LoopRecord;
 use crate::probes::catalog;
+use crate::stacks::fold::{self, Blocked};
+
+/// The sampled stacks on the iteration span: the heaviest as
+/// `code.stacktrace`, the innermost JS function of it as
+/// `uvspan.loop.blocked_by`, time per loop phase, and one span event per
+/// distinct stack with its sample count. Events, not child spans: a stack's
+/// samples are scattered over the iteration, so a child span would claim
+/// an interval it did not occupy. Times per phase and per stack are the
+/// iteration's busy time split by their share of the samples (the samples
+/// count the thread's CPU time, less than wall time when it waits for a CPU).
+fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, busy: u64, at: u64) {
+    let a = &mut span.attributes;
+    a.push(KeyValue::new(keys::STACK_SAMPLES, blocked.samples as i64));
+    if let Some(t) = blocked.heaviest() {
+        a.push(KeyValue::new(keys::STACKTRACE, t));
+    }
+    if let Some(c) = blocked.culprit() {
+        a.push(KeyValue::new(keys::BLOCKED_BY, c.to_string()));
+    }
+    let total = blocked.samples.max(1) as f64;
+    let part = |n: u64| ms(busy) * n as f64 / total;
+    for (phase, n) in &blocked.phases {
+        a.push(KeyValue::new(format!("uvspan.loop.phase.{phase}_ms"), part(*n)));
+    }
+    if let Some(n) = &blocked.notice {
+        a.push(KeyValue::new(keys::STACKS_NOTICE, n.clone()));
+    }
+    for (stack, n) in &blocked.stacks {
+        span.events.events.push(Event::new(
+            STACK_EVENT,
+            b.wall(at),
+            vec![
+                KeyValue::new(keys::STACKTRACE, fold::render(stack)),
+                KeyValue::new(keys::SAMPLES, *n as i64),
+                KeyValue::new(keys::SHARE, *n as f64 / total),
+                KeyValue::new(keys::SAMPLED_MS, part(*n)),
+            ],
+            0,
+        ));
+    }
+}
 
 /// One `uv.loop.iteration` span and a child per phase. The iteration is
 /// shown from the moment the loop woke up in poll (time blocked before that
@@ -21,7 +64,10 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
         KeyValue::new(keys::POLL_WAIT, ms(r.poll_wait_ns)),
         KeyValue::new(keys::FAST_BEFORE, r.skipped as i64),
     ];
-    let root = b.span(ITERATION, b.parent, start, r.end_ns, attrs);
+    let mut root = b.span(ITERATION, b.parent, start, r.end_ns, attrs);
+    if let Some(blocked) = &r.stacks {
+        add_stacks(b, &mut root, blocked, busy, r.end_ns);
+    }
     let parent = root.span_context.span_id();
     let mut out = vec![root];
     for &(i, ps, pe) in &r.phases {
@@ -46,7 +92,7 @@ mod tests {
     use crate::events::decode::{LoopRecord, Record};
 
     fn rec() -> LoopRecord {
-        LoopRecord { pid: 10, tid: 10, start_ns: 1_000, wake_ns: Some(41_000), end_ns: 141_000, poll_wait_ns: 40_000, skipped: 3, phases: vec![] }
+        LoopRecord { pid: 10, tid: 10, start_ns: 1_000, wake_ns: Some(41_000), end_ns: 141_000, poll_wait_ns: 40_000, skipped: 3, phases: vec![], stacks: None }
     }
 
     #[test]
@@ -59,6 +105,53 @@ mod tests {
         assert_eq!(attr(s, "uvspan.loop.busy_ms"), Some(&Value::F64(0.1)));
         assert_eq!(attr(s, "uvspan.loop.poll_wait_ms"), Some(&Value::F64(0.04)));
         assert_eq!(attr(s, "uvspan.loop.fast_iterations_before"), Some(&Value::I64(3)));
+    }
+
+    #[test]
+    fn sampled_stacks_go_on_the_span_and_its_events() {
+        use crate::stacks::fold::{Folder, Frame};
+        let stack = |leaf: &str| {
+            vec![
+                Frame::js(leaf, Some("/app/blocker.js:3:10".into())),
+                Frame::js("onTimer", Some("/app/blocker.js:9:1".into())),
+                Frame::native("uv__run_timers", Some("node".into())),
+                Frame::native("uv_run", Some("node".into())),
+            ]
+        };
+        let mut f = Folder::default();
+        for _ in 0..3 {
+            f.add(stack("parseBigPayload"));
+        }
+        f.add(stack(""));
+        let r = LoopRecord { stacks: Some(f.finish(1_000_000)), ..rec() };
+        let spans = build_one(&Record::Loop(r));
+        let s = &spans[0];
+        assert_eq!(attr(s, "uvspan.loop.stack_samples"), Some(&Value::I64(4)));
+        assert_eq!(attr(s, "uvspan.loop.blocked_by"), Some(&Value::from("parseBigPayload (/app/blocker.js:3:10)")));
+        assert_eq!(
+            attr(s, "code.stacktrace"),
+            Some(&Value::from(
+                "parseBigPayload (/app/blocker.js:3:10)\nonTimer (/app/blocker.js:9:1)\nuv__run_timers (node)\nuv_run (node)"
+            ))
+        );
+        assert_eq!(attr(s, "uvspan.loop.phase.timers_ms"), Some(&Value::F64(0.1)), "the busy time, all in timers");
+        let ev: Vec<_> = s.events.iter().collect();
+        assert_eq!(ev.len(), 2, "one event per distinct stack");
+        assert!(ev.iter().all(|e| e.name == "uvspan.loop.stack"));
+        let samples = |e: &opentelemetry::trace::Event| {
+            e.attributes.iter().find(|k| k.key.as_str() == "uvspan.stack.samples").map(|k| k.value.clone())
+        };
+        assert_eq!(samples(ev[0]), Some(Value::I64(3)));
+        assert_eq!(samples(ev[1]), Some(Value::I64(1)));
+        let second = ev[1].attributes.iter().find(|k| k.key.as_str() == "code.stacktrace").unwrap();
+        assert!(second.value.as_str().starts_with("(anonymous) (/app/blocker.js:3:10)"));
+    }
+
+    #[test]
+    fn without_samples_the_span_is_unchanged() {
+        let spans = build_one(&Record::Loop(rec()));
+        assert_eq!(attr(&spans[0], "code.stacktrace"), None);
+        assert!(spans[0].events.is_empty());
     }
 
     #[test]

@@ -39,7 +39,17 @@ pub mod keys {
     pub const POLL_WAIT: &str = "uvspan.loop.poll_wait_ms";
     pub const FAST_BEFORE: &str = "uvspan.loop.fast_iterations_before";
     pub const PHASE: &str = "uvspan.loop.phase";
+    pub const STACKTRACE: &str = "code.stacktrace";
+    pub const BLOCKED_BY: &str = "uvspan.loop.blocked_by";
+    pub const STACK_SAMPLES: &str = "uvspan.loop.stack_samples";
+    pub const STACKS_NOTICE: &str = "uvspan.loop.stacks_notice";
+    pub const SAMPLES: &str = "uvspan.stack.samples";
+    pub const SHARE: &str = "uvspan.stack.share";
+    pub const SAMPLED_MS: &str = "uvspan.stack.ms";
 }
+
+/// Name of the span event carrying one sampled stack of a slow iteration.
+pub const STACK_EVENT: &str = "uvspan.loop.stack";
 
 pub const ITERATION: &str = "uv.loop.iteration";
 pub const DNS: &str = "dns.getaddrinfo";
@@ -141,7 +151,7 @@ pub fn build_in(rec: &Record, src: &SpanContextSource<'_>, parent: Option<&Paren
         Record::Fs(r) => vec![fs::span(&b, r)],
         Record::Dns(r) => vec![dns::span(&b, r)],
         Record::Loop(r) => iteration::spans(&b, r),
-        Record::Http(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => vec![],
+        Record::Http(_) | Record::Stack(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => vec![],
     }
 }
 

@@ -1,0 +1,529 @@
+//! The report's numbers: a pure fold of finished spans into per-process and
+//! total sections (fs by op with p50/p99/max, top paths, DNS names, blocked
+//! loop iterations). Only `fs.*`, `dns.getaddrinfo` and `uv.loop.iteration`
+//! spans count; phase children and HTTP spans are ignored.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::SystemTime;
+
+use opentelemetry::trace::Status;
+use opentelemetry::Value;
+use opentelemetry_sdk::trace::SpanData;
+use serde::Serialize;
+
+use crate::events::spans::{keys, DNS, ITERATION};
+
+/// The stack of a slow iteration, when uvspan captured one.
+pub const STACKTRACE: &str = "code.stacktrace";
+/// Upper bounds (ms) of the latency histograms' buckets; the last bucket is
+/// everything above the last bound.
+pub const HISTOGRAM_LE_MS: [f64; 16] = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0];
+/// How many paths and DNS names a section lists.
+pub const TOP: usize = 10;
+
+/// The whole report (the JSON contract; `budgets` are filled in by the caller).
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Report {
+    pub command: Vec<String>,
+    pub exit_code: i32,
+    pub wall_ms: f64,
+    pub loop_threshold_ms: f64,
+    pub processes: Vec<ProcessReport>,
+    #[serde(flatten)]
+    pub total: Sections,
+    pub budgets: Vec<BudgetResult>,
+    pub histogram_le_ms: Vec<f64>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct ProcessReport {
+    pub pid: u32,
+    pub command: String,
+    #[serde(flatten)]
+    pub sections: Sections,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Sections {
+    pub fs: FsReport,
+    pub dns: DnsReport,
+    #[serde(rename = "loop")]
+    pub event_loop: LoopReport,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct FsReport {
+    pub count: u64,
+    pub errors: u64,
+    /// Synchronous fs calls (`fs.*Sync`) made on the process's main thread.
+    pub sync_on_loop: CountMs,
+    pub by_op: BTreeMap<String, OpStats>,
+    pub top_paths: Vec<PathStats>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct CountMs {
+    pub count: u64,
+    pub total_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct OpStats {
+    pub count: u64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub total_ms: f64,
+    /// Counts per bucket of [`HISTOGRAM_LE_MS`] (one more: above the last).
+    pub histogram: Vec<u64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PathStats {
+    pub path: String,
+    pub count: u64,
+    pub total_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct DnsReport {
+    pub count: u64,
+    pub errors: u64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub histogram: Vec<u64>,
+    pub by_name: Vec<NameStats>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct NameStats {
+    pub name: String,
+    pub count: u64,
+    pub errors: u64,
+    pub max_ms: f64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct LoopReport {
+    /// Every iteration, the fast ones uvspan counted but did not report too.
+    pub iterations: u64,
+    pub blocked: Blocked,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Blocked {
+    pub count: u64,
+    pub max_ms: f64,
+    pub total_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst: Option<Worst>,
+}
+
+/// The longest blocked iteration.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Worst {
+    pub pid: u32,
+    pub thread_id: i64,
+    pub busy_ms: f64,
+    /// Milliseconds since the run started.
+    pub at_ms: f64,
+    /// The top frame of its stack (when stacks are captured).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub culprit: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stacktrace: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct BudgetResult {
+    pub expr: String,
+    pub value: f64,
+    pub ok: bool,
+}
+
+/// One span, as the report sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Item {
+    Fs { op: String, path: Option<String>, sync_on_loop: bool },
+    Dns { name: String },
+    Iteration { tid: i64, stack: Option<String> },
+}
+
+/// What one span is, how long it took, whether it failed; None for spans
+/// the report does not count.
+pub fn classify(pid: u32, s: &SpanData) -> Option<(Item, f64, bool)> {
+    let attr = |k: &str| s.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| &kv.value);
+    let text = |k: &str| attr(k).map(|v| v.as_str().into_owned());
+    let int = |k: &str| match attr(k) {
+        Some(Value::I64(v)) => Some(*v),
+        _ => None,
+    };
+    let ms = s.end_time.duration_since(s.start_time).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    let failed = matches!(s.status, Status::Error { .. });
+    let item = if let Some(op) = s.name.strip_prefix("fs.") {
+        let on_loop = int(keys::THREAD_ID) == Some(i64::from(pid));
+        let sync = matches!(attr(keys::SYNC), Some(Value::Bool(true)));
+        Item::Fs { op: op.to_string(), path: text(keys::FILE_PATH), sync_on_loop: sync && on_loop }
+    } else if s.name == DNS {
+        Item::Dns { name: text(keys::DNS_NAME).unwrap_or_default() }
+    } else if s.name == ITERATION {
+        let busy = match attr(keys::BUSY) {
+            Some(Value::F64(v)) => *v,
+            _ => ms,
+        };
+        let tid = int(keys::THREAD_ID).unwrap_or(i64::from(pid));
+        return Some((Item::Iteration { tid, stack: text(STACKTRACE) }, busy, failed));
+    } else {
+        return None;
+    };
+    Some((item, ms, failed))
+}
+
+/// The running sums of one section.
+#[derive(Debug, Default)]
+struct Acc {
+    ops: BTreeMap<String, (Vec<f64>, u64)>,
+    sync_on_loop: (u64, f64),
+    paths: HashMap<String, (u64, f64)>,
+    dns: Vec<f64>,
+    dns_errors: u64,
+    names: HashMap<String, (u64, u64, f64)>,
+    /// Iterations counted through the reported ones (each says how many fast
+    /// ones came before it).
+    iterations: u64,
+    blocked: Vec<f64>,
+    worst: Option<Worst>,
+}
+
+impl Acc {
+    fn add(&mut self, pid: u32, item: &Item, ms: f64, failed: bool, at_ms: f64, fast_before: u64) {
+        match item {
+            Item::Fs { op, path, sync_on_loop } => {
+                let e = self.ops.entry(op.clone()).or_default();
+                e.0.push(ms);
+                e.1 += u64::from(failed);
+                if *sync_on_loop {
+                    self.sync_on_loop.0 += 1;
+                    self.sync_on_loop.1 += ms;
+                }
+                if let Some(p) = path {
+                    let e = self.paths.entry(p.clone()).or_default();
+                    e.0 += 1;
+                    e.1 += ms;
+                }
+            }
+            Item::Dns { name } => {
+                self.dns.push(ms);
+                self.dns_errors += u64::from(failed);
+                let e = self.names.entry(name.clone()).or_default();
+                e.0 += 1;
+                e.1 += u64::from(failed);
+                e.2 = e.2.max(ms);
+            }
+            Item::Iteration { tid, stack } => {
+                self.iterations += 1 + fast_before;
+                self.blocked.push(ms);
+                if self.worst.as_ref().is_none_or(|w| ms > w.busy_ms) {
+                    self.worst = Some(Worst {
+                        pid,
+                        thread_id: *tid,
+                        busy_ms: round(ms),
+                        at_ms: round(at_ms),
+                        culprit: stack.as_deref().and_then(culprit),
+                        stacktrace: stack.clone(),
+                    });
+                }
+            }
+        }
+    }
+
+    fn sections(&self, iterations: u64) -> Sections {
+        let by_op: BTreeMap<String, OpStats> = self
+            .ops
+            .iter()
+            .map(|(op, (d, errors))| {
+                let (p50, p99, max, total) = stats(d);
+                let s = OpStats { count: d.len() as u64, errors: *errors, p50_ms: p50, p99_ms: p99, max_ms: max, total_ms: total, histogram: histogram(d) };
+                (op.clone(), s)
+            })
+            .collect();
+        let mut top_paths: Vec<PathStats> =
+            self.paths.iter().map(|(p, (n, t))| PathStats { path: p.clone(), count: *n, total_ms: round(*t) }).collect();
+        top_paths.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(b.count.cmp(&a.count)).then(a.path.cmp(&b.path)));
+        top_paths.truncate(TOP);
+        let mut by_name: Vec<NameStats> = self
+            .names
+            .iter()
+            .map(|(n, (c, e, m))| NameStats { name: n.clone(), count: *c, errors: *e, max_ms: round(*m) })
+            .collect();
+        by_name.sort_by(|a, b| b.count.cmp(&a.count).then(b.max_ms.total_cmp(&a.max_ms)).then(a.name.cmp(&b.name)));
+        by_name.truncate(TOP);
+        let (p50, p99, max, _) = stats(&self.dns);
+        let (_, _, bmax, btotal) = stats(&self.blocked);
+        Sections {
+            fs: FsReport {
+                count: by_op.values().map(|o| o.count).sum(),
+                errors: by_op.values().map(|o| o.errors).sum(),
+                sync_on_loop: CountMs { count: self.sync_on_loop.0, total_ms: round(self.sync_on_loop.1) },
+                by_op,
+                top_paths,
+            },
+            dns: DnsReport {
+                count: self.dns.len() as u64,
+                errors: self.dns_errors,
+                p50_ms: p50,
+                p99_ms: p99,
+                max_ms: max,
+                histogram: histogram(&self.dns),
+                by_name,
+            },
+            event_loop: LoopReport {
+                iterations: iterations.max(self.iterations),
+                blocked: Blocked { count: self.blocked.len() as u64, max_ms: bmax, total_ms: btotal, worst: self.worst.clone() },
+            },
+        }
+    }
+}
+
+/// The top frame of a stack trace: its first line that is not a header
+/// ("Error", "Stack trace:"), trimmed, without a leading "at ".
+pub fn culprit(stack: &str) -> Option<String> {
+    stack
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.ends_with(':') && *l != "Error")
+        .map(|l| l.strip_prefix("at ").unwrap_or(l).to_string())
+        .next()
+}
+
+/// Rounded to the microsecond: reports do not change with float noise.
+pub fn round(ms: f64) -> f64 {
+    (ms * 1e3).round() / 1e3
+}
+
+/// p50, p99 (nearest rank), max, total.
+fn stats(d: &[f64]) -> (f64, f64, f64, f64) {
+    if d.is_empty() {
+        return (0.0, 0.0, 0.0, 0.0);
+    }
+    let mut v = d.to_vec();
+    v.sort_by(f64::total_cmp);
+    let rank = |p: f64| v[((p * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+    (round(rank(0.50)), round(rank(0.99)), round(v[v.len() - 1]), round(v.iter().sum()))
+}
+
+fn histogram(d: &[f64]) -> Vec<u64> {
+    let mut h = vec![0; HISTOGRAM_LE_MS.len() + 1];
+    for &x in d {
+        h[HISTOGRAM_LE_MS.iter().position(|&le| x <= le).unwrap_or(HISTOGRAM_LE_MS.len())] += 1;
+    }
+    h
+}
+
+/// The fold: spans in, sections per process and in total out.
+#[derive(Debug, Default)]
+pub struct Aggregate {
+    procs: BTreeMap<u32, Acc>,
+    total: Acc,
+    /// Fast iterations after a process's last reported one (from its exit).
+    trailing_fast: HashMap<u32, u64>,
+}
+
+/// How the run went, besides its spans.
+#[derive(Clone, Debug, Default)]
+pub struct RunFacts {
+    pub command: Vec<String>,
+    pub exit_code: i32,
+    pub wall_ms: f64,
+    pub loop_threshold_ms: f64,
+    /// Loop iterations the kernel counted in all traced processes.
+    pub loop_iterations: u64,
+    /// The command line of each process (pid → argv).
+    pub commands: HashMap<u32, Vec<String>>,
+}
+
+impl Aggregate {
+    /// One span of process `pid`; `start` is when the run started.
+    pub fn add(&mut self, pid: u32, s: &SpanData, start: SystemTime) {
+        let Some((item, ms, failed)) = classify(pid, s) else { return };
+        let at_ms = s.start_time.duration_since(start).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let fast_before = match s.attributes.iter().find(|kv| kv.key.as_str() == keys::FAST_BEFORE).map(|kv| &kv.value) {
+            Some(Value::I64(n)) => (*n).max(0) as u64,
+            _ => 0,
+        };
+        self.procs.entry(pid).or_default().add(pid, &item, ms, failed, at_ms, fast_before);
+        self.total.add(pid, &item, ms, failed, at_ms, fast_before);
+    }
+
+    /// Process `pid` exited after `fast` loop iterations it did not report
+    /// (a process that did nothing else is listed for its iterations).
+    pub fn exited(&mut self, pid: u32, fast: u64) {
+        if fast > 0 {
+            self.procs.entry(pid).or_default();
+            *self.trailing_fast.entry(pid).or_default() += fast;
+        }
+    }
+
+    /// The report (without budgets).
+    pub fn report(&self, facts: &RunFacts) -> Report {
+        let processes = self
+            .procs
+            .iter()
+            .map(|(&pid, acc)| {
+                let trailing = self.trailing_fast.get(&pid).copied().unwrap_or(0);
+                let command = facts.commands.get(&pid).map(|a| a.join(" ")).unwrap_or_default();
+                ProcessReport { pid, command, sections: acc.sections(acc.iterations + trailing) }
+            })
+            .collect();
+        Report {
+            command: facts.command.clone(),
+            exit_code: facts.exit_code,
+            wall_ms: round(facts.wall_ms),
+            loop_threshold_ms: round(facts.loop_threshold_ms),
+            processes,
+            total: self.total.sections(facts.loop_iterations),
+            budgets: vec![],
+            histogram_le_ms: HISTOGRAM_LE_MS.to_vec(),
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::borrow::Cow;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
+    use opentelemetry::KeyValue;
+    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+
+    use super::*;
+
+    pub fn t0() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_700_000_000)
+    }
+
+    /// A span starting `at` ms into the run, lasting `ms`.
+    pub fn span(name: &'static str, at: f64, ms: f64, attrs: Vec<KeyValue>, error: Option<&str>) -> SpanData {
+        let start = t0() + Duration::from_secs_f64(at / 1e3);
+        SpanData {
+            span_context: SpanContext::new(TraceId::from(1u128), SpanId::from(1u64), TraceFlags::SAMPLED, false, TraceState::NONE),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: Cow::Borrowed(name),
+            start_time: start,
+            end_time: start + Duration::from_secs_f64(ms / 1e3),
+            attributes: attrs,
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: error.map_or(Status::Unset, |e| Status::error(e.to_string())),
+            instrumentation_scope: crate::events::spans::scope(),
+        }
+    }
+
+    pub fn fs(op: &'static str, at: f64, ms: f64, tid: i64, sync: bool, path: &str, error: Option<&str>) -> SpanData {
+        let mut a = vec![KeyValue::new(keys::FILE_PATH, path.to_string()), KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::SYNC, sync)];
+        if let Some(e) = error {
+            a.push(KeyValue::new(keys::ERROR_TYPE, e.to_string()));
+        }
+        span(op, at, ms, a, error)
+    }
+
+    pub fn dns(at: f64, ms: f64, name: &str, error: Option<&str>) -> SpanData {
+        span(DNS, at, ms, vec![KeyValue::new(keys::DNS_NAME, name.to_string()), KeyValue::new(keys::THREAD_ID, 100i64)], error)
+    }
+
+    pub fn iteration(at: f64, busy: f64, tid: i64, fast_before: i64, stack: Option<&str>) -> SpanData {
+        let mut a = vec![KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::BUSY, busy), KeyValue::new(keys::FAST_BEFORE, fast_before)];
+        if let Some(s) = stack {
+            a.push(KeyValue::new(STACKTRACE, s.to_string()));
+        }
+        span(ITERATION, at, busy, a, None)
+    }
+
+    /// A run of two processes with known work (the golden report).
+    pub fn sample() -> Report {
+        let mut a = Aggregate::default();
+        let t = t0();
+        for i in 0..4 {
+            a.add(100, &fs("fs.stat", 1.0 + f64::from(i), 0.01 + f64::from(i) * 0.01, 100, true, "/app/package.json", None), t);
+        }
+        a.add(100, &fs("fs.stat", 9.0, 0.5, 100, false, "/app/<missing> & \"quoted\".json", Some("ENOENT")), t);
+        a.add(100, &fs("fs.read", 10.0, 2.0, 100, false, "/app/data.bin", None), t);
+        a.add(100, &fs("fs.open", 11.0, 0.3, 101, true, "/app/worker.js", None), t); // sync, not on the loop thread
+        a.add(100, &dns(12.0, 4.0, "localhost", None), t);
+        a.add(100, &dns(13.0, 30.0, "nonexistent.invalid", Some("ENOTFOUND"))
+            , t);
+        a.add(100, &iteration(20.0, 150.25, 100, 40, Some("Error\n    at busyLoop (/app/index.js:10:5)\n    at main (/app/index.js:20:1)")), t);
+        a.add(100, &iteration(200.0, 12.0, 100, 5, None), t);
+        a.add(100, &span("uv.loop.poll", 20.0, 100.0, vec![], None), t); // a phase child: not counted
+        a.add(200, &fs("fs.stat", 300.0, 0.02, 200, true, "/app/package.json", None), t);
+        a.add(200, &dns(301.0, 3.0, "localhost", None), t);
+        a.exited(200, 12);
+        a.exited(300, 0); // a shell: no loop, not listed
+        let facts = RunFacts {
+            command: vec!["npm".into(), "test".into()],
+            exit_code: 0,
+            wall_ms: 512.3456,
+            loop_threshold_ms: 10.0,
+            loop_iterations: 80,
+            commands: [(100, vec!["node".to_string(), "index.js".to_string()]), (200, vec!["node".to_string(), "child.js".to_string()])].into(),
+        };
+        a.report(&facts)
+    }
+
+    #[test]
+    fn golden_json() {
+        let got = serde_json::to_string_pretty(&sample()).unwrap() + "\n";
+        crate::report::tests::golden("report.json", &got);
+    }
+
+    #[test]
+    fn counts_and_percentiles() {
+        let r = sample();
+        assert_eq!((r.total.fs.count, r.total.fs.errors), (8, 1));
+        assert_eq!(r.total.fs.sync_on_loop.count, 5, "4 stats in 100 and 1 in 200; the open on thread 101 is not on the loop");
+        let stat = &r.total.fs.by_op["stat"];
+        assert_eq!((stat.count, stat.errors, stat.max_ms), (6, 1, 0.5));
+        assert_eq!(stat.p50_ms, 0.02);
+        assert_eq!(stat.histogram.iter().sum::<u64>(), 6);
+        assert_eq!((r.total.dns.count, r.total.dns.errors), (3, 1));
+        assert_eq!(r.total.dns.by_name[0].name, "localhost");
+        assert_eq!(r.total.dns.by_name[0].count, 2);
+        assert_eq!((r.total.event_loop.blocked.count, r.total.event_loop.blocked.max_ms, r.total.event_loop.iterations), (2, 150.25, 80));
+        let worst = r.total.event_loop.blocked.worst.as_ref().unwrap();
+        assert_eq!(worst.culprit.as_deref(), Some("busyLoop (/app/index.js:10:5)"));
+        assert_eq!(worst.at_ms, 20.0);
+        let p = &r.processes;
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[0].sections.event_loop.iterations, 47, "1+40 and 1+5");
+        assert_eq!(p[1].command, "node child.js");
+        assert_eq!(p[1].sections.event_loop.iterations, 12, "only fast ones, from its exit record");
+        assert_eq!(p[1].sections.event_loop.blocked.worst, None);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let d: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(stats(&d), (50.0, 99.0, 100.0, 5050.0));
+        assert_eq!(stats(&[7.0]), (7.0, 7.0, 7.0, 7.0));
+        assert_eq!(stats(&[]), (0.0, 0.0, 0.0, 0.0));
+        assert_eq!(histogram(&[0.005, 0.01, 5000.0]), {
+            let mut h = vec![0; 17];
+            h[0] = 2;
+            h[16] = 1;
+            h
+        });
+    }
+
+    #[test]
+    fn culprit_is_the_top_frame() {
+        assert_eq!(culprit("Error\n  at f (/a.js:1:2)\n  at g").as_deref(), Some("f (/a.js:1:2)"));
+        assert_eq!(culprit("busy (/x.js:3)\nmain").as_deref(), Some("busy (/x.js:3)"));
+        assert_eq!(culprit("\n\n"), None);
+    }
+}

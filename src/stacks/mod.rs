@@ -1,0 +1,362 @@
+//! Who blocked the loop (--stacks): stack samples of a loop thread taken
+//! while an iteration was already slow (bpf/uvspan.bpf.c `loop_sample`)
+//! are named here while the process still runs — JS frames from V8's heap
+//! ([`v8`], offsets from the binary's postmortem metadata), native frames
+//! from ELF symbols and `/tmp/perf-PID.map` (blazesym) — and folded per
+//! iteration ([`fold`]) until the iteration's record arrives.
+
+pub mod fold;
+pub mod v8;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use blazesym::symbolize::source::{Process, Source};
+use blazesym::symbolize::{Input, Symbolized, Symbolizer};
+use blazesym::Pid;
+
+use crate::events::decode::StackRecord;
+use crate::symbols::v8meta::V8Layout;
+use fold::{Blocked, Folder, Frame};
+
+/// The sampling rate: 999 Hz rather than 1000 so the samples do not fall
+/// in lockstep with work the app schedules on whole milliseconds.
+pub const SAMPLE_HZ: u64 = 999;
+
+/// Per-process caches are emptied when they grow past this many entries.
+const CACHE_MAX: usize = 16384;
+/// Iterations with samples but no record yet, kept per process.
+const PENDING_MAX: usize = 8;
+
+/// A process's memory through /proc/PID/mem.
+struct ProcMem(File);
+
+impl v8::Memory for ProcMem {
+    fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+        self.0.read_exact_at(buf, addr).is_ok()
+    }
+}
+
+/// One executable mapping of a process.
+#[derive(Clone, Debug)]
+struct Mapping {
+    start: u64,
+    end: u64,
+    offset: u64,
+    /// None: anonymous (JIT code).
+    path: Option<PathBuf>,
+}
+
+struct Proc {
+    node_major: Option<u32>,
+    /// Resolved at the first sample (the process has exec'd by then).
+    v8: Option<Result<V8Layout, String>>,
+    mem: Option<ProcMem>,
+    maps: Vec<Mapping>,
+    maps_read: Option<Instant>,
+    /// Whether /proc/PID/map_files can be opened (CAP_SYS_ADMIN or
+    /// CAP_CHECKPOINT_RESTORE); else blazesym opens the files by path.
+    map_files: bool,
+    js: HashMap<u64, Option<v8::JsFunction>>,
+    /// Maps seen to be JSFunction maps (maps do not move).
+    fn_maps: std::collections::HashSet<u64>,
+    native: HashMap<u64, Frame>,
+    pending: Vec<(u64, Folder)>,
+    /// --stacks all-ops: submit stacks by request address, until the
+    /// request's record arrives.
+    ops: HashMap<u64, String>,
+}
+
+pub struct Stacks {
+    symbolizer: Symbolizer,
+    procs: HashMap<u32, Proc>,
+    period_ns: u64,
+}
+
+impl Default for Stacks {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+fn node_major(version: Option<&str>) -> Option<u32> {
+    version?.trim_start_matches('v').split('.').next()?.parse().ok()
+}
+
+impl Stacks {
+    pub fn new() -> Stacks {
+        Stacks { symbolizer: Symbolizer::new(), procs: HashMap::new(), period_ns: 1_000_000_000 / SAMPLE_HZ }
+    }
+
+    /// Time one sample stands for.
+    pub fn period_ns(&self) -> u64 {
+        self.period_ns
+    }
+
+    /// A process whose loop thread is sampled; `node_version` as found in
+    /// its binary ("v20.20.2").
+    pub fn add_process(&mut self, pid: u32, node_version: Option<&str>) {
+        self.procs.insert(
+            pid,
+            Proc {
+                node_major: node_major(node_version),
+                v8: None,
+                mem: None,
+                maps: Vec::new(),
+                maps_read: None,
+                map_files: false,
+                js: HashMap::new(),
+                fn_maps: Default::default(),
+                native: HashMap::new(),
+                pending: Vec::new(),
+                ops: HashMap::new(),
+            },
+        );
+    }
+
+    pub fn forget(&mut self, pid: u32) {
+        self.procs.remove(&pid);
+    }
+
+    /// One sample: named now (V8 may move objects later) and folded into
+    /// its iteration.
+    pub fn sample(&mut self, r: &StackRecord) {
+        let Some(p) = self.procs.get_mut(&r.pid) else { return };
+        if p.v8.is_none() {
+            p.v8 = Some(v8_layout(r.pid));
+            p.mem = File::open(format!("/proc/{}/mem", r.pid)).ok().map(ProcMem);
+            p.map_files = std::fs::read_dir(format!("/proc/{}/map_files", r.pid))
+                .ok()
+                .and_then(|mut d| d.next())
+                .and_then(|e| e.ok())
+                .is_some_and(|e| std::fs::metadata(e.path()).is_ok());
+        }
+        let stack = name_frames(&self.symbolizer, r.pid, p, r);
+        if r.req != 0 {
+            if p.ops.len() >= CACHE_MAX {
+                p.ops.clear();
+            }
+            p.ops.insert(r.req, fold::render(&stack));
+            return;
+        }
+        let notice = match &p.v8 {
+            Some(Err(e)) => Some(format!("JS frames not named: {e}")),
+            _ if p.mem.is_none() => Some(format!("JS frames not named: cannot open /proc/{}/mem", r.pid)),
+            _ => None,
+        };
+        let at = match p.pending.iter().position(|(s, _)| *s == r.iter_start_ns) {
+            Some(i) => i,
+            None => {
+                if p.pending.len() >= PENDING_MAX {
+                    p.pending.remove(0);
+                }
+                p.pending.push((r.iter_start_ns, Folder::default()));
+                p.pending.len() - 1
+            }
+        };
+        let folder = &mut p.pending[at].1;
+        if folder.notice.is_none() {
+            folder.notice = notice;
+        }
+        folder.add(stack);
+    }
+
+    /// --stacks all-ops: the stack that submitted request `req`, rendered.
+    pub fn take_op(&mut self, pid: u32, req: u64) -> Option<String> {
+        self.procs.get_mut(&pid)?.ops.remove(&req)
+    }
+
+    /// The samples of the iteration that started at `start_ns`, folded;
+    /// samples of earlier iterations still waiting are dropped (their
+    /// iteration was not reported).
+    pub fn take(&mut self, pid: u32, start_ns: u64) -> Option<Blocked> {
+        let p = self.procs.get_mut(&pid)?;
+        let i = p.pending.iter().position(|(s, _)| *s == start_ns);
+        let found = i.map(|i| p.pending.remove(i).1);
+        p.pending.retain(|(s, _)| *s > start_ns);
+        found.filter(|f| f.samples() > 0).map(|f| f.finish(self.period_ns))
+    }
+}
+
+/// The V8 layout of the process's node: in its executable, or in the
+/// libnode.so it maps (distribution builds).
+fn v8_layout(pid: u32) -> Result<V8Layout, String> {
+    let exe = PathBuf::from(format!("/proc/{pid}/exe"));
+    let mut tried = Vec::new();
+    let mut candidates = vec![exe];
+    if let Ok(maps) = procfs::process::Process::new(pid as i32).and_then(|p| p.maps()) {
+        for m in maps.iter() {
+            if let procfs::process::MMapPath::Path(path) = &m.pathname {
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                if name.starts_with("libnode") {
+                    let (s, e) = m.address;
+                    candidates.push(PathBuf::from(format!("/proc/{pid}/map_files/{s:x}-{e:x}")));
+                    break;
+                }
+            }
+        }
+    }
+    for c in candidates {
+        match V8Layout::read(&c) {
+            Ok(l) => {
+                if l.smi_value_shift != 32 {
+                    return Err("this node uses pointer compression (31-bit Smis), which uvspan does not read".into());
+                }
+                if !fp_slots_match(&l) {
+                    return Err(format!(
+                        "this V8 keeps a frame's function at fp{:+} and its context at fp{:+}; uvspan's sampler reads fp-16 and fp-8",
+                        l.off_fp_function, l.off_fp_context_or_frame_type
+                    ));
+                }
+                return Ok(l);
+            }
+            Err(e) => tried.push(format!("{e:#}")),
+        }
+    }
+    Err(tried.join("; "))
+}
+
+fn refresh_maps(pid: u32, p: &mut Proc) {
+    if p.maps_read.is_some_and(|t| t.elapsed() < Duration::from_millis(200)) {
+        return;
+    }
+    p.maps_read = Some(Instant::now());
+    let Ok(maps) = procfs::process::Process::new(pid as i32).and_then(|pr| pr.maps()) else { return };
+    p.maps = maps
+        .iter()
+        .filter(|m| m.perms.contains(procfs::process::MMPermissions::EXECUTE))
+        .map(|m| Mapping {
+            start: m.address.0,
+            end: m.address.1,
+            offset: m.offset,
+            path: match &m.pathname {
+                procfs::process::MMapPath::Path(path) => Some(path.clone()),
+                _ => None,
+            },
+        })
+        .collect();
+}
+
+fn mapping_of(p: &Proc, pc: u64) -> Option<&Mapping> {
+    p.maps.iter().find(|m| m.start <= pc && pc < m.end)
+}
+
+fn base_name(path: &Path) -> String {
+    path.file_name().map_or_else(|| path.to_string_lossy().into_owned(), |n| n.to_string_lossy().into_owned())
+}
+
+/// Names every frame of a sample, innermost first.
+fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec<Frame> {
+    if p.js.len() > CACHE_MAX {
+        p.js.clear();
+    }
+    if p.fn_maps.len() > CACHE_MAX {
+        p.fn_maps.clear();
+    }
+    if p.native.len() > CACHE_MAX {
+        p.native.clear();
+    }
+    // Return addresses point after the call: look up the call itself.
+    let lookups: Vec<u64> = r.frames.iter().enumerate().map(|(i, f)| if i == 0 { f.pc } else { f.pc.saturating_sub(1) }).collect();
+    let missing: Vec<u64> = lookups.iter().copied().filter(|a| !p.native.contains_key(a)).collect();
+    if !missing.is_empty() {
+        if missing.iter().any(|&a| mapping_of(p, a).is_none()) {
+            refresh_maps(pid, p);
+        }
+        let Some(nz) = std::num::NonZeroU32::new(pid) else { return Vec::new() };
+        let mut src = Process::new(Pid::Pid(nz));
+        src.debug_syms = false;
+        src.map_files = p.map_files;
+        let named = sym.symbolize(&Source::Process(src), Input::AbsAddr(&missing)).unwrap_or_default();
+        for (i, &addr) in missing.iter().enumerate() {
+            let frame = match named.get(i) {
+                Some(Symbolized::Sym(s)) => {
+                    let module = s.module.as_deref().map(|m| base_name(Path::new(m)));
+                    Frame::native(&s.name, module)
+                }
+                _ => match mapping_of(p, addr) {
+                    Some(Mapping { path: Some(path), start, offset, .. }) => {
+                        Frame::native("[unknown]", Some(format!("{}+{:#x}", base_name(path), addr - start + offset)))
+                    }
+                    Some(_) => Frame::native("[jit]", Some(format!("{addr:#x}"))),
+                    None => Frame::native("[unknown]", Some(format!("{addr:#x}"))),
+                },
+            };
+            p.native.insert(addr, frame);
+        }
+    }
+    let mut out = Vec::with_capacity(r.frames.len());
+    for (f, addr) in r.frames.iter().zip(&lookups) {
+        let native = p.native.get(addr).cloned().unwrap_or_else(|| Frame::native("[unknown]", None));
+        // A JS frame runs JIT code (anonymous memory) or one of V8's
+        // builtins (the interpreter, baseline code; in a stripped node they
+        // have no symbol): only there is the frame's function slot asked.
+        let maybe_js = matches!(native.function.as_str(), "[jit]" | "[unknown]") || native.function.starts_with("Builtins_");
+        let js = match (&p.v8, &p.mem) {
+            // The kernel sends the words at fp-16 and fp-8; a JS frame
+            // keeps its context (a heap object) at fp-8 where typed frames
+            // (entry, exit, internal: not a JS function's own frame) keep a
+            // frame-type marker (a small integer).
+            (Some(Ok(l)), Some(mem)) if maybe_js && fp_slots_match(l) && f.fp_m8 & 1 == 1 => {
+                // The JSFunction's words as the kernel copied them at the
+                // sample (it may have moved since), else as it is now;
+                // names are cached per SharedFunctionInfo (old space).
+                let heap = v8::Heap::new(l, mem, p.node_major);
+                // A function whose map was seen to be a JSFunction map and
+                // whose SharedFunctionInfo is already named needs no read
+                // (nor a live process: samples read after it exited).
+                let shared_word = usize::try_from(l.js_function_shared / 8).ok().and_then(|i| f.obj.get(i)).copied();
+                let known = shared_word.filter(|s| p.fn_maps.contains(&f.obj[0]) && p.js.contains_key(s));
+                match known {
+                    Some(sfi) => p.js.get(&sfi).cloned().flatten(),
+                    None => {
+                        let from_words = heap.shared_info_from(&f.obj);
+                        if from_words.is_some() {
+                            p.fn_maps.insert(f.obj[0]);
+                        }
+                        from_words
+                            .or_else(|| heap.shared_info_of(f.fp_m16))
+                            .and_then(|sfi| p.js.entry(sfi).or_insert_with(|| heap.describe(sfi)).clone())
+                    }
+                }
+            }
+            _ => None,
+        };
+        out.push(match js {
+            Some(j) => Frame::js(&j.name, js_location(&j)),
+            None => native,
+        });
+    }
+    out
+}
+
+/// Whether the words the kernel reads around the frame pointer are the
+/// ones this V8 uses (function at fp-16, context or marker at fp-8).
+fn fp_slots_match(l: &V8Layout) -> bool {
+    l.off_fp_function == -16 && l.off_fp_context_or_frame_type == -8
+}
+
+fn js_location(j: &v8::JsFunction) -> Option<String> {
+    let script = j.script.as_deref()?;
+    Some(match (j.line, j.column) {
+        (Some(l), Some(c)) => format!("{script}:{l}:{c}"),
+        (Some(l), None) => format!("{script}:{l}"),
+        _ => script.to_string(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_major_from_the_version_string() {
+        assert_eq!(node_major(Some("v20.20.2")), Some(20));
+        assert_eq!(node_major(Some("24.1.0")), Some(24));
+        assert_eq!(node_major(Some("garbage")), None);
+        assert_eq!(node_major(None), None);
+    }
+}

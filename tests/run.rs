@@ -1,0 +1,368 @@
+//! `uvspan run`, the CI performance gate, end to end: the real uvspan traces
+//! tests/fixtures/ci_job.js (known work in a parent and a forked child,
+//! started through `sh -c`), and the tests check the report's numbers, the
+//! exit status (budgets held, broken, the command's own failure, a bad
+//! expression), the GitHub step summary, the JUnit XML and the HTML page in
+//! a real headless browser (Debian's chromium, installed by scripts/setup.sh).
+//!
+//! Timing: only lower bounds (the busy loop lasts at least 150 ms), never an
+//! upper bound on how long something took on this machine.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+/// What the fixture does (tests/fixtures/ci_job.js).
+const SYNC_CALLS: u64 = 25;
+const CHILD_CALLS: u64 = 7;
+const ASYNC_READS: u64 = 3;
+const BUSY_MS: f64 = 150.0;
+
+struct Run {
+    out: Output,
+    dir: TempDir,
+    markers: Markers,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        let p = self.dir.join("report.json");
+        let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("no report at {p}: {e}\n{}", self.out.context()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("report is not JSON: {e}\n{text}"))
+    }
+    fn file(&self, name: &str) -> String {
+        let p = self.dir.join(name);
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{p}: {e}\n{}", self.out.context()))
+    }
+}
+
+/// `uvspan run --report --junit --html [extra] -- sh -c "node ci_job.js CODE"`,
+/// with $GITHUB_STEP_SUMMARY set.
+fn run(tag: &str, extra: &[&str], code: i32) -> Run {
+    require_root();
+    let dir = TempDir::new(tag);
+    let summary = dir.join("step-summary.md");
+    std::fs::write(&summary, "# earlier step\n").unwrap();
+    let script = format!("node {} {code}", fixture("ci_job.js"));
+    let mut args: Vec<String> = ["run", "--report", &dir.join("report.json"), "--junit", &dir.join("junit.xml"), "--html", &dir.join("report.html")]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--", "sh", "-c", &script].iter().map(|s| s.to_string()));
+    let mut cmd = uvspan_cmd(&args);
+    cmd.env("GITHUB_STEP_SUMMARY", &summary);
+    let out = Running::spawn(cmd).finish(RUN_TIMEOUT);
+    let markers = Markers::parse(&out.stdout);
+    Run { out, dir, markers }
+}
+
+fn process(report: &Value, pid: i64) -> &Value {
+    report["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["pid"].as_i64() == Some(pid))
+        .unwrap_or_else(|| panic!("process {pid} is not in the report: {report:#}"))
+}
+
+fn n(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"))
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// JUnit XML, parsed: (tests, failures, [(case name, failure message)]).
+fn junit(xml: &str) -> (u64, u64, Vec<(String, Option<String>)>) {
+    let doc = roxmltree::Document::parse(xml).unwrap_or_else(|e| panic!("JUnit is not XML: {e}\n{xml}"));
+    let suite = doc.descendants().find(|n| n.has_tag_name("testsuite")).expect("a testsuite");
+    let num = |a: &str| suite.attribute(a).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("testsuite {a}: {xml}"));
+    let cases = suite
+        .children()
+        .filter(|n| n.has_tag_name("testcase"))
+        .map(|c| {
+            let fail = c.children().find(|n| n.has_tag_name("failure")).map(|f| f.attribute("message").unwrap_or_default().to_string());
+            (c.attribute("name").unwrap_or_default().to_string(), fail)
+        })
+        .collect();
+    (num("tests"), num("failures"), cases)
+}
+
+#[test]
+fn report_numbers_summary_junit_and_budgets_held() {
+    let held = ["loop.blocked.max_ms>=100", "fs.by_op.access.count==32", "dns.errors==1", "fs.by_op.rename.count==0"];
+    let mut extra = vec![];
+    for b in &held {
+        extra.extend(["--budget", b]);
+    }
+    let r = run("run-held", &extra, 0);
+    assert_eq!(r.out.code(), Some(0), "{}", r.out.context());
+    let parent = r.markers.i64("parent", "pid");
+    let child = r.markers.i64("child", "pid");
+    assert_ne!(r.markers.str("done", "dns_error"), "resolved", "the lookup failed as intended");
+    let j = r.json();
+
+    // The run.
+    assert_eq!(j["command"], serde_json::json!(["sh", "-c", format!("node {} 0", fixture("ci_job.js"))]));
+    assert_eq!(j["exit_code"], 0);
+    assert!(f(&j["wall_ms"]) >= BUSY_MS, "the run includes the busy loop: {}", j["wall_ms"]);
+    assert_eq!(f(&j["loop_threshold_ms"]), 10.0);
+
+    // Per process: the parent and the child it forked (the shell has no loop
+    // and no fs work of libuv's: it is not listed).
+    let p = process(&j, parent);
+    let c = process(&j, child);
+    assert!(p["command"].as_str().unwrap().contains("ci_job.js"), "{p}");
+    assert!(c["command"].as_str().unwrap().ends_with("ci_job.js child"), "{c}");
+    assert_eq!(n(&p["fs"]["by_op"]["access"]["count"]), SYNC_CALLS, "{p:#}");
+    assert_eq!(n(&c["fs"]["by_op"]["access"]["count"]), CHILD_CALLS, "{c:#}");
+    assert_eq!(n(&p["fs"]["by_op"]["scandir"]["count"]), ASYNC_READS, "{p:#}");
+    assert!(c["fs"]["by_op"].get("scandir").is_none(), "{c:#}");
+    // Sync calls on the loop thread: the accessSync calls and Node's own
+    // start-up reads; the async readdirs are not among them.
+    assert!(n(&p["fs"]["sync_on_loop"]["count"]) >= SYNC_CALLS, "{p:#}");
+    assert!(n(&p["fs"]["sync_on_loop"]["count"]) <= n(&p["fs"]["count"]) - ASYNC_READS, "{p:#}");
+    assert!(n(&c["fs"]["sync_on_loop"]["count"]) >= CHILD_CALLS, "{c:#}");
+    let access = &p["fs"]["by_op"]["access"];
+    assert!(f(&access["p50_ms"]) <= f(&access["p99_ms"]) && f(&access["p99_ms"]) <= f(&access["max_ms"]), "{access}");
+    assert!(f(&access["max_ms"]) > 0.0, "{access}");
+    assert!(f(&access["total_ms"]) >= f(&access["max_ms"]), "{access}");
+    assert_eq!(access["histogram"].as_array().unwrap().iter().map(n).sum::<u64>(), SYNC_CALLS);
+    let script = fixture("ci_job.js");
+    assert!(p["fs"]["top_paths"].as_array().unwrap().iter().any(|x| x["path"] == script.as_str()), "{p:#}");
+
+    // DNS: one failed lookup, in the parent.
+    assert_eq!((n(&p["dns"]["count"]), n(&p["dns"]["errors"])), (1, 1), "{p:#}");
+    assert_eq!(p["dns"]["by_name"][0]["name"], "nonexistent.invalid");
+    assert_eq!(n(&c["dns"]["count"]), 0);
+
+    // The loop: the busy timer callback is a blocked iteration of at least BUSY_MS.
+    let lp = &p["loop"];
+    assert!(n(&lp["blocked"]["count"]) >= 1, "{lp}");
+    assert!(f(&lp["blocked"]["max_ms"]) >= BUSY_MS, "{lp}");
+    assert!(n(&lp["iterations"]) > n(&lp["blocked"]["count"]), "fast iterations counted too: {lp}");
+    let worst = &j["loop"]["blocked"]["worst"];
+    assert_eq!(worst["pid"].as_i64(), Some(parent), "{worst}");
+    assert_eq!(worst["thread_id"].as_i64(), Some(parent), "{worst}");
+
+    // Totals are the processes' sums (iterations: the kernel's count).
+    let procs = j["processes"].as_array().unwrap();
+    for key in ["count", "errors"] {
+        assert_eq!(n(&j["fs"][key]), procs.iter().map(|p| n(&p["fs"][key])).sum::<u64>(), "fs.{key}");
+    }
+    assert_eq!(n(&j["fs"]["by_op"]["access"]["count"]), SYNC_CALLS + CHILD_CALLS);
+    assert_eq!(n(&j["fs"]["sync_on_loop"]["count"]), procs.iter().map(|p| n(&p["fs"]["sync_on_loop"]["count"])).sum::<u64>());
+    assert_eq!(n(&j["loop"]["iterations"]), procs.iter().map(|p| n(&p["loop"]["iterations"])).sum::<u64>(), "{j:#}");
+    let summary_iterations = summary_number(&r.out.stderr, " loop iterations");
+    assert_eq!(n(&j["loop"]["iterations"]), summary_iterations, "the report and uvspan's summary line agree");
+
+    // Budgets: all held.
+    let budgets = j["budgets"].as_array().unwrap();
+    let got: Vec<(&str, bool)> = budgets.iter().map(|b| (b["expr"].as_str().unwrap(), b["ok"].as_bool().unwrap())).collect();
+    assert_eq!(got, held.iter().map(|e| (*e, true)).collect::<Vec<_>>());
+    assert_eq!(f(&budgets[1]["value"]), 32.0);
+
+    // The console: the summary table, and no span lines (the console view is off).
+    let err = &r.out.stderr;
+    assert!(err.contains("uvspan run: `sh -c node ") && err.contains("exited 0 after") && err.contains("4 budget(s) held"), "{err}");
+    assert!(err.lines().any(|l| l.trim_start().starts_with(&format!("{parent} node "))), "a row for the parent: {err}");
+    assert!(err.lines().any(|l| l.trim_start().starts_with(&format!("{child} "))), "a row for the child: {err}");
+    assert!(!r.out.stdout.contains("fs.access"), "no span lines: {}", r.out.stdout);
+
+    // The step summary: appended after what an earlier step wrote.
+    let md = r.file("step-summary.md");
+    assert!(md.starts_with("# earlier step\n### ✅ uvspan: <code>sh -c node "), "{md}");
+    assert!(md.contains("| process | fs ops |") && md.contains(&format!("| {parent} ")) && md.contains(&format!("| {child} ")), "{md}");
+    assert!(md.contains("| nonexistent.invalid | 1 | 1 |"), "{md}");
+    assert!(md.contains("| fs.by\\_op.access.count==32 | 32 | ok |"), "{md}");
+
+    // JUnit: one case per budget, none failed.
+    let (tests, failures, cases) = junit(&r.file("junit.xml"));
+    assert_eq!((tests, failures), (4, 0));
+    assert_eq!(cases.iter().map(|c| c.0.as_str()).collect::<Vec<_>>(), held);
+    assert!(cases.iter().all(|c| c.1.is_none()));
+
+    // The HTML page, in a real browser.
+    check_html(&r, parent, child);
+}
+
+/// Loads the page in headless chromium: its script ran without errors and
+/// drew the timeline, the histograms and the tables. Leaves a screenshot
+/// in the temp dir (printed) for a person to look at.
+fn check_html(r: &Run, parent: i64, child: i64) {
+    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| on_path(c));
+    let chromium = chromium.expect("chromium is not on PATH: the HTML report is tested in a real browser (scripts/setup.sh installs Debian's chromium)");
+    let page = r.dir.join("report.html");
+    let html = r.file("report.html");
+    for fetch in ["<link", " src=", "fetch(", "XMLHttpRequest", "@import"] {
+        assert!(!html.contains(fetch), "the page is self-contained, yet has {fetch}");
+    }
+    let url = format!("file://{page}");
+    let browser = |extra: &[&str]| {
+        let profile = r.dir.join("chromium-profile");
+        let mut c = Command::new(chromium);
+        c.args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,2400"])
+            .arg(format!("--user-data-dir={profile}"))
+            .args(extra)
+            .arg(&url);
+        run_cmd(c)
+    };
+    let dom = browser(&["--dump-dom", "--virtual-time-budget=5000"]);
+    assert!(dom.status.success(), "chromium failed: {}", dom.context());
+    let d = &dom.stdout;
+    assert!(d.contains("data-rendered=\"ok\""), "the page's script did not finish cleanly:\n{}", error_box(d));
+    assert!(error_box(d).is_empty(), "the page reported errors: {}", error_box(d));
+    let lanes: u32 = d.split("data-lanes=\"").nth(1).and_then(|s| s.split('"').next()).and_then(|s| s.parse().ok()).expect("timeline lanes");
+    assert!(lanes >= 3, "parent loop, parent fs, child fs at least: {lanes}");
+    assert!(d.matches("class=\"bar loop slow").count() >= 1, "the blocked iteration is drawn, highlighted");
+    assert!(d.matches("class=\"bar fs").count() >= (SYNC_CALLS + CHILD_CALLS) as usize, "fs bars");
+    assert!(d.contains("class=\"bar dns error\"") || d.contains("class=\"bar dns slow error\""), "the failed lookup is drawn as failed");
+    assert!(d.matches("class=\"histogram\"").count() >= 3, "histograms per op");
+    assert!(d.contains(">nonexistent.invalid<") && d.contains(&format!(">{parent} ")) && d.contains(&format!(">{child} ")), "tables");
+    assert!(d.contains(">fs.by_op.access.count==32<") && d.contains(">held<"), "budgets");
+    // The path with markup in it is text (in the bar's tooltip), not an element.
+    assert!(!d.contains("<b id=\"injected\">"), "markup from a path became an element");
+    assert!(d.contains("/nonexistent/&lt;b id=\"injected\"&gt;&amp;'quoted'&lt;/b&gt;.json"), "the path is shown as text");
+    let png = r.dir.join("report.png");
+    let shot = browser(&[&format!("--screenshot={png}"), "--virtual-time-budget=5000"]);
+    assert!(shot.status.success(), "chromium screenshot failed: {}", shot.context());
+    let len = std::fs::metadata(&png).map(|m| m.len()).unwrap_or(0);
+    assert!(len > 10_000, "the screenshot is {len} bytes");
+    // To look at it: REPORT_SCREENSHOT=/some/file.png (the temp dir goes).
+    if let Some(keep) = std::env::var_os("REPORT_SCREENSHOT") {
+        std::fs::copy(&png, &keep).unwrap_or_else(|e| panic!("cannot copy the screenshot to {keep:?}: {e}"));
+    }
+}
+
+/// The page's error box (empty when it stayed hidden and empty).
+fn error_box(dom: &str) -> String {
+    dom.split("<div id=\"errors\"").nth(1).and_then(|s| s.split_once('>')).map(|(_, s)| s.split("</div>").next().unwrap_or("").to_string()).unwrap_or_default()
+}
+
+fn run_cmd(mut c: Command) -> Output {
+    c.stdin(std::process::Stdio::null());
+    Running::spawn(c).finish(RUN_TIMEOUT)
+}
+
+#[test]
+fn broken_budgets_exit_3_and_are_named() {
+    let dir = TempDir::new("run-config");
+    let config = dir.join("uvspan.yaml");
+    // One budget from the config file, one from the command line: both apply.
+    std::fs::write(&config, "loop_threshold: 20ms\nbudgets:\n  - loop.blocked.max_ms<=1\n").unwrap();
+    let r = run("run-broken", &["--config", &config, "--budget", "fs.by_op.access.count<10", "--budget", "dns.count==1"], 0);
+    assert_eq!(r.out.code(), Some(3), "{}", r.out.context());
+    let j = r.json();
+    assert_eq!(j["exit_code"], 0, "the command itself succeeded");
+    assert_eq!(f(&j["loop_threshold_ms"]), 20.0, "the config file applies to run");
+    let b = j["budgets"].as_array().unwrap();
+    assert_eq!(b.len(), 3, "{b:?}");
+    assert_eq!((b[0]["expr"].as_str(), b[0]["ok"].as_bool()), (Some("loop.blocked.max_ms<=1"), Some(false)));
+    assert!(f(&b[0]["value"]) >= BUSY_MS);
+    assert_eq!((b[1]["value"].as_f64(), b[1]["ok"].as_bool()), (Some(32.0), Some(false)));
+    assert_eq!(b[2]["ok"].as_bool(), Some(true));
+    let err = &r.out.stderr;
+    assert!(err.contains("2 of 3 budget(s) BROKEN"), "{err}");
+    assert!(err.contains("budget broken: loop.blocked.max_ms<=1 (value "), "{err}");
+    assert!(err.contains("budget broken: fs.by_op.access.count<10 (value 32)"), "{err}");
+    let md = r.file("step-summary.md");
+    assert!(md.contains("### ❌ uvspan:") && md.contains("**budget broken:** fs.by\\_op.access.count&lt;10 (value 32)"), "{md}");
+    let (tests, failures, cases) = junit(&r.file("junit.xml"));
+    assert_eq!((tests, failures), (3, 2));
+    assert_eq!(cases[1].0, "fs.by_op.access.count<10");
+    assert_eq!(cases[1].1.as_deref(), Some("budget fs.by_op.access.count<10 broken: the value is 32"));
+    assert!(cases[2].1.is_none());
+}
+
+#[test]
+fn the_commands_own_failure_wins_over_budgets() {
+    let r = run("run-failing", &["--budget", "loop.blocked.max_ms<=1"], 7);
+    assert_eq!(r.out.code(), Some(7), "{}", r.out.context());
+    let j = r.json();
+    assert_eq!(j["exit_code"], 7);
+    assert_eq!(j["budgets"][0]["ok"], false, "budgets are still checked and reported");
+    assert!(r.out.stderr.contains("exited 7 after"), "{}", r.out.stderr);
+    assert!(r.file("step-summary.md").contains("### ❌"));
+}
+
+#[test]
+fn a_bad_budget_exits_2_before_anything_runs() {
+    require_root();
+    let dir = TempDir::new("run-bad");
+    let marker = dir.join("ran");
+    for (args, what) in [
+        (vec!["--budget", "fs.cout<=3"], "invalid budget \"fs.cout<=3\": the report has no fs.cout"),
+        (vec!["--budget", "loop.blocked.max_ms"], "invalid budget \"loop.blocked.max_ms\": no comparison"),
+        (vec!["--budget", "dns.count<=many"], "invalid budget \"dns.count<=many\": \"many\" is not a number"),
+        (vec!["--budget", "fs.sync_on_loop<3"], "invalid budget \"fs.sync_on_loop<3\": fs.sync_on_loop is not a number"),
+    ] {
+        let mut all = vec!["run".to_string(), "--report".into(), dir.join("r.json")];
+        all.extend(args.iter().map(|s| s.to_string()));
+        all.extend(["--".to_string(), "touch".into(), marker.clone()]);
+        let out = run_cmd(uvspan_cmd(&all));
+        assert_eq!(out.code(), Some(2), "{}", out.context());
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "one line: {}", out.stderr);
+        assert!(lines[0].starts_with(&format!("uvspan: {what}")), "{}", lines[0]);
+        assert!(!Path::new(&marker).exists(), "the command must not run");
+        assert!(!Path::new(&dir.join("r.json")).exists(), "no report");
+    }
+    // The same from the config file.
+    let config = dir.join("bad.yaml");
+    std::fs::write(&config, "budgets: [\"loop.blockd.max_ms<=3\"]\n").unwrap();
+    let out = run_cmd(uvspan_cmd(["run", "--config", &config, "--", "touch", &marker]));
+    assert_eq!(out.code(), Some(2), "{}", out.context());
+    assert!(out.stderr.starts_with("uvspan: invalid budget \"loop.blockd.max_ms<=3\""), "{}", out.stderr);
+    assert!(!Path::new(&marker).exists());
+    // run needs a command.
+    for args in [&["run", "--pid", "1"][..], &["run", "--"], &["run", "--all", "--", "true"]] {
+        let out = run_cmd(uvspan_cmd(args));
+        assert_eq!(out.code(), Some(2), "{args:?}: {}", out.context());
+        assert!(out.stderr.starts_with("uvspan: uvspan run traces a command it starts"), "{}", out.stderr);
+    }
+    // Nor with sampling: the numbers would be a share.
+    let out = run_cmd(uvspan_cmd(["run", "--sample-time", "10%", "--", "touch", &marker]));
+    assert_eq!(out.code(), Some(2), "{}", out.context());
+    assert!(out.stderr.starts_with("uvspan: uvspan run cannot be combined with --sample-time"), "{}", out.stderr);
+    assert!(!Path::new(&marker).exists());
+}
+
+#[test]
+fn spans_still_go_to_otlp_and_match_the_report() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let r = run("run-otlp", &["--otlp-endpoint", &ep, "--budget", "dns.count==1"], 0);
+    assert_eq!(r.out.code(), Some(0), "{}", r.out.context());
+    let (parent, child) = (r.markers.i64("parent", "pid"), r.markers.i64("child", "pid"));
+    let spans = rx.spans();
+    check_summary(&r.out, spans.len());
+    let j = r.json();
+    let count = |pid: i64, pred: &dyn Fn(&Span) -> bool| spans.iter().filter(|s| s.res_int("process.pid") == Some(pid) && pred(s)).count() as u64;
+    for pid in [parent, child] {
+        let p = process(&j, pid);
+        assert_eq!(count(pid, &|s| s.name.starts_with("fs.")), n(&p["fs"]["count"]), "fs spans exported and counted, process {pid}");
+        assert_eq!(count(pid, &|s| s.name == "fs.access"), n(&p["fs"]["by_op"]["access"]["count"]));
+        assert_eq!(count(pid, &|s| s.name == "dns.getaddrinfo"), n(&p["dns"]["count"]));
+        assert_eq!(count(pid, &|s| s.name == "uv.loop.iteration"), n(&p["loop"]["blocked"]["count"]));
+    }
+    assert_eq!(count(parent, &|s| s.name == "fs.access"), SYNC_CALLS);
+}
+
+#[test]
+fn an_unwritable_report_is_said_and_fails_a_passing_run() {
+    require_root();
+    let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "0"]));
+    assert_eq!(out.code(), Some(1), "{}", out.context());
+    let line = out.stderr.lines().find(|l| l.contains("cannot write")).unwrap_or_else(|| panic!("{}", out.stderr));
+    assert!(line.starts_with("uvspan: cannot write the JSON report to /nonexistent-dir/report.json; check the directory exists and is writable: "), "{line}");
+    // The command's own failure still wins.
+    let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "process.exit(5)"]));
+    assert_eq!(out.code(), Some(5), "{}", out.context());
+}
