@@ -120,6 +120,25 @@ pub struct Cli {
     #[arg(long, value_name = "DIR", env = "UVSPAN_SYMBOL_CACHE", default_value = crate::symbols::DEFAULT_CACHE_DIR)]
     pub symbol_cache: String,
 
+    /// Local OTLP agent: serve OTLP here (repeatable, or comma-separated;
+    /// gRPC and HTTP/protobuf on the same port) for the traced app to export
+    /// its own traces, metrics and logs through uvspan, which forwards them
+    /// unchanged to --otlp-endpoint and puts its request spans under the
+    /// app's SERVER span. E.g. 127.0.0.1:4317.
+    #[arg(long, value_name = "ADDR", env = "UVSPAN_OTLP_LISTEN", value_delimiter = ',')]
+    pub otlp_listen: Vec<std::net::SocketAddr>,
+
+    /// With --otlp-listen: how long uvspan's spans of a request wait for the
+    /// app's SERVER span before they go out as they are (above the SDK's
+    /// batch delay, OTEL_BSP_SCHEDULE_DELAY, 5 s by default).
+    #[arg(long, value_name = "DURATION", env = "UVSPAN_JOIN_WINDOW", default_value = "6s", value_parser = parse_duration)]
+    pub join_window: Duration,
+
+    /// With --otlp-listen: bytes of the app's requests queued for the
+    /// endpoint at most (a power of two); when full, the app is told to retry.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_size)]
+    pub otlp_listen_queue: u32,
+
     /// Command to start and trace (after `--`); uvspan exits with its status.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,

@@ -36,6 +36,10 @@ pub struct FileConfig {
     /// --sample-time, e.g. "10%".
     pub sample_time: Option<String>,
     pub otlp: Option<OtlpSection>,
+    /// --otlp-listen addresses and --join-window.
+    pub otlp_listen: Option<Vec<String>>,
+    pub join_window: Option<String>,
+    pub otlp_listen_queue: Option<String>,
     pub batch: Option<BatchSection>,
     /// `uvspan run`: budgets on its report (with the --budget flags).
     pub budgets: Option<Vec<String>>,
@@ -126,6 +130,18 @@ impl FileConfig {
                         .map_err(|_| anyhow::anyhow!("config detail: unknown group {k:?}: use threadpool, phases or all"))
                 })
                 .collect::<Result<_>>()?;
+        }
+        if let (true, Some(v)) = (unset("otlp_listen"), &self.otlp_listen) {
+            cli.otlp_listen = v
+                .iter()
+                .map(|a| a.trim().parse().map_err(|_| anyhow::anyhow!("config otlp_listen: {a:?} is not an address like 127.0.0.1:4317")))
+                .collect::<Result<_>>()?;
+        }
+        if let (true, Some(v)) = (unset("join_window"), dur("join_window", &self.join_window)?) {
+            cli.join_window = v;
+        }
+        if let (true, Some(v)) = (unset("otlp_listen_queue"), &self.otlp_listen_queue) {
+            cli.otlp_listen_queue = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config otlp_listen_queue: {e}"))?;
         }
         if let (true, Some(v)) = (unset("sample_time"), &self.sample_time) {
             cli.sample_time = Some(crate::cli::parse_percent(v).map_err(|e| anyhow::anyhow!("config sample_time: {e}"))?);
@@ -292,6 +308,19 @@ mod tests {
         assert_eq!(req(&["uvspan"], ""), RequestsMode::On);
         assert_eq!(req(&["uvspan"], "requests: off"), RequestsMode::Off);
         assert_eq!(req(&["uvspan", "--requests", "on"], "requests: off"), RequestsMode::On);
+    }
+
+    #[test]
+    fn otlp_listen_from_file_and_flag() {
+        let c = with(&["uvspan"], "otlp_listen: [127.0.0.1:4317, '[::1]:4318']\njoin_window: 2s");
+        assert_eq!(c.otlp_listen, vec!["127.0.0.1:4317".parse().unwrap(), "[::1]:4318".parse().unwrap()]);
+        assert_eq!(c.join_window, std::time::Duration::from_secs(2));
+        let c = with(&["uvspan", "--otlp-listen", "127.0.0.1:1,127.0.0.1:2"], "otlp_listen: [127.0.0.1:4317]");
+        assert_eq!(c.otlp_listen.len(), 2, "the flag wins");
+        assert_eq!(with(&["uvspan"], "").join_window, std::time::Duration::from_secs(6));
+        let m = Cli::command().try_get_matches_from(["uvspan"]).unwrap();
+        let mut cli = clap::FromArgMatches::from_arg_matches(&m).unwrap();
+        assert!(FileConfig::parse("otlp_listen: [nowhere]").unwrap().apply(&mut cli, &m).is_err());
     }
 
     #[test]

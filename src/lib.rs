@@ -15,6 +15,7 @@ pub mod enrich;
 pub mod events;
 pub mod export;
 pub mod kernel;
+pub mod listen;
 pub mod probes;
 pub mod report;
 pub mod stacks;

@@ -35,6 +35,8 @@ use crate::export::otlp::OtlpConfig;
 use crate::export::{Destination, Exporter};
 use crate::kernel::tracer::{Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
+use crate::listen::join::Joiner;
+use crate::listen::{BindError, ListenConfig, Listener};
 use crate::stacks::Stacks;
 use crate::probes::catalog::Detail;
 use crate::symbols::Images;
@@ -107,6 +109,10 @@ pub struct Agent {
     procs: Procs,
     /// Request context (None with --requests off).
     requests: Option<Requests>,
+    /// --otlp-listen: the app's OTLP forwarded, and its SERVER spans for
+    /// the joiner, which holds the spans of requests until they arrive.
+    listener: Option<Listener>,
+    joiner: Option<Joiner>,
     /// Loop-thread stacks on slow iterations (None with --stacks off).
     stacks: Option<Stacks>,
     watcher: Option<Watcher>,
@@ -179,6 +185,44 @@ fn start_export(cli: &Cli, file: &FileConfig) -> Result<(tokio::runtime::Runtime
     Ok((rt, exporter, health, metrics))
 }
 
+/// --otlp-listen: the app's OTLP served on its addresses (bound now: a bad
+/// address stops uvspan before anything is traced) and forwarded to uvspan's
+/// endpoint.
+fn start_listener(cli: &Cli, file: &FileConfig, rt: &tokio::runtime::Runtime, health: &Health) -> Result<Option<Listener>> {
+    use crate::discover::target::ExitCodeError;
+    if cli.otlp_listen.is_empty() {
+        return Ok(None);
+    }
+    let usage = |msg: String| anyhow::Error::new(ExitCodeError { code: 2, msg });
+    let Some(ep) = cli.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) else {
+        return Err(usage(
+            "--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL".into(),
+        ));
+    };
+    // The endpoint being one of our own addresses would send everything round in a circle.
+    let hostport = ep.split("://").nth(1).unwrap_or(ep).split('/').next().unwrap_or("");
+    if let Ok(a) = hostport.parse::<std::net::SocketAddr>() {
+        if cli.otlp_listen.contains(&a) {
+            return Err(usage(format!(
+                "--otlp-endpoint {ep} is uvspan's own --otlp-listen address: give uvspan the collector's address \
+                 (--otlp-endpoint) and the app the listen address (its OTEL_EXPORTER_OTLP_ENDPOINT)"
+            )));
+        }
+    }
+    let cfg = ListenConfig {
+        addrs: cli.otlp_listen.clone(),
+        upstream: OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol, headers: file.headers() },
+        queue_bytes: u64::from(cli.otlp_listen_queue),
+    };
+    match Listener::start(&cfg, rt, health.listen.clone()) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) => match e.downcast::<BindError>() {
+            Ok(b) => Err(usage(b.to_string())),
+            Err(e) => Err(e),
+        },
+    }
+}
+
 /// SIGINT/SIGTERM: stored in the returned flag, and the waker rung.
 fn watch_signals(rt: &tokio::runtime::Runtime, waker: Waker) -> Arc<AtomicI32> {
     let signal = Arc::new(AtomicI32::new(0));
@@ -237,6 +281,7 @@ impl Agent {
         let export_spans = report.is_none() || cli.otlp_endpoint.as_deref().is_some_and(|e| !e.is_empty());
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
+        let listener = start_listener(&cli, &file, &rt, &health)?;
         let loaded = Tracer::load(&Settings {
             loop_threshold: cli.loop_threshold,
             follow_forks: !cli.command.is_empty(),
@@ -266,8 +311,16 @@ impl Agent {
         }
         let mut agent = Agent {
             procs,
-            requests: (cli.requests != RequestsMode::Off).then(|| Requests::new(cli.requests == RequestsMode::Always)),
+            requests: (cli.requests != RequestsMode::Off).then(|| {
+                let mut r = Requests::new(cli.requests == RequestsMode::Always);
+                if listener.is_some() {
+                    r.hold_for_join();
+                }
+                r
+            }),
             stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
+            joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window)),
+            listener,
             cli,
             rb,
             sleeper,
@@ -407,7 +460,11 @@ impl Agent {
         }
         if self.timers.status.due() {
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
-            let line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
+            let mut line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
+            if self.listener.is_some() {
+                line.push_str("; ");
+                line.push_str(&self.health.listen.summary());
+            }
             eprintln!("{line}");
         }
         Ok(true)
@@ -476,6 +533,7 @@ impl Agent {
                 rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
             }
         }
+        self.join(shutdown, &mut out);
         for (pid, mut spans) in out {
             if let Some(w) = &self.windows {
                 sampling::mark(&mut spans, w.share);
@@ -487,6 +545,33 @@ impl Agent {
                 self.exporter.send(pid, spans);
             }
         }
+    }
+
+    /// --otlp-listen: the app's SERVER spans that came through the listener
+    /// meet uvspan's spans of their requests; what is joined, or waited for
+    /// long enough, goes to `out` (everything held with `all`).
+    fn join(&mut self, all: bool, out: &mut HashMap<u32, Vec<SpanData>>) {
+        let (Some(j), Some(l)) = (self.joiner.as_mut(), self.listener.as_ref()) else { return };
+        while let Ok(servers) = l.servers.try_recv() {
+            for pid in servers.iter().filter_map(|s| s.pid) {
+                // It exports SERVER spans: its SDK's span stands for each request.
+                self.procs.mark_sdk(pid);
+            }
+            j.offer(servers);
+        }
+        let now = Instant::now();
+        let mut ready = Vec::new();
+        if let Some(r) = self.requests.as_mut() {
+            for (key, spans) in r.joinable.drain(..) {
+                j.hold(key, spans, now, &mut ready);
+            }
+        }
+        j.poll(now, all, &mut ready);
+        for (pid, spans) in ready {
+            out.entry(pid).or_default().extend(spans);
+        }
+        self.health.listen.joined.store(j.stats.joined, Ordering::Relaxed);
+        self.health.listen.unjoined.store(j.stats.unjoined, Ordering::Relaxed);
     }
 
     /// A process for the watcher to look at (--all).
@@ -589,7 +674,10 @@ impl Agent {
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
         self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
         report::update_health(&self.health, 0, &k, &self.stats);
-        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, .. } = self;
+        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, .. } = self;
+        if let Some(l) = listener {
+            l.finish(cli.flush_timeout);
+        }
         let sum = exporter.finish(cli.flush_timeout);
         if let Some(m) = health_metrics {
             // The last values, within a short deadline: the collector may be gone.
@@ -600,7 +688,12 @@ impl Agent {
             });
             let _ = rx.recv_timeout(Duration::from_secs(2));
         }
-        eprintln!("{}", report::summary_line(procs.seen(), &sum, &k, &stats, cli.loop_threshold));
+        let mut line = report::summary_line(procs.seen(), &sum, &k, &stats, cli.loop_threshold);
+        if !cli.otlp_listen.is_empty() {
+            line.push_str("; ");
+            line.push_str(&health.listen.summary());
+        }
+        eprintln!("{line}");
         if let Some(r) = report {
             let facts = crate::report::aggregate::RunFacts {
                 command: cli.command.clone(),

@@ -184,6 +184,14 @@ impl Procs {
         merge(out, ready);
     }
 
+    /// The process runs an OpenTelemetry SDK (it exported SERVER spans
+    /// through --otlp-listen): its SDK's SERVER span stands for each request.
+    pub fn mark_sdk(&mut self, pid: u32) {
+        if self.procs.contains_key(&pid) {
+            self.with_sdk.insert(pid);
+        }
+    }
+
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).
     pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut HashMap<u32, Vec<SpanData>>) {
         let src = SpanContextSource { clock, ids: &*self.ids, scope: self.scope.clone() };

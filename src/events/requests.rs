@@ -19,6 +19,7 @@ use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::events::decode::{HttpRecord, HttpWhat, Record};
 use crate::events::spans::{build_in, Parent, SpanContextSource};
+use crate::listen::join::RequestKey;
 
 /// Longest `url.query` kept (bytes).
 pub const QUERY_MAX: usize = 256;
@@ -254,10 +255,14 @@ pub struct Requests {
     order: VecDeque<u64>,
     /// (pid, server connection) -> its request in progress.
     by_conn: HashMap<(u32, u64), u64>,
-    recent: HashMap<u64, (u32, Parent)>,
+    recent: HashMap<u64, (u32, Parent, Option<RequestKey>)>,
     recent_order: VecDeque<u64>,
     /// A SERVER span per request also where the app's SDK makes its own.
     always_server_spans: bool,
+    /// --otlp-listen: the spans of requests whose SERVER span is the app's
+    /// go to `joinable` (with what identifies the request), not `ready`.
+    join: bool,
+    pub joinable: Vec<(RequestKey, Vec<SpanData>)>,
     pub stats: RequestStats,
 }
 
@@ -273,8 +278,28 @@ impl Requests {
             recent: HashMap::new(),
             recent_order: VecDeque::new(),
             always_server_spans,
+            join: false,
+            joinable: Vec::new(),
             stats: RequestStats::default(),
         }
+    }
+
+    /// Spans of requests served under the app's own SERVER span are handed
+    /// to the joiner (`joinable`) instead of being sent.
+    pub fn hold_for_join(&mut self) {
+        self.join = true;
+    }
+
+    /// What the joiner matches the request on (None: uvspan makes its SERVER span).
+    fn join_key(&self, req: &Request, src: &SpanContextSource<'_>) -> Option<RequestKey> {
+        (self.join && !req.server_span).then(|| RequestKey {
+            pid: req.pid,
+            incoming: req.incoming.map(|i| (i.0, i.1)),
+            peer_port: req.peer.map(|p| p.port()),
+            start: src.clock.to_wall(req.start_ns),
+            end: src.clock.to_wall(req.last_ns),
+            parent: req.parent().span_id,
+        })
     }
 
     /// Requests open now.
@@ -412,14 +437,23 @@ impl Requests {
             }
             self.stats.not_held += 1;
             if req.sampled() {
-                ready.push((pid, build_in(&rec, src, Some(&req.parent()))));
+                let spans = build_in(&rec, src, Some(&req.parent()));
+                let req = &self.open[&cause];
+                match self.join_key(req, src) {
+                    Some(key) => self.joinable.push((key, spans)),
+                    None => ready.push((pid, spans)),
+                }
             }
             return None;
         }
         match self.recent.get(&cause) {
-            Some((sampled_pid, parent)) if *sampled_pid == pid => {
+            Some((sampled_pid, parent, key)) if *sampled_pid == pid => {
                 if parent.trace_id != TraceId::INVALID {
-                    ready.push((pid, build_in(&rec, src, Some(parent))));
+                    let spans = build_in(&rec, src, Some(parent));
+                    match key {
+                        Some(key) => self.joinable.push((key.clone(), spans)),
+                        None => ready.push((pid, spans)),
+                    }
                 }
                 None
             }
@@ -470,7 +504,8 @@ impl Requests {
         let sampled = req.sampled();
         // Late work of an unsampled request is not exported either.
         let remembered = if sampled { parent.clone() } else { Parent { trace_id: TraceId::INVALID, ..parent.clone() } };
-        self.recent.insert(cause, (req.pid, remembered));
+        let key = self.join_key(&req, src);
+        self.recent.insert(cause, (req.pid, remembered, key.clone()));
         self.recent_order.push_back(cause);
         while self.recent_order.len() > RECENT_MAX {
             if let Some(old) = self.recent_order.pop_front() {
@@ -490,7 +525,10 @@ impl Requests {
         for call in &req.calls {
             spans.push(client_span(&req, call, &parent, src));
         }
-        ready.push((req.pid, spans));
+        match key {
+            Some(key) => self.joinable.push((key, spans)),
+            None => ready.push((req.pid, spans)),
+        }
     }
 }
 

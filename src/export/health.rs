@@ -34,6 +34,8 @@ pub struct Health {
     pub straddled: AtomicU64,
     /// --sample-time share in millionths (1_000_000 = probes always live).
     pub sample_time_ppm: AtomicU64,
+    /// --otlp-listen: the app's OTLP forwarded, and the joins.
+    pub listen: Arc<crate::listen::ListenCounters>,
 }
 
 /// Keeps the metrics pipeline alive; flushes on drop.
@@ -98,6 +100,7 @@ impl HealthMetrics {
             // The callback stays registered with the provider; the handle is not needed.
             let _ = meter.u64_observable_counter(name).with_description(desc).with_callback(move |o| o.observe(read(), &[])).build();
         }
+        register_listen(&meter, h.listen.clone());
         let traced = read_h(|h| &h.processes_traced);
         let _ = meter
             .u64_observable_gauge("uvspan.processes.traced")
@@ -117,5 +120,51 @@ impl HealthMetrics {
     pub fn finish(self) {
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
+    }
+}
+
+/// `uvspan.otlp.*` (per `signal`) and the join counters, observed only while
+/// the listener runs.
+fn register_listen(meter: &opentelemetry::metrics::Meter, l: Arc<crate::listen::ListenCounters>) {
+    use crate::listen::{ListenCounters, Signal};
+    type Field = fn(&ListenCounters) -> &[AtomicU64; 3];
+    let per_signal: [(&'static str, &'static str, Field); 5] = [
+        ("uvspan.otlp.received", "Spans, data points, log records the app sent to --otlp-listen", |c| &c.received),
+        ("uvspan.otlp.forwarded", "Items of the app forwarded to the endpoint", |c| &c.forwarded),
+        ("uvspan.otlp.dropped", "Items of the app accepted, then lost (refused for good, or unflushed)", |c| &c.dropped),
+        ("uvspan.otlp.refused", "Items of the app refused while the forwarding queue was full (the app retries)", |c| &c.refused),
+        ("uvspan.otlp.rejected", "Items of the app the endpoint rejected (partial success)", |c| &c.rejected),
+    ];
+    for (name, desc, field) in per_signal {
+        let l = l.clone();
+        let _ = meter
+            .u64_observable_counter(name)
+            .with_description(desc)
+            .with_callback(move |o| {
+                if l.on.load(Ordering::Relaxed) {
+                    for s in Signal::ALL {
+                        o.observe(ListenCounters::get(field(&l), s), &[KeyValue::new("signal", s.name())]);
+                    }
+                }
+            })
+            .build();
+    }
+    type One = fn(&ListenCounters) -> &AtomicU64;
+    let single: [(&'static str, &'static str, One); 3] = [
+        ("uvspan.otlp.malformed", "Malformed OTLP requests to --otlp-listen", |c| &c.malformed),
+        ("uvspan.spans.joined", "uvspan spans put under the app's SERVER span of their request", |c| &c.joined),
+        ("uvspan.spans.unjoined", "uvspan request spans sent without the app's SERVER span (window passed)", |c| &c.unjoined),
+    ];
+    for (name, desc, field) in single {
+        let l = l.clone();
+        let _ = meter
+            .u64_observable_counter(name)
+            .with_description(desc)
+            .with_callback(move |o| {
+                if l.on.load(Ordering::Relaxed) {
+                    o.observe(field(&l).load(Ordering::Relaxed), &[]);
+                }
+            })
+            .build();
     }
 }

@@ -7,6 +7,10 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
+use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
+use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{MetricsService, MetricsServiceServer};
+use opentelemetry_proto::tonic::collector::metrics::v1::{ExportMetricsServiceRequest, ExportMetricsServiceResponse};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value::Value as PbValue;
@@ -54,9 +58,11 @@ impl Received {
 pub(super) type Store = Arc<Mutex<Vec<Received>>>;
 
 /// An OTLP trace receiver on 127.0.0.1:<ephemeral port>, stopped on drop.
+/// It takes metrics and logs too (counted in `signals`).
 pub struct Receiver {
     pub protocol: Protocol,
     pub port: u16,
+    pub signals: Arc<SignalCounts>,
     store: Store,
     stop: Option<Box<dyn FnOnce() + Send>>,
     thread: Option<JoinHandle<()>>,
@@ -92,6 +98,8 @@ impl Receiver {
         let port = listener.local_addr().expect("receiver address").port();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let svc = Collector { store: store.clone() };
+        let signals = Arc::new(SignalCounts::default());
+        let (ms, ls) = (signals.clone(), signals.clone());
         let thread = std::thread::Builder::new()
             .name(format!("otlp-grpc-{port}"))
             .spawn(move || {
@@ -101,6 +109,8 @@ impl Receiver {
                     let incoming = tonic::transport::server::TcpIncoming::from(listener);
                     tonic::transport::Server::builder()
                         .add_service(TraceServiceServer::new(svc))
+                        .add_service(MetricsServiceServer::new(MetricsCollector(ms)))
+                        .add_service(LogsServiceServer::new(LogsCollector(ls)))
                         .serve_with_incoming_shutdown(incoming, async {
                             let _ = stop_rx.await;
                         })
@@ -112,6 +122,7 @@ impl Receiver {
         Receiver {
             protocol: Protocol::Grpc,
             port,
+            signals,
             store,
             stop: Some(Box::new(move || {
                 let _ = stop_tx.send(());
@@ -125,6 +136,8 @@ impl Receiver {
         let server = Arc::new(tiny_http::Server::http("127.0.0.1:0").expect("bind the HTTP receiver"));
         let port = server.server_addr().to_ip().expect("an IP listener").port();
         let (srv, st) = (server.clone(), store.clone());
+        let signals = Arc::new(SignalCounts::default());
+        let sig = signals.clone();
         let thread = std::thread::Builder::new()
             .name(format!("otlp-http-{port}"))
             .spawn(move || {
@@ -137,6 +150,11 @@ impl Receiver {
                         .collect();
                     let mut body = Vec::new();
                     let read = req.as_reader().read_to_end(&mut body);
+                    if path == "/v1/metrics" || path == "/v1/logs" {
+                        let ok = read.is_ok() && sig.count(&path, &body);
+                        let _ = req.respond(tiny_http::Response::from_data(Vec::new()).with_status_code(if ok { 200 } else { 400 }));
+                        continue;
+                    }
                     let ok_path = path == "/v1/traces" && *req.method() == tiny_http::Method::Post;
                     let decoded = read.ok().and_then(|_| ExportTraceServiceRequest::decode(body.as_slice()).ok());
                     let response = match (ok_path, decoded) {
@@ -161,6 +179,7 @@ impl Receiver {
         Receiver {
             protocol: Protocol::HttpProtobuf,
             port,
+            signals,
             store,
             stop: Some(Box::new(move || server.unblock())),
             thread: Some(thread),
@@ -206,6 +225,81 @@ impl TraceService for Collector {
             resource_spans: msg.resource_spans,
         });
         Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+    }
+}
+
+/// Metric data points and log records a receiver got.
+#[derive(Debug, Default)]
+pub struct SignalCounts {
+    pub metric_points: std::sync::atomic::AtomicU64,
+    pub log_records: std::sync::atomic::AtomicU64,
+}
+
+impl SignalCounts {
+    /// Counts an HTTP request's body by its path; false when it does not decode.
+    fn count(&self, path: &str, body: &[u8]) -> bool {
+        match path {
+            "/v1/metrics" => ExportMetricsServiceRequest::decode(body).map(|r| self.metrics(&r)).is_ok(),
+            _ => ExportLogsServiceRequest::decode(body).map(|r| self.logs(&r)).is_ok(),
+        }
+    }
+
+    fn metrics(&self, r: &ExportMetricsServiceRequest) {
+        use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+        let n: usize = r
+            .resource_metrics
+            .iter()
+            .flat_map(|rm| &rm.scope_metrics)
+            .flat_map(|sm| &sm.metrics)
+            .map(|m| match &m.data {
+                Some(Data::Gauge(g)) => g.data_points.len(),
+                Some(Data::Sum(s)) => s.data_points.len(),
+                Some(Data::Histogram(h)) => h.data_points.len(),
+                Some(Data::ExponentialHistogram(h)) => h.data_points.len(),
+                Some(Data::Summary(s)) => s.data_points.len(),
+                None => 0,
+            })
+            .sum();
+        self.metric_points.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn logs(&self, r: &ExportLogsServiceRequest) {
+        let n: usize = r.resource_logs.iter().flat_map(|rl| &rl.scope_logs).map(|sl| sl.log_records.len()).sum();
+        self.log_records.fetch_add(n as u64, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    pub fn points(&self) -> u64 {
+        self.metric_points.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn records(&self) -> u64 {
+        self.log_records.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+struct MetricsCollector(Arc<SignalCounts>);
+
+#[tonic::async_trait]
+impl MetricsService for MetricsCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.0.metrics(request.get_ref());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse { partial_success: None }))
+    }
+}
+
+struct LogsCollector(Arc<SignalCounts>);
+
+#[tonic::async_trait]
+impl LogsService for LogsCollector {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportLogsServiceRequest>,
+    ) -> Result<tonic::Response<ExportLogsServiceResponse>, tonic::Status> {
+        self.0.logs(request.get_ref());
+        Ok(tonic::Response::new(ExportLogsServiceResponse { partial_success: None }))
     }
 }
 

@@ -1,0 +1,412 @@
+//! Exact parents: uvspan's spans of a request re-parented under the app's
+//! own SERVER span of that request, read from the app's OTLP traces as they
+//! pass through the listener. Pure: no clock of its own (`now` is passed in).
+//!
+//! A request is matched to the app's SERVER span by the incoming
+//! traceparent (the app's SERVER span has the caller's span as its parent
+//! and the caller's trace id) or, without one, by process (resource
+//! `process.pid`), the client's port and time overlap. uvspan's spans of a
+//! request wait here until the match arrives or the join window passes;
+//! then they go out as they were built (counted unjoined).
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceId};
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as PbValue;
+use opentelemetry_proto::tonic::common::v1::KeyValue as PbKeyValue;
+use opentelemetry_sdk::trace::SpanData;
+
+/// App SERVER spans remembered (oldest forgotten first).
+const SERVERS_MAX: usize = 16_384;
+/// uvspan spans held at once; over it, spans go out as they are.
+const HELD_SPANS_MAX: usize = 65_536;
+/// Clock slack between uvspan's and the app's timestamps when matching by time.
+const SLACK_NS: u64 = 20_000_000;
+
+/// OTLP span kind SERVER.
+const KIND_SERVER: i32 = 2;
+
+/// What the app's SERVER span says about its request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppServer {
+    /// The resource's `process.pid`.
+    pub pid: Option<u32>,
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    /// INVALID: a root (no traceparent reached the app).
+    pub parent: SpanId,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    /// The client's port (`client.port`, `net.peer.port`, `network.peer.port`).
+    pub peer_port: Option<u16>,
+}
+
+/// The SERVER spans in an OTLP trace export.
+pub fn app_servers(req: &ExportTraceServiceRequest) -> Vec<AppServer> {
+    let mut out = Vec::new();
+    for rs in &req.resource_spans {
+        let pid = rs.resource.as_ref().and_then(|r| int_attr(&r.attributes, &["process.pid"])).and_then(|p| u32::try_from(p).ok());
+        for ss in &rs.scope_spans {
+            for s in ss.spans.iter().filter(|s| s.kind == KIND_SERVER) {
+                let (Ok(t), Ok(id)) = (<[u8; 16]>::try_from(s.trace_id.as_slice()), <[u8; 8]>::try_from(s.span_id.as_slice())) else {
+                    continue;
+                };
+                let parent = <[u8; 8]>::try_from(s.parent_span_id.as_slice()).map_or(SpanId::INVALID, SpanId::from_bytes);
+                out.push(AppServer {
+                    pid,
+                    trace_id: TraceId::from_bytes(t),
+                    span_id: SpanId::from_bytes(id),
+                    parent,
+                    start_ns: s.start_time_unix_nano,
+                    end_ns: s.end_time_unix_nano.max(s.start_time_unix_nano),
+                    peer_port: int_attr(&s.attributes, &["client.port", "net.peer.port", "network.peer.port"])
+                        .and_then(|p| u16::try_from(p).ok()),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn int_attr(kvs: &[PbKeyValue], keys: &[&str]) -> Option<i64> {
+    kvs.iter().filter(|kv| keys.contains(&kv.key.as_str())).find_map(|kv| match kv.value.as_ref()?.value.as_ref()? {
+        PbValue::IntValue(i) => Some(*i),
+        PbValue::StringValue(s) => s.parse().ok(),
+        _ => None,
+    })
+}
+
+/// What uvspan saw of a request whose SERVER span is the app's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestKey {
+    pub pid: u32,
+    /// The incoming traceparent's trace and span.
+    pub incoming: Option<(TraceId, SpanId)>,
+    pub peer_port: Option<u16>,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    /// The span the request's top spans were built under (re-pointed at the
+    /// app's SERVER span when joined).
+    pub parent: SpanId,
+}
+
+/// Counters of the joiner.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JoinStats {
+    /// uvspan spans put under the app's SERVER span.
+    pub joined: u64,
+    /// uvspan spans sent as they were: no SERVER span of the app matched
+    /// within the window, or too many were held.
+    pub unjoined: u64,
+}
+
+struct Held {
+    key: RequestKey,
+    spans: Vec<SpanData>,
+    until: Instant,
+}
+
+pub struct Joiner {
+    window: Duration,
+    /// Incoming parent (trace, span) → the app's SERVER span (trace, span).
+    by_parent: HashMap<(TraceId, SpanId), (TraceId, SpanId)>,
+    /// Every SERVER span, per process (0: no process.pid), for requests
+    /// uvspan saw without a traceparent (or whose traceparent it missed).
+    by_pid: HashMap<u32, VecDeque<AppServer>>,
+    /// Arrival order of every remembered SERVER span (for SERVERS_MAX).
+    order: VecDeque<AppServer>,
+    held: VecDeque<Held>,
+    held_spans: usize,
+    /// SERVER spans arrived since the held ones were last matched.
+    news: bool,
+    pub stats: JoinStats,
+}
+
+/// Spans ready to send, per process.
+pub type Out = Vec<(u32, Vec<SpanData>)>;
+
+fn unix_ns(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+impl Joiner {
+    pub fn new(window: Duration) -> Joiner {
+        Joiner {
+            window,
+            by_parent: HashMap::new(),
+            by_pid: HashMap::new(),
+            order: VecDeque::new(),
+            held: VecDeque::new(),
+            held_spans: 0,
+            news: false,
+            stats: JoinStats::default(),
+        }
+    }
+
+    /// Spans held now.
+    pub fn held(&self) -> usize {
+        self.held_spans
+    }
+
+    /// SERVER spans of the app, as they pass through the listener.
+    pub fn offer(&mut self, servers: Vec<AppServer>) {
+        for s in servers {
+            if s.parent != SpanId::INVALID {
+                self.by_parent.insert((s.trace_id, s.parent), (s.trace_id, s.span_id));
+            }
+            self.by_pid.entry(s.pid.unwrap_or(0)).or_default().push_back(s.clone());
+            self.order.push_back(s);
+            self.news = true;
+        }
+        while self.order.len() > SERVERS_MAX {
+            let Some(old) = self.order.pop_front() else { break };
+            if old.parent != SpanId::INVALID && self.by_parent.get(&(old.trace_id, old.parent)) == Some(&(old.trace_id, old.span_id)) {
+                self.by_parent.remove(&(old.trace_id, old.parent));
+            }
+            let pid = old.pid.unwrap_or(0);
+            if let Some(q) = self.by_pid.get_mut(&pid) {
+                // The oldest of its process is the oldest overall.
+                if q.front() == Some(&old) {
+                    q.pop_front();
+                } else if let Some(i) = q.iter().position(|s| *s == old) {
+                    q.remove(i);
+                }
+                if q.is_empty() {
+                    self.by_pid.remove(&pid);
+                }
+            }
+        }
+    }
+
+    /// The app's SERVER span for a request, if it has arrived.
+    fn find(&self, key: &RequestKey) -> Option<(TraceId, SpanId)> {
+        if let Some(tp) = key.incoming {
+            return self.by_parent.get(&tp).copied();
+        }
+        let (start, end) = (unix_ns(key.start), unix_ns(key.end));
+        let candidates = self.by_pid.get(&key.pid).into_iter().chain(self.by_pid.get(&0)).flatten();
+        candidates
+            .filter(|s| s.pid.is_none_or(|p| p == key.pid))
+            .filter(|s| match (s.peer_port, key.peer_port) {
+                (Some(a), Some(b)) => a == b,
+                _ => true,
+            })
+            // The app's span lies within what uvspan saw of the request
+            // (uvspan sees the bytes before the app and work after it).
+            .filter(|s| s.start_ns <= end + SLACK_NS && s.end_ns + SLACK_NS >= start)
+            .min_by_key(|s| s.start_ns.abs_diff(start))
+            .map(|s| (s.trace_id, s.span_id))
+    }
+
+    /// A request's spans: joined now if the app's SERVER span is known,
+    /// else held for the join window (or, over the bound, sent as they are).
+    pub fn hold(&mut self, key: RequestKey, mut spans: Vec<SpanData>, now: Instant, out: &mut Out) {
+        if spans.is_empty() {
+            return;
+        }
+        if let Some(server) = self.find(&key) {
+            self.stats.joined += reparent(&mut spans, &key, server);
+            out.push((key.pid, spans));
+            return;
+        }
+        if self.held_spans + spans.len() > HELD_SPANS_MAX {
+            self.stats.unjoined += spans.len() as u64;
+            out.push((key.pid, spans));
+            return;
+        }
+        self.held_spans += spans.len();
+        self.held.push_back(Held { key, spans, until: now + self.window });
+    }
+
+    /// Held spans whose SERVER span arrived (joined) or whose window passed
+    /// (as they are); everything with `all` (uvspan is stopping).
+    pub fn poll(&mut self, now: Instant, all: bool, out: &mut Out) {
+        let news = std::mem::take(&mut self.news);
+        let mut keep = VecDeque::with_capacity(self.held.len());
+        for mut h in std::mem::take(&mut self.held) {
+            let found = if news || all { self.find(&h.key) } else { None };
+            if let Some(server) = found {
+                self.stats.joined += reparent(&mut h.spans, &h.key, server);
+            } else if all || now >= h.until {
+                self.stats.unjoined += h.spans.len() as u64;
+            } else {
+                keep.push_back(h);
+                continue;
+            }
+            self.held_spans -= h.spans.len();
+            out.push((h.key.pid, h.spans));
+        }
+        self.held = keep;
+    }
+}
+
+/// Moves a request's spans into the app's trace, its top spans under the
+/// app's SERVER span; returns how many spans were joined.
+fn reparent(spans: &mut [SpanData], key: &RequestKey, (trace, server): (TraceId, SpanId)) -> u64 {
+    for s in spans.iter_mut() {
+        let c = &s.span_context;
+        s.span_context = SpanContext::new(trace, c.span_id(), c.trace_flags(), false, c.trace_state().clone());
+        // uvspan's own SERVER span (--requests always) stays where it is in the tree.
+        if s.parent_span_id == key.parent && s.span_kind != SpanKind::Server {
+            s.parent_span_id = server;
+            s.parent_span_is_remote = false;
+        }
+    }
+    spans.len() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use opentelemetry::trace::{SpanKind, Status, TraceFlags, TraceState};
+    use opentelemetry_proto::tonic::common::v1::AnyValue;
+    use opentelemetry_proto::tonic::resource::v1::Resource;
+    use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
+    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+
+    fn kv(k: &str, v: PbValue) -> PbKeyValue {
+        PbKeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
+    }
+
+    fn t(n: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(n)
+    }
+
+    fn uv_span(trace: u128, id: u64, parent: u64) -> SpanData {
+        SpanData {
+            span_context: SpanContext::new(TraceId::from(trace), SpanId::from(id), TraceFlags::SAMPLED, false, TraceState::NONE),
+            parent_span_id: SpanId::from(parent),
+            parent_span_is_remote: parent != 0,
+            span_kind: SpanKind::Internal,
+            name: "fs.stat".into(),
+            start_time: t(1),
+            end_time: t(2),
+            attributes: vec![],
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    fn server(pid: u32, trace: u128, id: u64, parent: u64, start: u64, end: u64, port: u16) -> AppServer {
+        AppServer {
+            pid: Some(pid),
+            trace_id: TraceId::from(trace),
+            span_id: SpanId::from(id),
+            parent: SpanId::from(parent),
+            start_ns: start,
+            end_ns: end,
+            peer_port: Some(port),
+        }
+    }
+
+    #[test]
+    fn server_spans_are_read_from_an_export() {
+        let span = |kind, port: i64, parent: Vec<u8>| Span {
+            trace_id: vec![1; 16],
+            span_id: vec![2; 8],
+            parent_span_id: parent,
+            kind,
+            start_time_unix_nano: 10,
+            end_time_unix_nano: 20,
+            attributes: vec![kv("net.peer.port", PbValue::IntValue(port))],
+            ..Default::default()
+        };
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(Resource { attributes: vec![kv("process.pid", PbValue::IntValue(42))], ..Default::default() }),
+                scope_spans: vec![ScopeSpans { spans: vec![span(2, 5000, vec![]), span(3, 1, vec![]), span(2, 70000, vec![3; 8])], ..Default::default() }],
+                ..Default::default()
+            }],
+        };
+        let got = app_servers(&req);
+        assert_eq!(got.len(), 2, "SERVER spans only");
+        assert_eq!(got[0], server(42, u128::from_be_bytes([1; 16]), u64::from_be_bytes([2; 8]), 0, 10, 20, 5000));
+        assert_eq!(got[1].parent, SpanId::from_bytes([3; 8]));
+        assert_eq!(got[1].peer_port, None, "not a port");
+    }
+
+    #[test]
+    fn with_traceparent_the_spans_join_the_apps_server_span() {
+        let mut j = Joiner::new(Duration::from_secs(6));
+        let now = Instant::now();
+        let mut out = Out::new();
+        let key = RequestKey { pid: 7, incoming: Some((TraceId::from(9), SpanId::from(5))), peer_port: None, start: t(0), end: t(1), parent: SpanId::from(5) };
+        // A child of a uvspan span (threadpool detail) keeps its parent.
+        j.hold(key, vec![uv_span(9, 100, 5), uv_span(9, 101, 100)], now, &mut out);
+        j.poll(now, false, &mut out);
+        assert!(out.is_empty(), "held until the app's span comes");
+        j.offer(vec![server(7, 9, 50, 5, 0, 1, 1)]);
+        j.poll(now, false, &mut out);
+        let spans = &out[0].1;
+        assert_eq!(spans[0].parent_span_id, SpanId::from(50));
+        assert!(!spans[0].parent_span_is_remote);
+        assert_eq!(spans[1].parent_span_id, SpanId::from(100));
+        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 0 });
+        assert_eq!(j.held(), 0);
+    }
+
+    #[test]
+    fn without_traceparent_process_port_and_time_decide() {
+        let mut j = Joiner::new(Duration::from_secs(6));
+        let now = Instant::now();
+        let ms = 1_000_000u64;
+        // Two keep-alive requests on the same connection, one on another, another process.
+        j.offer(vec![
+            server(7, 1, 11, 0, 100 * ms, 110 * ms, 4000),
+            server(7, 2, 22, 0, 200 * ms, 210 * ms, 4000),
+            server(7, 3, 33, 0, 200 * ms, 210 * ms, 4001),
+            server(8, 4, 44, 0, 200 * ms, 210 * ms, 4000),
+        ]);
+        let key = |pid, port, start: u64, end: u64| RequestKey { pid, incoming: None, peer_port: Some(port), start: t(start), end: t(end), parent: SpanId::INVALID };
+        let mut out = Out::new();
+        j.hold(key(7, 4000, 199 * ms, 230 * ms), vec![uv_span(77, 1, 0)], now, &mut out);
+        j.hold(key(7, 4001, 199 * ms, 230 * ms), vec![uv_span(78, 2, 0)], now, &mut out);
+        j.hold(key(8, 4000, 199 * ms, 230 * ms), vec![uv_span(79, 3, 0)], now, &mut out);
+        j.hold(key(7, 4000, 99 * ms, 105 * ms), vec![uv_span(80, 4, 0)], now, &mut out);
+        let got: Vec<(u128, u64)> = out
+            .iter()
+            .map(|(_, s)| (u128::from_be_bytes(s[0].span_context.trace_id().to_bytes()), u64::from_be_bytes(s[0].parent_span_id.to_bytes())))
+            .collect();
+        assert_eq!(got, vec![(2, 22), (3, 33), (4, 44), (1, 11)]);
+        // Nothing of the app overlaps: held, then sent as it is.
+        out.clear();
+        j.hold(key(7, 4000, 500 * ms, 510 * ms), vec![uv_span(81, 5, 0)], now, &mut out);
+        j.poll(now + Duration::from_secs(5), false, &mut out);
+        assert!(out.is_empty());
+        j.poll(now + Duration::from_secs(6), false, &mut out);
+        assert_eq!(out[0].1[0].span_context.trace_id(), TraceId::from(81));
+        assert_eq!(out[0].1[0].parent_span_id, SpanId::INVALID);
+        assert_eq!(j.stats, JoinStats { joined: 4, unjoined: 1 });
+        // A traceparent the app saw and uvspan did not (cut from its capture): port and time still match.
+        out.clear();
+        j.offer(vec![server(7, 5, 55, 99, 700 * ms, 710 * ms, 4002)]);
+        j.hold(key(7, 4002, 699 * ms, 720 * ms), vec![uv_span(82, 6, 0)], now, &mut out);
+        assert_eq!(out[0].1[0].parent_span_id, SpanId::from(55));
+    }
+
+    #[test]
+    fn memory_stays_bounded() {
+        let mut j = Joiner::new(Duration::from_secs(6));
+        let now = Instant::now();
+        j.offer((0..SERVERS_MAX as u64 + 10).map(|i| server(7, 1, i + 1, 0, i, i, 1)).collect());
+        j.offer((0..10u64).map(|i| server(7, 1, i + 1, i + 1, i, i, 1)).collect());
+        assert_eq!(j.order.len(), SERVERS_MAX);
+        assert_eq!(j.by_pid[&7].len(), SERVERS_MAX);
+        assert_eq!(j.by_parent.len(), 10);
+        let mut out = Out::new();
+        let key = RequestKey { pid: 9, incoming: None, peer_port: None, start: t(0), end: t(0), parent: SpanId::INVALID };
+        for i in 0..=(HELD_SPANS_MAX as u64 / 1000) {
+            j.hold(key.clone(), (0..1000).map(|k| uv_span(5, i * 1000 + k + 1, 0)).collect(), now, &mut out);
+        }
+        assert!(j.held() <= HELD_SPANS_MAX);
+        assert_eq!(out.len(), 1, "over the bound: sent as it is");
+        j.poll(now, true, &mut out);
+        assert_eq!(j.held(), 0);
+        assert_eq!(j.stats.unjoined, (HELD_SPANS_MAX as u64 / 1000 + 1) * 1000);
+    }
+}
