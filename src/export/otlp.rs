@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
 use opentelemetry_sdk::trace::SpanData;
+use bytes::Bytes;
 use opentelemetry_sdk::Resource;
 use prost::Message;
 
@@ -131,10 +132,10 @@ impl Otlp {
             Transport::Grpc { client, metadata } => {
                 let call = async {
                     client.ready().await.map_err(|e| retry(format!("cannot reach the collector: {e}")))?;
-                    let mut req = tonic::Request::new(body);
+                    let mut req = tonic::Request::new(bytes::Bytes::from(body));
                     *req.metadata_mut() = metadata.clone();
                     let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT_PATH);
-                    client.unary(req, path, RawCodec).await.map(tonic::Response::into_inner).map_err(|s| ExportError {
+                    client.unary(req, path, Raw).await.map(tonic::Response::into_inner).map_err(|s| ExportError {
                         message: format!("the collector answered {:?}: {}", s.code(), s.message()),
                         retryable: grpc_retryable(s.code()),
                     })
@@ -157,10 +158,10 @@ impl Otlp {
                         retryable: matches!(status.as_u16(), 429 | 502 | 503 | 504),
                     });
                 }
-                bytes.to_vec()
+                bytes
             }
         };
-        Ok(ExportTraceServiceResponse::decode(answer.as_slice()).ok().and_then(|r| r.partial_success))
+        Ok(ExportTraceServiceResponse::decode(answer.as_ref()).ok().and_then(|r| r.partial_success))
     }
 }
 
@@ -184,42 +185,42 @@ fn grpc_retryable(code: tonic::Code) -> bool {
     matches!(code, Cancelled | DeadlineExceeded | ResourceExhausted | Aborted | OutOfRange | Unavailable | DataLoss)
 }
 
-/// gRPC body as bytes: the request is encoded already, the answer decoded
-/// by the caller.
-#[derive(Clone, Copy, Default)]
-struct RawCodec;
+/// gRPC with the bytes of a message, neither decoded nor encoded (framing
+/// and compression are tonic's): uvspan's spans are encoded already, the
+/// app's (--otlp-listen) forwarded as they came.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Raw;
 
-impl tonic::codec::Codec for RawCodec {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> RawCodec {
-        RawCodec
+impl tonic::codec::Codec for Raw {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+    fn encoder(&mut self) -> Raw {
+        Raw
     }
-    fn decoder(&mut self) -> RawCodec {
-        RawCodec
+    fn decoder(&mut self) -> Raw {
+        Raw
     }
 }
 
-impl tonic::codec::Encoder for RawCodec {
-    type Item = Vec<u8>;
+impl tonic::codec::Encoder for Raw {
+    type Item = Bytes;
     type Error = tonic::Status;
-    fn encode(&mut self, item: Vec<u8>, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
         use bytes::BufMut;
         dst.put_slice(&item);
         Ok(())
     }
 }
 
-impl tonic::codec::Decoder for RawCodec {
-    type Item = Vec<u8>;
+impl tonic::codec::Decoder for Raw {
+    type Item = Bytes;
     type Error = tonic::Status;
-    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
+    fn decode(&mut self, src: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
         use bytes::Buf;
-        let mut v = vec![0; src.remaining()];
-        src.copy_to_slice(&mut v);
-        Ok(Some(v))
+        let n = src.remaining();
+        Ok(Some(src.copy_to_bytes(n)))
     }
 }
 

@@ -11,53 +11,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use bytes::{Buf, BufMut, Bytes};
+use bytes::Bytes;
 use prost::Message;
 use tokio::sync::mpsc;
-use tonic::codec::{Codec, CompressionEncoding, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::codec::CompressionEncoding;
 
 use super::{ListenCounters, Signal};
+pub use crate::export::otlp::Raw;
 use crate::export::otlp::{OtlpConfig, OtlpProtocol};
 
 /// Backoff between retries of one request: from this, doubling, up to MAX.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
-
-/// The bytes of a message, neither decoded nor encoded (gRPC framing and
-/// compression are tonic's).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Raw;
-
-impl Codec for Raw {
-    type Encode = Bytes;
-    type Decode = Bytes;
-    type Encoder = Raw;
-    type Decoder = Raw;
-    fn encoder(&mut self) -> Raw {
-        Raw
-    }
-    fn decoder(&mut self) -> Raw {
-        Raw
-    }
-}
-
-impl Encoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        dst.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for Raw {
-    type Item = Bytes;
-    type Error = tonic::Status;
-    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, tonic::Status> {
-        let n = src.remaining();
-        Ok(Some(src.copy_to_bytes(n)))
-    }
-}
 
 /// One request of the app, to forward.
 pub struct Item {
