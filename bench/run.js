@@ -337,6 +337,10 @@ const UVSPAN_CONFIGS = {
   uvspan_trap: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1' } },
   uvspan_sample10: { args: ['--sample-time', '10%'] },
   uvspan_nostacks: { args: ['--stacks', 'off'] },
+  // Analysis (BENCH_CONFIGS): windows shorter than a detach, so the uprobes are
+  // hardly ever live: what is left is the epoll path and the window edges.
+  uvspan_sample1: { args: ['--sample-time', '1%'] },
+  uvspan_sample1_nostacks: { args: ['--sample-time', '1%', '--stacks', 'off'] },
 };
 const MODES = {
   // ~1000 req/s offered on 10 connections: the app has idle time.
@@ -346,7 +350,8 @@ const MODES = {
 };
 async function overhead(mode = 'paced') {
   const c = { ...CFG.overhead, conns: MODES[mode].conns, rate: MODES[mode].rate ?? CFG.overhead.rate };
-  const configs = MODES[mode].configs;
+  // BENCH_CONFIGS=bare,uvspan_sample1,... picks the configurations (analysis runs).
+  const configs = process.env.BENCH_CONFIGS ? process.env.BENCH_CONFIGS.split(',') : MODES[mode].configs;
   const runs = [];
   log(`overhead (${mode}): ${c.rounds} round(s) of ${configs.join('/')}, ${c.rate ? `~${c.rate} req/s paced` : 'closed loop'} on ${c.conns} connections, ${c.measure_s}s each`);
   for (let r = 0; r < c.rounds; r++) {
@@ -732,6 +737,8 @@ function markdown(R) {
     uvspan_trap: '(b0) default probes, programs return at once',
     uvspan_sample10: '(b10) uvspan --sample-time 10% → OTLP',
     uvspan_nostacks: '(bs) uvspan --stacks off → OTLP (b minus the stack sampler)',
+    uvspan_sample1: '(b1) uvspan --sample-time 1% → OTLP (uprobes hardly ever live)',
+    uvspan_sample1_nostacks: '(b1s) the same with --stacks off',
     otel_sdk: '(c) OTel JS SDK → OTLP',
   };
   for (const [o, title] of [[R.overhead, '1. Overhead on the app, paced'], [R.saturated, '1b. Overhead on the app, saturated']]) {

@@ -1339,10 +1339,10 @@ int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
 }
 
 /* ---- --stacks: the loop thread's stack while an iteration is slow ----
- * A CPU-clock perf event per traced process, on its loop thread (user space
- * opens it), runs this at ~1 kHz while the thread runs. A sample is kept
- * only when the iteration in progress has already been busy for the loop
- * threshold: otherwise one map lookup and out. The frame-pointer chain is
+ * A CPU-clock perf event per CPU (user space opens them with the first
+ * traced process) runs this at ~1 kHz on whatever runs there. A sample is
+ * kept only on a traced loop thread whose iteration in progress has already
+ * been busy for the loop threshold: otherwise one map lookup and out. The frame-pointer chain is
  * walked here (V8's JIT code keeps frame pointers); user space names the
  * frames (ELF symbols, V8 heap objects) while the process still runs. */
 struct pt_regs___s {
@@ -1357,7 +1357,9 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
-	if (!st || !st->ev.start_ns)
+	/* The event is per CPU: whatever runs here. Loop threads of traced
+	 * processes only (a stale entry's tid may belong to another process). */
+	if (!st || !st->ev.start_ns || !is_traced(id >> 32))
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 	__u64 idle = st->ev.poll_wait_ns;

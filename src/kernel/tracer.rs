@@ -100,9 +100,9 @@ pub struct Tracer {
     uprobes: HashMap<(FileId, i32), Attached>,
     /// Epoll and process lifecycle links.
     _global: Vec<Link>,
-    /// --stacks: the loop-thread sampling link per process (the link owns
-    /// the perf event fd).
-    samplers: HashMap<u32, Link>,
+    /// --stacks: the sampling link per CPU (each owns its perf event fd),
+    /// opened with the first traced process.
+    samplers: Vec<Link>,
     stacks: bool,
     notices: Vec<String>,
     /// --sample-time: the uprobes are detached now.
@@ -186,7 +186,7 @@ impl Tracer {
             detail: settings.detail,
             uprobes: HashMap::new(),
             _global: global,
-            samplers: HashMap::new(),
+            samplers: Vec::new(),
             stacks: settings.stacks,
             notices: Vec::new(),
             window_closed: false,
@@ -261,27 +261,33 @@ impl Tracer {
     /// it had in flight (returned: how many were dropped unfinished).
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
-        self.samplers.remove(&pid);
         self.uprobes.retain(|&(_, p), _| p != pid as i32);
         self.sweep_inflight(|p| p == pid)
     }
 
-    /// --stacks: starts sampling the loop thread of `pid` (its main thread)
-    /// every `period_ns` of its CPU time. Nothing to do with --stacks off.
+    /// --stacks: the loop thread of `pid` (its main thread) is sampled every
+    /// `period_ns` while it runs. The events are per CPU, opened with the
+    /// first process; the BPF side keeps only traced loop threads' samples.
+    /// Nothing to do with --stacks off.
     pub fn sample_loop(&mut self, pid: u32, period_ns: u64) -> Result<()> {
-        if !self.stacks || self.samplers.contains_key(&pid) {
+        if !self.stacks || !self.samplers.is_empty() {
             return Ok(());
         }
-        let fd = crate::kernel::sampler::open_cpu_clock(pid, period_ns)
-            .map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
-        // libbpf owns the fd from here: the link closes it when dropped.
-        let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
-        let link = self.skel.progs.loop_sample.attach_perf_event(raw).map_err(|e| {
-            // SAFETY: libbpf did not take the fd (the attach failed): ours to close.
-            unsafe { libc::close(raw) };
-            anyhow!("cannot attach the stack sampler to process {pid}: {e}")
-        })?;
-        self.samplers.insert(pid, link);
+        let cpus = crate::kernel::sampler::online_cpus().map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
+        let mut links = Vec::new();
+        for cpu in cpus {
+            let fd = crate::kernel::sampler::open_cpu_clock(cpu, period_ns)
+                .map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
+            // libbpf owns the fd from here: the link closes it when dropped.
+            let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+            let link = self.skel.progs.loop_sample.attach_perf_event(raw).map_err(|e| {
+                // SAFETY: libbpf did not take the fd (the attach failed): ours to close.
+                unsafe { libc::close(raw) };
+                anyhow!("cannot attach the stack sampler on CPU {cpu}: {e}")
+            })?;
+            links.push(link);
+        }
+        self.samplers = links;
         Ok(())
     }
 
