@@ -78,28 +78,15 @@ impl Otlp {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", c.endpoint);
         }
-        let headers = match std::env::var("OTEL_EXPORTER_OTLP_HEADERS") {
-            Ok(v) => parse_headers(&v).context("invalid OTEL_EXPORTER_OTLP_HEADERS")?,
-            Err(_) => c.headers.clone(),
-        };
-        let timeout = std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(Duration::from_secs(10), Duration::from_millis);
+        let headers = headers(c)?;
+        let timeout = timeout();
         let transport = match c.protocol {
             OtlpProtocol::Grpc => {
                 let channel = tonic::transport::Endpoint::from_shared(url.clone())
                     .with_context(|| format!("invalid OTLP endpoint {url:?}"))?
                     .connect_timeout(timeout)
                     .connect_lazy();
-                let mut metadata = tonic::metadata::MetadataMap::new();
-                for (k, v) in &headers {
-                    let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .with_context(|| format!("invalid OTLP header name {k:?}"))?;
-                    let val = v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?;
-                    metadata.insert(key, val);
-                }
-                Transport::Grpc { client: tonic::client::Grpc::new(channel), metadata }
+                Transport::Grpc { client: tonic::client::Grpc::new(channel), metadata: grpc_metadata(&headers)? }
             }
             OtlpProtocol::HttpProtobuf => {
                 let mut map = reqwest::header::HeaderMap::new();
@@ -155,7 +142,7 @@ impl Otlp {
                 if !status.is_success() {
                     return Err(ExportError {
                         message: format!("the collector answered HTTP {status}"),
-                        retryable: matches!(status.as_u16(), 429 | 502 | 503 | 504),
+                        retryable: http_retryable(status.as_u16()),
                     });
                 }
                 bytes
@@ -179,8 +166,41 @@ impl Sink for Otlp {
     }
 }
 
+/// uvspan's OTLP headers (its span exporter's and the forwarder's):
+/// `OTEL_EXPORTER_OTLP_HEADERS`, else the config file's.
+pub fn headers(c: &OtlpConfig) -> Result<Vec<(String, String)>> {
+    match std::env::var("OTEL_EXPORTER_OTLP_HEADERS") {
+        Ok(v) => parse_headers(&v).context("invalid OTEL_EXPORTER_OTLP_HEADERS"),
+        Err(_) => Ok(c.headers.clone()),
+    }
+}
+
+/// Per export request: `OTEL_EXPORTER_OTLP_TIMEOUT` (ms), default 10 s.
+pub fn timeout() -> Duration {
+    std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(10), Duration::from_millis)
+}
+
+/// The headers as gRPC metadata (names lower-cased).
+pub fn grpc_metadata(headers: &[(String, String)]) -> Result<tonic::metadata::MetadataMap> {
+    let mut md = tonic::metadata::MetadataMap::new();
+    for (k, v) in headers {
+        let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+            .with_context(|| format!("invalid OTLP header name {k:?}"))?;
+        md.insert(key, v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?);
+    }
+    Ok(md)
+}
+
+/// The HTTP statuses the OTLP specification says to retry.
+pub fn http_retryable(status: u16) -> bool {
+    matches!(status, 429 | 502 | 503 | 504)
+}
+
 /// The gRPC codes the OTLP specification says to retry.
-fn grpc_retryable(code: tonic::Code) -> bool {
+pub fn grpc_retryable(code: tonic::Code) -> bool {
     use tonic::Code::*;
     matches!(code, Cancelled | DeadlineExceeded | ResourceExhausted | Aborted | OutOfRange | Unavailable | DataLoss)
 }

@@ -18,7 +18,7 @@ use tonic::codec::CompressionEncoding;
 
 use super::{ListenCounters, Signal};
 pub use crate::export::otlp::Raw;
-use crate::export::otlp::{OtlpConfig, OtlpProtocol};
+use crate::export::otlp::{self, OtlpConfig, OtlpProtocol};
 
 /// Backoff between retries of one request: from this, doubling, up to MAX.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -176,19 +176,6 @@ enum Upstream {
     Http { client: reqwest::Client, base: String, headers: Vec<(String, String)>, gzip: bool },
 }
 
-/// The headers uvspan's own exporter sends: OTEL_EXPORTER_OTLP_HEADERS, or
-/// else the config file's.
-fn headers(cfg: &OtlpConfig) -> Result<Vec<(String, String)>> {
-    match std::env::var("OTEL_EXPORTER_OTLP_HEADERS") {
-        Ok(v) => crate::export::otlp::parse_headers(&v).context("invalid OTEL_EXPORTER_OTLP_HEADERS"),
-        Err(_) => Ok(cfg.headers.clone()),
-    }
-}
-
-fn env_timeout() -> Duration {
-    std::env::var("OTEL_EXPORTER_OTLP_TIMEOUT").ok().and_then(|v| v.trim().parse().ok()).map_or(Duration::from_secs(10), Duration::from_millis)
-}
-
 impl Upstream {
     fn new(cfg: &OtlpConfig) -> Result<Upstream> {
         let base = cfg.endpoint.trim_end_matches('/').trim_end_matches("/v1/traces").to_string();
@@ -196,7 +183,7 @@ impl Upstream {
             bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", cfg.endpoint);
         }
         let gzip = std::env::var("OTEL_EXPORTER_OTLP_COMPRESSION").is_ok_and(|v| v.trim() == "gzip");
-        let timeout = env_timeout();
+        let timeout = otlp::timeout();
         Ok(match cfg.protocol {
             OtlpProtocol::Grpc => {
                 let channel = tonic::transport::Endpoint::from_shared(base.clone())
@@ -207,18 +194,12 @@ impl Upstream {
                 if gzip {
                     grpc = grpc.send_compressed(CompressionEncoding::Gzip);
                 }
-                let mut md = tonic::metadata::MetadataMap::new();
-                for (k, v) in headers(cfg)? {
-                    let key = tonic::metadata::MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
-                        .with_context(|| format!("invalid OTLP header name {k:?}"))?;
-                    md.insert(key, v.parse().with_context(|| format!("invalid OTLP header value for {k:?}"))?);
-                }
-                Upstream::Grpc { grpc: Box::new(grpc), headers: md, timeout }
+                Upstream::Grpc { grpc: Box::new(grpc), headers: otlp::grpc_metadata(&otlp::headers(cfg)?)?, timeout }
             }
             OtlpProtocol::HttpProtobuf => Upstream::Http {
                 client: reqwest::Client::builder().timeout(timeout).build().context("cannot set up the HTTP client")?,
                 base,
-                headers: headers(cfg)?,
+                headers: otlp::headers(cfg)?,
                 gzip,
             },
         })
@@ -236,12 +217,8 @@ impl Upstream {
                 match grpc.unary(req, path, Raw).await {
                     Ok(r) => r.into_inner(),
                     Err(st) => {
-                        use tonic::Code::*;
                         let e = format!("{:?}: {}", st.code(), st.message());
-                        return Err(match st.code() {
-                            Cancelled | DeadlineExceeded | ResourceExhausted | Aborted | OutOfRange | Unavailable | DataLoss => Fail::Retry(None, e),
-                            _ => Fail::Permanent(e),
-                        });
+                        return Err(if otlp::grpc_retryable(st.code()) { Fail::Retry(None, e) } else { Fail::Permanent(e) });
                     }
                 }
             }
@@ -268,7 +245,7 @@ impl Upstream {
                 let bytes = resp.bytes().await.map_err(|e| Fail::Retry(None, format!("{e}")))?;
                 match status {
                     200..=299 => bytes,
-                    429 | 502 | 503 | 504 => return Err(Fail::Retry(after, format!("HTTP {status}"))),
+                    s if otlp::http_retryable(s) => return Err(Fail::Retry(after, format!("HTTP {status}"))),
                     _ => return Err(Fail::Permanent(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])))),
                 }
             }
