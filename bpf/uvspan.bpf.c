@@ -1392,7 +1392,11 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	e->_pad = 0;
 	walk_user_stack(e, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, bp));
 	stat_inc(STAT_STACK_SAMPLES);
-	bpf_ringbuf_submit(e, wake_flags());
+	/* The frames are named from the live process (V8's heap, its maps):
+	 * wake the reader at the first sample of a slow iteration and every 32
+	 * after, while the loop is still blocked, not at its next tick — a
+	 * process that exits right after would leave them unnamed. */
+	bpf_ringbuf_submit(e, (st->samples & 31) == 1 ? BPF_RB_FORCE_WAKEUP : wake_flags());
 	return 0;
 }
 
