@@ -341,6 +341,10 @@ const UVSPAN_CONFIGS = {
   // hardly ever live: what is left is the epoll path and the window edges.
   uvspan_sample1: { args: ['--sample-time', '1%'] },
   uvspan_sample1_nostacks: { args: ['--sample-time', '1%', '--stacks', 'off'] },
+  // Analysis: uvspan stopped (SIGSTOP) once attached: probes and BPF programs
+  // run, the ring buffer fills and records are dropped. Separates what the
+  // kernel side costs the app from what uvspan's own work next to it does.
+  uvspan_stopped: { args: [], stopAfterAttach: true },
 };
 const MODES = {
   // ~1000 req/s offered on 10 connections: the app has idle time.
@@ -365,6 +369,7 @@ async function overhead(mode = 'paced') {
       const app = await startNode(args, envx);
       const u = UVSPAN_CONFIGS[cfg];
       const uv = u ? await startUvspan(['--pid', String(app.pid), ...u.args], { env: u.env || {} }) : null;
+      if (u && u.stopAfterAttach) uv.child.kill('SIGSTOP');
       const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
       const a0 = procCpu(app.pid);
       const u0 = uv ? procCpu(uv.pid) : null;
@@ -374,6 +379,7 @@ async function overhead(mode = 'paced') {
       const u1 = uv ? procCpu(uv.pid) : null;
       const s1 = await sinkStats();
       await stop(app.child, 'SIGTERM');
+      if (u && u.stopAfterAttach) uv.child.kill('SIGCONT');
       const sum = uv ? await uv.done() : null;
       const sink1 = await sinkStats();
       const total_req = w.requests; // measured window only

@@ -28,12 +28,13 @@ const FIXED32: u32 = 5;
 const CONTEXT_HAS_IS_REMOTE: u32 = 0x100;
 const CONTEXT_IS_REMOTE: u32 = 0x200;
 
-/// Where a message goes: a byte counter (first pass, for the lengths of
-/// nested messages) or the buffer.
+/// Where a message goes: the sizing pass or the writing pass.
 trait Out {
     fn raw(&mut self, b: &[u8]);
-    /// A nested message: its length first, so its size is taken with a
-    /// counter before it is written.
+    /// A nested message: its length first. The sizing pass records the
+    /// length of every nested message in the order they are met; the
+    /// writing pass meets them in the same order and takes them from there,
+    /// so each field is visited twice in all, however deep it is nested.
     fn message(&mut self, field: u32, body: &dyn Fn(&mut dyn Out));
 
     fn varint(&mut self, mut v: u64) {
@@ -80,21 +81,30 @@ trait Out {
     }
 }
 
-/// First pass: counts bytes.
-struct Count(usize);
+/// First pass: counts bytes, and keeps each nested message's length (in
+/// the order the messages start).
+#[derive(Default)]
+struct Sizer {
+    total: usize,
+    lengths: Vec<u32>,
+}
 
-impl Out for Count {
+impl Out for Sizer {
     fn raw(&mut self, b: &[u8]) {
-        self.0 += b.len();
+        self.total += b.len();
     }
     fn varint(&mut self, v: u64) {
-        self.0 += varint_len(v);
+        self.total += varint_len(v);
     }
     fn message(&mut self, field: u32, body: &dyn Fn(&mut dyn Out)) {
-        let n = size_of(body);
-        self.key(field, LEN);
-        self.varint(n as u64);
-        self.0 += n;
+        let slot = self.lengths.len();
+        self.lengths.push(0);
+        let before = self.total;
+        body(self);
+        let n = self.total - before;
+        // OTLP requests are far below 4 GiB (gRPC's default limit is 4 MiB).
+        self.lengths[slot] = n as u32;
+        self.total += varint_len(u64::from(field << 3 | LEN)) + varint_len(n as u64);
     }
 }
 
@@ -104,29 +114,42 @@ fn varint_len(v: u64) -> usize {
     ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
 }
 
-fn size_of(body: &dyn Fn(&mut dyn Out)) -> usize {
-    let mut c = Count(0);
-    body(&mut c);
-    c.0
+/// Second pass: writes, taking nested lengths from the sizing pass.
+struct Writer<'a> {
+    buf: Vec<u8>,
+    lengths: std::slice::Iter<'a, u32>,
 }
 
-impl Out for Vec<u8> {
+impl Out for Writer<'_> {
     fn raw(&mut self, b: &[u8]) {
-        self.extend_from_slice(b);
+        self.buf.extend_from_slice(b);
     }
     fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
-            self.push((v as u8) | 0x80);
+            self.buf.push((v as u8) | 0x80);
             v >>= 7;
         }
-        self.push(v as u8);
+        self.buf.push(v as u8);
     }
     fn message(&mut self, field: u32, body: &dyn Fn(&mut dyn Out)) {
-        let n = size_of(body);
+        // Both passes run the same code over the same data: the lengths
+        // come in the order the messages do.
+        let n = self.lengths.next().copied().unwrap_or_default();
         self.key(field, LEN);
-        self.varint(n as u64);
+        self.varint(u64::from(n));
         body(self);
     }
+}
+
+/// The bytes `body` writes (two passes: lengths, then bytes, into one
+/// buffer of the exact size).
+fn encode(body: &dyn Fn(&mut dyn Out)) -> Vec<u8> {
+    let mut sizer = Sizer::default();
+    body(&mut sizer);
+    let mut w = Writer { buf: Vec::with_capacity(sizer.total), lengths: sizer.lengths.iter() };
+    body(&mut w);
+    debug_assert_eq!(w.buf.len(), sizer.total);
+    w.buf
 }
 
 fn nanos(t: SystemTime) -> u64 {
@@ -282,10 +305,7 @@ pub fn export_request(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
         }
         o.string(3, resource.schema_url().unwrap_or_default());
     };
-    let request = |o: &mut dyn Out| o.message(1, &resource_spans);
-    let mut buf = Vec::with_capacity(size_of(&request));
-    request(&mut buf);
-    buf
+    encode(&|o: &mut dyn Out| o.message(1, &resource_spans))
 }
 
 /// resource.v1.Resource.
@@ -367,15 +387,21 @@ mod tests {
             .with_schema_url("https://opentelemetry.io/schemas/1.30.0")
             .with_attributes([KeyValue::new("k", "v")])
             .build();
-        let spans: Vec<SpanData> = (0..7).map(|i| span_data(i, if i == 4 { &b } else { &a })).collect();
         let resource = Resource::builder_empty()
             .with_schema_url([KeyValue::new("service.name", "shop"), KeyValue::new("process.pid", 4242i64)], "https://s/1")
             .build();
-        let ours = ExportTraceServiceRequest::decode(export_request(&resource, &spans).as_slice()).expect("decodes");
-        let official = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(spans, &ResourceAttributesWithSchema::from(&resource)),
-        };
-        assert_eq!(ours, official);
+        // 300 spans: nested lengths of one, two and three varint bytes.
+        for n in [7, 300] {
+            let spans: Vec<SpanData> = (0..n).map(|i| span_data(i, if i == 4 { &b } else { &a })).collect();
+            let bytes = export_request(&resource, &spans);
+            let ours = ExportTraceServiceRequest::decode(bytes.as_slice()).expect("decodes");
+            let official = ExportTraceServiceRequest {
+                resource_spans: group_spans_by_resource_and_scope(spans, &ResourceAttributesWithSchema::from(&resource)),
+            };
+            assert_eq!(ours, official);
+            // Byte for byte what prost writes for the same message (field order, lengths, no padding).
+            assert_eq!(bytes, official.encode_to_vec(), "{n} spans");
+        }
     }
 
     #[test]
@@ -394,10 +420,10 @@ mod tests {
 
     #[test]
     fn varints() {
-        let mut v = Vec::new();
-        for n in [0u64, 1, 127, 128, 300, u64::MAX] {
-            v.clear();
-            v.varint(n);
+        for n in [0u64, 1, 127, 128, 300, 16_383, 16_384, u64::MAX] {
+            let mut w = Writer { buf: Vec::new(), lengths: [].iter() };
+            w.varint(n);
+            let v = w.buf;
             assert_eq!(prost::encoding::decode_varint(&mut v.as_slice()).unwrap(), n);
             assert_eq!(v.len(), prost::encoding::encoded_len_varint(n));
             assert_eq!(varint_len(n), v.len());
