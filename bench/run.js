@@ -548,7 +548,7 @@ async function throughput() {
         : await startUvspan(['--pid', String(d.pid), '--otlp-endpoint', 'http://127.0.0.1:9', '--flush-timeout', '1s'], { otlp: false });
     const sink0 = await sinkStats();
     const perf = PERF
-      ? spawn('perf', ['record', '-q', '-F', '999', '-e', 'cpu-clock', ...(process.env.BENCH_PERF_CALLGRAPH ? ['--call-graph', process.env.BENCH_PERF_CALLGRAPH] : ['-g']), '-p', String(uv.pid), '-o', path.join(OUT, `perf-${DEST}-${rate || 'max'}.data`)], { stdio: 'ignore' })
+      ? spawn('perf', ['record', '-q', '-F', process.env.BENCH_PERF_FREQ || '999', '-e', 'cpu-clock', ...(process.env.BENCH_PERF_CALLGRAPH ? ['--call-graph', process.env.BENCH_PERF_CALLGRAPH] : ['-g']), '-p', String(uv.pid), '-o', path.join(OUT, `perf-${DEST}-${rate || 'max'}.data`)], { stdio: 'ignore' })
       : null;
     const u0 = procCpu(uv.pid);
     const samples = [];
