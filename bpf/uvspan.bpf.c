@@ -166,13 +166,6 @@ struct sync_slot {
 	struct fs_event ev;
 };
 
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct sync_slot);
-} sync_slots SEC(".maps");
-
 /* Per thread: the request (cause) whose callback runs now, and the stream
  * whose I/O callback runs (request context, --requests). */
 struct thread_ctx {
@@ -180,11 +173,20 @@ struct thread_ctx {
 	__u64 stream;
 };
 
+/* Everything uvspan keeps per thread, in one task-local storage: an fs
+ * submit needs both the sync slot and the cause, and each lookup is a
+ * cache miss on a busy machine. */
+struct thread_state {
+	struct sync_slot sync; /* first: a slot pointer is the state's own (no
+				* arithmetic on a maybe-NULL pointer for the verifier) */
+	struct thread_ctx ctx;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, struct thread_ctx);
+	__type(value, struct thread_state);
 } threads SEC(".maps");
 
 /* The request in progress on a server parser (keep-alive connections get a
@@ -334,17 +336,39 @@ static __always_inline struct scratch *get_scratch(void)
 	return s;
 }
 
-/* Batch wakeups: wake the reader only once a good amount is waiting. */
-static __always_inline __u64 wake_flags(void)
+/* Bytes this CPU sent since it last looked at the ring buffer's fill. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} sent_bytes SEC(".maps");
+
+/* Looked at once per this many bytes sent from a CPU: the fill is read
+ * from the ring buffer's consumer position, a cache line user space
+ * writes from another CPU. */
+#define WAKE_CHECK_BYTES (16 * 1024)
+
+/* Batch wakeups: wake the reader only once a good amount is waiting
+ * (user space also reads on a timer, so nothing waits for long). */
+static __always_inline __u64 wake_flags_after(__u64 size)
 {
+	__u32 zero = 0;
+	__u64 *sent = bpf_map_lookup_elem(&sent_bytes, &zero);
+	if (sent) {
+		*sent += size;
+		if (*sent < WAKE_CHECK_BYTES)
+			return BPF_RB_NO_WAKEUP;
+		*sent = 0;
+	}
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
 		return BPF_RB_FORCE_WAKEUP;
 	return BPF_RB_NO_WAKEUP;
 }
 
-static __always_inline void emit(void *data, __u64 size, __u64 flags)
+static __always_inline void emit(void *data, __u64 size)
 {
-	if (bpf_ringbuf_output(&events, data, size, flags))
+	if (bpf_ringbuf_output(&events, data, size, wake_flags_after(size)))
 		stat_inc(STAT_RINGBUF_LOST);
 }
 
@@ -386,10 +410,15 @@ static __always_inline __u32 fs_record_size(const struct fs_event *e)
 	return e->has_path2 ? sizeof(*e) : sizeof(*e) - UVSPAN_PATH_MAX;
 }
 
-static __always_inline struct sync_slot *sync_slot_of(int create)
+static __always_inline struct thread_state *thread_state_of(int create)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	return bpf_task_storage_get(&sync_slots, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	return bpf_task_storage_get(&threads, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+}
+
+static __always_inline struct sync_slot *sync_slot_of(int create)
+{
+	return (struct sync_slot *)thread_state_of(create);
 }
 
 /* Ends the thread's sync call: result from the request, one record. */
@@ -399,7 +428,7 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 	e->end_ns = bpf_ktime_get_ns();
 	e->end_kind = end_kind;
 	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
-	emit(e, fs_record_size(e), wake_flags());
+	emit(e, fs_record_size(e));
 	slot->req = 0;
 }
 
@@ -437,27 +466,22 @@ static __always_inline void end_pending_sync(void)
  * while it is set carry it, and their completion callbacks restore it, so
  * chains of callbacks (and the promise continuations Node drains before
  * returning to libuv) keep their request. Timers and immediates clear it. */
-static __always_inline struct thread_ctx *thread_ctx_of(int create)
-{
-	struct task_struct *task = bpf_get_current_task_btf();
-	return bpf_task_storage_get(&threads, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
-}
 
 static __always_inline __u64 current_cause(void)
 {
 	if (!requests)
 		return 0;
-	struct thread_ctx *t = thread_ctx_of(0);
-	return t ? t->cause : 0;
+	struct thread_state *t = thread_state_of(0);
+	return t ? t->ctx.cause : 0;
 }
 
 static __always_inline void set_cause(__u64 cause)
 {
 	if (!requests)
 		return;
-	struct thread_ctx *t = thread_ctx_of(cause != 0);
+	struct thread_state *t = thread_state_of(cause != 0);
 	if (t)
-		t->cause = cause;
+		t->ctx.cause = cause;
 }
 
 /* Ends an async request: reads what it needs from the request, one record. */
@@ -492,29 +516,28 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->sync = 0;
 	e->end_kind = end_kind;
 	e->_pad = 0;
-	e->result = 0;
-	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(req + FS_RESULT_OFF));
-	e->fd = -1;
-	if (a->has_fd)
-		bpf_probe_read_user(&e->fd, sizeof(e->fd), (void *)(req + FS_FILE_OFF));
+	/* Neighbouring fields in one read each (each read is a helper call):
+	 * result .. path, and new_path .. file. */
+	__u64 head[(FS_PATH_OFF - FS_RESULT_OFF) / 8 + 1] = {};
+	bpf_probe_read_user(head, sizeof(head), (void *)(req + FS_RESULT_OFF));
+	e->result = (long long)head[0];
+	__u64 tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8 + 1] = {};
+	if (a->has_fd || a->has_path2)
+		bpf_probe_read_user(tail, sizeof(tail), (void *)(req + FS_NEW_PATH_OFF));
+	e->fd = a->has_fd ? (int)tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8] : -1;
 	e->path[0] = 0;
 	e->has_path2 = a->has_path2;
-	__u64 p = 0;
-	if (a->has_path) {
-		bpf_probe_read_user(&p, sizeof(p), (void *)(req + FS_PATH_OFF));
-		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)p);
-	}
+	if (a->has_path)
+		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)head[(FS_PATH_OFF - FS_RESULT_OFF) / 8]);
 	if (a->has_path2) {
 		e->path2[0] = 0;
-		p = 0;
-		bpf_probe_read_user(&p, sizeof(p), (void *)(req + FS_NEW_PATH_OFF));
-		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)p);
+		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)tail[0]);
 	}
 	/* Its callback runs next, on behalf of the same request. */
 	if (end_kind == END_DONE)
 		set_cause(e->cause);
 	bpf_map_delete_elem(&inflight_fs, &key);
-	emit(e, fs_record_size(e), wake_flags());
+	emit(e, fs_record_size(e));
 	return 0;
 }
 
@@ -538,7 +561,7 @@ static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
 	e->req = req;
 	e->_pad = 0;
 	walk_user_stack(e, PT_REGS_IP(ctx), PT_REGS_FP(ctx));
-	bpf_ringbuf_submit(e, wake_flags());
+	bpf_ringbuf_submit(e, wake_flags_after(sizeof(*e)));
 }
 
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
@@ -555,14 +578,17 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	read_args(ctx, &args, cookie_field(cookie, COOKIE_CB_SHIFT) >= 6);
 	int sync = args.v[cookie_field(cookie, COOKIE_CB_SHIFT) & 7] == 0;
 
-	struct sync_slot *slot = sync_slot_of(sync);
+	/* One lookup for the pending sync call and the cause. */
+	struct thread_state *ts = thread_state_of(sync);
+	struct sync_slot *slot = (struct sync_slot *)ts;
+	__u64 cause = requests && ts ? ts->ctx.cause : 0;
 	if (slot && slot->req)
 		sync_end(slot, END_NEXT);
 
 	if (!sync) {
 		struct fs_async a = {
 			.start_ns = now,
-			.cause = current_cause(),
+			.cause = cause,
 			.tid = (__u32)id,
 			.op = cookie & 0xFF,
 			.has_path = cookie_field(cookie, COOKIE_PATH_SHIFT) != COOKIE_NONE,
@@ -590,7 +616,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->hdr.tid = (__u32)id;
 	e->hdr._pad = 0;
 	e->req = req;
-	e->cause = current_cause();
+	e->cause = cause;
 	e->start_ns = now;
 	e->work_start_ns = 0;
 	e->work_end_ns = 0;
@@ -740,20 +766,23 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	__u64 req = key->req;
 	e->end_ns = bpf_ktime_get_ns();
 	e->end_kind = end_kind;
-	bpf_probe_read_user(&e->retcode, sizeof(e->retcode), (void *)(req + GAI_RETCODE_OFF));
+	/* addrinfo and retcode in one read */
+	__u64 r[(GAI_RETCODE_OFF - GAI_ADDRINFO_OFF) / 8 + 1] = {};
+	bpf_probe_read_user(r, sizeof(r), (void *)(req + GAI_ADDRINFO_OFF));
+	e->retcode = (int)r[(GAI_RETCODE_OFF - GAI_ADDRINFO_OFF) / 8];
 	if (status == -125 /* UV_ECANCELED */)
 		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
 
-	__u64 ai = 0;
-	bpf_probe_read_user(&ai, sizeof(ai), (void *)(req + GAI_ADDRINFO_OFF));
+	__u64 ai = r[0];
 	__u8 n = 0;
 	for (int i = 0; i < UVSPAN_MAX_ANSWERS; i++) {
 		if (!ai)
 			break;
-		int family = 0;
-		__u64 sa = 0;
-		bpf_probe_read_user(&family, sizeof(family), (void *)(ai + AI_FAMILY_OFF));
-		bpf_probe_read_user(&sa, sizeof(sa), (void *)(ai + AI_ADDR_OFF));
+		/* struct addrinfo in one read: family, addr, next */
+		__u64 w[AI_NEXT_OFF / 8 + 1] = {};
+		bpf_probe_read_user(w, sizeof(w), (void *)ai);
+		int family = (int)(w[AI_FAMILY_OFF / 8] >> ((AI_FAMILY_OFF % 8) * 8));
+		__u64 sa = w[AI_ADDR_OFF / 8];
 		if (sa && (family == FAMILY_INET || family == FAMILY_INET6)) {
 			struct dns_answer *a = &e->answers[n & (UVSPAN_MAX_ANSWERS - 1)];
 			a->family = family;
@@ -763,13 +792,13 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 				bpf_probe_read_user(a->addr, 16, (void *)(sa + 8));
 			n++;
 		}
-		bpf_probe_read_user(&ai, sizeof(ai), (void *)(ai + AI_NEXT_OFF));
+		ai = w[AI_NEXT_OFF / 8];
 	}
 	e->n_answers = n;
 	/* uv__getaddrinfo_done runs the callback next, for the same request. */
 	if (end_kind == END_DONE)
 		set_cause(e->cause);
-	emit(e, sizeof(*e), wake_flags());
+	emit(e, sizeof(*e));
 	bpf_map_delete_elem(&inflight_dns, key);
 	return 0;
 }
@@ -851,7 +880,7 @@ static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 n
 	}
 	stat_inc(STAT_LOOP_EMITTED);
 	ev->end_ns = now;
-	emit(ev, sizeof(*ev), wake_flags());
+	emit(ev, sizeof(*ev));
 	ev->skipped = 0;
 }
 
@@ -998,6 +1027,8 @@ static __always_inline void peer_of(struct http_event *e, __u64 stream)
 	e->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
 }
 
+#define HTTP_SHORT_HEAD 256
+
 /* One HTTP record: `total` bytes in the call; with `capture`, the first
  * UVSPAN_HTTP_CAPTURE bytes at `data` (of which `avail` are the call's). */
 static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
@@ -1018,17 +1049,24 @@ static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64
 	e->what = what;
 	e->len = total > 0xFFFFFFFF ? 0xFFFFFFFF : total;
 	e->tls = tls;
-	/* A fixed-size read keeps the verifier's bounds simple; `captured`
-	 * says how much of it is the call's. A read that fails (the bytes end
-	 * at a mapping's end) keeps nothing. */
+	/* Fixed-size reads (a short head: 256 bytes) keep the verifier's
+	 * bounds simple; `captured` says how much of it is the call's. A read
+	 * that fails (the bytes end at a mapping's end) keeps nothing. */
 	__u32 n = 0;
-	if (capture && !bpf_probe_read_user(e->data, UVSPAN_HTTP_CAPTURE, (void *)data))
+	if (capture && avail <= HTTP_SHORT_HEAD) {
+		if (!bpf_probe_read_user(e->data, HTTP_SHORT_HEAD, (void *)data))
+			n = avail;
+	} else if (capture && !bpf_probe_read_user(e->data, UVSPAN_HTTP_CAPTURE, (void *)data)) {
 		n = avail < UVSPAN_HTTP_CAPTURE ? avail : UVSPAN_HTTP_CAPTURE;
+	}
 	e->captured = n;
 	if (what == HTTP_REQUEST)
 		peer_of(e, conn);
-	__u64 size = n ? sizeof(*e) : sizeof(*e) - UVSPAN_HTTP_CAPTURE;
-	emit(e, size, wake_flags());
+	/* Sent with what was captured only (8-byte aligned). */
+	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)n + 7) & ~7ULL);
+	if (size > sizeof(*e))
+		size = sizeof(*e);
+	emit(e, size);
 }
 
 /* llhttp_execute(parser, data, len): HTTP bytes reach a parser. A request
@@ -1047,25 +1085,25 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	char head[8] = {};
 	if (len < 5 || bpf_probe_read_user(head, sizeof(head), (void *)data))
 		return 0;
-	struct thread_ctx *t = thread_ctx_of(1);
+	struct thread_state *t = thread_state_of(1);
 	if (!t)
 		return 0;
 	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = parser };
 	if (is_response(head)) {
 		/* the stream's writer's cause, restored by uv__stream_io */
-		emit_http(HTTP_RESPONSE, t->cause, t->stream, data, len, len, 1, 0);
+		emit_http(HTTP_RESPONSE, t->ctx.cause, t->ctx.stream, data, len, len, 1, 0);
 		return 0;
 	}
 	if (is_request(head)) {
 		__u64 cause = new_cause();
 		bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
-		t->cause = cause;
-		emit_http(HTTP_REQUEST, cause, t->stream, data, len, len, 1, 0);
+		t->ctx.cause = cause;
+		emit_http(HTTP_REQUEST, cause, t->ctx.stream, data, len, len, 1, 0);
 		return 0;
 	}
 	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
 	if (c)
-		t->cause = *c;
+		t->ctx.cause = *c;
 	return 0;
 }
 
@@ -1076,11 +1114,11 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 	__u64 stream = PT_REGS_PARM2(ctx) - STREAM_IO_OFF;
 	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = stream };
 	__u64 *c = bpf_map_lookup_elem(&stream_cause, &key);
-	struct thread_ctx *t = thread_ctx_of(1);
+	struct thread_state *t = thread_state_of(1);
 	if (!t)
 		return 0;
-	t->stream = stream;
-	t->cause = c ? *c : 0;
+	t->ctx.stream = stream;
+	t->ctx.cause = c ? *c : 0;
 	return 0;
 }
 
@@ -1156,10 +1194,10 @@ static __always_inline int tls_write(struct pt_regs *ctx)
  * told apart per request: they belong to no cause. */
 static __always_inline int cause_clear(struct pt_regs *ctx)
 {
-	struct thread_ctx *t = thread_ctx_of(0);
+	struct thread_state *t = thread_state_of(0);
 	if (t) {
-		t->cause = 0;
-		t->stream = 0;
+		t->ctx.cause = 0;
+		t->ctx.stream = 0;
 	}
 	return 0;
 }
@@ -1174,10 +1212,11 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 {
 	if (trap_only)
 		return 0;
-	__u32 pid = bpf_get_current_pid_tgid() >> 32;
-	if (!is_traced(pid))
-		return 0;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
+	/* Links attached for every process of a file (--all, cgroups, forks
+	 * of a traced command) fire in processes not traced: filtered here. */
+	if (!(cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) && !is_traced(bpf_get_current_pid_tgid() >> 32))
+		return 0;
 	switch (cookie >> COOKIE_KIND_SHIFT) {
 	case PROBE_FS_SUBMIT: return fs_submit(ctx, cookie);
 	case PROBE_FS_WORK: return fs_work(ctx, cookie);
@@ -1396,7 +1435,7 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	 * wake the reader at the first sample of a slow iteration and every 32
 	 * after, while the loop is still blocked, not at its next tick — a
 	 * process that exits right after would leave them unnamed. */
-	bpf_ringbuf_submit(e, (st->samples & 31) == 1 ? BPF_RB_FORCE_WAKEUP : wake_flags());
+	bpf_ringbuf_submit(e, (st->samples & 31) == 1 ? BPF_RB_FORCE_WAKEUP : wake_flags_after(sizeof(*e)));
 	return 0;
 }
 
@@ -1410,7 +1449,8 @@ static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 pp
 	ev.ppid = ppid;
 	ev.fast_iterations = fast;
 	ev.ts_ns = bpf_ktime_get_ns();
-	emit(&ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
+	if (bpf_ringbuf_output(&events, &ev, sizeof(ev), BPF_RB_FORCE_WAKEUP))
+		stat_inc(STAT_RINGBUF_LOST);
 }
 
 SEC("tp_btf/sched_process_fork")

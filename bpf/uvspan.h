@@ -30,6 +30,10 @@ enum uvspan_sizes {
  * integer argument positions of the callback, path, second path and fd. */
 enum cookie_layout {
 	COOKIE_KIND_SHIFT = 56,
+	/* Set by the tracer on links attached for one process (a pid filter):
+	 * the kernel runs them for that process only, so the traced-set
+	 * lookup is skipped. */
+	COOKIE_ONE_PROCESS_SHIFT = 55,
 	COOKIE_CB_SHIFT = 8,
 	COOKIE_PATH_SHIFT = 12,
 	COOKIE_PATH2_SHIFT = 16,

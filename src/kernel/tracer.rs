@@ -10,7 +10,7 @@ use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
-use crate::kernel::skel::types::{req_key, stat_idx, traced_flags};
+use crate::kernel::skel::types::{cookie_layout, req_key, stat_idx, traced_flags};
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
 use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
@@ -368,6 +368,11 @@ impl Tracer {
     /// Attaches (offset, cookie) probes to a file; the indexes that failed
     /// with their error (multi-uprobe: all or none).
     fn attach_probes(&self, path: &std::path::Path, pid: i32, probes: &[(usize, u64)]) -> (Vec<Link>, Vec<(usize, String)>) {
+        // A link for one process: the kernel runs it there only, and the
+        // BPF side can skip its traced-set lookup.
+        let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
+        let probes: Vec<(usize, u64)> = probes.iter().map(|&(o, c)| (o, c | one)).collect();
+        let probes = probes.as_slice();
         if self.multi {
             let opts = UprobeMultiOpts {
                 offsets: probes.iter().map(|p| p.0).collect(),
