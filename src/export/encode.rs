@@ -1,5 +1,5 @@
 //! OTLP protobuf bytes straight from spans: one `ExportTraceServiceRequest`
-//! per process and batch, written into one buffer of the exact size.
+//! per process and batch, written in one pass into one buffer.
 //!
 //! The OpenTelemetry SDK exporter first converts every span into the
 //! generated (prost) message types — a `String` per attribute key and value,
