@@ -366,10 +366,15 @@ static __always_inline __u64 wake_flags_after(__u64 size)
 	return BPF_RB_NO_WAKEUP;
 }
 
+static __always_inline void emit_flags(void *data, __u64 size, __u64 flags)
+{
+	if (bpf_ringbuf_output(&events, data, size, flags))
+		stat_inc(STAT_RINGBUF_LOST);
+}
+
 static __always_inline void emit(void *data, __u64 size)
 {
-	if (bpf_ringbuf_output(&events, data, size, wake_flags_after(size)))
-		stat_inc(STAT_RINGBUF_LOST);
+	emit_flags(data, size, wake_flags_after(size));
 }
 
 /* The integer arguments of a function at its entry (System V x86_64):
@@ -1449,8 +1454,7 @@ static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 pp
 	ev.ppid = ppid;
 	ev.fast_iterations = fast;
 	ev.ts_ns = bpf_ktime_get_ns();
-	if (bpf_ringbuf_output(&events, &ev, sizeof(ev), BPF_RB_FORCE_WAKEUP))
-		stat_inc(STAT_RINGBUF_LOST);
+	emit_flags(&ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
 }
 
 SEC("tp_btf/sched_process_fork")

@@ -130,15 +130,18 @@ fn nanos(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// AnyValue.string_value: an empty string is still "set" in a oneof, so it
+/// is written explicitly.
+fn string_value(o: &mut Enc, s: &str) {
+    o.key(1, LEN);
+    o.varint(s.len() as u64);
+    o.raw(s.as_bytes());
+}
+
 /// common.v1.AnyValue's oneof (nothing for a value kind it does not know).
 fn any_value(o: &mut Enc, v: &Value) {
     match v {
-        Value::String(s) => {
-            // An empty string is still "set" in a oneof: written explicitly.
-            o.key(1, LEN);
-            o.varint(s.as_str().len() as u64);
-            o.raw(s.as_str().as_bytes());
-        }
+        Value::String(s) => string_value(o, s.as_str()),
         Value::Bool(b) => {
             o.key(2, VARINT);
             o.varint(u64::from(*b));
@@ -162,16 +165,16 @@ fn any_value(o: &mut Enc, v: &Value) {
 
 /// common.v1.ArrayValue: each element an AnyValue message.
 fn array(o: &mut Enc, a: &Array) {
-    let mut each = |v: &Value| {
+    let mut each = |write: &dyn Fn(&mut Enc)| {
         let m = o.begin(1, 1);
-        any_value(o, v);
+        write(o);
         o.end(m);
     };
     match a {
-        Array::Bool(v) => v.iter().for_each(|x| each(&Value::Bool(*x))),
-        Array::I64(v) => v.iter().for_each(|x| each(&Value::I64(*x))),
-        Array::F64(v) => v.iter().for_each(|x| each(&Value::F64(*x))),
-        Array::String(v) => v.iter().for_each(|x: &StringValue| each(&Value::String(x.clone()))),
+        Array::Bool(v) => v.iter().for_each(|x| each(&|o| any_value(o, &Value::Bool(*x)))),
+        Array::I64(v) => v.iter().for_each(|x| each(&|o| any_value(o, &Value::I64(*x)))),
+        Array::F64(v) => v.iter().for_each(|x| each(&|o| any_value(o, &Value::F64(*x)))),
+        Array::String(v) => v.iter().for_each(|x: &StringValue| each(&|o| string_value(o, x.as_str()))),
         _ => {}
     }
 }
@@ -272,7 +275,7 @@ fn scope(o: &mut Enc, sc: &InstrumentationScope) {
 pub fn export_request(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
     let mut scopes: Vec<&InstrumentationScope> = Vec::new();
     for s in spans {
-        if !scopes.iter().any(|&sc| std::ptr::eq(sc, &s.instrumentation_scope) || *sc == s.instrumentation_scope) {
+        if !scopes.contains(&&s.instrumentation_scope) {
             scopes.push(&s.instrumentation_scope);
         }
     }
@@ -289,8 +292,7 @@ pub fn export_request(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
         let m = o.begin(1, 1);
         scope(&mut o, sc);
         o.end(m);
-        // Spans of one scope are usually all of them: compare names first.
-        for s in spans.iter().filter(|s| same_scope(&s.instrumentation_scope, sc)) {
+        for s in spans.iter().filter(|s| &&s.instrumentation_scope == sc) {
             let m = o.begin(2, 2);
             span(&mut o, s);
             o.end(m);
@@ -301,10 +303,6 @@ pub fn export_request(resource: &Resource, spans: &[SpanData]) -> Vec<u8> {
     o.string(3, resource.schema_url().unwrap_or_default());
     o.end(resource_spans);
     o.buf
-}
-
-fn same_scope(a: &InstrumentationScope, b: &InstrumentationScope) -> bool {
-    a.name() == b.name() && a == b
 }
 
 #[cfg(test)]

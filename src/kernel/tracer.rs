@@ -371,12 +371,10 @@ impl Tracer {
         // A link for one process: the kernel runs it there only, and the
         // BPF side can skip its traced-set lookup.
         let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
-        let probes: Vec<(usize, u64)> = probes.iter().map(|&(o, c)| (o, c | one)).collect();
-        let probes = probes.as_slice();
         if self.multi {
             let opts = UprobeMultiOpts {
                 offsets: probes.iter().map(|p| p.0).collect(),
-                cookies: probes.iter().map(|p| p.1).collect(),
+                cookies: probes.iter().map(|p| p.1 | one).collect(),
                 ..Default::default()
             };
             return match self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, path, "", opts) {
@@ -386,7 +384,7 @@ impl Tracer {
         }
         let (mut links, mut failed) = (Vec::new(), Vec::new());
         for (i, &(offset, cookie)) in probes.iter().enumerate() {
-            let opts = UprobeOpts { cookie, retprobe: false, ..Default::default() };
+            let opts = UprobeOpts { cookie: cookie | one, retprobe: false, ..Default::default() };
             match self.skel.progs.uv_single.attach_uprobe_with_opts(pid, path, offset, opts) {
                 Ok(link) => links.push(link),
                 Err(e) => failed.push((i, e.to_string())),

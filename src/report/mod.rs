@@ -23,14 +23,25 @@ use budget::Budget;
 /// Exit status when the command succeeded but a budget was broken.
 pub const EXIT_BUDGET_BROKEN: i32 = 3;
 
+/// The entity for `&`, `<` or `>` (markup in HTML, XML and Markdown).
+pub(crate) fn markup_entity(c: char) -> Option<&'static str> {
+    match c {
+        '&' => Some("&amp;"),
+        '<' => Some("&lt;"),
+        '>' => Some("&gt;"),
+        _ => None,
+    }
+}
+
 /// Text safe in HTML and XML (text and attribute values).
 pub fn escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
+        if let Some(e) = markup_entity(c) {
+            out.push_str(e);
+            continue;
+        }
         match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
             '\'' => out.push_str("&#39;"),
             // Not allowed in XML 1.0.

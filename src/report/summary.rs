@@ -152,10 +152,11 @@ pub fn text(r: &Report) -> String {
 pub fn md_escape(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
+        if let Some(e) = super::markup_entity(c) {
+            out.push_str(e);
+            continue;
+        }
         match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
             '|' | '\\' | '*' | '_' | '`' | '[' | ']' | '#' => {
                 out.push('\\');
                 out.push(c);
