@@ -21,7 +21,7 @@ fn render(rec_file: &Path) -> String {
     let mut out = String::new();
     for raw in read_recording(&bytes) {
         let rec = decode(raw).expect("recorded records decode");
-        let spans = build(&rec, &src);
+        let spans = build(rec.clone(), &src);
         if spans.is_empty() {
             writeln!(out, "# {rec:?}").unwrap();
             continue;

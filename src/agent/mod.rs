@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::RingBuffer;
-use opentelemetry_sdk::trace::SpanData;
 
 use crate::cli::{Cli, RequestsMode, StacksMode};
 use crate::config::FileConfig;
@@ -488,7 +487,7 @@ impl Agent {
     /// that are over (all of them at `shutdown`) go out too.
     fn handle_records(&mut self, shutdown: bool) {
         let recs = std::mem::take(&mut *self.inbox.records.borrow_mut());
-        let mut out: HashMap<u32, Vec<SpanData>> = HashMap::new();
+        let mut out = procs::Out::default();
         if let Some(r) = self.requests.as_mut() {
             if shutdown || self.timers.requests.due() {
                 self.procs.expire(r, self.clock, crate::events::clock::monotonic_ns(), shutdown, &mut out);
@@ -550,7 +549,7 @@ impl Agent {
     /// --otlp-listen: the app's SERVER spans that came through the listener
     /// meet uvspan's spans of their requests; what is joined, or waited for
     /// long enough, goes to `out` (everything held with `all`).
-    fn join(&mut self, all: bool, out: &mut HashMap<u32, Vec<SpanData>>) {
+    fn join(&mut self, all: bool, out: &mut procs::Out) {
         let (Some(j), Some(l)) = (self.joiner.as_mut(), self.listener.as_ref()) else { return };
         while let Ok(servers) = l.servers.try_recv() {
             for pid in servers.iter().filter_map(|s| s.pid) {

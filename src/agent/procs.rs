@@ -31,8 +31,11 @@ pub enum Origin {
     Other,
 }
 
+/// A batch of spans by process, as records are handled.
+pub type Out = rustc_hash::FxHashMap<u32, Vec<SpanData>>;
+
 pub struct Procs {
-    procs: HashMap<u32, Proc>,
+    procs: rustc_hash::FxHashMap<u32, Proc>,
     service_name: Option<String>,
     host: String,
     ids: std::rc::Rc<RandomIdGenerator>,
@@ -48,7 +51,7 @@ pub struct Procs {
     pub commands: Option<HashMap<u32, Vec<String>>>,
 }
 
-fn merge(out: &mut HashMap<u32, Vec<SpanData>>, ready: Ready) {
+fn merge(out: &mut Out, ready: Ready) {
     for (pid, spans) in ready {
         out.entry(pid).or_default().extend(spans);
     }
@@ -64,7 +67,7 @@ pub fn alive(pid: u32) -> bool {
 impl Procs {
     pub fn new(service_name: Option<String>) -> Procs {
         Procs {
-            procs: HashMap::new(),
+            procs: Default::default(),
             service_name,
             host: crate::enrich::resource::host_name(),
             ids: std::rc::Rc::default(),
@@ -137,7 +140,7 @@ impl Procs {
         clock: Clock,
         exporter: &Exporter,
         requests: Option<&mut Requests>,
-        out: &mut HashMap<u32, Vec<SpanData>>,
+        out: &mut Out,
     ) {
         let ids = self.ids.clone();
         let src = SpanContextSource { clock, ids: &*ids, scope: self.scope.clone() };
@@ -179,7 +182,7 @@ impl Procs {
             (None, rec) => Some(rec),
         };
         if let Some(rec) = rec {
-            out.entry(pid).or_default().extend(spans::build(&rec, &src));
+            spans::build_into(rec, &src, None, out.entry(pid).or_default());
         }
         merge(out, ready);
     }
@@ -193,7 +196,7 @@ impl Procs {
     }
 
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).
-    pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut HashMap<u32, Vec<SpanData>>) {
+    pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
         let src = SpanContextSource { clock, ids: &*self.ids, scope: self.scope.clone() };
         let mut ready = Ready::new();
         if all {

@@ -10,7 +10,9 @@
 //! after its request ended still joins its trace (recent requests are
 //! remembered). Pure: no kernel, no clock of its own.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
@@ -18,7 +20,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::events::decode::{HttpRecord, HttpWhat, Record};
-use crate::events::spans::{build_in, Parent, SpanContextSource};
+use crate::events::spans::{build_into, Parent, SpanContextSource};
 use crate::listen::join::RequestKey;
 
 /// Longest `url.query` kept (bytes).
@@ -250,12 +252,12 @@ impl Request {
 }
 
 pub struct Requests {
-    open: HashMap<u64, Request>,
+    open: FxHashMap<u64, Request>,
     /// Arrival order of open requests (for the OPEN_MAX bound).
     order: VecDeque<u64>,
     /// (pid, server connection) -> its request in progress.
-    by_conn: HashMap<(u32, u64), u64>,
-    recent: HashMap<u64, (u32, Parent, Option<RequestKey>)>,
+    by_conn: FxHashMap<(u32, u64), u64>,
+    recent: FxHashMap<u64, (u32, Parent, Option<RequestKey>)>,
     recent_order: VecDeque<u64>,
     /// A SERVER span per request also where the app's SDK makes its own.
     always_server_spans: bool,
@@ -272,10 +274,10 @@ pub type Ready = Vec<(u32, Vec<SpanData>)>;
 impl Requests {
     pub fn new(always_server_spans: bool) -> Requests {
         Requests {
-            open: HashMap::new(),
+            open: FxHashMap::default(),
             order: VecDeque::new(),
-            by_conn: HashMap::new(),
-            recent: HashMap::new(),
+            by_conn: FxHashMap::default(),
+            recent: FxHashMap::default(),
             recent_order: VecDeque::new(),
             always_server_spans,
             join: false,
@@ -437,7 +439,8 @@ impl Requests {
             }
             self.stats.not_held += 1;
             if req.sampled() {
-                let spans = build_in(&rec, src, Some(&req.parent()));
+                let mut spans = Vec::with_capacity(1);
+                build_into(rec, src, Some(&req.parent()), &mut spans);
                 let req = &self.open[&cause];
                 match self.join_key(req, src) {
                     Some(key) => self.joinable.push((key, spans)),
@@ -449,7 +452,8 @@ impl Requests {
         match self.recent.get(&cause) {
             Some((sampled_pid, parent, key)) if *sampled_pid == pid => {
                 if parent.trace_id != TraceId::INVALID {
-                    let spans = build_in(&rec, src, Some(parent));
+                    let mut spans = Vec::with_capacity(1);
+                    build_into(rec, src, Some(parent), &mut spans);
                     match key {
                         Some(key) => self.joinable.push((key.clone(), spans)),
                         None => ready.push((pid, spans)),
@@ -496,7 +500,7 @@ impl Requests {
 
     /// A request is over: its spans, and its context kept for late work.
     fn finish(&mut self, cause: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        let Some(req) = self.open.remove(&cause) else { return };
+        let Some(mut req) = self.open.remove(&cause) else { return };
         if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
             self.by_conn.remove(&(req.pid, req.conn));
         }
@@ -519,8 +523,8 @@ impl Requests {
         if req.server_span {
             spans.push(server_span(&req, src));
         }
-        for rec in &req.held {
-            spans.extend(build_in(rec, src, Some(&parent)));
+        for rec in std::mem::take(&mut req.held) {
+            build_into(rec, src, Some(&parent), &mut spans);
         }
         for call in &req.calls {
             spans.push(client_span(&req, call, &parent, src));

@@ -11,7 +11,6 @@ pub mod encode;
 pub mod health;
 pub mod otlp;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -179,8 +178,8 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
-    let mut procs: HashMap<u32, (Resource, String)> = HashMap::new();
-    let mut pending: HashMap<u32, Vec<SpanData>> = HashMap::new();
+    let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
+    let mut pending: rustc_hash::FxHashMap<u32, Vec<SpanData>> = Default::default();
     let mut forgotten: Vec<u32> = Vec::new();
     let mut tick = tokio::time::interval(cfg.schedule_delay);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -67,12 +67,12 @@ struct Proc {
     pending: Vec<(u64, Folder)>,
     /// --stacks all-ops: submit stacks by request address, until the
     /// request's record arrives.
-    ops: HashMap<u64, String>,
+    ops: rustc_hash::FxHashMap<u64, String>,
 }
 
 pub struct Stacks {
     symbolizer: Symbolizer,
-    procs: HashMap<u32, Proc>,
+    procs: rustc_hash::FxHashMap<u32, Proc>,
     period_ns: u64,
 }
 
@@ -88,7 +88,7 @@ fn node_major(version: Option<&str>) -> Option<u32> {
 
 impl Stacks {
     pub fn new() -> Stacks {
-        Stacks { symbolizer: Symbolizer::new(), procs: HashMap::new(), period_ns: 1_000_000_000 / SAMPLE_HZ }
+        Stacks { symbolizer: Symbolizer::new(), procs: Default::default(), period_ns: 1_000_000_000 / SAMPLE_HZ }
     }
 
     /// Time one sample stands for.
@@ -112,7 +112,7 @@ impl Stacks {
                 fn_maps: Default::default(),
                 native: HashMap::new(),
                 pending: Vec::new(),
-                ops: HashMap::new(),
+                ops: Default::default(),
             },
         );
     }
@@ -166,7 +166,11 @@ impl Stacks {
 
     /// --stacks all-ops: the stack that submitted request `req`, rendered.
     pub fn take_op(&mut self, pid: u32, req: u64) -> Option<String> {
-        self.procs.get_mut(&pid)?.ops.remove(&req)
+        let ops = &mut self.procs.get_mut(&pid)?.ops;
+        if ops.is_empty() {
+            return None; // --stacks all-ops off: no hash of the request
+        }
+        ops.remove(&req)
     }
 
     /// The samples of the iteration that started at `start_ns`, folded;

@@ -7,7 +7,7 @@ use opentelemetry_sdk::trace::SpanData;
 use super::{fail, keys, threadpool, Builder, DNS};
 use crate::events::decode::DnsRecord;
 
-pub(super) fn span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
+pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> SpanData {
     let mut answers: Vec<StringValue> = Vec::new();
     for a in &r.answers {
         let s = StringValue::from(a.to_string());
@@ -16,7 +16,7 @@ pub(super) fn span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
         }
     }
     let mut attrs = vec![
-        KeyValue::new(keys::DNS_NAME, r.host.clone()),
+        KeyValue::new(keys::DNS_NAME, r.host),
         KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
         KeyValue::new(keys::SYNC, r.sync),
     ];
@@ -26,8 +26,8 @@ pub(super) fn span(b: &Builder<'_>, r: &DnsRecord) -> SpanData {
     if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
-    if let Some(st) = &r.stack {
-        attrs.push(KeyValue::new(keys::STACKTRACE, st.clone()));
+    if let Some(st) = r.stack {
+        attrs.push(KeyValue::new(keys::STACKTRACE, st));
     }
     let mut span = b.span(DNS, b.parent, r.start_ns, r.end_ns, attrs);
     span.span_kind = SpanKind::Client;

@@ -7,23 +7,23 @@ use super::{fail, keys, threadpool, Builder};
 use crate::events::decode::FsRecord;
 use crate::probes::catalog::{self, FsResult};
 
-pub(super) fn span(b: &Builder<'_>, r: &FsRecord) -> SpanData {
+pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> SpanData {
     let op = catalog::fs_op(r.op);
     let name = op.map_or("fs.unknown", |o| o.span);
     let mut attrs = Vec::with_capacity(10);
-    if let Some(p) = &r.path {
-        attrs.push(KeyValue::new(keys::FILE_PATH, p.clone()));
+    if let Some(p) = r.path {
+        attrs.push(KeyValue::new(keys::FILE_PATH, p));
     }
-    if let Some(p) = &r.path2 {
-        attrs.push(KeyValue::new(keys::NEW_PATH, p.clone()));
+    if let Some(p) = r.path2 {
+        attrs.push(KeyValue::new(keys::NEW_PATH, p));
     }
     if let Some(fd) = r.fd {
         attrs.push(KeyValue::new(keys::FD, i64::from(fd)));
     }
     attrs.push(KeyValue::new(keys::THREAD_ID, i64::from(r.tid)));
     attrs.push(KeyValue::new(keys::SYNC, r.sync));
-    if let Some(st) = &r.stack {
-        attrs.push(KeyValue::new(keys::STACKTRACE, st.clone()));
+    if let Some(st) = r.stack {
+        attrs.push(KeyValue::new(keys::STACKTRACE, st));
     }
     if r.result >= 0 {
         // What the result means is said on the operation's catalog row.

@@ -54,7 +54,7 @@ fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, busy: u64
 /// One `uv.loop.iteration` span and a child per phase. The iteration is
 /// shown from the moment the loop woke up in poll (time blocked before that
 /// is an attribute), so its duration is how long the loop was busy.
-pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
+pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<SpanData>) {
     let start = r.wake_ns.unwrap_or(r.start_ns).min(r.end_ns);
     let total = r.end_ns.saturating_sub(r.start_ns);
     let busy = total.saturating_sub(r.poll_wait_ns);
@@ -69,7 +69,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
         add_stacks(b, &mut root, blocked, busy, r.end_ns);
     }
     let parent = root.span_context.span_id();
-    let mut out = vec![root];
+    out.push(root);
     for &(i, ps, pe) in &r.phases {
         let phase = catalog::phase(i).map_or("unknown", |p| p.name);
         let ps = ps.max(start);
@@ -81,7 +81,6 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord) -> Vec<SpanData> {
             vec![KeyValue::new(keys::PHASE, phase)],
         ));
     }
-    out
 }
 
 #[cfg(test)]

@@ -137,21 +137,24 @@ impl Builder<'_> {
 
 /// The spans for one record, each record its own trace (none for process
 /// lifecycle and HTTP records).
-pub fn build(rec: &Record, src: &SpanContextSource<'_>) -> Vec<SpanData> {
-    build_in(rec, src, None)
+pub fn build(rec: Record, src: &SpanContextSource<'_>) -> Vec<SpanData> {
+    let mut out = Vec::new();
+    build_into(rec, src, None, &mut out);
+    out
 }
 
-/// The spans for one record, under `parent` when given.
-pub fn build_in(rec: &Record, src: &SpanContextSource<'_>, parent: Option<&Parent>) -> Vec<SpanData> {
+/// The spans for one record, under `parent` when given, appended to `out`.
+/// The record is consumed: its strings move into the spans.
+pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>, out: &mut Vec<SpanData>) {
     let b = match parent {
         Some(p) => Builder { src, trace_id: p.trace_id, parent: p.span_id, parent_remote: p.remote, state: p.state.clone() },
         None => Builder { src, trace_id: src.ids.new_trace_id(), parent: SpanId::INVALID, parent_remote: false, state: TraceState::NONE },
     };
     match rec {
-        Record::Fs(r) => vec![fs::span(&b, r)],
-        Record::Dns(r) => vec![dns::span(&b, r)],
-        Record::Loop(r) => iteration::spans(&b, r),
-        Record::Http(_) | Record::Stack(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => vec![],
+        Record::Fs(r) => out.push(fs::span(&b, r)),
+        Record::Dns(r) => out.push(dns::span(&b, r)),
+        Record::Loop(r) => iteration::spans(&b, &r, out),
+        Record::Http(_) | Record::Stack(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => {}
     }
 }
 
@@ -195,7 +198,7 @@ pub(crate) mod testing {
     pub fn build_one(rec: &Record) -> Vec<SpanData> {
         let ids = SequentialIds::default();
         let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: scope() };
-        build(rec, &src)
+        build(rec.clone(), &src)
     }
 
     pub fn attr<'a>(s: &'a SpanData, k: &str) -> Option<&'a opentelemetry::Value> {
