@@ -101,6 +101,9 @@ pub struct Agent {
     rb: RingBuffer<'static>,
     sleeper: Sleeper,
     inbox: Inbox,
+    /// The inbox's previous Vec, emptied: swapped in so the callback does not
+    /// grow a new one from nothing at every read.
+    spare_records: Vec<Record>,
     tracer: Tracer,
     exporter: Exporter,
     health: Arc<Health>,
@@ -324,6 +327,7 @@ impl Agent {
             rb,
             sleeper,
             inbox,
+            spare_records: Vec::new(),
             tracer,
             exporter,
             health,
@@ -486,14 +490,15 @@ impl Agent {
     /// Decoded records → process table and spans → exporter; requests
     /// that are over (all of them at `shutdown`) go out too.
     fn handle_records(&mut self, shutdown: bool) {
-        let recs = std::mem::take(&mut *self.inbox.records.borrow_mut());
+        let spare = std::mem::take(&mut self.spare_records);
+        let mut recs = std::mem::replace(&mut *self.inbox.records.borrow_mut(), spare);
         let mut out = procs::Out::default();
         if let Some(r) = self.requests.as_mut() {
             if shutdown || self.timers.requests.due() {
                 self.procs.expire(r, self.clock, crate::events::clock::monotonic_ns(), shutdown, &mut out);
             }
         }
-        for rec in recs {
+        for rec in recs.drain(..) {
             match rec {
                 Record::Exec { pid } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
                 Record::Exit { pid, fast_iterations } => {
@@ -531,6 +536,9 @@ impl Agent {
                 }
                 rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
             }
+        }
+        if recs.capacity() <= 65_536 {
+            self.spare_records = recs;
         }
         self.join(shutdown, &mut out);
         for (pid, mut spans) in out {

@@ -2,6 +2,7 @@
 //!
 //! `14:03:07.123456 demo[4242] fs.open 0.081ms file.path=/etc/hosts uvspan.fs.fd=21 …`
 
+use std::borrow::Borrow;
 use std::io::Write;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -23,7 +24,7 @@ impl Console<std::io::Stdout> {
 }
 
 impl<W: Write + Send + 'static> Sink for Console<W> {
-    async fn export(&mut self, _resource: &Resource, label: &str, spans: &[SpanData]) -> Result<u64, ExportError> {
+    async fn export(&mut self, _resource: &Resource, label: &str, spans: &[&SpanData]) -> Result<u64, ExportError> {
         let text = render(label, spans);
         self.out
             .write_all(text.as_bytes())
@@ -34,7 +35,9 @@ impl<W: Write + Send + 'static> Sink for Console<W> {
 }
 
 /// Renders spans, each root followed by its descendants, indented.
-pub fn render(label: &str, spans: &[SpanData]) -> String {
+pub fn render<S: Borrow<SpanData>>(label: &str, spans: &[S]) -> String {
+    let spans: Vec<&SpanData> = spans.iter().map(Borrow::borrow).collect();
+    let spans = &spans[..];
     let mut out = String::new();
     let ids: Vec<SpanId> = spans.iter().map(|s| s.span_context.span_id()).collect();
     for (i, s) in spans.iter().enumerate() {
@@ -45,7 +48,7 @@ pub fn render(label: &str, spans: &[SpanData]) -> String {
     out
 }
 
-fn walk(label: &str, spans: &[SpanData], i: usize, depth: usize, out: &mut String) {
+fn walk(label: &str, spans: &[&SpanData], i: usize, depth: usize, out: &mut String) {
     out.push_str(&line(label, &spans[i], depth));
     out.push('\n');
     let id = spans[i].span_context.span_id();

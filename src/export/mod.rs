@@ -93,7 +93,7 @@ pub(crate) trait Sink: Send + 'static {
         &mut self,
         resource: &Resource,
         label: &str,
-        spans: &[SpanData],
+        spans: &[&SpanData],
     ) -> impl std::future::Future<Output = Result<u64, ExportError>> + Send;
 }
 
@@ -179,7 +179,10 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
     let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
-    let mut pending: rustc_hash::FxHashMap<u32, Vec<SpanData>> = Default::default();
+    // Per process, the batches as they came: appended, never copied (a
+    // span is 350 bytes, and extending one queue showed in profiles).
+    let mut pending: rustc_hash::FxHashMap<u32, Vec<Vec<SpanData>>> = Default::default();
+    let mut pending_n: usize = 0;
     let mut forgotten: Vec<u32> = Vec::new();
     let mut tick = tokio::time::interval(cfg.schedule_delay);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -188,7 +191,6 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut backoff = FIRST_BACKOFF;
     loop {
-        let pending_n: usize = pending.values().map(Vec::len).sum();
         let mut closed = false;
         let retry = async {
             match retry_at {
@@ -200,12 +202,9 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
             msg = rx.recv() => match msg {
                 Some(Msg::Process { pid, resource, label }) => { procs.insert(pid, (resource, label)); continue; }
                 Some(Msg::Spans { pid, spans }) => {
-                    let full = pending_n + spans.len() >= cfg.max_batch;
-                    // Moved in whole when nothing of its process waits (a
-                    // span is 350 bytes: copying them showed in profiles).
-                    let queue = pending.entry(pid).or_default();
-                    if queue.is_empty() { *queue = spans; } else { queue.extend(spans); }
-                    if !full || retry_at.is_some() { continue; }
+                    pending_n += spans.len();
+                    pending.entry(pid).or_default().push(spans);
+                    if pending_n < cfg.max_batch || retry_at.is_some() { continue; }
                 }
                 Some(Msg::Flush(ack)) => flush_ack = Some(ack),
                 Some(Msg::Forget(pid)) => {
@@ -218,15 +217,17 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
             _ = retry => retry_at = None,
         }
         if retry_at.is_none() {
-            let mut batch: Vec<(u32, Vec<SpanData>)> = pending.drain().collect();
-            while let Some((pid, spans)) = batch.pop() {
+            let mut batch: Vec<(u32, Vec<Vec<SpanData>>)> = pending.drain().collect();
+            pending_n = 0;
+            while let Some((pid, parts)) = batch.pop() {
                 let (resource, label) = procs
                     .get(&pid)
                     .cloned()
                     .unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
+                let all: Vec<&SpanData> = parts.iter().flatten().collect();
                 let mut sent = 0;
-                while sent < spans.len() {
-                    let chunk = &spans[sent..spans.len().min(sent + cfg.max_batch.max(1))];
+                let mut retry = false;
+                for chunk in all.chunks(cfg.max_batch.max(1)) {
                     let m = chunk.len() as u64;
                     match sink.export(&resource, &label, chunk).await {
                         Ok(rejected) => {
@@ -240,18 +241,7 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                                 eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
                             }
                             if e.retryable {
-                                // Back in the queue, in order, with what was
-                                // not sent yet; tried again after a wait.
-                                let mut spans = spans;
-                                let rest = pending.entry(pid).or_default();
-                                let newer = std::mem::take(rest);
-                                rest.extend(spans.drain(sent..));
-                                rest.extend(newer);
-                                for (p, s) in batch.drain(..) {
-                                    pending.entry(p).or_default().splice(0..0, s);
-                                }
-                                retry_at = Some(tokio::time::Instant::now() + backoff);
-                                backoff = (backoff * 2).min(MAX_BACKOFF);
+                                retry = true;
                                 break;
                             }
                             counters.failed.fetch_add(m, Ordering::Relaxed);
@@ -261,6 +251,22 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                     // was sent is not also counted as not flushed.
                     counters.queued.fetch_sub(m, Ordering::Relaxed);
                     sent += chunk.len();
+                }
+                drop(all);
+                if retry {
+                    // Back in the queue, in order, with what was not sent
+                    // yet; tried again after a wait.
+                    let rest = pending.entry(pid).or_default();
+                    let newer = std::mem::take(rest);
+                    *rest = unsent(parts, sent);
+                    rest.extend(newer);
+                    for (p, s) in batch.drain(..) {
+                        pending.entry(p).or_default().splice(0..0, s);
+                    }
+                    pending_n = pending.values().flatten().map(Vec::len).sum();
+                    retry_at = Some(tokio::time::Instant::now() + backoff);
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    break;
                 }
             }
             for pid in forgotten.drain(..) {
@@ -280,3 +286,44 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
     }
 }
 
+/// The batches without their first `sent` spans.
+fn unsent(parts: Vec<Vec<SpanData>>, mut sent: usize) -> Vec<Vec<SpanData>> {
+    let mut rest = Vec::with_capacity(parts.len());
+    for mut part in parts {
+        if sent >= part.len() {
+            sent -= part.len();
+            continue;
+        }
+        part.drain(..sent);
+        sent = 0;
+        rest.push(part);
+    }
+    rest
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unsent;
+    use crate::report::aggregate::tests::span;
+
+    fn names(parts: &[Vec<opentelemetry_sdk::trace::SpanData>]) -> Vec<Vec<String>> {
+        parts.iter().map(|p| p.iter().map(|s| s.name.to_string()).collect()).collect()
+    }
+
+    #[test]
+    fn unsent_keeps_order_from_the_first_span_not_sent() {
+        let parts = || {
+            vec![
+                vec![span("a", 0.0, 1.0, vec![], None), span("b", 0.0, 1.0, vec![], None)],
+                vec![span("c", 0.0, 1.0, vec![], None)],
+                vec![span("d", 0.0, 1.0, vec![], None), span("e", 0.0, 1.0, vec![], None)],
+            ]
+        };
+        let n = |v: &[&[&str]]| v.iter().map(|p| p.iter().map(|s| s.to_string()).collect()).collect::<Vec<Vec<String>>>();
+        assert_eq!(names(&unsent(parts(), 0)), n(&[&["a", "b"], &["c"], &["d", "e"]]));
+        assert_eq!(names(&unsent(parts(), 1)), n(&[&["b"], &["c"], &["d", "e"]]));
+        assert_eq!(names(&unsent(parts(), 2)), n(&[&["c"], &["d", "e"]]));
+        assert_eq!(names(&unsent(parts(), 4)), n(&[&["e"]]));
+        assert!(unsent(parts(), 5).is_empty());
+    }
+}

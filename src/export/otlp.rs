@@ -153,7 +153,7 @@ impl Otlp {
 }
 
 impl Sink for Otlp {
-    async fn export(&mut self, resource: &Resource, _label: &str, spans: &[SpanData]) -> Result<u64, ExportError> {
+    async fn export(&mut self, resource: &Resource, _label: &str, spans: &[&SpanData]) -> Result<u64, ExportError> {
         let body = super::encode::export_request(resource, spans);
         let partial = self.send(body).await?;
         let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);
