@@ -39,7 +39,7 @@ pub struct Procs {
     service_name: Option<String>,
     host: String,
     ids: std::rc::Rc<RandomIdGenerator>,
-    scope: opentelemetry::InstrumentationScope,
+    scope: std::rc::Rc<opentelemetry::InstrumentationScope>,
     /// The environ notice was printed.
     warned_environ: bool,
     /// Processes forgotten after they exited.
@@ -71,7 +71,7 @@ impl Procs {
             service_name,
             host: crate::enrich::resource::host_name(),
             ids: std::rc::Rc::default(),
-            scope: spans::scope(),
+            scope: std::rc::Rc::new(spans::scope()),
             warned_environ: false,
             forgotten: 0,
             with_sdk: Default::default(),
@@ -142,8 +142,8 @@ impl Procs {
         requests: Option<&mut Requests>,
         out: &mut Out,
     ) {
-        let ids = self.ids.clone();
-        let src = SpanContextSource { clock, ids: &*ids, scope: self.scope.clone() };
+        let (ids, scope) = (self.ids.clone(), self.scope.clone());
+        let src = SpanContextSource { clock, ids: &*ids, scope: &scope };
         let mut ready = Ready::new();
         let pid = match &rec {
             Record::Fork { pid, ppid } => {
@@ -197,7 +197,7 @@ impl Procs {
 
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).
     pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
-        let src = SpanContextSource { clock, ids: &*self.ids, scope: self.scope.clone() };
+        let src = SpanContextSource { clock, ids: &*self.ids, scope: &self.scope };
         let mut ready = Ready::new();
         if all {
             requests.finish_all(&src, &mut ready);

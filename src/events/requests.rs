@@ -738,7 +738,7 @@ mod tests {
 
     fn run(steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<SpanData> {
         let ids = SequentialIds::default();
-        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: scope() };
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: &scope() };
         let mut r = Requests::new(false);
         let mut ready = Ready::new();
         steps(&mut r, &src, &mut ready);

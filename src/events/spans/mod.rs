@@ -58,7 +58,7 @@ pub const DNS: &str = "dns.getaddrinfo";
 pub struct SpanContextSource<'a> {
     pub clock: Clock,
     pub ids: &'a dyn IdGenerator,
-    pub scope: InstrumentationScope,
+    pub scope: &'a InstrumentationScope,
 }
 
 /// Ids 1, 2, 3, … : deterministic spans for golden tests and replays.
@@ -197,7 +197,7 @@ pub(crate) mod testing {
 
     pub fn build_one(rec: &Record) -> Vec<SpanData> {
         let ids = SequentialIds::default();
-        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: scope() };
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: &scope() };
         build(rec.clone(), &src)
     }
 
