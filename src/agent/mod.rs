@@ -552,6 +552,7 @@ impl Agent {
                 self.exporter.send(pid, spans);
             }
         }
+        self.exporter.tick();
     }
 
     /// --otlp-listen: the app's SERVER spans that came through the listener

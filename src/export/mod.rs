@@ -74,9 +74,24 @@ pub(crate) enum Msg {
     Forget(u32),
 }
 
+/// Spans handed to the export task at once: at most this many wait…
+const OUTBOX_SPANS: usize = 1024;
+/// …or this long (the agent calls [`Exporter::tick`] at least every 100 ms).
+const OUTBOX_AGE: Duration = Duration::from_millis(50);
+
+/// Spans not yet handed to the export task: handed over in bursts, one
+/// wake-up of it per burst instead of one per ring-buffer read.
+#[derive(Default)]
+struct Outbox {
+    spans: Vec<(u32, Vec<SpanData>)>,
+    n: u64,
+    since: Option<std::time::Instant>,
+}
+
 /// The sending side, used from the tracer thread.
 pub struct Exporter {
     tx: mpsc::UnboundedSender<Msg>,
+    outbox: std::sync::Mutex<Outbox>,
     counters: Arc<Counters>,
     cfg: BatchConfig,
     task: tokio::task::JoinHandle<()>,
@@ -120,30 +135,64 @@ impl Exporter {
                 rt.spawn(run(sink, rx, counters.clone(), cfg.clone()))
             }
         };
-        Ok(Exporter { tx, counters, cfg, task, rt: rt.handle().clone() })
+        Ok(Exporter { tx, outbox: Default::default(), counters, cfg, task, rt: rt.handle().clone() })
     }
 
     /// A process is gone: its resource is dropped after its last spans.
     pub fn forget(&self, pid: u32) {
+        self.hand_over();
         let _ = self.tx.send(Msg::Forget(pid));
     }
 
     pub fn process(&self, pid: u32, resource: Resource, label: String) {
+        self.hand_over();
         let _ = self.tx.send(Msg::Process { pid, resource, label });
     }
 
-    /// Queues spans; drops (and counts) them when the queue is full.
+    /// Queues spans (handed to the export task in bursts, see [`Exporter::tick`]).
     pub fn send(&self, pid: u32, spans: Vec<SpanData>) {
-        let n = spans.len() as u64;
-        if n == 0 {
+        if spans.is_empty() {
             return;
         }
-        let queued = self.counters.queued.load(Ordering::Relaxed);
-        if queued + n > self.cfg.max_queue_spans || self.tx.send(Msg::Spans { pid, spans }).is_err() {
-            self.counters.dropped.fetch_add(n, Ordering::Relaxed);
-            return;
+        let full = {
+            let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            o.n += spans.len() as u64;
+            o.spans.push((pid, spans));
+            o.since.get_or_insert_with(std::time::Instant::now);
+            o.n >= OUTBOX_SPANS as u64
+        };
+        if full {
+            self.hand_over();
         }
-        self.counters.queued.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Hands waiting spans over if they have waited long enough.
+    pub fn tick(&self) {
+        let old = self.outbox.lock().unwrap_or_else(|e| e.into_inner()).since.is_some_and(|t| t.elapsed() >= OUTBOX_AGE);
+        if old {
+            self.hand_over();
+        }
+    }
+
+    /// Hands every waiting span to the export task, in order (before any
+    /// message about their process); drops (and counts) them when the
+    /// queue is full.
+    fn hand_over(&self) {
+        let spans = {
+            let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            o.n = 0;
+            o.since = None;
+            std::mem::take(&mut o.spans)
+        };
+        for (pid, spans) in spans {
+            let n = spans.len() as u64;
+            let queued = self.counters.queued.load(Ordering::Relaxed);
+            if queued + n > self.cfg.max_queue_spans || self.tx.send(Msg::Spans { pid, spans }).is_err() {
+                self.counters.dropped.fetch_add(n, Ordering::Relaxed);
+                continue;
+            }
+            self.counters.queued.fetch_add(n, Ordering::Relaxed);
+        }
     }
 
     /// The live counters (for the health metrics).
@@ -164,6 +213,7 @@ impl Exporter {
 
     /// Exports everything queued, waiting at most `deadline`.
     pub fn finish(self, deadline: Duration) -> Summary {
+        self.hand_over();
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
         let _ = self.tx.send(Msg::Flush(done_tx));
         let _ = self.rt.block_on(async { tokio::time::timeout(deadline, done_rx).await });
