@@ -20,7 +20,7 @@ use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::events::decode::{HttpRecord, HttpWhat, Record};
-use crate::events::spans::{build_into, Parent, SpanContextSource};
+use crate::events::spans::{build_in, build_into, Parent, SpanContextSource};
 use crate::listen::join::RequestKey;
 
 /// Longest `url.query` kept (bytes).
@@ -439,8 +439,7 @@ impl Requests {
             }
             self.stats.not_held += 1;
             if req.sampled() {
-                let mut spans = Vec::with_capacity(1);
-                build_into(rec, src, Some(&req.parent()), &mut spans);
+                let spans = build_in(rec, src, Some(&req.parent()));
                 let req = &self.open[&cause];
                 match self.join_key(req, src) {
                     Some(key) => self.joinable.push((key, spans)),
@@ -452,8 +451,7 @@ impl Requests {
         match self.recent.get(&cause) {
             Some((sampled_pid, parent, key)) if *sampled_pid == pid => {
                 if parent.trace_id != TraceId::INVALID {
-                    let mut spans = Vec::with_capacity(1);
-                    build_into(rec, src, Some(parent), &mut spans);
+                    let spans = build_in(rec, src, Some(parent));
                     match key {
                         Some(key) => self.joinable.push((key.clone(), spans)),
                         None => ready.push((pid, spans)),

@@ -84,7 +84,7 @@ const OUTBOX_AGE: Duration = Duration::from_millis(50);
 #[derive(Default)]
 struct Outbox {
     spans: Vec<(u32, Vec<SpanData>)>,
-    n: u64,
+    n: usize,
     since: Option<std::time::Instant>,
 }
 
@@ -156,10 +156,10 @@ impl Exporter {
         }
         let full = {
             let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
-            o.n += spans.len() as u64;
+            o.n += spans.len();
             o.spans.push((pid, spans));
             o.since.get_or_insert_with(std::time::Instant::now);
-            o.n >= OUTBOX_SPANS as u64
+            o.n >= OUTBOX_SPANS
         };
         if full {
             self.hand_over();

@@ -138,8 +138,13 @@ impl Builder<'_> {
 /// The spans for one record, each record its own trace (none for process
 /// lifecycle and HTTP records).
 pub fn build(rec: Record, src: &SpanContextSource<'_>) -> Vec<SpanData> {
-    let mut out = Vec::new();
-    build_into(rec, src, None, &mut out);
+    build_in(rec, src, None)
+}
+
+/// The spans for one record, under `parent` when given.
+pub fn build_in(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>) -> Vec<SpanData> {
+    let mut out = Vec::with_capacity(1);
+    build_into(rec, src, parent, &mut out);
     out
 }
 
