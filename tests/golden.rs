@@ -11,13 +11,13 @@ use opentelemetry::trace::Status;
 use uvspan::events::clock::Clock;
 use uvspan::events::decode::{decode, read_recording};
 use uvspan::export::console;
-use uvspan::events::spans::{build, scope, SequentialIds, SpanContextSource};
+use uvspan::events::spans::{build, SequentialIds, SpanContextSource};
 
 fn render(rec_file: &Path) -> String {
     let bytes = std::fs::read(rec_file).unwrap();
     let ids = SequentialIds::default();
     // Offset 0: times stay kernel-monotonic, so the output is the same on every run.
-    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: &scope() };
+    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
     let mut out = String::new();
     for raw in read_recording(&bytes) {
         let rec = decode(raw).expect("recorded records decode");
@@ -29,7 +29,7 @@ fn render(rec_file: &Path) -> String {
         out.push_str(&console::render("node[1]", &spans));
         for s in &spans {
             for e in s.events.iter() {
-                let t = e.timestamp.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
+                let t = e.time_ns;
                 writeln!(out, "    event {} @{t}ns of {}", e.name, s.name).unwrap();
             }
             if let Status::Error { description } = &s.status {

@@ -4,13 +4,13 @@
 
 use std::collections::HashMap;
 
-use opentelemetry_sdk::trace::{RandomIdGenerator, SpanData};
+use opentelemetry_sdk::trace::RandomIdGenerator;
 
 use crate::enrich::resource::ProcessInfo;
 use crate::events::clock::Clock;
 use crate::events::decode::Record;
 use crate::events::requests::{Ready, Requests};
-use crate::events::spans::{self, SpanContextSource};
+use crate::events::spans::{self, Span, SpanContextSource};
 use crate::export::Exporter;
 
 /// One traced process.
@@ -32,14 +32,13 @@ pub enum Origin {
 }
 
 /// A batch of spans by process, as records are handled.
-pub type Out = rustc_hash::FxHashMap<u32, Vec<SpanData>>;
+pub type Out = rustc_hash::FxHashMap<u32, Vec<Span>>;
 
 pub struct Procs {
     procs: rustc_hash::FxHashMap<u32, Proc>,
     service_name: Option<String>,
     host: String,
     ids: std::rc::Rc<RandomIdGenerator>,
-    scope: std::rc::Rc<opentelemetry::InstrumentationScope>,
     /// The environ notice was printed.
     warned_environ: bool,
     /// Processes forgotten after they exited.
@@ -71,7 +70,6 @@ impl Procs {
             service_name,
             host: crate::enrich::resource::host_name(),
             ids: std::rc::Rc::default(),
-            scope: std::rc::Rc::new(spans::scope()),
             warned_environ: false,
             forgotten: 0,
             with_sdk: Default::default(),
@@ -142,8 +140,8 @@ impl Procs {
         requests: Option<&mut Requests>,
         out: &mut Out,
     ) {
-        let (ids, scope) = (self.ids.clone(), self.scope.clone());
-        let src = SpanContextSource { clock, ids: &*ids, scope: &scope };
+        let ids = self.ids.clone();
+        let src = SpanContextSource { clock, ids: &*ids };
         let mut ready = Ready::new();
         let pid = match &rec {
             Record::Fork { pid, ppid } => {
@@ -197,7 +195,7 @@ impl Procs {
 
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).
     pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
-        let src = SpanContextSource { clock, ids: &*self.ids, scope: &self.scope };
+        let src = SpanContextSource { clock, ids: &*self.ids };
         let mut ready = Ready::new();
         if all {
             requests.finish_all(&src, &mut ready);

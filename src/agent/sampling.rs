@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 /// Writes the share on each span (`uvspan.sample_time`), so counts can be
 /// scaled: loop iterations come from the always-on epoll path (1.0), the
 /// rest from the sampled probes.
-pub fn mark(spans: &mut [opentelemetry_sdk::trace::SpanData], share: f64) {
+pub fn mark(spans: &mut [crate::events::spans::Span], share: f64) {
     for s in spans {
         let v = if s.name.starts_with("uv.loop") { 1.0 } else { share };
-        s.attributes.push(opentelemetry::KeyValue::new("uvspan.sample_time", v));
+        s.attributes.push(crate::events::spans::KeyValue::new("uvspan.sample_time", v));
     }
 }
 

@@ -49,11 +49,13 @@ impl Clock {
     }
 
     pub fn to_wall(&self, mono_ns: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_nanos(self.to_wall_ns(mono_ns))
+    }
+
+    /// Wall clock in nanoseconds since the Unix epoch (0 before it).
+    pub fn to_wall_ns(&self, mono_ns: u64) -> u64 {
         let ns = i128::from(mono_ns) + self.offset_ns;
-        if ns <= 0 {
-            return UNIX_EPOCH;
-        }
-        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+        ns.clamp(0, i128::from(u64::MAX)) as u64
     }
 }
 

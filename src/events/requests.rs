@@ -16,11 +16,9 @@ use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
-use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::{SpanData, SpanEvents, SpanLinks};
 
 use crate::events::decode::{HttpRecord, HttpWhat, Record};
-use crate::events::spans::{build_in, build_into, Parent, SpanContextSource};
+use crate::events::spans::{build_in, build_into, KeyValue, Parent, Span, SpanContextSource};
 use crate::listen::join::RequestKey;
 
 /// Longest `url.query` kept (bytes).
@@ -264,12 +262,12 @@ pub struct Requests {
     /// --otlp-listen: the spans of requests whose SERVER span is the app's
     /// go to `joinable` (with what identifies the request), not `ready`.
     join: bool,
-    pub joinable: Vec<(RequestKey, Vec<SpanData>)>,
+    pub joinable: Vec<(RequestKey, Vec<Span>)>,
     pub stats: RequestStats,
 }
 
 /// Spans ready to send, per process.
-pub type Ready = Vec<(u32, Vec<SpanData>)>;
+pub type Ready = Vec<(u32, Vec<Span>)>;
 
 impl Requests {
     pub fn new(always_server_spans: bool) -> Requests {
@@ -542,26 +540,23 @@ fn span(
     kind: SpanKind,
     (start, end): (u64, u64),
     attributes: Vec<KeyValue>,
-) -> SpanData {
-    SpanData {
+) -> Span {
+    Span {
         span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, parent.state.clone()),
         parent_span_id: parent.span_id,
         parent_span_is_remote: parent.remote,
         span_kind: kind,
         name: name.into(),
-        start_time: src.clock.to_wall(start),
-        end_time: src.clock.to_wall(end.max(start)),
+        start_ns: src.clock.to_wall_ns(start),
+        end_ns: src.clock.to_wall_ns(end.max(start)),
         attributes,
-        dropped_attributes_count: 0,
-        events: SpanEvents::default(),
-        links: SpanLinks::default(),
+        events: Vec::new(),
         status: Status::Unset,
-        instrumentation_scope: src.scope.clone(),
     }
 }
 
 /// The request's SERVER span: under the incoming parent, or a root.
-fn server_span(req: &Request, src: &SpanContextSource<'_>) -> SpanData {
+fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     let parent = match req.incoming {
         Some((_, span, _)) => Parent { trace_id: req.trace_id(), span_id: span, remote: true, state: req.state.clone() },
         None => Parent { trace_id: req.trace_id(), span_id: SpanId::INVALID, remote: false, state: req.state.clone() },
@@ -617,7 +612,7 @@ fn host_port(host: &str, default_port: u16) -> (&str, u16) {
 }
 
 /// A CLIENT span for an outgoing call the request made.
-fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> SpanData {
+fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> Span {
     let h = &call.head;
     let mut attrs = vec![
         KeyValue::new("http.request.method", h.method.clone()),
@@ -649,10 +644,10 @@ mod tests {
     use super::*;
     use crate::events::clock::Clock;
     use crate::events::decode::FsRecord;
-    use crate::events::spans::{scope, SequentialIds};
+    use crate::events::spans::{SequentialIds, Value};
 
-    fn attr<'a>(s: &'a SpanData, k: &str) -> Option<&'a opentelemetry::Value> {
-        s.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| &kv.value)
+    fn attr<'a>(s: &'a Span, k: &str) -> Option<&'a Value> {
+        s.attr(k)
     }
 
     fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -> HttpRecord {
@@ -734,9 +729,9 @@ mod tests {
         assert_eq!((st.status, st.content_length, st.head_len), (404, Some(5), Some(45)));
     }
 
-    fn run(steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<SpanData> {
+    fn run(steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<Span> {
         let ids = SequentialIds::default();
-        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: &scope() };
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
         let mut r = Requests::new(false);
         let mut ready = Ready::new();
         steps(&mut r, &src, &mut ready);
@@ -759,10 +754,10 @@ mod tests {
         assert_eq!(server.span_context.trace_id(), trace);
         assert_eq!(server.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
         assert!(server.parent_span_is_remote);
-        assert_eq!(attr(server, "http.response.status_code"), Some(&opentelemetry::Value::I64(200)));
-        assert_eq!(attr(server, "url.query"), Some(&opentelemetry::Value::from("key=REDACTED")));
-        assert_eq!(attr(server, "client.address"), Some(&opentelemetry::Value::from("10.0.0.2")));
-        assert_eq!(attr(server, "server.port"), Some(&opentelemetry::Value::I64(8080)));
+        assert_eq!(attr(server, "http.response.status_code"), Some(&Value::I64(200)));
+        assert_eq!(attr(server, "url.query"), Some(&Value::from("key=REDACTED")));
+        assert_eq!(attr(server, "client.address"), Some(&Value::from("10.0.0.2")));
+        assert_eq!(attr(server, "server.port"), Some(&Value::I64(8080)));
         assert_eq!(stat.span_context.trace_id(), trace);
         assert_eq!(stat.parent_span_id, server.span_context.span_id());
         assert!(!stat.parent_span_is_remote);
@@ -786,7 +781,7 @@ mod tests {
         let t = spans[0].span_context.trace_id();
         assert!(spans.iter().all(|s| s.span_context.trace_id() == t));
         assert_eq!(spans[0].parent_span_id, SpanId::INVALID, "a malformed traceparent is ignored: a new trace");
-        assert_eq!(attr(&spans[0], "uvspan.http.response_seen"), Some(&opentelemetry::Value::Bool(false)));
+        assert_eq!(attr(&spans[0], "uvspan.http.response_seen"), Some(&Value::Bool(false)));
     }
 
     #[test]
@@ -803,9 +798,9 @@ mod tests {
         assert!(spans.iter().all(|s| s.span_context.trace_id() == trace), "the app's trace id, learned from its outgoing call");
         let client = spans.iter().find(|s| s.span_kind == SpanKind::Client).unwrap();
         assert_eq!(client.parent_span_id, spans[0].span_context.span_id());
-        assert_eq!(attr(client, "server.address"), Some(&opentelemetry::Value::from("api")));
-        assert_eq!(attr(client, "server.port"), Some(&opentelemetry::Value::I64(9000)));
-        assert_eq!(attr(client, "http.response.status_code"), Some(&opentelemetry::Value::I64(503)));
+        assert_eq!(attr(client, "server.address"), Some(&Value::from("api")));
+        assert_eq!(attr(client, "server.port"), Some(&Value::I64(9000)));
+        assert_eq!(attr(client, "http.response.status_code"), Some(&Value::I64(503)));
         assert!(matches!(client.status, Status::Error { .. }));
     }
 

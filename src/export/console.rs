@@ -4,12 +4,11 @@
 
 use std::borrow::Borrow;
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{SpanId, Status};
-use opentelemetry::Value;
-use opentelemetry_sdk::trace::SpanData;
 use opentelemetry_sdk::Resource;
+
+use crate::events::spans::{Span, Value};
 
 use super::{ExportError, Sink};
 
@@ -24,7 +23,7 @@ impl Console<std::io::Stdout> {
 }
 
 impl<W: Write + Send + 'static> Sink for Console<W> {
-    async fn export(&mut self, _resource: &Resource, label: &str, spans: &[&SpanData]) -> Result<u64, ExportError> {
+    async fn export(&mut self, _resource: &Resource, label: &str, spans: &[&Span]) -> Result<u64, ExportError> {
         let text = render(label, spans);
         self.out
             .write_all(text.as_bytes())
@@ -35,8 +34,8 @@ impl<W: Write + Send + 'static> Sink for Console<W> {
 }
 
 /// Renders spans, each root followed by its descendants, indented.
-pub fn render<S: Borrow<SpanData>>(label: &str, spans: &[S]) -> String {
-    let spans: Vec<&SpanData> = spans.iter().map(Borrow::borrow).collect();
+pub fn render<S: Borrow<Span>>(label: &str, spans: &[S]) -> String {
+    let spans: Vec<&Span> = spans.iter().map(Borrow::borrow).collect();
     let spans = &spans[..];
     let mut out = String::new();
     let ids: Vec<SpanId> = spans.iter().map(|s| s.span_context.span_id()).collect();
@@ -48,7 +47,7 @@ pub fn render<S: Borrow<SpanData>>(label: &str, spans: &[S]) -> String {
     out
 }
 
-fn walk(label: &str, spans: &[&SpanData], i: usize, depth: usize, out: &mut String) {
+fn walk(label: &str, spans: &[&Span], i: usize, depth: usize, out: &mut String) {
     out.push_str(&line(label, &spans[i], depth));
     out.push('\n');
     let id = spans[i].span_context.span_id();
@@ -60,14 +59,13 @@ fn walk(label: &str, spans: &[&SpanData], i: usize, depth: usize, out: &mut Stri
 }
 
 /// One span as a line.
-pub fn line(label: &str, s: &SpanData, depth: usize) -> String {
-    let dur = s.end_time.duration_since(s.start_time).unwrap_or_default();
+pub fn line(label: &str, s: &Span, depth: usize) -> String {
     let mut l = format!(
         "{} {label} {:indent$}{} {:.3}ms",
-        clock(s.start_time),
+        clock(s.start_ns),
         "",
         s.name,
-        dur.as_secs_f64() * 1e3,
+        s.ms(),
         indent = depth * 2
     );
     if let Status::Error { description } = &s.status {
@@ -85,14 +83,14 @@ pub fn line(label: &str, s: &SpanData, depth: usize) -> String {
 fn value(v: &Value) -> String {
     match v {
         Value::F64(f) => format!("{f:.3}"),
-        Value::String(s) if s.as_str().contains(' ') || s.as_str().is_empty() => format!("{:?}", s.as_str()),
+        Value::String(s) if s.contains(' ') || s.is_empty() => format!("{s:?}"),
         other => other.to_string(),
     }
 }
 
 /// HH:MM:SS.micro (UTC).
-fn clock(t: SystemTime) -> String {
-    let d = t.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let s = d.as_secs();
-    format!("{:02}:{:02}:{:02}.{:06}", (s / 3600) % 24, (s / 60) % 60, s % 60, d.subsec_micros())
+fn clock(unix_ns: u64) -> String {
+    let s = unix_ns / 1_000_000_000;
+    let micros = unix_ns % 1_000_000_000 / 1_000;
+    format!("{:02}:{:02}:{:02}.{micros:06}", (s / 3600) % 24, (s / 60) % 60, s % 60)
 }

@@ -1,5 +1,6 @@
-//! OTLP protobuf bytes straight from spans: one `ExportTraceServiceRequest`
-//! per process and batch, written in one pass into one buffer.
+//! OTLP protobuf bytes straight from uvspan's spans: one
+//! `ExportTraceServiceRequest` per process and batch, written in one pass
+//! into one buffer.
 //!
 //! The OpenTelemetry SDK exporter first converts every span into the
 //! generated (prost) message types — a `String` per attribute key and value,
@@ -8,16 +9,16 @@
 //! conversion, buffer growth). Here each field is written once, from the
 //! span as it is. The message layout is opentelemetry-proto's (the
 //! `opentelemetry/proto/{collector/trace,trace,common,resource}/v1` files);
-//! the unit tests check that the bytes decode, with that crate's generated
-//! types, into exactly what its own conversion of the same spans gives.
+//! the unit tests check that the bytes are exactly what that crate's own
+//! conversion and prost give for the same spans made into the SDK's type.
 
 use std::borrow::Borrow;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use opentelemetry::trace::{SpanId, SpanKind, Status};
-use opentelemetry::{Array, InstrumentationScope, KeyValue, StringValue, Value};
-use opentelemetry_sdk::trace::SpanData;
+use opentelemetry::{Array, StringValue};
 use opentelemetry_sdk::Resource;
+
+use crate::events::spans::{KeyValue, Span, Value, SCOPE_NAME, SCOPE_VERSION};
 
 /// Protobuf wire types.
 const VARINT: u32 = 0;
@@ -127,10 +128,6 @@ fn varint_len(v: u64) -> usize {
     ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
 }
 
-fn nanos(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
 /// AnyValue.string_value: an empty string is still "set" in a oneof, so it
 /// is written explicitly.
 fn string_value(o: &mut Enc, s: &str) {
@@ -139,10 +136,10 @@ fn string_value(o: &mut Enc, s: &str) {
     o.raw(s.as_bytes());
 }
 
-/// common.v1.AnyValue's oneof (nothing for a value kind it does not know).
+/// common.v1.AnyValue's oneof.
 fn any_value(o: &mut Enc, v: &Value) {
     match v {
-        Value::String(s) => string_value(o, s.as_str()),
+        Value::String(s) => string_value(o, s),
         Value::Bool(b) => {
             o.key(2, VARINT);
             o.varint(u64::from(*b));
@@ -155,7 +152,28 @@ fn any_value(o: &mut Enc, v: &Value) {
             o.key(4, FIXED64);
             o.raw(&f.to_le_bytes());
         }
-        Value::Array(a) => {
+        Value::Strings(v) => {
+            let m = o.begin(5, 1);
+            for s in v {
+                let e = o.begin(1, 1);
+                string_value(o, s);
+                o.end(e);
+            }
+            o.end(m);
+        }
+    }
+}
+
+/// The SDK's AnyValue (resource attributes), its oneof (nothing for a value
+/// kind it does not know).
+fn sdk_value(o: &mut Enc, v: &opentelemetry::Value) {
+    use opentelemetry::Value as V;
+    match v {
+        V::String(s) => string_value(o, s.as_str()),
+        V::Bool(b) => any_value(o, &Value::Bool(*b)),
+        V::I64(i) => any_value(o, &Value::I64(*i)),
+        V::F64(f) => any_value(o, &Value::F64(*f)),
+        V::Array(a) => {
             let m = o.begin(5, 1);
             array(o, a);
             o.end(m);
@@ -181,24 +199,24 @@ fn array(o: &mut Enc, a: &Array) {
 }
 
 /// One common.v1.KeyValue at `field`.
-fn key_value(o: &mut Enc, field: u32, key: &str, value: &Value) {
+fn key_value(o: &mut Enc, field: u32, key: &str, value: impl FnOnce(&mut Enc)) {
     let m = o.begin(field, 1);
     o.string(1, key);
     let v = o.begin(2, 1);
-    any_value(o, value);
+    value(o);
     o.end(v);
     o.end(m);
 }
 
 /// Repeated common.v1.KeyValue at `field`.
-fn attributes<'a>(o: &mut Enc, field: u32, kvs: impl IntoIterator<Item = &'a KeyValue>) {
+fn attributes(o: &mut Enc, field: u32, kvs: &[KeyValue]) {
     for kv in kvs {
-        key_value(o, field, kv.key.as_str(), &kv.value);
+        key_value(o, field, kv.key.as_str(), |o| any_value(o, &kv.value));
     }
 }
 
 /// trace.v1.Span.
-fn span(o: &mut Enc, s: &SpanData) {
+fn span(o: &mut Enc, s: &Span) {
     let ctx = &s.span_context;
     o.bytes(1, &ctx.trace_id().to_bytes());
     o.bytes(2, &ctx.span_id().to_bytes());
@@ -215,31 +233,16 @@ fn span(o: &mut Enc, s: &SpanData) {
         SpanKind::Consumer => 5,
     };
     o.uint(6, kind);
-    o.fixed64(7, nanos(s.start_time));
-    o.fixed64(8, nanos(s.end_time));
+    o.fixed64(7, s.start_ns);
+    o.fixed64(8, s.end_ns);
     attributes(o, 9, &s.attributes);
-    o.uint(10, u64::from(s.dropped_attributes_count));
-    for e in s.events.iter() {
+    for e in &s.events {
         let m = o.begin(11, 1);
-        o.fixed64(1, nanos(e.timestamp));
-        o.string(2, &e.name);
+        o.fixed64(1, e.time_ns);
+        o.string(2, e.name);
         attributes(o, 3, &e.attributes);
-        o.uint(4, u64::from(e.dropped_attributes_count));
         o.end(m);
     }
-    o.uint(12, u64::from(s.events.dropped_count));
-    for l in s.links.iter() {
-        let m = o.begin(13, 1);
-        let c = &l.span_context;
-        o.bytes(1, &c.trace_id().to_bytes());
-        o.bytes(2, &c.span_id().to_bytes());
-        trace_state(o, c.trace_state());
-        attributes(o, 4, &l.attributes);
-        o.uint(5, u64::from(l.dropped_attributes_count));
-        o.fixed32(6, flags(c.is_remote(), c.trace_flags().to_u8()));
-        o.end(m);
-    }
-    o.uint(14, u64::from(s.links.dropped_count));
     let (code, message) = match &s.status {
         Status::Unset => (0, ""),
         Status::Ok => (1, ""),
@@ -264,42 +267,28 @@ fn flags(remote: bool, trace_flags: u8) -> u32 {
     u32::from(trace_flags) | CONTEXT_HAS_IS_REMOTE | if remote { CONTEXT_IS_REMOTE } else { 0 }
 }
 
-/// common.v1.InstrumentationScope.
-fn scope(o: &mut Enc, sc: &InstrumentationScope) {
-    o.string(1, sc.name());
-    o.string(2, sc.version().unwrap_or_default());
-    attributes(o, 3, sc.attributes());
-}
-
-/// An `ExportTraceServiceRequest` with the spans under `resource`, grouped by
-/// instrumentation scope in order of first appearance.
-pub fn export_request<S: Borrow<SpanData>>(resource: &Resource, spans: &[S]) -> Vec<u8> {
-    let mut scopes: Vec<&InstrumentationScope> = Vec::new();
-    for s in spans {
-        let sc = &s.borrow().instrumentation_scope;
-        if !scopes.iter().any(|&k| same_scope(k, sc)) {
-            scopes.push(sc);
-        }
-    }
-    // ~170 bytes per fs span: one allocation, rarely grown.
+/// An `ExportTraceServiceRequest` with the spans under `resource`, all in
+/// uvspan's instrumentation scope (none when there are no spans).
+pub fn export_request<S: Borrow<Span>>(resource: &Resource, spans: &[S]) -> Vec<u8> {
+    // ~150 bytes per fs span: one allocation, rarely grown.
     let mut o = Enc { buf: Vec::with_capacity(256 + spans.len() * 192) };
     let resource_spans = o.begin(1, 3);
     let m = o.begin(1, 2);
     for (k, v) in resource.iter() {
-        key_value(&mut o, 1, k.as_str(), v);
+        key_value(&mut o, 1, k.as_str(), |o| sdk_value(o, v));
     }
     o.end(m);
-    for sc in &scopes {
+    if !spans.is_empty() {
         let scope_spans = o.begin(2, 3);
         let m = o.begin(1, 1);
-        scope(&mut o, sc);
+        o.string(1, SCOPE_NAME);
+        o.string(2, SCOPE_VERSION);
         o.end(m);
-        for s in spans.iter().map(Borrow::borrow).filter(|s: &&SpanData| same_scope(&s.instrumentation_scope, sc)) {
+        for s in spans {
             let m = o.begin(2, 2);
-            span(&mut o, s);
+            span(&mut o, s.borrow());
             o.end(m);
         }
-        o.string(3, sc.schema_url().unwrap_or_default());
         o.end(scope_spans);
     }
     o.string(3, resource.schema_url().unwrap_or_default());
@@ -307,37 +296,18 @@ pub fn export_request<S: Borrow<SpanData>>(resource: &Resource, spans: &[S]) -> 
     o.buf
 }
 
-/// Scope equality, first by where the strings are: every uvspan span's
-/// scope is a clone of one with static strings and no attributes, and the
-/// full comparison per span showed in profiles.
-fn same_scope(a: &InstrumentationScope, b: &InstrumentationScope) -> bool {
-    let same_str = |x: &str, y: &str| std::ptr::eq(x, y);
-    let clones = same_str(a.name(), b.name())
-        && match (a.version(), b.version()) {
-            (Some(x), Some(y)) => same_str(x, y),
-            (None, None) => true,
-            _ => false,
-        }
-        && a.schema_url().is_none()
-        && b.schema_url().is_none()
-        && a.attributes().next().is_none()
-        && b.attributes().next().is_none();
-    clones || a == b
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use opentelemetry::trace::{Event, Link, SpanContext, TraceFlags, TraceId, TraceState};
+    use crate::events::spans::{scope, Event};
+    use opentelemetry::trace::{SpanContext, TraceFlags, TraceId, TraceState};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
     use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_scope;
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
     use prost::Message;
-    use std::time::Duration;
 
-    fn span_data(i: u64, scope: &InstrumentationScope) -> SpanData {
-        let t0 = UNIX_EPOCH + Duration::from_nanos(1_795_000_000_123_456_789 + i * 1000);
+    fn span_data(i: u64) -> Span {
+        let t0 = 1_795_000_000_123_456_789 + i * 1000;
         let ctx = SpanContext::new(
             TraceId::from(0x0123_4567_89ab_cdef_0011_2233_4455_6677 + u128::from(i)),
             SpanId::from(0x1000 + i),
@@ -345,12 +315,10 @@ mod tests {
             false,
             if i == 3 { TraceState::from_key_value([("vendor", "x1"), ("b", "2")]).unwrap() } else { TraceState::default() },
         );
-        let mut events = SpanEvents::default();
-        let mut links = SpanLinks::default();
+        let mut events = vec![];
         if i == 2 {
-            events.events.push(Event::new("stack", t0, vec![KeyValue::new("samples", 7i64)], 1));
-            events.dropped_count = 2;
-            links.links.push(Link::new(ctx.clone(), vec![KeyValue::new("why", "retry")], 0));
+            events.push(Event { name: "stack", time_ns: t0, attributes: vec![KeyValue::new("samples", 7i64)] });
+            events.push(Event { name: "threadpool.end", time_ns: t0 + 5, attributes: vec![] });
         }
         // Lengths around the bytes reserved for them: a span under 128
         // bytes, attributes of 127, 128 and 20,000 bytes.
@@ -361,58 +329,59 @@ mod tests {
             _ => vec![
                 KeyValue::new("file.path", "/etc/hostname"),
                 KeyValue::new("empty", ""),
+                KeyValue::new(format!("owned.{i}"), format!("v{i}")),
                 KeyValue::new("uvspan.fs.fd", -1i64),
                 KeyValue::new("big", i64::MAX),
                 KeyValue::new("uvspan.sync", i % 2 == 0),
                 KeyValue::new("ms", 0.25f64),
                 KeyValue::new("zero", 0.0f64),
-                KeyValue::new("dns.answers", Value::Array(Array::String(vec!["127.0.0.1".into(), "::1".into()]))),
-                KeyValue::new("ints", Value::Array(Array::I64(vec![0, 1, -2]))),
-                KeyValue::new("bools", Value::Array(Array::Bool(vec![true, false]))),
-                KeyValue::new("floats", Value::Array(Array::F64(vec![1.5]))),
+                KeyValue::new("dns.answers", Value::Strings(vec!["127.0.0.1".into(), "::1".into()])),
+                KeyValue::new("no.answers", Value::Strings(vec![])),
                 KeyValue::new("unicode", "päth/ø"),
             ],
         };
-        SpanData {
+        Span {
             span_context: ctx,
             parent_span_id: if i == 0 { SpanId::INVALID } else { SpanId::from(0x99) },
             parent_span_is_remote: i == 1,
             span_kind: [SpanKind::Internal, SpanKind::Server, SpanKind::Client, SpanKind::Producer, SpanKind::Consumer][i as usize % 5].clone(),
             name: if i == 7 { "s".into() } else { format!("fs.op{i}").into() },
-            start_time: t0,
-            end_time: t0 + Duration::from_micros(37 + i),
+            start_ns: t0,
+            end_ns: t0 + 37_000 + i,
             attributes,
-            dropped_attributes_count: i as u32,
             events,
-            links,
             status: match i % 3 {
                 0 => Status::Unset,
                 1 => Status::error("ENOENT: no such file or directory"),
                 _ => Status::Ok,
             },
-            instrumentation_scope: scope.clone(),
         }
     }
 
-    /// The bytes decode into what opentelemetry-proto's own conversion gives.
+    /// The bytes are what opentelemetry-proto's own conversion of the same
+    /// spans (as the SDK's `SpanData`) gives, encoded by prost.
     #[test]
     fn same_message_as_the_official_conversion() {
-        let a = InstrumentationScope::builder("uvspan").with_version("0.1.0").build();
-        let b = InstrumentationScope::builder("other")
-            .with_schema_url("https://opentelemetry.io/schemas/1.30.0")
-            .with_attributes([KeyValue::new("k", "v")])
-            .build();
         let resource = Resource::builder_empty()
-            .with_schema_url([KeyValue::new("service.name", "shop"), KeyValue::new("process.pid", 4242i64)], "https://s/1")
+            .with_schema_url([KeyValue::new("service.name", "shop"), KeyValue::new("process.pid", 4242i64)].map(|kv| kv.to_sdk()), "https://s/1")
+            .with_attributes([
+                opentelemetry::KeyValue::new("ints", opentelemetry::Value::Array(Array::I64(vec![0, 1, -2]))),
+                opentelemetry::KeyValue::new("bools", opentelemetry::Value::Array(Array::Bool(vec![true, false]))),
+                opentelemetry::KeyValue::new("floats", opentelemetry::Value::Array(Array::F64(vec![1.5]))),
+                opentelemetry::KeyValue::new("strs", opentelemetry::Value::Array(Array::String(vec!["a".into()]))),
+                opentelemetry::KeyValue::new("f", 2.5),
+                opentelemetry::KeyValue::new("b", true),
+            ])
             .build();
         // Nested lengths of one, two and three varint bytes (300 spans:
         // over 16 KiB), and ones that take fewer bytes than reserved.
-        for n in [7, 14, 300] {
-            let spans: Vec<SpanData> = (0..n).map(|i| span_data(i, if i == 4 { &b } else { &a })).collect();
+        for n in [1, 7, 14, 300] {
+            let spans: Vec<Span> = (0..n).map(span_data).collect();
             let bytes = export_request(&resource, &spans);
             let ours = ExportTraceServiceRequest::decode(bytes.as_slice()).expect("decodes");
+            let sdk = spans.iter().map(|s| s.to_sdk(&scope())).collect();
             let official = ExportTraceServiceRequest {
-                resource_spans: group_spans_by_resource_and_scope(spans, &ResourceAttributesWithSchema::from(&resource)),
+                resource_spans: group_spans_by_resource_and_scope(sdk, &ResourceAttributesWithSchema::from(&resource)),
             };
             assert_eq!(ours, official);
             // Byte for byte what prost writes for the same message (field order, lengths, no padding).
@@ -423,15 +392,11 @@ mod tests {
     #[test]
     fn empty_batch_and_empty_resource() {
         let r = Resource::builder_empty().build();
-        let bytes = export_request::<SpanData>(&r, &[]);
+        let bytes = export_request::<Span>(&r, &[]);
         let got = ExportTraceServiceRequest::decode(bytes.as_slice()).expect("decodes");
-        let want = ExportTraceServiceRequest {
-            resource_spans: group_spans_by_resource_and_scope(vec![], &ResourceAttributesWithSchema::from(&r)),
-        };
         // The SDK sends a ResourceSpans even for no spans; so do we.
         assert_eq!(got.resource_spans.len(), 1);
         assert!(got.resource_spans[0].scope_spans.is_empty());
-        assert!(want.resource_spans.is_empty() || want.resource_spans[0].scope_spans.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use opentelemetry_sdk::trace::SpanData;
+use crate::events::spans::Span;
 use opentelemetry_sdk::Resource;
 use tokio::sync::mpsc;
 
@@ -68,7 +68,7 @@ pub struct Summary {
 
 pub(crate) enum Msg {
     Process { pid: u32, resource: Resource, label: String },
-    Spans { pid: u32, spans: Vec<SpanData> },
+    Spans { pid: u32, spans: Vec<Span> },
     Flush(tokio::sync::oneshot::Sender<()>),
     /// The process exited: drop its resource once its queued spans are out.
     Forget(u32),
@@ -83,7 +83,7 @@ const OUTBOX_AGE: Duration = Duration::from_millis(50);
 /// wake-up of it per burst instead of one per ring-buffer read.
 #[derive(Default)]
 struct Outbox {
-    spans: Vec<(u32, Vec<SpanData>)>,
+    spans: Vec<(u32, Vec<Span>)>,
     n: usize,
     since: Option<std::time::Instant>,
 }
@@ -108,7 +108,7 @@ pub(crate) trait Sink: Send + 'static {
         &mut self,
         resource: &Resource,
         label: &str,
-        spans: &[&SpanData],
+        spans: &[&Span],
     ) -> impl std::future::Future<Output = Result<u64, ExportError>> + Send;
 }
 
@@ -150,7 +150,7 @@ impl Exporter {
     }
 
     /// Queues spans (handed to the export task in bursts, see [`Exporter::tick`]).
-    pub fn send(&self, pid: u32, spans: Vec<SpanData>) {
+    pub fn send(&self, pid: u32, spans: Vec<Span>) {
         if spans.is_empty() {
             return;
         }
@@ -231,7 +231,7 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
     let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
     // Per process, the batches as they came: appended, never copied (a
     // span is 350 bytes, and extending one queue showed in profiles).
-    let mut pending: rustc_hash::FxHashMap<u32, Vec<Vec<SpanData>>> = Default::default();
+    let mut pending: rustc_hash::FxHashMap<u32, Vec<Vec<Span>>> = Default::default();
     let mut pending_n: usize = 0;
     let mut forgotten: Vec<u32> = Vec::new();
     let mut tick = tokio::time::interval(cfg.schedule_delay);
@@ -267,14 +267,14 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
             _ = retry => retry_at = None,
         }
         if retry_at.is_none() {
-            let mut batch: Vec<(u32, Vec<Vec<SpanData>>)> = pending.drain().collect();
+            let mut batch: Vec<(u32, Vec<Vec<Span>>)> = pending.drain().collect();
             pending_n = 0;
             while let Some((pid, parts)) = batch.pop() {
                 let (resource, label) = procs
                     .get(&pid)
                     .cloned()
                     .unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
-                let all: Vec<&SpanData> = parts.iter().flatten().collect();
+                let all: Vec<&Span> = parts.iter().flatten().collect();
                 let mut sent = 0;
                 let mut retry = false;
                 for chunk in all.chunks(cfg.max_batch.max(1)) {
@@ -337,7 +337,7 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
 }
 
 /// The batches without their first `sent` spans.
-fn unsent(parts: Vec<Vec<SpanData>>, mut sent: usize) -> Vec<Vec<SpanData>> {
+fn unsent(parts: Vec<Vec<Span>>, mut sent: usize) -> Vec<Vec<Span>> {
     let mut rest = Vec::with_capacity(parts.len());
     for mut part in parts {
         if sent >= part.len() {
@@ -356,7 +356,7 @@ mod tests {
     use super::unsent;
     use crate::report::aggregate::tests::span;
 
-    fn names(parts: &[Vec<opentelemetry_sdk::trace::SpanData>]) -> Vec<Vec<String>> {
+    fn names(parts: &[Vec<crate::events::spans::Span>]) -> Vec<Vec<String>> {
         parts.iter().map(|p| p.iter().map(|s| s.name.to_string()).collect()).collect()
     }
 

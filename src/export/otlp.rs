@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
-use opentelemetry_sdk::trace::SpanData;
+use crate::events::spans::Span;
 use bytes::Bytes;
 use opentelemetry_sdk::Resource;
 use prost::Message;
@@ -153,7 +153,7 @@ impl Otlp {
 }
 
 impl Sink for Otlp {
-    async fn export(&mut self, resource: &Resource, _label: &str, spans: &[&SpanData]) -> Result<u64, ExportError> {
+    async fn export(&mut self, resource: &Resource, _label: &str, spans: &[&Span]) -> Result<u64, ExportError> {
         let body = super::encode::export_request(resource, spans);
         let partial = self.send(body).await?;
         let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);

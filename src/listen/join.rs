@@ -16,7 +16,7 @@ use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceId};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as PbValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue as PbKeyValue;
-use opentelemetry_sdk::trace::SpanData;
+use crate::events::spans::Span as UvSpan;
 
 /// App SERVER spans remembered (oldest forgotten first).
 const SERVERS_MAX: usize = 16_384;
@@ -104,7 +104,7 @@ pub struct JoinStats {
 
 struct Held {
     key: RequestKey,
-    spans: Vec<SpanData>,
+    spans: Vec<UvSpan>,
     until: Instant,
 }
 
@@ -125,7 +125,7 @@ pub struct Joiner {
 }
 
 /// Spans ready to send, per process.
-pub type Out = Vec<(u32, Vec<SpanData>)>;
+pub type Out = Vec<(u32, Vec<UvSpan>)>;
 
 fn unix_ns(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
@@ -202,7 +202,7 @@ impl Joiner {
 
     /// A request's spans: joined now if the app's SERVER span is known,
     /// else held for the join window (or, over the bound, sent as they are).
-    pub fn hold(&mut self, key: RequestKey, mut spans: Vec<SpanData>, now: Instant, out: &mut Out) {
+    pub fn hold(&mut self, key: RequestKey, mut spans: Vec<UvSpan>, now: Instant, out: &mut Out) {
         if spans.is_empty() {
             return;
         }
@@ -244,7 +244,7 @@ impl Joiner {
 
 /// Moves a request's spans into the app's trace, its top spans under the
 /// app's SERVER span; returns how many spans were joined.
-fn reparent(spans: &mut [SpanData], key: &RequestKey, (trace, server): (TraceId, SpanId)) -> u64 {
+fn reparent(spans: &mut [UvSpan], key: &RequestKey, (trace, server): (TraceId, SpanId)) -> u64 {
     for s in spans.iter_mut() {
         let c = &s.span_context;
         s.span_context = SpanContext::new(trace, c.span_id(), c.trace_flags(), false, c.trace_state().clone());
@@ -264,7 +264,6 @@ mod tests {
     use opentelemetry_proto::tonic::common::v1::AnyValue;
     use opentelemetry_proto::tonic::resource::v1::Resource;
     use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
 
     fn kv(k: &str, v: PbValue) -> PbKeyValue {
         PbKeyValue { key: k.into(), value: Some(AnyValue { value: Some(v) }), ..Default::default() }
@@ -274,21 +273,18 @@ mod tests {
         UNIX_EPOCH + Duration::from_nanos(n)
     }
 
-    fn uv_span(trace: u128, id: u64, parent: u64) -> SpanData {
-        SpanData {
+    fn uv_span(trace: u128, id: u64, parent: u64) -> UvSpan {
+        UvSpan {
             span_context: SpanContext::new(TraceId::from(trace), SpanId::from(id), TraceFlags::SAMPLED, false, TraceState::NONE),
             parent_span_id: SpanId::from(parent),
             parent_span_is_remote: parent != 0,
             span_kind: SpanKind::Internal,
             name: "fs.stat".into(),
-            start_time: t(1),
-            end_time: t(2),
+            start_ns: 1,
+            end_ns: 2,
             attributes: vec![],
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
+            events: vec![],
             status: Status::Unset,
-            instrumentation_scope: Default::default(),
         }
     }
 

@@ -7,11 +7,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
 
 use opentelemetry::trace::Status;
-use opentelemetry::Value;
-use opentelemetry_sdk::trace::SpanData;
 use serde::Serialize;
 
-use crate::events::spans::{keys, DNS, ITERATION};
+use crate::events::spans::{keys, Span, Value, DNS, ITERATION};
 
 /// The stack of a slow iteration, when uvspan captured one.
 pub const STACKTRACE: &str = "code.stacktrace";
@@ -153,14 +151,14 @@ pub enum Item {
 
 /// What one span is, how long it took, whether it failed; None for spans
 /// the report does not count.
-pub fn classify(pid: u32, s: &SpanData) -> Option<(Item, f64, bool)> {
-    let attr = |k: &str| s.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| &kv.value);
+pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
+    let attr = |k: &str| s.attr(k);
     let text = |k: &str| attr(k).map(|v| v.as_str().into_owned());
     let int = |k: &str| match attr(k) {
         Some(Value::I64(v)) => Some(*v),
         _ => None,
     };
-    let ms = s.end_time.duration_since(s.start_time).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+    let ms = s.ms();
     let failed = matches!(s.status, Status::Error { .. });
     let item = if let Some(op) = s.name.strip_prefix("fs.") {
         let on_loop = int(keys::THREAD_ID) == Some(i64::from(pid));
@@ -346,10 +344,10 @@ pub struct RunFacts {
 
 impl Aggregate {
     /// One span of process `pid`; `start` is when the run started.
-    pub fn add(&mut self, pid: u32, s: &SpanData, start: SystemTime) {
+    pub fn add(&mut self, pid: u32, s: &Span, start: SystemTime) {
         let Some((item, ms, failed)) = classify(pid, s) else { return };
-        let at_ms = s.start_time.duration_since(start).map_or(0.0, |d| d.as_secs_f64() * 1e3);
-        let fast_before = match s.attributes.iter().find(|kv| kv.key.as_str() == keys::FAST_BEFORE).map(|kv| &kv.value) {
+        let at_ms = ms_since(s.start_ns, start);
+        let fast_before = match s.attr(keys::FAST_BEFORE) {
             Some(Value::I64(n)) => (*n).max(0) as u64,
             _ => 0,
         };
@@ -390,14 +388,20 @@ impl Aggregate {
     }
 }
 
+/// Milliseconds from `start` to `unix_ns` (0 before it).
+pub fn ms_since(unix_ns: u64, start: SystemTime) -> f64 {
+    let start_ns = start.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    unix_ns.saturating_sub(start_ns) as f64 / 1e6
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use std::borrow::Cow;
     use std::time::{Duration, UNIX_EPOCH};
 
     use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
-    use opentelemetry::KeyValue;
-    use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+
+    use crate::events::spans::KeyValue;
 
     use super::*;
 
@@ -406,26 +410,24 @@ pub(crate) mod tests {
     }
 
     /// A span starting `at` ms into the run, lasting `ms`.
-    pub fn span(name: &'static str, at: f64, ms: f64, attrs: Vec<KeyValue>, error: Option<&str>) -> SpanData {
+    pub fn span(name: &'static str, at: f64, ms: f64, attrs: Vec<KeyValue>, error: Option<&str>) -> Span {
         let start = t0() + Duration::from_secs_f64(at / 1e3);
-        SpanData {
+        let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
+        Span {
             span_context: SpanContext::new(TraceId::from(1u128), SpanId::from(1u64), TraceFlags::SAMPLED, false, TraceState::NONE),
             parent_span_id: SpanId::INVALID,
             parent_span_is_remote: false,
             span_kind: SpanKind::Internal,
             name: Cow::Borrowed(name),
-            start_time: start,
-            end_time: start + Duration::from_secs_f64(ms / 1e3),
+            start_ns: ns(start),
+            end_ns: ns(start + Duration::from_secs_f64(ms / 1e3)),
             attributes: attrs,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
+            events: vec![],
             status: error.map_or(Status::Unset, |e| Status::error(e.to_string())),
-            instrumentation_scope: crate::events::spans::scope(),
         }
     }
 
-    pub fn fs(op: &'static str, at: f64, ms: f64, tid: i64, sync: bool, path: &str, error: Option<&str>) -> SpanData {
+    pub fn fs(op: &'static str, at: f64, ms: f64, tid: i64, sync: bool, path: &str, error: Option<&str>) -> Span {
         let mut a = vec![KeyValue::new(keys::FILE_PATH, path.to_string()), KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::SYNC, sync)];
         if let Some(e) = error {
             a.push(KeyValue::new(keys::ERROR_TYPE, e.to_string()));
@@ -433,11 +435,11 @@ pub(crate) mod tests {
         span(op, at, ms, a, error)
     }
 
-    pub fn dns(at: f64, ms: f64, name: &str, error: Option<&str>) -> SpanData {
+    pub fn dns(at: f64, ms: f64, name: &str, error: Option<&str>) -> Span {
         span(DNS, at, ms, vec![KeyValue::new(keys::DNS_NAME, name.to_string()), KeyValue::new(keys::THREAD_ID, 100i64)], error)
     }
 
-    pub fn iteration(at: f64, busy: f64, tid: i64, fast_before: i64, stack: Option<&str>) -> SpanData {
+    pub fn iteration(at: f64, busy: f64, tid: i64, fast_before: i64, stack: Option<&str>) -> Span {
         let mut a = vec![KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::BUSY, busy), KeyValue::new(keys::FAST_BEFORE, fast_before)];
         if let Some(s) = stack {
             a.push(KeyValue::new(STACKTRACE, s.to_string()));

@@ -8,7 +8,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::SystemTime;
 
-use opentelemetry_sdk::trace::SpanData;
+use crate::events::spans::Span;
 use serde::Serialize;
 
 use super::aggregate::{classify, round, Item, Report};
@@ -49,18 +49,18 @@ impl Timeline {
         Timeline { cap, seen: 0, heap: BinaryHeap::new(), bars: Vec::new() }
     }
 
-    pub fn add(&mut self, pid: u32, s: &SpanData, start: SystemTime) {
+    pub fn add(&mut self, pid: u32, s: &Span, start: SystemTime) {
         let Some((item, ms, error)) = classify(pid, s) else { return };
-        let tid = s.attributes.iter().find(|kv| kv.key.as_str() == crate::events::spans::keys::THREAD_ID).and_then(|kv| match kv.value {
-            opentelemetry::Value::I64(v) => Some(v),
+        let tid = match s.attr(crate::events::spans::keys::THREAD_ID) {
+            Some(crate::events::spans::Value::I64(v)) => Some(*v),
             _ => None,
-        });
+        };
         let (kind, op, label, sync) = match item {
             Item::Fs { op, path, sync_on_loop } => ("fs", op, path.unwrap_or_default(), sync_on_loop),
             Item::Dns { name } => ("dns", String::new(), name, false),
             Item::Iteration { .. } => ("loop", String::new(), String::new(), false),
         };
-        let start_ms = s.start_time.duration_since(start).map_or(0.0, |d| d.as_secs_f64() * 1e3);
+        let start_ms = super::aggregate::ms_since(s.start_ns, start);
         let bar = Bar { pid, tid: tid.unwrap_or(i64::from(pid)), kind, op, label, start_ms: round(start_ms), ms: round(ms), error, sync };
         self.seen += 1;
         let key = ((ms * 1e3) as u64, self.seen);

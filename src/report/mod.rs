@@ -14,7 +14,7 @@ use std::path::Path;
 use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result};
-use opentelemetry_sdk::trace::SpanData;
+use crate::events::spans::Span;
 
 use crate::cli::RunOpts;
 use aggregate::{Aggregate, Report, RunFacts};
@@ -96,7 +96,7 @@ impl Collector {
         self.started = Instant::now();
     }
 
-    pub fn add(&mut self, pid: u32, spans: &[SpanData]) {
+    pub fn add(&mut self, pid: u32, spans: &[Span]) {
         for s in spans {
             self.agg.add(pid, s, self.start);
             self.timeline.add(pid, s, self.start);

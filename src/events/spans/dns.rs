@@ -1,16 +1,14 @@
 //! `dns.getaddrinfo` spans: one per finished lookup.
 
 use opentelemetry::trace::SpanKind;
-use opentelemetry::{Array, KeyValue, StringValue, Value};
-use opentelemetry_sdk::trace::SpanData;
 
-use super::{fail, keys, threadpool, Builder, DNS};
+use super::{fail, keys, threadpool, Builder, KeyValue, Span, Value, DNS};
 use crate::events::decode::DnsRecord;
 
-pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> SpanData {
-    let mut answers: Vec<StringValue> = Vec::new();
+pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
+    let mut answers: Vec<String> = Vec::new();
     for a in &r.answers {
-        let s = StringValue::from(a.to_string());
+        let s = a.to_string();
         if !answers.contains(&s) {
             answers.push(s);
         }
@@ -21,7 +19,7 @@ pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> SpanData {
         KeyValue::new(keys::SYNC, r.sync),
     ];
     if !answers.is_empty() {
-        attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Array(Array::String(answers))));
+        attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Strings(answers)));
     }
     if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
@@ -42,7 +40,7 @@ pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> SpanData {
 #[cfg(test)]
 mod tests {
     use opentelemetry::trace::{SpanKind, Status};
-    use opentelemetry::{Array, StringValue, Value};
+    use super::super::Value;
 
     use super::super::testing::{attr, build_one};
     use crate::events::decode::{DnsRecord, Record};
@@ -73,7 +71,7 @@ mod tests {
         assert_eq!(s.name, "dns.getaddrinfo");
         assert_eq!(s.span_kind, SpanKind::Client);
         assert_eq!(attr(s, "dns.question.name"), Some(&Value::from("localhost")));
-        let want = Value::Array(Array::String(vec![StringValue::from("127.0.0.1"), StringValue::from("::1")]));
+        let want = Value::Strings(vec!["127.0.0.1".into(), "::1".into()]);
         assert_eq!(attr(s, "dns.answers"), Some(&want));
         assert_eq!(s.status, Status::Unset);
     }

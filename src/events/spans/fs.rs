@@ -1,13 +1,10 @@
 //! `fs.<op>` spans: one per finished fs request.
 
-use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::SpanData;
-
-use super::{fail, keys, threadpool, Builder};
+use super::{fail, keys, threadpool, Builder, KeyValue, Span};
 use crate::events::decode::FsRecord;
 use crate::probes::catalog::{self, FsResult};
 
-pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> SpanData {
+pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     let op = catalog::fs_op(r.op);
     let name = op.map_or("fs.unknown", |o| o.span);
     let mut attrs = Vec::with_capacity(10);
@@ -55,9 +52,8 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> SpanData {
 #[cfg(test)]
 mod tests {
     use opentelemetry::trace::Status;
-    use opentelemetry::Value;
-
-    use super::super::testing::{attr, build_one, nanos};
+    use super::super::testing::{attr, build_one};
+    use super::super::Value;
     use crate::events::decode::{FsRecord, Record};
     use crate::probes::catalog::FS_OPS;
 
@@ -90,7 +86,7 @@ mod tests {
         assert_eq!(spans.len(), 1);
         let s = &spans[0];
         assert_eq!(s.name, "fs.read");
-        assert_eq!((nanos(s.start_time), nanos(s.end_time)), (1_000, 5_000));
+        assert_eq!((s.start_ns, s.end_ns), (1_000, 5_000));
         assert_eq!(attr(s, "uvspan.fs.bytes"), Some(&Value::I64(4096)));
         assert_eq!(attr(s, "uvspan.fs.fd"), Some(&Value::I64(7)));
         assert_eq!(attr(s, "uvspan.sync"), Some(&Value::Bool(false)));

@@ -2,11 +2,7 @@
 //! phase when the phase probes are on, and (--stacks) what the loop thread
 //! was running while it was blocked.
 
-use opentelemetry::trace::Event;
-use opentelemetry::KeyValue;
-use opentelemetry_sdk::trace::SpanData;
-
-use super::{keys, ms, Builder, ITERATION, STACK_EVENT};
+use super::{keys, ms, Builder, Event, KeyValue, Span, ITERATION, STACK_EVENT};
 use crate::events::decode::LoopRecord;
 use crate::probes::catalog;
 use crate::stacks::fold::{self, Blocked};
@@ -19,7 +15,7 @@ use crate::stacks::fold::{self, Blocked};
 /// an interval it did not occupy. Times per phase and per stack are the
 /// iteration's busy time split by their share of the samples (the samples
 /// count the thread's CPU time, less than wall time when it waits for a CPU).
-fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, busy: u64, at: u64) {
+fn add_stacks(b: &Builder<'_>, span: &mut Span, blocked: &Blocked, busy: u64, at: u64) {
     let a = &mut span.attributes;
     a.push(KeyValue::new(keys::STACK_SAMPLES, blocked.samples as i64));
     if let Some(t) = blocked.heaviest() {
@@ -37,24 +33,23 @@ fn add_stacks(b: &Builder<'_>, span: &mut SpanData, blocked: &Blocked, busy: u64
         a.push(KeyValue::new(keys::STACKS_NOTICE, n.clone()));
     }
     for (stack, n) in &blocked.stacks {
-        span.events.events.push(Event::new(
-            STACK_EVENT,
-            b.wall(at),
-            vec![
+        span.events.push(Event {
+            name: STACK_EVENT,
+            time_ns: b.wall(at),
+            attributes: vec![
                 KeyValue::new(keys::STACKTRACE, fold::render(stack)),
                 KeyValue::new(keys::SAMPLES, *n as i64),
                 KeyValue::new(keys::SHARE, *n as f64 / total),
                 KeyValue::new(keys::SAMPLED_MS, part(*n)),
             ],
-            0,
-        ));
+        });
     }
 }
 
 /// One `uv.loop.iteration` span and a child per phase. The iteration is
 /// shown from the moment the loop woke up in poll (time blocked before that
 /// is an attribute), so its duration is how long the loop was busy.
-pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<SpanData>) {
+pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
     let start = r.wake_ns.unwrap_or(r.start_ns).min(r.end_ns);
     let total = r.end_ns.saturating_sub(r.start_ns);
     let busy = total.saturating_sub(r.poll_wait_ns);
@@ -85,9 +80,8 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<SpanData>) {
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::Value;
-
-    use super::super::testing::{attr, build_one, nanos};
+    use super::super::testing::{attr, build_one};
+    use super::super::{Event, Value};
     use crate::events::decode::{LoopRecord, Record};
 
     fn rec() -> LoopRecord {
@@ -100,7 +94,7 @@ mod tests {
         assert_eq!(spans.len(), 1, "no phase children without phase probes");
         let s = &spans[0];
         assert_eq!(s.name, "uv.loop.iteration");
-        assert_eq!((nanos(s.start_time), nanos(s.end_time)), (41_000, 141_000));
+        assert_eq!((s.start_ns, s.end_ns), (41_000, 141_000));
         assert_eq!(attr(s, "uvspan.loop.busy_ms"), Some(&Value::F64(0.1)));
         assert_eq!(attr(s, "uvspan.loop.poll_wait_ms"), Some(&Value::F64(0.04)));
         assert_eq!(attr(s, "uvspan.loop.fast_iterations_before"), Some(&Value::I64(3)));
@@ -137,7 +131,7 @@ mod tests {
         let ev: Vec<_> = s.events.iter().collect();
         assert_eq!(ev.len(), 2, "one event per distinct stack");
         assert!(ev.iter().all(|e| e.name == "uvspan.loop.stack"));
-        let samples = |e: &opentelemetry::trace::Event| {
+        let samples = |e: &Event| {
             e.attributes.iter().find(|k| k.key.as_str() == "uvspan.stack.samples").map(|k| k.value.clone())
         };
         assert_eq!(samples(ev[0]), Some(Value::I64(3)));
@@ -161,7 +155,7 @@ mod tests {
         let names: Vec<&str> = spans[1..].iter().map(|s| s.name.as_ref()).collect();
         assert_eq!(names, ["uv.loop.poll", "uv.loop.timers"]);
         assert!(spans[1..].iter().all(|s| s.parent_span_id == root && s.span_context.trace_id() == spans[0].span_context.trace_id()));
-        assert_eq!(nanos(spans[1].start_time), 41_000, "the poll phase starts where the iteration span does");
+        assert_eq!(spans[1].start_ns, 41_000, "the poll phase starts where the iteration span does");
         assert_eq!(attr(&spans[2], "uvspan.loop.phase"), Some(&Value::from("timers")));
     }
 }

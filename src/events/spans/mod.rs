@@ -6,13 +6,15 @@
 mod dns;
 mod fs;
 mod iteration;
+mod model;
+
+pub use model::{Event, Key, KeyValue, Span, Value};
 
 use std::borrow::Cow;
-use std::time::SystemTime;
 
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceId, TraceState};
-use opentelemetry::{InstrumentationScope, KeyValue};
-use opentelemetry_sdk::trace::{IdGenerator, SpanData, SpanEvents, SpanLinks};
+use opentelemetry::InstrumentationScope;
+use opentelemetry_sdk::trace::IdGenerator;
 
 use crate::events::clock::Clock;
 use crate::events::decode::Record;
@@ -58,7 +60,6 @@ pub const DNS: &str = "dns.getaddrinfo";
 pub struct SpanContextSource<'a> {
     pub clock: Clock,
     pub ids: &'a dyn IdGenerator,
-    pub scope: &'a InstrumentationScope,
 }
 
 /// Ids 1, 2, 3, … : deterministic spans for golden tests and replays.
@@ -74,9 +75,14 @@ impl IdGenerator for SequentialIds {
     }
 }
 
-/// The instrumentation scope of every uvspan span.
+/// The instrumentation scope of every uvspan span (the exporters write it
+/// once per batch, not per span).
+pub const SCOPE_NAME: &str = "uvspan";
+pub const SCOPE_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The same scope as the SDK's type.
 pub fn scope() -> InstrumentationScope {
-    InstrumentationScope::builder("uvspan").with_version(env!("CARGO_PKG_VERSION")).build()
+    InstrumentationScope::builder(SCOPE_NAME).with_version(SCOPE_VERSION).build()
 }
 
 pub(crate) fn ms(ns: u64) -> f64 {
@@ -111,38 +117,36 @@ impl Builder<'_> {
         start: u64,
         end: u64,
         attributes: Vec<KeyValue>,
-    ) -> SpanData {
+    ) -> Span {
         let span_id = self.src.ids.new_span_id();
-        SpanData {
+        Span {
             span_context: SpanContext::new(self.trace_id, span_id, TraceFlags::SAMPLED, false, self.state.clone()),
             parent_span_id: parent,
             parent_span_is_remote: self.parent_remote && parent == self.parent && parent != SpanId::INVALID,
             span_kind: SpanKind::Internal,
             name: name.into(),
-            start_time: self.wall(start),
-            end_time: self.wall(end.max(start)),
+            start_ns: self.wall(start),
+            end_ns: self.wall(end.max(start)),
             attributes,
-            dropped_attributes_count: 0,
-            events: SpanEvents::default(),
-            links: SpanLinks::default(),
+            events: Vec::new(),
             status: Status::Unset,
-            instrumentation_scope: self.src.scope.clone(),
         }
     }
 
-    pub(crate) fn wall(&self, ns: u64) -> SystemTime {
-        self.src.clock.to_wall(ns)
+    /// Kernel monotonic nanoseconds to wall-clock nanoseconds.
+    pub(crate) fn wall(&self, ns: u64) -> u64 {
+        self.src.clock.to_wall_ns(ns)
     }
 }
 
 /// The spans for one record, each record its own trace (none for process
 /// lifecycle and HTTP records).
-pub fn build(rec: Record, src: &SpanContextSource<'_>) -> Vec<SpanData> {
+pub fn build(rec: Record, src: &SpanContextSource<'_>) -> Vec<Span> {
     build_in(rec, src, None)
 }
 
 /// The spans for one record, under `parent` when given.
-pub fn build_in(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>) -> Vec<SpanData> {
+pub fn build_in(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>) -> Vec<Span> {
     let mut out = Vec::with_capacity(1);
     build_into(rec, src, parent, &mut out);
     out
@@ -150,7 +154,7 @@ pub fn build_in(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent
 
 /// The spans for one record, under `parent` when given, appended to `out`.
 /// The record is consumed: its strings move into the spans.
-pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>, out: &mut Vec<SpanData>) {
+pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>, out: &mut Vec<Span>) {
     let b = match parent {
         Some(p) => Builder { src, trace_id: p.trace_id, parent: p.span_id, parent_remote: p.remote, state: p.state.clone() },
         None => Builder { src, trace_id: src.ids.new_trace_id(), parent: SpanId::INVALID, parent_remote: false, state: TraceState::NONE },
@@ -166,7 +170,7 @@ pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Pare
 /// Queue wait / run / callback wait of a threadpool job, as attributes and events.
 pub(crate) fn threadpool(
     b: &Builder<'_>,
-    span: &mut SpanData,
+    span: &mut Span,
     (start, end): (u64, u64),
     work_start: Option<u64>,
     work_end: Option<u64>,
@@ -174,11 +178,11 @@ pub(crate) fn threadpool(
 ) {
     if let Some(ws) = work_start {
         span.attributes.push(KeyValue::new(keys::QUEUE_WAIT, ms(ws.saturating_sub(start))));
-        span.events.events.push(opentelemetry::trace::Event::new("threadpool.start", b.wall(ws), vec![], 0));
+        span.events.push(Event { name: "threadpool.start", time_ns: b.wall(ws), attributes: Vec::new() });
         if let Some(we) = work_end.filter(|&we| we >= ws) {
             span.attributes.push(KeyValue::new(keys::RUN, ms(we - ws)));
             span.attributes.push(KeyValue::new(keys::CALLBACK_WAIT, ms(end.saturating_sub(we))));
-            span.events.events.push(opentelemetry::trace::Event::new("threadpool.end", b.wall(we), vec![], 0));
+            span.events.push(Event { name: "threadpool.end", time_ns: b.wall(we), attributes: Vec::new() });
         }
     }
     if let Some(w) = worker {
@@ -186,7 +190,7 @@ pub(crate) fn threadpool(
     }
 }
 
-pub(crate) fn fail(span: &mut SpanData, code: i64) {
+pub(crate) fn fail(span: &mut Span, code: i64) {
     let (name, msg) = errno::describe(code).unwrap_or(("", "unknown error"));
     let name = if name.is_empty() { errno::error_type(code) } else { name.to_string() };
     span.status = Status::error(format!("{name}: {msg}"));
@@ -200,17 +204,13 @@ pub(crate) fn fail(span: &mut SpanData, code: i64) {
 pub(crate) mod testing {
     use super::*;
 
-    pub fn build_one(rec: &Record) -> Vec<SpanData> {
+    pub fn build_one(rec: &Record) -> Vec<Span> {
         let ids = SequentialIds::default();
-        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, scope: &scope() };
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
         build(rec.clone(), &src)
     }
 
-    pub fn attr<'a>(s: &'a SpanData, k: &str) -> Option<&'a opentelemetry::Value> {
-        s.attributes.iter().find(|kv| kv.key.as_str() == k).map(|kv| &kv.value)
-    }
-
-    pub fn nanos(t: SystemTime) -> u128 {
-        t.duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    pub fn attr<'a>(s: &'a Span, k: &str) -> Option<&'a Value> {
+        s.attr(k)
     }
 }
