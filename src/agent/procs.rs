@@ -48,6 +48,9 @@ pub struct Procs {
     with_sdk: std::collections::HashSet<u32>,
     /// `uvspan run`: each process's command line, kept for the report.
     pub commands: Option<HashMap<u32, Vec<String>>>,
+    /// Records in the batch being handled: a process's first span list is
+    /// sized for them (not grown span by span).
+    pub batch_hint: usize,
 }
 
 fn merge(out: &mut Out, ready: Ready) {
@@ -74,6 +77,7 @@ impl Procs {
             forgotten: 0,
             with_sdk: Default::default(),
             commands: None,
+            batch_hint: 0,
         }
     }
 
@@ -180,7 +184,8 @@ impl Procs {
             (None, rec) => Some(rec),
         };
         if let Some(rec) = rec {
-            spans::build_into(rec, &src, None, out.entry(pid).or_default());
+            let hint = self.batch_hint.min(4096);
+            spans::build_into(rec, &src, None, out.entry(pid).or_insert_with(|| Vec::with_capacity(hint)));
         }
         merge(out, ready);
     }

@@ -208,10 +208,35 @@ fn key_value(o: &mut Enc, field: u32, key: &str, value: impl FnOnce(&mut Enc)) {
     o.end(m);
 }
 
-/// Repeated common.v1.KeyValue at `field`.
+/// Bytes of an AnyValue holding `v`, for the kinds whose size is known
+/// without writing them (None: a list).
+fn scalar_len(v: &Value) -> Option<usize> {
+    Some(match v {
+        Value::String(s) => 1 + varint_len(s.len() as u64) + s.len(),
+        Value::Bool(_) => 2,
+        Value::I64(i) => 1 + varint_len(*i as u64),
+        Value::F64(_) => 9,
+        Value::Strings(_) => return None,
+    })
+}
+
+/// Repeated common.v1.KeyValue at `field`. Scalars (nearly every
+/// attribute) are written with their lengths computed first, not reserved
+/// and filled in afterwards.
 fn attributes(o: &mut Enc, field: u32, kvs: &[KeyValue]) {
     for kv in kvs {
-        key_value(o, field, kv.key.as_str(), |o| any_value(o, &kv.value));
+        let key = kv.key.as_str();
+        let Some(value) = scalar_len(&kv.value) else {
+            key_value(o, field, key, |o| any_value(o, &kv.value));
+            continue;
+        };
+        let key_len = if key.is_empty() { 0 } else { 1 + varint_len(key.len() as u64) + key.len() };
+        o.key(field, LEN);
+        o.varint((key_len + 1 + varint_len(value as u64) + value) as u64);
+        o.string(1, key);
+        o.key(2, LEN);
+        o.varint(value as u64);
+        any_value(o, &kv.value);
     }
 }
 
@@ -329,6 +354,7 @@ mod tests {
             _ => vec![
                 KeyValue::new("file.path", "/etc/hostname"),
                 KeyValue::new("empty", ""),
+                KeyValue::new("", 5i64),
                 KeyValue::new(format!("owned.{i}"), format!("v{i}")),
                 KeyValue::new("uvspan.fs.fd", -1i64),
                 KeyValue::new("big", i64::MAX),

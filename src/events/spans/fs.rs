@@ -7,7 +7,16 @@ use crate::probes::catalog::{self, FsResult};
 pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     let op = catalog::fs_op(r.op);
     let name = op.map_or("fs.unknown", |o| o.span);
-    let mut attrs = Vec::with_capacity(10);
+    // Sized for what this span gets: one allocation, no spare.
+    let n = 3
+        + usize::from(r.path.is_some())
+        + usize::from(r.path2.is_some())
+        + usize::from(r.fd.is_some())
+        + usize::from(r.stack.is_some())
+        + usize::from(r.ended_at.is_some())
+        + if r.work_start_ns.is_some() { 3 } else { 0 }
+        + usize::from(r.worker_tid.is_some());
+    let mut attrs = Vec::with_capacity(n);
     if let Some(p) = r.path {
         attrs.push(KeyValue::new(keys::FILE_PATH, p));
     }
