@@ -493,7 +493,7 @@ impl Agent {
         let spare = std::mem::take(&mut self.spare_records);
         let mut recs = std::mem::replace(&mut *self.inbox.records.borrow_mut(), spare);
         let mut out = procs::Out::default();
-        self.procs.batch_hint = recs.len();
+        self.procs.begin_batch(recs.len());
         if let Some(r) = self.requests.as_mut() {
             if shutdown || self.timers.requests.due() {
                 self.procs.expire(r, self.clock, crate::events::clock::monotonic_ns(), shutdown, &mut out);

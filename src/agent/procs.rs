@@ -48,9 +48,8 @@ pub struct Procs {
     with_sdk: std::collections::HashSet<u32>,
     /// `uvspan run`: each process's command line, kept for the report.
     pub commands: Option<HashMap<u32, Vec<String>>>,
-    /// Records in the batch being handled: a process's first span list is
-    /// sized for them (not grown span by span).
-    pub batch_hint: usize,
+    /// Records in the batch being handled (see [`Procs::begin_batch`]).
+    batch_hint: usize,
 }
 
 fn merge(out: &mut Out, ready: Ready) {
@@ -184,10 +183,16 @@ impl Procs {
             (None, rec) => Some(rec),
         };
         if let Some(rec) = rec {
-            let hint = self.batch_hint.min(4096);
+            let hint = self.batch_hint;
             spans::build_into(rec, &src, None, out.entry(pid).or_insert_with(|| Vec::with_capacity(hint)));
         }
         merge(out, ready);
+    }
+
+    /// A batch of `records` is about to be handled: a process's first span
+    /// list in it is sized for them (not grown span by span).
+    pub fn begin_batch(&mut self, records: usize) {
+        self.batch_hint = records.min(4096);
     }
 
     /// The process runs an OpenTelemetry SDK (it exported SERVER spans
