@@ -154,11 +154,7 @@ fn any_value(o: &mut Enc, v: &Value) {
         }
         Value::Strings(v) => {
             let m = o.begin(5, 1);
-            for s in v {
-                let e = o.begin(1, 1);
-                string_value(o, s);
-                o.end(e);
-            }
+            v.iter().for_each(|s| element(o, |o| string_value(o, s)));
             o.end(m);
         }
     }
@@ -182,18 +178,20 @@ fn sdk_value(o: &mut Enc, v: &opentelemetry::Value) {
     }
 }
 
-/// common.v1.ArrayValue: each element an AnyValue message.
+/// One element of a common.v1.ArrayValue: an AnyValue message.
+fn element(o: &mut Enc, write: impl FnOnce(&mut Enc)) {
+    let m = o.begin(1, 1);
+    write(o);
+    o.end(m);
+}
+
+/// common.v1.ArrayValue (the SDK's arrays, in resource attributes).
 fn array(o: &mut Enc, a: &Array) {
-    let mut each = |write: &dyn Fn(&mut Enc)| {
-        let m = o.begin(1, 1);
-        write(o);
-        o.end(m);
-    };
     match a {
-        Array::Bool(v) => v.iter().for_each(|x| each(&|o| any_value(o, &Value::Bool(*x)))),
-        Array::I64(v) => v.iter().for_each(|x| each(&|o| any_value(o, &Value::I64(*x)))),
-        Array::F64(v) => v.iter().for_each(|x| each(&|o| any_value(o, &Value::F64(*x)))),
-        Array::String(v) => v.iter().for_each(|x: &StringValue| each(&|o| string_value(o, x.as_str()))),
+        Array::Bool(v) => v.iter().for_each(|x| element(o, |o| any_value(o, &Value::Bool(*x)))),
+        Array::I64(v) => v.iter().for_each(|x| element(o, |o| any_value(o, &Value::I64(*x)))),
+        Array::F64(v) => v.iter().for_each(|x| element(o, |o| any_value(o, &Value::F64(*x)))),
+        Array::String(v) => v.iter().for_each(|x: &StringValue| element(o, |o| string_value(o, x.as_str()))),
         _ => {}
     }
 }

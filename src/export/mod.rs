@@ -229,8 +229,8 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
     let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
-    // Per process, the batches as they came: appended, never copied (a
-    // span is 350 bytes, and extending one queue showed in profiles).
+    // Per process, the batches as they came: appended, never copied
+    // (extending one queue span by span showed in profiles).
     let mut pending: rustc_hash::FxHashMap<u32, Vec<Vec<Span>>> = Default::default();
     let mut pending_n: usize = 0;
     let mut forgotten: Vec<u32> = Vec::new();
