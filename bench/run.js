@@ -203,12 +203,12 @@ function endpoint() {
 }
 const SUMMARY_RE =
   /spans: (\d+) exported, (\d+) dropped[^,]*, (\d+) failed to export, (\d+) not flushed; (\d+) records lost in the kernel[^,]*, (\d+) undecodable/;
-async function startUvspan(args, { otlp = true, env = {} } = {}) {
+async function startUvspan(args, { otlp = true, env = {}, bin = UVSPAN } = {}) {
   const full = [...args];
   if (otlp) full.unshift('--otlp-endpoint', endpoint(), '--otlp-protocol', OTLP_PROTOCOL);
   const t0 = process.hrtime.bigint();
   const errLines = [];
-  const child = spawn(UVSPAN, full, {
+  const child = spawn(bin, full, {
     env: { ...process.env, OTEL_EXPORTER_OTLP_ENDPOINT: '', ...env },
     stdio: ['ignore', otlp ? 'ignore' : 'pipe', 'pipe'],
   });
@@ -345,6 +345,10 @@ const UVSPAN_CONFIGS = {
   // run, the ring buffer fills and records are dropped. Separates what the
   // kernel side costs the app from what uvspan's own work next to it does.
   uvspan_stopped: { args: [], stopAfterAttach: true },
+  // Analysis: another uvspan build (BENCH_UVSPAN_BASE=PATH), default probes,
+  // interleaved with this one: a before/after in one run.
+  uvspan_base: { args: [], bin: process.env.BENCH_UVSPAN_BASE },
+  uvspan_base_trap: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1' }, bin: process.env.BENCH_UVSPAN_BASE },
 };
 const MODES = {
   // ~1000 req/s offered on 10 connections: the app has idle time.
@@ -368,7 +372,8 @@ async function overhead(mode = 'paced') {
       const sink0 = await sinkStats();
       const app = await startNode(args, envx);
       const u = UVSPAN_CONFIGS[cfg];
-      const uv = u ? await startUvspan(['--pid', String(app.pid), ...u.args], { env: u.env || {} }) : null;
+      if (u && 'bin' in u && !u.bin) throw new Error(`${cfg} needs BENCH_UVSPAN_BASE=PATH (the other uvspan build)`);
+      const uv = u ? await startUvspan(['--pid', String(app.pid), ...u.args], { env: u.env || {}, bin: u.bin || UVSPAN }) : null;
       if (u && u.stopAfterAttach) uv.child.kill('SIGSTOP');
       const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
       const a0 = procCpu(app.pid);
