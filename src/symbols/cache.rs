@@ -46,6 +46,10 @@ struct Stored {
     has_symtab: bool,
     node_version: Option<String>,
     libuv_version: Option<String>,
+    #[serde(default)]
+    uv_version: Option<u32>,
+    #[serde(default)]
+    node_io_uring_patch: bool,
 }
 
 
@@ -62,6 +66,8 @@ impl Stored {
             has_symtab: img.has_symtab,
             node_version: img.node_version.clone(),
             libuv_version: img.libuv_version.clone(),
+            uv_version: img.uv_version,
+            node_io_uring_patch: img.node_io_uring_patch,
         }
     }
 
@@ -79,13 +85,16 @@ impl Stored {
             has_symtab: self.has_symtab,
             node_version: self.node_version,
             libuv_version: self.libuv_version,
+            uv_version: self.uv_version,
+            node_io_uring_patch: self.node_io_uring_patch,
         })
     }
 }
 
 /// Bumped when what an image holds is computed differently (probe points
-/// chosen another way): older files are read again from the ELF.
-const FORMAT: u32 = 2;
+/// chosen another way, 3: the libuv version and io_uring patch read from
+/// every image): older files are read again from the ELF.
+const FORMAT: u32 = 3;
 
 /// The catalog's symbols whose probe points may skip argument writes, sorted.
 fn moved_args() -> Vec<String> {
@@ -135,6 +144,8 @@ mod tests {
             has_symtab: true,
             node_version: Some("v20.20.2".into()),
             libuv_version: None,
+            uv_version: Some(0x012e00),
+            node_io_uring_patch: true,
         };
         let json = serde_json::to_string(&Stored::of(&img)).unwrap();
         let back = serde_json::from_str::<Stored>(&json).unwrap().image().unwrap();

@@ -29,6 +29,11 @@ pub struct Image {
     pub node_version: Option<String>,
     /// libuv version found in a libuv.so ("1.44.2"), when it can be told.
     pub libuv_version: Option<String>,
+    /// What `uv_version()` returns (0x012e00: 1.46.0), read from its code.
+    pub uv_version: Option<u32>,
+    /// Node's copy of libuv patched to keep io_uring off unless asked
+    /// (it exports `uv__node_patch_is_using_io_uring`).
+    pub node_io_uring_patch: bool,
 }
 
 impl Image {
@@ -75,7 +80,7 @@ pub fn inspect(path: &Path) -> Result<Arc<Image>> {
         .is_some_and(|n| n.to_string_lossy().starts_with("libuv"))
         || std::fs::read_link(path).is_ok_and(|t| t.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libuv")));
     let mut img = parse(&elf, &map, build_id);
-    if is_libuv_so {
+    if is_libuv_so && img.libuv_version.is_none() {
         img.libuv_version = libuv_version(&map);
     }
     if persistent {
@@ -95,11 +100,20 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
     let mut offsets = HashMap::new();
     let mut single_stepped = Vec::new();
     let has_symtab = elf.section_by_name(".symtab").is_some();
+    let (mut uv_version, mut node_io_uring_patch) = (None, false);
     for sym in elf.symbols().chain(elf.dynamic_symbols()) {
         if sym.kind() != object::SymbolKind::Text || sym.address() == 0 {
             continue;
         }
         let Ok(name) = sym.name() else { continue };
+        match name {
+            "uv_version" => {
+                let code = file_offset(elf, sym.address()).and_then(|o| data.get(o as usize..o as usize + 6));
+                uv_version = uv_version.or(code.and_then(returned_constant));
+            }
+            NODE_IO_URING_PATCH => node_io_uring_patch = true,
+            _ => {}
+        }
         let Some(&w) = wanted.get(name) else { continue };
         if offsets.contains_key(w) {
             continue;
@@ -119,7 +133,28 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         .and_then(|s| s.file_range())
         .and_then(|(o, n)| data.get(o as usize..(o + n) as usize))
         .unwrap_or(data);
-    Image { build_id, offsets, single_stepped, has_symtab, node_version: node_version(rodata), libuv_version: None }
+    Image {
+        build_id,
+        offsets,
+        single_stepped,
+        has_symtab,
+        node_version: node_version(rodata),
+        libuv_version: uv_version.map(|v| format!("{}.{}.{}", v >> 16, (v >> 8) & 0xff, v & 0xff)),
+        uv_version,
+        node_io_uring_patch,
+    }
+}
+
+/// Exported only by Node's patched copies of libuv 1.45-1.47.
+const NODE_IO_URING_PATCH: &str = "uv__node_patch_is_using_io_uring";
+
+/// The constant a function returns when its code is `mov $imm32, %eax; ret`
+/// (libuv's `uv_version()`).
+fn returned_constant(code: &[u8]) -> Option<u32> {
+    match code {
+        [0xb8, a, b, c, d, 0xc3, ..] => Some(u32::from_le_bytes([*a, *b, *c, *d])),
+        _ => None,
+    }
 }
 
 /// Virtual address to file offset, through the PT_LOAD segment holding it.
@@ -154,6 +189,13 @@ fn libuv_version(data: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uv_version_from_its_code() {
+        assert_eq!(returned_constant(&[0xb8, 0x00, 0x2e, 0x01, 0x00, 0xc3]), Some(0x012e00));
+        assert_eq!(returned_constant(&[0xb8, 0x00, 0x2e, 0x01, 0x00, 0x90]), None);
+        assert_eq!(returned_constant(&[0xb8, 0x00]), None);
+    }
 
     #[test]
     fn libuv_version_string() {

@@ -351,3 +351,12 @@ pub fn stripped_node() -> PathBuf {
     publish(&staging, &fin);
     node
 }
+
+/// The libuv version a node build runs (`process.versions.uv`).
+pub fn libuv_version_of(node: &Path, env: &[(&str, &str)]) -> String {
+    let mut c = Command::new(node);
+    c.args(["-p", "process.versions.uv"]).envs(env.iter().copied());
+    let out = run(c);
+    assert!(out.status.success(), "{} -p process.versions.uv failed\n{}", node.display(), out.context());
+    out.stdout.trim().to_string()
+}
