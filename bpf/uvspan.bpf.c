@@ -7,10 +7,13 @@
  * gets, is decided by the probe catalog in src/probes/catalog.rs. The
  * programs here are generic: they read the cookie to know what fired.
  *
- * Only entry probes are used (no uretprobes): the end of an operation is the
- * entry of the function that completes it (uv__fs_done, uv_fs_req_cleanup,
- * uv__getaddrinfo_done), and the end of a threadpool job is the worker's
- * uv_async_send that wakes the loop.
+ * Entry probes end most operations: the end of an async operation is the
+ * entry of the function that completes it (uv__fs_done, uv__getaddrinfo_done,
+ * or uv_fs_req_cleanup where those are missing), and the end of a threadpool
+ * job is the worker's uv_async_send that wakes the loop. A sync fs call ends
+ * at the return of its uv_fs_* function where the kernel has session uprobes
+ * (Linux >= 6.13: the entry program asks for the return only for sync calls,
+ * so async requests pay no return trap); elsewhere at uv_fs_req_cleanup.
  */
 #include <linux/bpf.h>
 #include <linux/ptrace.h>
@@ -569,6 +572,8 @@ static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
 	bpf_ringbuf_submit(e, wake_flags_after(sizeof(*e)));
 }
 
+/* Returns 1 when a sync call was recorded (its end is the function's
+ * return, where session uprobes exist). */
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -647,6 +652,16 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)args.v[idx & 7]);
 		e->has_path2 = 1;
 	}
+	return 1;
+}
+
+/* The return of a sync call's uv_fs_* function (session uprobes): the call
+ * is over. `req` is the request its entry recorded. */
+static __always_inline int fs_sync_return(__u64 req)
+{
+	struct sync_slot *slot = sync_slot_of(0);
+	if (slot && slot->req == req)
+		sync_end(slot, END_RETURN);
 	return 0;
 }
 
@@ -1223,7 +1238,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	if (!(cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) && !is_traced(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 	switch (cookie >> COOKIE_KIND_SHIFT) {
-	case PROBE_FS_SUBMIT: return fs_submit(ctx, cookie);
+	case PROBE_FS_SUBMIT: fs_submit(ctx, cookie); return 0;
 	case PROBE_FS_WORK: return fs_work(ctx, cookie);
 	case PROBE_FS_DONE: return fs_done(ctx, cookie);
 	case PROBE_FS_CLEANUP: return fs_cleanup(ctx, cookie);
@@ -1250,6 +1265,34 @@ int uv_multi(struct pt_regs *ctx) { return dispatch(ctx); }
 
 SEC("uprobe")
 int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
+
+/* Session uprobes (Linux >= 6.13) on the uv_fs_* submit functions: the
+ * entry records the call; returning 0 asks the kernel for the function's
+ * return too, which only sync calls do (their end, exact). Async requests
+ * return 1: no return trap. The session cookie carries the request from
+ * entry to return. User space loads this program only where the kernel has
+ * session uprobes, so the weak kfuncs are always there when it runs. */
+extern _Bool bpf_session_is_return(void) __ksym __weak;
+extern __u64 *bpf_session_cookie(void) __ksym __weak;
+
+SEC("uprobe.session")
+int uv_session(struct pt_regs *ctx)
+{
+	if (trap_only)
+		return 1;
+	__u64 *req = bpf_session_cookie();
+	if (!req)
+		return 1;
+	if (bpf_session_is_return())
+		return fs_sync_return(*req);
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	if (!(cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) && !is_traced(bpf_get_current_pid_tgid() >> 32))
+		return 1;
+	if (!fs_submit(ctx, cookie))
+		return 1;
+	*req = PT_REGS_PARM2(ctx);
+	return 0;
+}
 
 /* ---- the loop thread's epoll waits ----
  * Two ways in, both attached by BTF id (no tracefs); user space loads one:

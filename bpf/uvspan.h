@@ -117,6 +117,7 @@ enum ev_end {
 	END_CLEANUP = 2, /* uv_fs_req_cleanup: sync calls, or builds without uv__fs_done */
 	END_FREE = 3,    /* uv_freeaddrinfo: builds without uv__getaddrinfo_done */
 	END_NEXT = 4,    /* sync call with no cleanup: the thread's next libuv call */
+	END_RETURN = 5,  /* sync call: the return of its uv_fs_* function (session uprobe) */
 };
 
 /* Loop phases, in the order an iteration (poll entry to next poll entry) sees them. */

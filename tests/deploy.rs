@@ -430,6 +430,47 @@ fn all_traces_processes_started_later() {
     assert_eq!(out.code(), Some(0), "{}", out.context());
 }
 
+/// --all attaches a binary once for all its processes, without
+/// uv_fs_req_cleanup where nothing ends there. A later process of the same
+/// binary whose libuv completes fs requests through io_uring
+/// (UV_USE_IO_URING=1) gets that probe for itself: its async requests still
+/// end, at uv_fs_req_cleanup; the first process's end at uv__fs_done.
+#[test]
+fn all_probes_uv_fs_req_cleanup_for_a_process_with_io_uring_on() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("uring");
+    let file = dir.join("data.txt");
+    std::fs::write(&file, "0123456789").expect("write");
+    let mut uv = uvspan(&["--all", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[]);
+    wait_watching(&mut uv);
+    let mut nodes = Vec::new();
+    for (tag, uring) in [("off", "0"), ("on", "1")] {
+        let mut n = Node::ops(&[("UV_USE_IO_URING", uring)], None);
+        wait_traced(&mut uv, n.pid);
+        assert_eq!(n.exec(&format!("read {file} {tag}"), tag)["bytes"], 10);
+        nodes.push((tag, n));
+    }
+    for (tag, n) in &nodes {
+        let pid = n.pid;
+        let reads = |s: &[Span]| -> Vec<Span> {
+            of_pid(s, pid).into_iter().filter(|s| s.name == "fs.read" && s.int("uvspan.fs.bytes") == Some(10)).collect()
+        };
+        let spans = wait_spans(&rx, RUN_TIMEOUT, |s| !reads(s).is_empty());
+        let got = reads(&spans);
+        assert_eq!(got.len(), 1, "{tag}: node {pid}'s readFile read\n{}", uv.stderr());
+        let want = if *tag == "on" { Some("uv_fs_req_cleanup") } else { None };
+        assert_eq!(got[0].str("uvspan.ended_at"), want, "{tag}: {}\n{}", got[0].brief(), uv.stderr());
+    }
+    for (_, n) in nodes {
+        assert_eq!(n.finish().code(), Some(0));
+    }
+    sigterm(&uv);
+    let out = uv.finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert_eq!(summary_number(&out.stderr, " unfinished at process exit"), 0, "no request left unfinished: {}", out.context());
+}
+
 /// The first node of a binary costs uvspan a read of its symbols (see
 /// `all_first_processes_of_a_new_binary_are_all_traced`): one short node
 /// (tests/fixtures/warm.js) in `cg`, waited for until uvspan traces it and

@@ -844,8 +844,9 @@ fn loop_iteration_starts_when_the_loop_wakes() {
 
 /// Node >= 20 serves fs.readFileSync(path, 'utf8') (and CommonJS module
 /// loading) from C++ ReadFileUtf8: one uv_fs_t for the open and every read,
-/// with uv_fs_req_cleanup only after the open. Sync requests end only at
-/// uv_fs_req_cleanup, so those reads are never reported.
+/// with uv_fs_req_cleanup only after the open. Each read must still be
+/// reported: it ends at its uv_fs_read return (session uprobes) or at the
+/// thread's next libuv call.
 #[test]
 fn sync_reads_without_req_cleanup_are_reported() {
     require_root();
@@ -899,6 +900,59 @@ fn service_name_of_node_eval_is_the_executable() {
     assert_eq!(s.res_str("service.name"), Some("node"));
 }
 
+/// libuv may complete async fs requests through io_uring (here: Node 20's
+/// libuv with UV_USE_IO_URING=1), skipping uv__fs_done: uvspan then keeps
+/// uv_fs_req_cleanup probed and those requests still end there. Without it
+/// (the default), requests end at uv__fs_done. Sync calls end the same way
+/// either way.
+#[test]
+fn fs_requests_completed_through_io_uring_still_end() {
+    require_root();
+    assert_eq!(
+        std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").map(|s| s.trim().to_string()).unwrap_or_default(),
+        "0",
+        "io_uring is disabled on this host (kernel.io_uring_disabled): this test needs it"
+    );
+    let dir = TempDir::new("uring");
+    let file = dir.join("data.txt");
+    std::fs::write(&file, "io_uring or not\n").expect("write");
+    let script = "const fs = require('fs'); const f = process.argv[1]; fs.statSync(f); \
+                  fs.readFile(f, (e, d) => { if (e) throw e; console.log(d.length); });";
+    for (uring, async_end) in [("0", None), ("1", Some("uv_fs_req_cleanup"))] {
+        let rx = Receiver::start(Protocol::Grpc);
+        let ep = rx.endpoint();
+        let mut cmd = uvspan_cmd(["--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", "-e", script, &file]);
+        cmd.env("UV_USE_IO_URING", uring);
+        let out = run(cmd);
+        assert_eq!(out.code(), Some(0), "UV_USE_IO_URING={uring}\n{}", out.context());
+        assert_eq!(out.stdout.trim(), "16", "{}", out.context());
+        let spans = rx.spans();
+        let fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
+        let ctx = || format!("UV_USE_IO_URING={uring}\n{}\n{}", dump(&fs), out.stderr);
+        let stat = fs.iter().find(|s| s.name == "fs.stat" && s.str("file.path") == Some(file.as_str()));
+        let stat = stat.unwrap_or_else(|| panic!("no statSync span: {}", ctx()));
+        assert_eq!(stat.bool("uvspan.sync"), Some(true), "{}", ctx());
+        assert_eq!(stat.str("uvspan.ended_at"), None, "a sync call ends at its return (or cleanup): {}", ctx());
+        let open = fs.iter().find(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str()) && s.bool("uvspan.sync") == Some(false));
+        let open = open.unwrap_or_else(|| panic!("no async open of the file: {}", ctx()));
+        let fd = open.int("uvspan.fs.fd").expect("fd");
+        let of_file: Vec<&&Span> = fs.iter().filter(|s| s.bool("uvspan.sync") == Some(false) && (s.int("uvspan.fs.fd") == Some(fd))).collect();
+        let names: BTreeSet<&str> = of_file.iter().map(|s| s.name.as_str()).collect();
+        assert!(["fs.open", "fs.read", "fs.close"].iter().all(|n| names.contains(n)), "readFile's open, read and close: {}", ctx());
+        for s in &of_file {
+            assert_eq!(
+                s.str("uvspan.ended_at"),
+                async_end,
+                "{} (with io_uring, libuv calls back without uv__fs_done: only uv_fs_req_cleanup sees the end): {}",
+                s.brief(),
+                ctx()
+            );
+        }
+        let read = of_file.iter().find(|s| s.name == "fs.read").expect("read");
+        assert_eq!(read.int("uvspan.fs.bytes"), Some(16), "{}", ctx());
+    }
+}
+
 // ===========================================================================
 // --detail: the optional probe groups
 // ===========================================================================
@@ -906,7 +960,7 @@ fn service_name_of_node_eval_is_the_executable() {
 /// `uvspan probes` shows the plan uvspan would attach: the threadpool and
 /// phase probes are "off" by default (with the flag that turns them on),
 /// attachable with --detail; the default set is the 36 uv_fs_* submits and
-/// 4 more.
+/// 3 more (4 without session uprobes).
 #[test]
 fn probes_listing_follows_detail() {
     require_node();
@@ -945,20 +999,23 @@ fn probes_listing_follows_detail() {
     for sym in requests {
         assert_eq!(default[sym], "usable", "{sym}: {default:?}");
     }
-    assert_eq!(usable(&default), 36 + 4 + 8, "default set: 36 uv_fs_* submits + uv__fs_done, uv_fs_req_cleanup, uv_getaddrinfo, uv__getaddrinfo_done + 8 for requests: {default:?}");
+    // uv_fs_req_cleanup only where sync calls cannot end at their return
+    // (no session uprobes): async ones end at uv__fs_done.
+    let cleanup = usize::from(!session_uprobes());
+    assert_eq!(usable(&default), 36 + 3 + cleanup + 8, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup) + 8 for requests: {default:?}");
     let off = listing(&["--requests", "off"]);
-    assert_eq!(usable(&off), 36 + 4, "{off:?}");
+    assert_eq!(usable(&off), 36 + 3 + cleanup, "{off:?}");
     for sym in requests {
         assert_eq!(off[sym], "off: --requests on", "{sym}: {off:?}");
     }
     assert_eq!(default["uv__fs_done"], "usable");
-    assert_eq!(default["uv_fs_req_cleanup"], "usable");
+    assert_eq!(default["uv_fs_req_cleanup"], if session_uprobes() { "not_needed" } else { "usable" });
 
     let tp = listing(&["--detail", "threadpool"]);
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 4 + 8 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 3 + cleanup + 8 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

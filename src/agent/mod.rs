@@ -368,7 +368,7 @@ impl Agent {
 
     /// One --pid target: its own probes (pid filter), traced, announced.
     fn attach_target(&mut self, pid: u32, images: &Images, found: Instant) -> Result<()> {
-        let report = self.tracer.attach(images, pid as i32)?.report;
+        let report = self.tracer.attach(images, pid, false)?.report;
         self.tracer.add_pid(pid, &report)?;
         report::announce(Some(pid), images, &report, found.elapsed(), true);
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
@@ -412,7 +412,7 @@ impl Agent {
     fn start_command(&mut self, images: &Images, found: Instant) -> Result<()> {
         let w = self.waker.clone();
         let child = target::spawn_held(&self.cli.command, move || w.wake())?;
-        let report = self.tracer.attach(images, -1)?.report;
+        let report = self.tracer.attach(images, child.pid, true)?.report;
         self.tracer.add_pid(child.pid, &report)?;
         self.start_sampling(child.pid, images);
         report::announce(None, images, &report, found.elapsed(), true);
@@ -612,7 +612,7 @@ impl Agent {
     /// processes; then a pid is one map update), traced, announced.
     fn start_tracing(&mut self, f: Found) {
         let Found { pid, images, since } = f;
-        let attach = match self.tracer.attach(&images, -1) {
+        let attach = match self.tracer.attach(&images, pid, true) {
             Ok(a) => a,
             Err(e) => return eprintln!("uvspan: cannot trace process {pid}: {e:#}"),
         };

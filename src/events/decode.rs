@@ -200,13 +200,15 @@ fn cstr(buf: &[i8]) -> String {
 
 /// Where an operation was seen to end: libuv's completion function
 /// (`uv__fs_done`, `uv__getaddrinfo_done`), `uv_fs_req_cleanup`,
-/// `uv_freeaddrinfo`, or `next_libuv_call` (a sync call with no cleanup).
+/// `uv_freeaddrinfo`, `return` (a sync call's uv_fs_* function returned), or
+/// `next_libuv_call` (a sync call whose end was not seen).
 pub fn ended_at(end_kind: u8) -> Option<&'static str> {
     match u32::from(end_kind) {
         k if k == ev_end::END_DONE.0 => Some("libuv_done"),
         k if k == ev_end::END_CLEANUP.0 => Some("uv_fs_req_cleanup"),
         k if k == ev_end::END_FREE.0 => Some("uv_freeaddrinfo"),
         k if k == ev_end::END_NEXT.0 => Some("next_libuv_call"),
+        k if k == ev_end::END_RETURN.0 => Some("return"),
         _ => None,
     }
 }

@@ -1,5 +1,7 @@
 //! Which kernel features uvspan's BPF side uses on this machine: multi-uprobe
-//! links (Linux >= 6.6; else one link per probe) and fentry/fexit trampolines
+//! links (Linux >= 6.6; else one link per probe), session uprobes on the fs
+//! submit functions (Linux >= 6.13: sync calls end at their return, so
+//! uv_fs_req_cleanup need not be probed), and fentry/fexit trampolines
 //! for the epoll system calls (refused by kernels in lockdown; else the
 //! sys_enter/sys_exit BTF raw tracepoints). Tried best first; what worked is
 //! remembered for the current boot next to the symbol cache, so later starts
@@ -10,15 +12,24 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Features {
     pub multi_uprobe: bool,
+    /// Session uprobes (only with multi-uprobe links). Not defaulted: a
+    /// remembered file from before they were tried is read as unknown.
+    pub session: bool,
     pub fentry: bool,
 }
 
+const fn f(multi_uprobe: bool, session: bool, fentry: bool) -> Features {
+    Features { multi_uprobe, session, fentry }
+}
+
 /// Every combination, best first.
-pub const ORDER: [Features; 4] = [
-    Features { multi_uprobe: true, fentry: true },
-    Features { multi_uprobe: true, fentry: false },
-    Features { multi_uprobe: false, fentry: true },
-    Features { multi_uprobe: false, fentry: false },
+pub const ORDER: [Features; 6] = [
+    f(true, true, true),
+    f(true, true, false),
+    f(true, false, true),
+    f(true, false, false),
+    f(false, false, true),
+    f(false, false, false),
 ];
 
 /// What a boot's kernel was seen to accept.
@@ -56,6 +67,16 @@ pub fn remember(features: Features, fentry_refused: Option<i32>) {
         .and_then(|()| std::fs::rename(&tmp, &path));
 }
 
+/// Whether uvspan ends sync fs calls at their return here, for `uvspan
+/// probes` (which loads nothing): as the last run on this boot found, else
+/// as the kernel's version says (session uprobes came in Linux 6.13).
+pub fn session_uprobes() -> bool {
+    match remembered() {
+        Some(r) => r.features.session,
+        None => procfs::KernelVersion::current().is_ok_and(|v| v >= procfs::KernelVersion::new(6, 13, 0)),
+    }
+}
+
 /// The one line said when the epoll waits go through the raw tracepoints.
 pub fn fallback_notice(errno: Option<i32>) -> String {
     let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::events::errno::error_type(-i64::from(e))));
@@ -72,11 +93,18 @@ mod tests {
 
     #[test]
     fn best_first_and_all_combinations() {
-        assert_eq!(ORDER[0], Features { multi_uprobe: true, fentry: true });
-        let mut all: Vec<(bool, bool)> = ORDER.iter().map(|f| (f.multi_uprobe, f.fentry)).collect();
+        assert_eq!(ORDER[0], Features { multi_uprobe: true, session: true, fentry: true });
+        let mut all: Vec<(bool, bool, bool)> = ORDER.iter().map(|f| (f.multi_uprobe, f.session, f.fentry)).collect();
         all.sort();
         all.dedup();
-        assert_eq!(all.len(), 4);
+        assert_eq!(all.len(), 6);
+        assert!(ORDER.iter().all(|f| f.multi_uprobe || !f.session), "session uprobes are multi-uprobe links");
+    }
+
+    #[test]
+    fn a_file_from_before_session_uprobes_is_not_remembered() {
+        let old = r#"{"boot_id":"b","features":{"multi_uprobe":true,"fentry":false},"fentry_refused":1}"#;
+        assert!(serde_json::from_str::<Remembered>(old).is_err());
     }
 
     #[test]

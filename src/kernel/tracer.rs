@@ -10,12 +10,13 @@ use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
-use crate::kernel::skel::types::{cookie_layout, req_key, stat_idx, traced_flags};
+use crate::kernel::skel::types::{cookie_layout, probe_kind, req_key, stat_idx, traced_flags};
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
 use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
 use crate::probes::catalog::{Detail, ImageKind};
-use crate::probes::plan::{self, plan, ProbeState, ProbeStatus};
+use crate::probes::io_uring;
+use crate::probes::plan::{self, plan, FsEnds, ProbeState, ProbeStatus};
 use crate::symbols::{Images, Located};
 
 /// Settings fixed at load time.
@@ -93,6 +94,9 @@ pub struct Tracer {
     skel: UvspanSkel<'static>,
     /// Multi-uprobe links available (one link per image: fast attach and detach).
     multi: bool,
+    /// The fs submit probes are session uprobes: sync calls end at their
+    /// return (see the BPF side's uv_session).
+    session: bool,
     detail: Detail,
     /// Uprobe links per (file, pid filter), with what was attached there;
     /// dropped = detached. A file is attached once per pid filter, however
@@ -183,6 +187,7 @@ impl Tracer {
         Ok(Tracer {
             skel,
             multi: f.multi_uprobe,
+            session: f.session,
             detail: settings.detail,
             uprobes: HashMap::new(),
             _global: global,
@@ -230,13 +235,10 @@ impl Tracer {
         p.syscall_enter.set_autoload(!f.fentry);
         p.loop_sample.set_autoload(settings.stacks);
         p.syscall_exit.set_autoload(!f.fentry);
-        let multi = f.multi_uprobe;
-        // Load only the program that will be used: each costs verifier time.
-        if multi {
-            open.progs.uv_single.set_autoload(false);
-        } else {
-            open.progs.uv_multi.set_autoload(false);
-        }
+        // Load only the programs that will be used: each costs verifier time.
+        open.progs.uv_single.set_autoload(!f.multi_uprobe);
+        open.progs.uv_multi.set_autoload(f.multi_uprobe);
+        open.progs.uv_session.set_autoload(f.session);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
         open.load()
     }
@@ -301,42 +303,67 @@ impl Tracer {
         self.skel.maps.traced.keys().count()
     }
 
-    /// Attaches the planned probes of a process's images, for process
-    /// `pid_filter` (-1: every process mapping the files; the kernel-side
-    /// filter then decides). A file already attached for that filter is not
-    /// attached again (its probes would fire twice). Missing symbols are
-    /// reported, not fatal; no probe attached at all is an error.
-    pub fn attach(&mut self, images: &Images, pid_filter: i32) -> Result<Attach> {
-        let mut report = plan(images, self.detail);
+    /// Attaches the planned probes of process `pid`'s images: for that
+    /// process alone, or with `per_file` for every process mapping the files
+    /// (the kernel-side filter then decides). A file already attached for
+    /// that filter is not attached again (its probes would fire twice); a
+    /// probe this process needs that the file's existing attachment left out
+    /// (uv_fs_req_cleanup, for a process with io_uring turned on) is
+    /// attached for this process alone. Missing symbols are reported, not
+    /// fatal; no probe attached at all is an error.
+    pub fn attach(&mut self, images: &Images, pid: u32, per_file: bool) -> Result<Attach> {
+        let env = io_uring::read_env(pid);
+        let env = match &env {
+            Ok(None) => io_uring::Env::Unset,
+            Ok(Some(v)) => io_uring::Env::Set(v),
+            Err(_) => io_uring::Env::Unknown,
+        };
+        let mut report = plan(images, self.detail, FsEnds::of(self.session, images, env));
+        let filter = if per_file { -1 } else { pid as i32 };
         let (mut live, mut new) = (0, false);
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
             let Some(loc) = loc else { continue };
             let id = file_id(&loc.attach_path).with_context(|| format!("{} is gone", loc.path))?;
-            if let Some(done) = self.uprobes.get(&(id, pid_filter)) {
+            // What this process needs beyond the file's attachment.
+            let mut extra = Vec::new();
+            if let Some(done) = self.uprobes.get(&(id, filter)) {
+                live += done.spec.probes.len();
                 for r in report.iter_mut().filter(|r| r.image == kind) {
-                    if let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) {
+                    let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) else { continue };
+                    if per_file && r.state == ProbeState::Usable && was.state == ProbeState::NotNeeded {
+                        extra.push(r.symbol);
+                    } else {
                         r.state = was.state.clone();
                     }
                 }
-                live += done.spec.probes.len();
-                continue;
+                if extra.is_empty() {
+                    continue;
+                }
+                if let Some(own) = self.uprobes.get(&(id, pid as i32)) {
+                    live += own.spec.probes.len();
+                    continue;
+                }
             }
-            let mine: Vec<&mut ProbeStatus> =
-                report.iter_mut().filter(|r| r.image == kind && r.state == ProbeState::Usable).collect();
+            let filter = if extra.is_empty() { filter } else { pid as i32 };
+            let mine: Vec<&mut ProbeStatus> = report
+                .iter_mut()
+                .filter(|r| r.image == kind && r.state == ProbeState::Usable && (extra.is_empty() || extra.contains(&r.symbol)))
+                .collect();
             if mine.is_empty() {
                 continue;
             }
-            let (mut links, probes) = self.attach_image(loc, pid_filter, mine);
+            let (mut links, probes) = self.attach_image(loc, filter, mine);
             live += probes.len();
             if !probes.is_empty() {
                 new = true;
-                let report = report.iter().filter(|r| r.image == kind).cloned().collect();
+                let report =
+                    report.iter().filter(|r| r.image == kind && (extra.is_empty() || extra.contains(&r.symbol))).cloned().collect();
                 if self.window_closed {
                     // Attached to check it can be; live from the next window.
                     detach_all(std::mem::take(&mut links));
                 }
-                let spec = AttachSpec { path: loc.attach_path.clone(), pid: pid_filter, probes };
-                self.uprobes.insert((id, pid_filter), Attached { links, spec, report });
+                let spec = AttachSpec { path: loc.attach_path.clone(), pid: filter, probes };
+                self.uprobes.insert((id, filter), Attached { links, spec, report });
             }
         }
         if live == 0 {
@@ -372,15 +399,27 @@ impl Tracer {
         // BPF side can skip its traced-set lookup.
         let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
         if self.multi {
-            let opts = UprobeMultiOpts {
-                offsets: probes.iter().map(|p| p.0).collect(),
-                cookies: probes.iter().map(|p| p.1 | one).collect(),
-                ..Default::default()
-            };
-            return match self.skel.progs.uv_multi.attach_uprobe_multi_with_opts(pid, path, "", opts) {
-                Ok(link) => (vec![link], vec![]),
-                Err(e) => (vec![], (0..probes.len()).map(|i| (i, e.to_string())).collect()),
-            };
+            // With session uprobes, the fs submits get their own link.
+            let session = |&(_, cookie): &(usize, u64)| self.session && cookie >> cookie_layout::COOKIE_KIND_SHIFT.0 == u64::from(probe_kind::PROBE_FS_SUBMIT.0);
+            let (mut links, mut failed) = (Vec::new(), Vec::new());
+            for in_session in [false, true] {
+                let part: Vec<usize> = (0..probes.len()).filter(|&i| session(&probes[i]) == in_session).collect();
+                if part.is_empty() {
+                    continue;
+                }
+                let opts = UprobeMultiOpts {
+                    offsets: part.iter().map(|&i| probes[i].0).collect(),
+                    cookies: part.iter().map(|&i| probes[i].1 | one).collect(),
+                    session: in_session,
+                    ..Default::default()
+                };
+                let prog = if in_session { &self.skel.progs.uv_session } else { &self.skel.progs.uv_multi };
+                match prog.attach_uprobe_multi_with_opts(pid, path, "", opts) {
+                    Ok(link) => links.push(link),
+                    Err(e) => failed.extend(part.into_iter().map(|i| (i, e.to_string()))),
+                }
+            }
+            return (links, failed);
         }
         let (mut links, mut failed) = (Vec::new(), Vec::new());
         for (i, &(offset, cookie)) in probes.iter().enumerate() {

@@ -111,6 +111,18 @@ pub struct Probe {
     /// The handler copes with argument registers changed by the
     /// instructions a moved probe point skips (symbols::point).
     pub args_may_change: bool,
+    /// Left out, though found, when what it ends always ends elsewhere.
+    pub only_for: Option<Needed>,
+}
+
+/// When a probe found in the file is attached after all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Needed {
+    /// Only while something is left for `uv_fs_req_cleanup` to end: sync
+    /// fs calls where the kernel cannot end them at their return (no
+    /// session uprobes), async requests where `uv__fs_done` is missing or
+    /// io_uring may complete them (see [`super::io_uring`]).
+    FsEnds,
 }
 
 impl Probe {
@@ -125,6 +137,7 @@ impl Probe {
         requires: None,
         detail: None,
         args_may_change: false,
+        only_for: None,
     };
 
     /// The full attach cookie: handler in the top byte, handler cookie below.
@@ -288,6 +301,7 @@ pub const OTHER: &[Probe] = &[
         symbol: "uv_fs_req_cleanup",
         kind: probe_kind::PROBE_FS_CLEANUP,
         if_missing: "sync fs calls are not seen to end: no spans for them",
+        only_for: Some(Needed::FsEnds),
         ..Probe::ROW
     },
     Probe { symbol: "uv_getaddrinfo", kind: probe_kind::PROBE_DNS_SUBMIT, if_missing: "no DNS spans", ..Probe::ROW },

@@ -6,8 +6,30 @@
 use std::collections::HashMap;
 
 use crate::kernel::skel::types::probe_kind;
-use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Probe};
+use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Needed, Probe};
+use crate::probes::io_uring;
 use crate::symbols::{Images, Located};
+
+/// How fs operations end on this kernel and in this process: whether
+/// anything is left for `uv_fs_req_cleanup` to end ([`Needed::FsEnds`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FsEnds {
+    /// Sync calls end at their uv_fs_* function's return (session uprobes).
+    pub sync_at_return: bool,
+    /// Fs requests may complete through io_uring, skipping `uv__fs_done`.
+    pub io_uring: bool,
+}
+
+impl FsEnds {
+    /// Without session uprobes: uv_fs_req_cleanup ends sync calls.
+    pub const AT_CLEANUP: FsEnds = FsEnds { sync_at_return: false, io_uring: true };
+
+    /// For a process of `images` with this `UV_USE_IO_URING`.
+    pub fn of(sync_at_return: bool, images: &Images, env: io_uring::Env<'_>) -> FsEnds {
+        let img = &images.libuv.image;
+        FsEnds { sync_at_return, io_uring: io_uring::fs_may_use_io_uring(img.uv_version, img.node_io_uring_patch, env) }
+    }
+}
 
 /// How one probe fares on one build.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,6 +62,9 @@ pub struct ProbeStatus {
     pub fallback_for: Option<&'static str>,
     /// Useful only with this symbol (not attached without it).
     pub requires: Option<&'static str>,
+    /// Attached only while it has something to end.
+    #[serde(skip)]
+    pub only_for: Option<Needed>,
     /// The kernel cannot emulate the instruction at the probe point, so each
     /// hit is single-stepped (much slower).
     pub single_stepped: bool,
@@ -60,7 +85,13 @@ fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> Result<S::Ok, S::
 }
 
 /// The state of `p` given the symbols found in libuv's image and libc's.
-fn state_of(p: &Probe, libuv: &HashMap<&'static str, u64>, libc: Option<&HashMap<&'static str, u64>>, detail: Detail) -> (ProbeState, Option<u64>) {
+fn state_of(
+    p: &Probe,
+    libuv: &HashMap<&'static str, u64>,
+    libc: Option<&HashMap<&'static str, u64>>,
+    detail: Detail,
+    ends: FsEnds,
+) -> (ProbeState, Option<u64>) {
     let syms = match p.image {
         ImageKind::Libuv => Some(libuv),
         ImageKind::Libc => libc,
@@ -74,6 +105,13 @@ fn state_of(p: &Probe, libuv: &HashMap<&'static str, u64>, libc: Option<&HashMap
     if p.requires.is_some_and(|needed| !libuv.contains_key(needed)) {
         return (ProbeState::NotNeeded, None);
     }
+    let needed = match p.only_for {
+        None => true,
+        Some(Needed::FsEnds) => !ends.sync_at_return || ends.io_uring || !libuv.contains_key("uv__fs_done"),
+    };
+    if !needed {
+        return (ProbeState::NotNeeded, None);
+    }
     match syms.and_then(|s| s.get(p.symbol)) {
         Some(&off) => (ProbeState::Usable, Some(off)),
         None => (ProbeState::Missing, None),
@@ -85,11 +123,12 @@ pub fn plan_symbols(
     libuv: &HashMap<&'static str, u64>,
     libc: Option<&HashMap<&'static str, u64>>,
     detail: Detail,
+    ends: FsEnds,
 ) -> Vec<ProbeStatus> {
     catalog::all_probes()
         .into_iter()
         .map(|p| {
-            let (state, offset) = state_of(&p, libuv, libc, detail);
+            let (state, offset) = state_of(&p, libuv, libc, detail, ends);
             ProbeStatus {
                 symbol: p.symbol,
                 image: p.image,
@@ -99,6 +138,7 @@ pub fn plan_symbols(
                 if_missing: p.if_missing,
                 fallback_for: p.fallback_for,
                 requires: p.requires,
+                only_for: p.only_for,
                 single_stepped: false,
                 kind: p.kind,
                 cookie: p.attach_cookie(),
@@ -108,9 +148,9 @@ pub fn plan_symbols(
 }
 
 /// The plan for a process's images (nothing attached yet).
-pub fn plan(images: &Images, detail: Detail) -> Vec<ProbeStatus> {
+pub fn plan(images: &Images, detail: Detail, ends: FsEnds) -> Vec<ProbeStatus> {
     let libc = images.libc.as_ref().map(|l| &l.image.offsets);
-    let mut out = plan_symbols(&images.libuv.image.offsets, libc, detail);
+    let mut out = plan_symbols(&images.libuv.image.offsets, libc, detail, ends);
     for r in &mut out {
         let loc = match r.image {
             ImageKind::Libuv => Some(&images.libuv),
@@ -183,26 +223,43 @@ mod tests {
             .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
             .collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let plan_full = plan_symbols(&full, Some(&libc), Detail::all());
+        let plan_full = plan_symbols(&full, Some(&libc), Detail::all(), FsEnds::AT_CLEANUP);
         assert_eq!(get(&plan_full, "uv_run"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_full, "getaddrinfo"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_full, "uv__io_poll"), (ProbeState::Usable, Some(0x1000)));
 
         // Stripped: only the exported API.
         let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
-        let plan_s = plan_symbols(&stripped, Some(&libc), Detail::all());
+        let plan_s = plan_symbols(&stripped, Some(&libc), Detail::all(), FsEnds::AT_CLEANUP);
         assert_eq!(get(&plan_s, "uv__io_poll"), (ProbeState::Missing, None));
         assert_eq!(get(&plan_s, "uv_run"), (ProbeState::Usable, Some(0x3000)));
         assert_eq!(get(&plan_s, "uv_freeaddrinfo"), (ProbeState::Usable, Some(0x2000)));
         assert_eq!(get(&plan_s, "getaddrinfo"), (ProbeState::Usable, Some(0x10)));
-        assert_eq!(get(&plan_symbols(&stripped, None, Detail::all()), "getaddrinfo").0, ProbeState::Missing);
+        assert_eq!(get(&plan_symbols(&stripped, None, Detail::all(), FsEnds::AT_CLEANUP), "getaddrinfo").0, ProbeState::Missing);
         assert!(epoll_only(&plan_s));
         assert!(!epoll_only(&plan_full));
         // Without llhttp_execute, no request probe is attached (it would only cost).
         let no_parser: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "llhttp_execute").map(|(k, v)| (*k, *v)).collect();
-        let plan_np = plan_symbols(&no_parser, Some(&libc), Detail::all());
+        let plan_np = plan_symbols(&no_parser, Some(&libc), Detail::all(), FsEnds::AT_CLEANUP);
         assert_eq!(get(&plan_np, "uv_try_write"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_np, "llhttp_execute"), (ProbeState::Missing, None));
+    }
+
+    #[test]
+    fn cleanup_only_while_something_ends_there() {
+        let full: HashMap<&'static str, u64> =
+            catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
+        let no_done: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "uv__fs_done").map(|(k, v)| (*k, *v)).collect();
+        let cleanup = |syms: &HashMap<&'static str, u64>, sync_at_return, io_uring| {
+            get(&plan_symbols(syms, None, Detail::default(), FsEnds { sync_at_return, io_uring }), "uv_fs_req_cleanup").0
+        };
+        // Sync calls end at their return, async ones at uv__fs_done: none left.
+        assert_eq!(cleanup(&full, true, false), ProbeState::NotNeeded);
+        // Sync calls end there (no session uprobes), or async requests may
+        // complete through io_uring, or uv__fs_done is missing.
+        assert_eq!(cleanup(&full, false, false), ProbeState::Usable);
+        assert_eq!(cleanup(&full, true, true), ProbeState::Usable);
+        assert_eq!(cleanup(&no_done, true, false), ProbeState::Usable);
     }
 
     #[test]
@@ -211,7 +268,7 @@ mod tests {
             catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
         let attached = |d: Detail| -> Vec<&'static str> {
-            let mut v: Vec<_> = plan_symbols(&full, Some(&libc), d)
+            let mut v: Vec<_> = plan_symbols(&full, Some(&libc), d, FsEnds::AT_CLEANUP)
                 .into_iter()
                 .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
                 .map(|r| r.symbol)
@@ -234,7 +291,7 @@ mod tests {
             assert!(rq.contains(&s), "{s}");
         }
         assert_eq!(rq.len(), 4 + 8);
-        let off = plan_symbols(&full, Some(&libc), Detail::default());
+        let off = plan_symbols(&full, Some(&libc), Detail::default(), FsEnds::AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));
     }

@@ -5,9 +5,10 @@
 use anyhow::Result;
 use serde::Serialize;
 
-use crate::probes::catalog::Detail;
+use crate::probes::catalog::{Detail, Needed};
 use crate::symbols::{self, Images, Located};
-use crate::probes::plan::{plan, ProbeState, ProbeStatus};
+use crate::probes::io_uring;
+use crate::probes::plan::{plan, FsEnds, ProbeState, ProbeStatus};
 
 #[derive(Serialize)]
 struct ImageInfo<'a> {
@@ -71,6 +72,9 @@ fn note(r: &ProbeStatus) -> String {
     match (&r.state, r.fallback_for) {
         (ProbeState::Usable, Some(primary)) => format!("in use for missing {primary}"),
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
+        (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::FsEnds) => {
+            "sync calls end at their return, async ones at uv__fs_done (no io_uring)".into()
+        }
         (ProbeState::NotNeeded, None) => format!("only used with {}", r.requires.unwrap_or("?")),
         (ProbeState::Missing, _) => r.if_missing.to_string(),
         (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
@@ -125,7 +129,14 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
 /// Runs `uvspan probes`.
 pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool, detail: Detail) -> Result<()> {
     let images = images_for(pid, path)?;
-    let probes = plan(&images, detail);
+    // A file alone: as for a process started with the default environment.
+    let env = pid.map(io_uring::read_env).transpose().ok().flatten();
+    let env = match (pid, &env) {
+        (Some(_), None) => io_uring::Env::Unknown,
+        (_, Some(Some(v))) => io_uring::Env::Set(v),
+        _ => io_uring::Env::Unset,
+    };
+    let probes = plan(&images, detail, FsEnds::of(crate::kernel::features::session_uprobes(), &images, env));
     if json {
         println!("{}", render_json(pid, &images, &probes));
     } else {

@@ -40,3 +40,13 @@ pub fn vm_rss_kib(pid: u32) -> u64 {
 pub fn fd_count(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or_else(|e| panic!("/proc/{pid}/fd: {e}"))
 }
+
+/// Whether this kernel has session uprobes (Linux >= 6.13): uvspan then
+/// ends sync fs calls at their return and leaves uv_fs_req_cleanup out
+/// where nothing else ends there.
+pub fn session_uprobes() -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("/proc/sys/kernel/osrelease");
+    let mut parts = release.trim().split(['.', '-']).map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (6, 13)
+}

@@ -43,10 +43,11 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
             attrs.push(KeyValue::new(key, r.result));
         }
     }
-    // Said only when the end is not the usual one: sync calls end at
-    // uv_fs_req_cleanup, async ones at libuv's completion.
-    let usual = if r.sync { "uv_fs_req_cleanup" } else { "libuv_done" };
-    if let Some(at) = r.ended_at.filter(|&at| at != usual) {
+    // Said only when the end is not the usual one: sync calls end at their
+    // return (or uv_fs_req_cleanup right after it, on kernels without
+    // session uprobes), async ones at libuv's completion.
+    let usual = |at| if r.sync { at == "return" || at == "uv_fs_req_cleanup" } else { at == "libuv_done" };
+    if let Some(at) = r.ended_at.filter(|&at| !usual(at)) {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
     let mut span = b.span(name, b.parent, r.start_ns, r.end_ns, attrs);
@@ -119,6 +120,16 @@ mod tests {
         assert_eq!(attr(&scandir[0], "uvspan.fs.entries"), Some(&Value::I64(3)));
         let stat = build_one(&Record::Fs(FsRecord { result: 0, ..rec("uv_fs_stat") }));
         assert!(["uvspan.fs.bytes", "uvspan.fs.fd", "uvspan.fs.entries"].iter().all(|k| attr(&stat[0], k).is_none()));
+    }
+
+    #[test]
+    fn a_sync_call_ending_at_its_return_or_cleanup_is_the_usual_end() {
+        for at in ["return", "uv_fs_req_cleanup"] {
+            let s = &build_one(&Record::Fs(FsRecord { sync: true, ended_at: Some(at), ..rec("uv_fs_stat") }))[0];
+            assert_eq!(attr(s, "uvspan.ended_at"), None, "{at}");
+        }
+        let s = &build_one(&Record::Fs(FsRecord { sync: false, ended_at: Some("uv_fs_req_cleanup"), ..rec("uv_fs_stat") }))[0];
+        assert_eq!(attr(s, "uvspan.ended_at"), Some(&Value::from("uv_fs_req_cleanup")), "an async request's late end is said");
     }
 
     #[test]
