@@ -419,6 +419,13 @@ impl Tracer {
                     Err(e) => failed.extend(part.into_iter().map(|i| (i, e.to_string()))),
                 }
             }
+            // All or none, as with one link: a file that went away between
+            // the two (its process exited) must not stay attached in half.
+            if !failed.is_empty() && !links.is_empty() {
+                detach_all(links);
+                let why = failed[0].1.clone();
+                return (Vec::new(), (0..probes.len()).map(|i| (i, why.clone())).collect());
+            }
             return (links, failed);
         }
         let (mut links, mut failed) = (Vec::new(), Vec::new());
