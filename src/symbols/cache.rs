@@ -92,9 +92,10 @@ impl Stored {
 }
 
 /// Bumped when what an image holds is computed differently (probe points
-/// chosen another way, 3: the libuv version and io_uring patch read from
-/// every image): older files are read again from the ELF.
-const FORMAT: u32 = 3;
+/// chosen another way; 3: the libuv version and io_uring patch read from
+/// every image; 4: uv_version() read with a frame pointer too): older files
+/// are read again from the ELF.
+const FORMAT: u32 = 4;
 
 /// The catalog's symbols whose probe points may skip argument writes, sorted.
 fn moved_args() -> Vec<String> {

@@ -108,7 +108,7 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         let Ok(name) = sym.name() else { continue };
         match name {
             "uv_version" => {
-                let code = file_offset(elf, sym.address()).and_then(|o| data.get(o as usize..o as usize + 6));
+                let code = file_offset(elf, sym.address()).and_then(|o| data.get(o as usize..(o as usize + 16).min(data.len())));
                 uv_version = uv_version.or(code.and_then(returned_constant));
             }
             NODE_IO_URING_PATCH => node_io_uring_patch = true,
@@ -149,12 +149,17 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
 const NODE_IO_URING_PATCH: &str = "uv__node_patch_is_using_io_uring";
 
 /// The constant a function returns when its code is `mov $imm32, %eax; ret`
-/// (libuv's `uv_version()`).
+/// (libuv's `uv_version()`), possibly with `endbr64` before and a frame
+/// pointer around it (`push %rbp; mov %rsp,%rbp` ... `pop %rbp`: Node 26).
 fn returned_constant(code: &[u8]) -> Option<u32> {
-    match code {
-        [0xb8, a, b, c, d, 0xc3, ..] => Some(u32::from_le_bytes([*a, *b, *c, *d])),
-        _ => None,
-    }
+    let code = code.strip_prefix(&[0xf3, 0x0f, 0x1e, 0xfa]).unwrap_or(code);
+    let (code, framed) = match code.strip_prefix(&[0x55, 0x48, 0x89, 0xe5]) {
+        Some(rest) => (rest, true),
+        None => (code, false),
+    };
+    let [0xb8, a, b, c, d, rest @ ..] = code else { return None };
+    let rest = if framed { rest.strip_prefix(&[0x5d])? } else { rest };
+    (rest.first() == Some(&0xc3)).then(|| u32::from_le_bytes([*a, *b, *c, *d]))
 }
 
 /// Virtual address to file offset, through the PT_LOAD segment holding it.
@@ -195,6 +200,11 @@ mod tests {
         assert_eq!(returned_constant(&[0xb8, 0x00, 0x2e, 0x01, 0x00, 0xc3]), Some(0x012e00));
         assert_eq!(returned_constant(&[0xb8, 0x00, 0x2e, 0x01, 0x00, 0x90]), None);
         assert_eq!(returned_constant(&[0xb8, 0x00]), None);
+        // Node 26: with a frame pointer; and with endbr64 first.
+        let framed = [0x55, 0x48, 0x89, 0xe5, 0xb8, 0x01, 0x34, 0x01, 0x00, 0x5d, 0xc3];
+        assert_eq!(returned_constant(&framed), Some(0x013401));
+        assert_eq!(returned_constant(&[0xf3, 0x0f, 0x1e, 0xfa, 0xb8, 0x01, 0x34, 0x01, 0x00, 0xc3]), Some(0x013401));
+        assert_eq!(returned_constant(&framed[..10]), None, "no ret");
     }
 
     #[test]
