@@ -904,7 +904,8 @@ fn service_name_of_node_eval_is_the_executable() {
 /// libuv with UV_USE_IO_URING=1), skipping uv__fs_done: uvspan then keeps
 /// uv_fs_req_cleanup probed and those requests still end there. Without it
 /// (the default), requests end at uv__fs_done. Sync calls end the same way
-/// either way.
+/// either way. The third run turns io_uring on only in a node that the
+/// command's shell starts: that process gets the probe for itself.
 #[test]
 fn fs_requests_completed_through_io_uring_still_end() {
     require_root();
@@ -918,11 +919,19 @@ fn fs_requests_completed_through_io_uring_still_end() {
     std::fs::write(&file, "io_uring or not\n").expect("write");
     let script = "const fs = require('fs'); const f = process.argv[1]; fs.statSync(f); \
                   fs.readFile(f, (e, d) => { if (e) throw e; console.log(d.length); });";
-    for (uring, async_end) in [("0", None), ("1", Some("uv_fs_req_cleanup"))] {
+    let in_shell = "UV_USE_IO_URING=1 node -e \"$0\" \"$1\"";
+    for (uring, shell, async_end) in [("0", false, None), ("1", false, Some("uv_fs_req_cleanup")), ("0", true, Some("uv_fs_req_cleanup"))] {
         let rx = Receiver::start(Protocol::Grpc);
         let ep = rx.endpoint();
-        let mut cmd = uvspan_cmd(["--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", "-e", script, &file]);
+        let mut args = vec!["--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--"];
+        if shell {
+            args.extend(["sh", "-c", in_shell, script, &file]);
+        } else {
+            args.extend(["node", "-e", script, &file]);
+        }
+        let mut cmd = uvspan_cmd(args);
         cmd.env("UV_USE_IO_URING", uring);
+        let uring = if shell { "1 in a node the shell starts" } else { uring };
         let out = run(cmd);
         assert_eq!(out.code(), Some(0), "UV_USE_IO_URING={uring}\n{}", out.context());
         assert_eq!(out.stdout.trim(), "16", "{}", out.context());

@@ -119,6 +119,8 @@ pub struct Agent {
     stacks: Option<Stacks>,
     watcher: Option<Watcher>,
     command: Option<Spawned>,
+    /// The images `-- COMMAND` was attached for.
+    command_images: Option<Images>,
     waker: Waker,
     signal: Arc<AtomicI32>,
     /// When a signal was passed on to the command.
@@ -334,6 +336,7 @@ impl Agent {
             health_metrics,
             watcher: None,
             command: None,
+            command_images: None,
             waker,
             signal,
             forwarded_at: None,
@@ -423,7 +426,23 @@ impl Agent {
         }
         child.release()?;
         self.command = Some(child);
+        self.command_images = Some(images.clone());
         Ok(())
+    }
+
+    /// `-- COMMAND`: one of its processes exec'd (node started by a shell or
+    /// a script). The binary's probes cover it already; one whose
+    /// environment turns io_uring on also needs uv_fs_req_cleanup for
+    /// itself (see Tracer::attach). Other programs are left alone.
+    fn command_exec(&mut self, pid: u32) {
+        let Some(cmd) = &self.command_images else { return };
+        let Ok(images) = target::check_pid(pid) else { return };
+        if images.libuv.path != cmd.libuv.path {
+            return;
+        }
+        if let Err(e) = self.tracer.attach(&images, pid, true) {
+            eprintln!("uvspan: process {pid}: {e:#}");
+        }
     }
 
     /// One turn of the crank; false when the run is over.
@@ -534,6 +553,10 @@ impl Agent {
                         r.stacks = st.take(r.pid, r.start_ns);
                     }
                     self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
+                Record::Exec { pid } if self.command.is_some() => {
+                    self.command_exec(pid);
+                    self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
             }
