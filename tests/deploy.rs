@@ -1658,6 +1658,9 @@ fn pid_mode_exports_spans_while_the_target_runs() {
 /// after 600 ms, 1.5 s to flush): the spans already exported must not also
 /// be counted as not flushed. The summary must still add up to the 1000.
 /// Found by this test: they were counted twice (fixed in 53c4d2e).
+/// On a loaded machine the deadline can fall between the collector keeping
+/// a request and uvspan reading its answer (seen once): that one batch is
+/// received but counted not flushed.
 #[test]
 fn flush_deadline_does_not_count_exported_spans_twice() {
     require_root();
@@ -1680,7 +1683,17 @@ fn flush_deadline_does_not_count_exported_spans_twice() {
     let s = summary(&out.stderr);
     eprintln!("deploy: flush deadline: {s:?}, received {}", col.spans().len());
     assert!(s.exported > 0 && s.exported < 1000, "the deadline did not fall mid-export: {s:?}");
-    assert_eq!(s.exported, col.spans().len() as u64, "{}", out.context());
+    // The request in flight when the deadline falls may have reached the
+    // collector without its answer reaching uvspan: those spans are counted
+    // not flushed (uvspan cannot know), so the collector may hold one batch
+    // (100) more than uvspan counts exported, never fewer.
+    let received = col.spans().len() as u64;
+    assert!(
+        s.exported <= received && received <= s.exported + 100,
+        "exported {} vs received {received}: {}",
+        s.exported,
+        out.context()
+    );
     assert_eq!(accounted(&out), 1000, "exported + dropped + failed + not flushed must be the 1000 spans made\n{}", out.context());
     node.finish();
 }
