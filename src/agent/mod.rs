@@ -432,10 +432,15 @@ impl Agent {
 
     /// `-- COMMAND`: one of its processes exec'd (node started by a shell or
     /// a script). The binary's probes cover it already; one whose
-    /// environment turns io_uring on also needs uv_fs_req_cleanup for
-    /// itself (see Tracer::attach). Other programs are left alone.
+    /// environment turns io_uring on may also need uv_fs_req_cleanup for
+    /// itself (see Tracer::attach). Other programs, and processes that
+    /// leave io_uring alone (nearly all: only their environment is read),
+    /// are left alone.
     fn command_exec(&mut self, pid: u32) {
         let Some(cmd) = &self.command_images else { return };
+        if !crate::probes::io_uring::Env::of(pid).turns_on() {
+            return;
+        }
         let Ok(images) = target::check_pid(pid) else { return };
         if images.libuv.path != cmd.libuv.path {
             return;

@@ -312,13 +312,8 @@ impl Tracer {
     /// attached for this process alone. Missing symbols are reported, not
     /// fatal; no probe attached at all is an error.
     pub fn attach(&mut self, images: &Images, pid: u32, per_file: bool) -> Result<Attach> {
-        let env = io_uring::read_env(pid);
-        let env = match &env {
-            Ok(None) => io_uring::Env::Unset,
-            Ok(Some(v)) => io_uring::Env::Set(v),
-            Err(_) => io_uring::Env::Unknown,
-        };
-        let mut report = plan(images, self.detail, FsEnds::of(self.session, images, env));
+        let env = io_uring::Env::of(pid);
+        let mut report = plan(images, self.detail, FsEnds::of(self.session, images, &env));
         let filter = if per_file { -1 } else { pid as i32 };
         let (mut live, mut new) = (0, false);
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {

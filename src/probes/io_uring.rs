@@ -15,12 +15,27 @@
 //! libuv reads the variable once, when the first loop starts, with `atoi`.
 
 /// What is known of a process's `UV_USE_IO_URING`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Env<'a> {
-    /// No process to ask (probes attached for every process of a file).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Env {
+    /// Its environment cannot be read.
     Unknown,
     Unset,
-    Set(&'a str),
+    Set(String),
+}
+
+impl Env {
+    /// A process's `UV_USE_IO_URING`, from the environment it started with.
+    pub fn of(pid: u32) -> Env {
+        match std::fs::read(format!("/proc/{pid}/environ")) {
+            Ok(raw) => env_value(&raw, "UV_USE_IO_URING").map_or(Env::Unset, Env::Set),
+            Err(_) => Env::Unknown,
+        }
+    }
+
+    /// Set to turn io_uring on (a non-zero number), whatever the version.
+    pub fn turns_on(&self) -> bool {
+        matches!(self, Env::Set(v) if atoi(v) != 0)
+    }
 }
 
 /// `major.minor` of a `uv_version()` value (0x012e00: 1.46).
@@ -47,7 +62,7 @@ fn atoi(s: &str) -> i64 {
 /// Whether fs requests of a process may complete through io_uring, given
 /// its libuv version (None: unknown), Node's patch and its environment.
 /// Unknown versions and unknown environments count as "may".
-pub fn fs_may_use_io_uring(uv_version: Option<u32>, node_patched: bool, env: Env<'_>) -> bool {
+pub fn fs_may_use_io_uring(uv_version: Option<u32>, node_patched: bool, env: &Env) -> bool {
     let Some(minor) = uv_version.and_then(minor) else { return true };
     if !(45..=48).contains(&minor) {
         return false;
@@ -56,14 +71,8 @@ pub fn fs_may_use_io_uring(uv_version: Option<u32>, node_patched: bool, env: Env
     match env {
         Env::Unknown => true,
         Env::Unset => default_on,
-        Env::Set(v) => atoi(v) != 0,
+        Env::Set(_) => env.turns_on(),
     }
-}
-
-/// A process's `UV_USE_IO_URING`, from the environment it started with.
-pub fn read_env(pid: u32) -> std::io::Result<Option<String>> {
-    let raw = std::fs::read(format!("/proc/{pid}/environ"))?;
-    Ok(env_value(&raw, "UV_USE_IO_URING"))
 }
 
 /// The value of `key` in a NUL-separated environment block.
@@ -86,25 +95,34 @@ mod tests {
     #[test]
     fn by_version_patch_and_environment() {
         use Env::*;
-        let may = |v, patched, env| fs_may_use_io_uring(v, patched, env);
+        let set = |v: &str| Set(v.to_string());
+        let may = |v, patched, env: Env| fs_may_use_io_uring(v, patched, &env);
         // Before io_uring, and since it needs a loop flag Node never sets.
-        for env in [Unknown, Unset, Set("1")] {
-            assert!(!may(Some(V1_44), false, env));
+        for env in [Unknown, Unset, set("1")] {
+            assert!(!may(Some(V1_44), false, env.clone()));
             assert!(!may(Some(V1_51), false, env));
         }
         // libuv 1.45-1.47 as released: on unless turned off.
         assert!(may(Some(V1_46), false, Unset));
-        assert!(!may(Some(V1_46), false, Set("0")));
+        assert!(!may(Some(V1_46), false, set("0")));
         // Node's patched copies and 1.48: off unless turned on.
         assert!(!may(Some(V1_46), true, Unset));
-        assert!(may(Some(V1_46), true, Set("1")));
+        assert!(may(Some(V1_46), true, set("1")));
         assert!(!may(Some(V1_48), false, Unset));
-        assert!(may(Some(V1_48), false, Set(" 2")));
-        assert!(!may(Some(V1_48), false, Set("yes")), "atoi(\"yes\") is 0");
+        assert!(may(Some(V1_48), false, set(" 2")));
+        assert!(!may(Some(V1_48), false, set("yes")), "atoi(\"yes\") is 0");
         // Not known: assume it may.
         assert!(may(None, false, Unset));
         assert!(may(Some(V1_46), true, Unknown));
         assert!(may(Some(0x020000), false, Unset), "not a libuv 1.x version");
+    }
+
+    #[test]
+    fn turns_on() {
+        assert!(Env::Set("1".into()).turns_on());
+        assert!(!Env::Set("0".into()).turns_on());
+        assert!(!Env::Unset.turns_on() && !Env::Unknown.turns_on());
+        assert_eq!(Env::of(u32::MAX), Env::Unknown, "no such process");
     }
 
     #[test]

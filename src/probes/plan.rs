@@ -25,7 +25,7 @@ impl FsEnds {
     pub const AT_CLEANUP: FsEnds = FsEnds { sync_at_return: false, io_uring: true };
 
     /// For a process of `images` with this `UV_USE_IO_URING`.
-    pub fn of(sync_at_return: bool, images: &Images, env: io_uring::Env<'_>) -> FsEnds {
+    pub fn of(sync_at_return: bool, images: &Images, env: &io_uring::Env) -> FsEnds {
         let img = &images.libuv.image;
         FsEnds { sync_at_return, io_uring: io_uring::fs_may_use_io_uring(img.uv_version, img.node_io_uring_patch, env) }
     }

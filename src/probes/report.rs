@@ -130,13 +130,8 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
 pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool, detail: Detail) -> Result<()> {
     let images = images_for(pid, path)?;
     // A file alone: as for a process started with the default environment.
-    let env = pid.map(io_uring::read_env).transpose().ok().flatten();
-    let env = match (pid, &env) {
-        (Some(_), None) => io_uring::Env::Unknown,
-        (_, Some(Some(v))) => io_uring::Env::Set(v),
-        _ => io_uring::Env::Unset,
-    };
-    let probes = plan(&images, detail, FsEnds::of(crate::kernel::features::session_uprobes(), &images, env));
+    let env = pid.map_or(io_uring::Env::Unset, io_uring::Env::of);
+    let probes = plan(&images, detail, FsEnds::of(crate::kernel::features::session_uprobes(), &images, &env));
     if json {
         println!("{}", render_json(pid, &images, &probes));
     } else {
