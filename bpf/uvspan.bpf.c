@@ -1228,14 +1228,19 @@ static __always_inline int cause_clear(struct pt_regs *ctx)
  * It exists twice only because multi-uprobe links (one link per image,
  * cheap to attach and detach) need their own program type; uv_single is the
  * fallback for kernels without them (< 6.6). */
+/* Links attached for every process of a file (--all, cgroups, forks of a
+ * traced command) fire in processes not traced: those are filtered here. */
+static __always_inline int for_traced(__u64 cookie)
+{
+	return (cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) || is_traced(bpf_get_current_pid_tgid() >> 32);
+}
+
 static __always_inline int dispatch(struct pt_regs *ctx)
 {
 	if (trap_only)
 		return 0;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	/* Links attached for every process of a file (--all, cgroups, forks
-	 * of a traced command) fire in processes not traced: filtered here. */
-	if (!(cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) && !is_traced(bpf_get_current_pid_tgid() >> 32))
+	if (!for_traced(cookie))
 		return 0;
 	switch (cookie >> COOKIE_KIND_SHIFT) {
 	case PROBE_FS_SUBMIT: fs_submit(ctx, cookie); return 0;
@@ -1286,9 +1291,7 @@ int uv_session(struct pt_regs *ctx)
 	if (bpf_session_is_return())
 		return fs_sync_return(*req);
 	__u64 cookie = bpf_get_attach_cookie(ctx);
-	if (!(cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) && !is_traced(bpf_get_current_pid_tgid() >> 32))
-		return 1;
-	if (!fs_submit(ctx, cookie))
+	if (!for_traced(cookie) || !fs_submit(ctx, cookie))
 		return 1;
 	*req = PT_REGS_PARM2(ctx);
 	return 0;

@@ -559,7 +559,7 @@ impl Agent {
                     }
                     self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
-                Record::Exec { pid } if self.command.is_some() => {
+                Record::Exec { pid } if self.command_images.is_some() => {
                     self.command_exec(pid);
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }

@@ -319,31 +319,34 @@ impl Tracer {
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
             let Some(loc) = loc else { continue };
             let id = file_id(&loc.attach_path).with_context(|| format!("{} is gone", loc.path))?;
-            // What this process needs beyond the file's attachment.
-            let mut extra = Vec::new();
-            if let Some(done) = self.uprobes.get(&(id, filter)) {
-                live += done.spec.probes.len();
-                for r in report.iter_mut().filter(|r| r.image == kind) {
-                    let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) else { continue };
-                    if per_file && r.state == ProbeState::Usable && was.state == ProbeState::NotNeeded {
-                        extra.push(r.symbol);
-                    } else {
-                        r.state = was.state.clone();
+            // Attach for `filter` what the plan wants; or, where the file is
+            // attached already, only what this process needs beyond that
+            // attachment (`only`), for this process.
+            let (filter, only) = match self.uprobes.get(&(id, filter)) {
+                None => (filter, None),
+                Some(done) => {
+                    live += done.spec.probes.len();
+                    let mut extra = Vec::new();
+                    for r in report.iter_mut().filter(|r| r.image == kind) {
+                        let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) else { continue };
+                        if per_file && r.state == ProbeState::Usable && was.state == ProbeState::NotNeeded {
+                            extra.push(r.symbol);
+                        } else {
+                            r.state = was.state.clone();
+                        }
                     }
+                    if extra.is_empty() {
+                        continue;
+                    }
+                    if let Some(own) = self.uprobes.get(&(id, pid as i32)) {
+                        live += own.spec.probes.len();
+                        continue;
+                    }
+                    (pid as i32, Some(extra))
                 }
-                if extra.is_empty() {
-                    continue;
-                }
-                if let Some(own) = self.uprobes.get(&(id, pid as i32)) {
-                    live += own.spec.probes.len();
-                    continue;
-                }
-            }
-            let filter = if extra.is_empty() { filter } else { pid as i32 };
-            let mine: Vec<&mut ProbeStatus> = report
-                .iter_mut()
-                .filter(|r| r.image == kind && r.state == ProbeState::Usable && (extra.is_empty() || extra.contains(&r.symbol)))
-                .collect();
+            };
+            let wanted = |r: &ProbeStatus| r.image == kind && only.as_ref().is_none_or(|o| o.contains(&r.symbol));
+            let mine: Vec<&mut ProbeStatus> = report.iter_mut().filter(|r| wanted(r) && r.state == ProbeState::Usable).collect();
             if mine.is_empty() {
                 continue;
             }
@@ -351,8 +354,7 @@ impl Tracer {
             live += probes.len();
             if !probes.is_empty() {
                 new = true;
-                let report =
-                    report.iter().filter(|r| r.image == kind && (extra.is_empty() || extra.contains(&r.symbol))).cloned().collect();
+                let report = report.iter().filter(|r| wanted(r)).cloned().collect();
                 if self.window_closed {
                     // Attached to check it can be; live from the next window.
                     detach_all(std::mem::take(&mut links));
@@ -396,32 +398,31 @@ impl Tracer {
         if self.multi {
             // With session uprobes, the fs submits get their own link.
             let session = |&(_, cookie): &(usize, u64)| self.session && cookie >> cookie_layout::COOKIE_KIND_SHIFT.0 == u64::from(probe_kind::PROBE_FS_SUBMIT.0);
-            let (mut links, mut failed) = (Vec::new(), Vec::new());
+            let mut links = Vec::new();
             for in_session in [false, true] {
-                let part: Vec<usize> = (0..probes.len()).filter(|&i| session(&probes[i]) == in_session).collect();
+                let part: Vec<&(usize, u64)> = probes.iter().filter(|p| session(p) == in_session).collect();
                 if part.is_empty() {
                     continue;
                 }
                 let opts = UprobeMultiOpts {
-                    offsets: part.iter().map(|&i| probes[i].0).collect(),
-                    cookies: part.iter().map(|&i| probes[i].1 | one).collect(),
+                    offsets: part.iter().map(|p| p.0).collect(),
+                    cookies: part.iter().map(|p| p.1 | one).collect(),
                     session: in_session,
                     ..Default::default()
                 };
                 let prog = if in_session { &self.skel.progs.uv_session } else { &self.skel.progs.uv_multi };
                 match prog.attach_uprobe_multi_with_opts(pid, path, "", opts) {
                     Ok(link) => links.push(link),
-                    Err(e) => failed.extend(part.into_iter().map(|i| (i, e.to_string()))),
+                    Err(e) => {
+                        // All or none, as with one link: a file that went
+                        // away between the two (its process exited) must not
+                        // stay attached in half.
+                        detach_all(links);
+                        return (Vec::new(), (0..probes.len()).map(|i| (i, e.to_string())).collect());
+                    }
                 }
             }
-            // All or none, as with one link: a file that went away between
-            // the two (its process exited) must not stay attached in half.
-            if !failed.is_empty() && !links.is_empty() {
-                detach_all(links);
-                let why = failed[0].1.clone();
-                return (Vec::new(), (0..probes.len()).map(|i| (i, why.clone())).collect());
-            }
-            return (links, failed);
+            return (links, Vec::new());
         }
         let (mut links, mut failed) = (Vec::new(), Vec::new());
         for (i, &(offset, cookie)) in probes.iter().enumerate() {

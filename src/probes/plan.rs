@@ -21,9 +21,6 @@ pub struct FsEnds {
 }
 
 impl FsEnds {
-    /// Without session uprobes: uv_fs_req_cleanup ends sync calls.
-    pub const AT_CLEANUP: FsEnds = FsEnds { sync_at_return: false, io_uring: true };
-
     /// For a process of `images` with this `UV_USE_IO_URING`.
     pub fn of(sync_at_return: bool, images: &Images, env: &io_uring::Env) -> FsEnds {
         let img = &images.libuv.image;
@@ -209,6 +206,9 @@ pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// Without session uprobes: uv_fs_req_cleanup ends sync calls.
+    const AT_CLEANUP: FsEnds = FsEnds { sync_at_return: false, io_uring: true };
+
     fn get(pl: &[ProbeStatus], s: &str) -> (ProbeState, Option<u64>) {
         let r = pl.iter().find(|p| p.symbol == s).unwrap();
         (r.state.clone(), r.offset)
@@ -223,24 +223,24 @@ mod tests {
             .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
             .collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let plan_full = plan_symbols(&full, Some(&libc), Detail::all(), FsEnds::AT_CLEANUP);
+        let plan_full = plan_symbols(&full, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_full, "uv_run"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_full, "getaddrinfo"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_full, "uv__io_poll"), (ProbeState::Usable, Some(0x1000)));
 
         // Stripped: only the exported API.
         let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
-        let plan_s = plan_symbols(&stripped, Some(&libc), Detail::all(), FsEnds::AT_CLEANUP);
+        let plan_s = plan_symbols(&stripped, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_s, "uv__io_poll"), (ProbeState::Missing, None));
         assert_eq!(get(&plan_s, "uv_run"), (ProbeState::Usable, Some(0x3000)));
         assert_eq!(get(&plan_s, "uv_freeaddrinfo"), (ProbeState::Usable, Some(0x2000)));
         assert_eq!(get(&plan_s, "getaddrinfo"), (ProbeState::Usable, Some(0x10)));
-        assert_eq!(get(&plan_symbols(&stripped, None, Detail::all(), FsEnds::AT_CLEANUP), "getaddrinfo").0, ProbeState::Missing);
+        assert_eq!(get(&plan_symbols(&stripped, None, Detail::all(), AT_CLEANUP), "getaddrinfo").0, ProbeState::Missing);
         assert!(epoll_only(&plan_s));
         assert!(!epoll_only(&plan_full));
         // Without llhttp_execute, no request probe is attached (it would only cost).
         let no_parser: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "llhttp_execute").map(|(k, v)| (*k, *v)).collect();
-        let plan_np = plan_symbols(&no_parser, Some(&libc), Detail::all(), FsEnds::AT_CLEANUP);
+        let plan_np = plan_symbols(&no_parser, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_np, "uv_try_write"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_np, "llhttp_execute"), (ProbeState::Missing, None));
     }
@@ -268,7 +268,7 @@ mod tests {
             catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
         let attached = |d: Detail| -> Vec<&'static str> {
-            let mut v: Vec<_> = plan_symbols(&full, Some(&libc), d, FsEnds::AT_CLEANUP)
+            let mut v: Vec<_> = plan_symbols(&full, Some(&libc), d, AT_CLEANUP)
                 .into_iter()
                 .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
                 .map(|r| r.symbol)
@@ -291,7 +291,7 @@ mod tests {
             assert!(rq.contains(&s), "{s}");
         }
         assert_eq!(rq.len(), 4 + 8);
-        let off = plan_symbols(&full, Some(&libc), Detail::default(), FsEnds::AT_CLEANUP);
+        let off = plan_symbols(&full, Some(&libc), Detail::default(), AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));
     }
