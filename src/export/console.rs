@@ -10,7 +10,7 @@ use opentelemetry_sdk::Resource;
 
 use crate::events::spans::{Span, Value};
 
-use super::{ExportError, Sink};
+use super::{ExportError, Part, Sink};
 
 pub struct Console<W: Write + Send + 'static> {
     out: W,
@@ -23,8 +23,18 @@ impl Console<std::io::Stdout> {
 }
 
 impl<W: Write + Send + 'static> Sink for Console<W> {
-    async fn export(&mut self, _resource: &Resource, label: &str, spans: &[&Span]) -> Result<u64, ExportError> {
-        let text = render(label, spans);
+    async fn export(&mut self, _resource: &Resource, label: &str, parts: &[Part]) -> Result<u64, ExportError> {
+        let mut spans: Vec<&Span> = Vec::new();
+        for p in parts {
+            match p {
+                Part::Spans(s) => spans.extend(s),
+                // The console's exporter keeps spans; an encoded run cannot be shown.
+                Part::Otlp(_) => {
+                    return Err(ExportError { message: "OTLP-encoded spans queued for the console".into(), retryable: false })
+                }
+            }
+        }
+        let text = render(label, &spans);
         self.out
             .write_all(text.as_bytes())
             .and_then(|_| self.out.flush())

@@ -290,33 +290,71 @@ fn flags(remote: bool, trace_flags: u8) -> u32 {
     u32::from(trace_flags) | CONTEXT_HAS_IS_REMOTE | if remote { CONTEXT_IS_REMOTE } else { 0 }
 }
 
-/// An `ExportTraceServiceRequest` with the spans under `resource`, all in
-/// uvspan's instrumentation scope (none when there are no spans).
-pub fn export_request<S: Borrow<Span>>(resource: &Resource, spans: &[S]) -> Vec<u8> {
-    // ~150 bytes per fs span: one allocation, rarely grown.
-    let mut o = Enc { buf: Vec::with_capacity(256 + spans.len() * 192) };
+/// Spans encoded as the repeated `spans` field of a `ScopeSpans` message:
+/// a run that [`request`] puts under a process's resource and uvspan's
+/// scope as it is. Made on the thread that built the spans, right after
+/// building them (they are still in its cache, and are freed where they
+/// were allocated).
+#[derive(Clone, Debug, Default)]
+pub struct Encoded {
+    pub bytes: Vec<u8>,
+    /// How many spans.
+    pub n: usize,
+}
+
+impl Encoded {
+    /// Appends `spans`.
+    pub fn push<S: Borrow<Span>>(&mut self, spans: &[S]) {
+        // ~150 bytes per fs span: rarely grown.
+        self.bytes.reserve(spans.len() * 192);
+        let mut o = Enc { buf: std::mem::take(&mut self.bytes) };
+        for s in spans {
+            let m = o.begin(2, 2);
+            span(&mut o, s.borrow());
+            o.end(m);
+        }
+        self.bytes = o.buf;
+        self.n += spans.len();
+    }
+
+    pub fn of<S: Borrow<Span>>(spans: &[S]) -> Encoded {
+        let mut e = Encoded::default();
+        e.push(spans);
+        e
+    }
+}
+
+/// An `ExportTraceServiceRequest` with the encoded `runs` of spans under
+/// `resource`, all in uvspan's instrumentation scope (none when there are
+/// no spans).
+pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
+    let spans: usize = runs.iter().map(|r| r.bytes.len()).sum();
+    let mut o = Enc { buf: Vec::with_capacity(256 + spans) };
     let resource_spans = o.begin(1, 3);
     let m = o.begin(1, 2);
     for (k, v) in resource.iter() {
         key_value(&mut o, 1, k.as_str(), |o| sdk_value(o, v));
     }
     o.end(m);
-    if !spans.is_empty() {
+    if runs.iter().any(|r| r.n > 0) {
         let scope_spans = o.begin(2, 3);
         let m = o.begin(1, 1);
         o.string(1, SCOPE_NAME);
         o.string(2, SCOPE_VERSION);
         o.end(m);
-        for s in spans {
-            let m = o.begin(2, 2);
-            span(&mut o, s.borrow());
-            o.end(m);
+        for r in runs {
+            o.raw(&r.bytes);
         }
         o.end(scope_spans);
     }
     o.string(3, resource.schema_url().unwrap_or_default());
     o.end(resource_spans);
     o.buf
+}
+
+/// [`request`] for spans not encoded yet.
+pub fn export_request<S: Borrow<Span>>(resource: &Resource, spans: &[S]) -> Vec<u8> {
+    request(resource, &[&Encoded::of(spans)])
 }
 
 #[cfg(test)]
@@ -411,6 +449,20 @@ mod tests {
             // Byte for byte what prost writes for the same message (field order, lengths, no padding).
             assert_eq!(bytes, official.encode_to_vec(), "{n} spans");
         }
+    }
+
+    /// Runs encoded apart (on the tracer thread, appended to) make the
+    /// request one encoding of all their spans makes.
+    #[test]
+    fn runs_encoded_apart_make_the_same_request() {
+        let r = Resource::builder_empty().with_attributes([opentelemetry::KeyValue::new("service.name", "shop")]).build();
+        let spans: Vec<Span> = (0..14).map(span_data).collect();
+        let mut first = Encoded::of(&spans[..5]);
+        first.push(&spans[5..9]);
+        let second = Encoded::of(&spans[9..]);
+        assert_eq!((first.n, second.n), (9, 5));
+        assert_eq!(request(&r, &[&first, &second]), export_request(&r, &spans));
+        assert_eq!(request(&r, &[&Encoded::default()]), export_request::<Span>(&r, &[]));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! Spans leave uvspan here: to an OTLP collector (gRPC or HTTP/protobuf) or,
 //! without an endpoint, to a readable console view.
 //!
-//! The tracer thread hands batches to [`Exporter::send`]; a task on the tokio
+//! The tracer thread hands batches to [`Exporter::send`], which encodes them
+//! for OTLP right there (see [`encode::Encoded`]); a task on the tokio
 //! runtime batches them per process (each process is its own OTLP resource)
 //! and exports. The queue is bounded in spans: what does not fit is dropped
 //! and counted, never buffered without limit.
@@ -12,6 +13,7 @@ pub mod health;
 pub mod otlp;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,7 +70,7 @@ pub struct Summary {
 
 pub(crate) enum Msg {
     Process { pid: u32, resource: Resource, label: String },
-    Spans { pid: u32, spans: Vec<Span> },
+    Spans { pid: u32, part: Part },
     Flush(tokio::sync::oneshot::Sender<()>),
     /// The process exited: drop its resource once its queued spans are out.
     Forget(u32),
@@ -79,11 +81,31 @@ const OUTBOX_SPANS: usize = 1024;
 /// …or this long (the agent calls [`Exporter::tick`] at least every 100 ms).
 const OUTBOX_AGE: Duration = Duration::from_millis(50);
 
+/// A run of one process's spans as queued: for OTLP already encoded, on the
+/// tracer thread that built them ([`encode::Encoded`]: the spans are still
+/// in its cache and are freed by the thread that allocated them); for the
+/// console, the spans.
+#[derive(Debug)]
+pub(crate) enum Part {
+    Spans(Vec<Span>),
+    Otlp(encode::Encoded),
+}
+
+impl Part {
+    /// How many spans.
+    pub fn len(&self) -> usize {
+        match self {
+            Part::Spans(s) => s.len(),
+            Part::Otlp(e) => e.n,
+        }
+    }
+}
+
 /// Spans not yet handed to the export task: handed over in bursts, one
 /// wake-up of it per burst instead of one per ring-buffer read.
 #[derive(Default)]
 struct Outbox {
-    spans: Vec<(u32, Vec<Span>)>,
+    parts: Vec<(u32, Part)>,
     n: usize,
     since: Option<std::time::Instant>,
 }
@@ -92,6 +114,8 @@ struct Outbox {
 pub struct Exporter {
     tx: mpsc::UnboundedSender<Msg>,
     outbox: std::sync::Mutex<Outbox>,
+    /// Spans are encoded for OTLP as they are queued.
+    encode: bool,
     counters: Arc<Counters>,
     cfg: BatchConfig,
     task: tokio::task::JoinHandle<()>,
@@ -100,15 +124,15 @@ pub struct Exporter {
 
 /// The sink the export task writes to.
 pub(crate) trait Sink: Send + 'static {
-    /// Exports one process's spans: how many the receiver rejected (partial
-    /// success, counted as failed). Err: none arrived; a retryable error keeps
-    /// them queued for another try (while the queue bound holds), another is
-    /// counted as failed.
+    /// Exports runs of one process's spans: how many the receiver rejected
+    /// (partial success, counted as failed). Err: none arrived; a retryable
+    /// error keeps them queued for another try (while the queue bound
+    /// holds), another is counted as failed.
     fn export(
         &mut self,
         resource: &Resource,
         label: &str,
-        spans: &[&Span],
+        parts: &[Part],
     ) -> impl std::future::Future<Output = Result<u64, ExportError>> + Send;
 }
 
@@ -124,6 +148,7 @@ impl Exporter {
     pub fn start(dest: &Destination, cfg: BatchConfig, rt: &tokio::runtime::Runtime) -> Result<Exporter> {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
+        let encode = matches!(dest, Destination::Otlp(_));
         let task = match dest {
             Destination::Console => {
                 // A person is watching: print promptly.
@@ -135,7 +160,7 @@ impl Exporter {
                 rt.spawn(run(sink, rx, counters.clone(), cfg.clone()))
             }
         };
-        Ok(Exporter { tx, outbox: Default::default(), counters, cfg, task, rt: rt.handle().clone() })
+        Ok(Exporter { tx, outbox: Default::default(), encode, counters, cfg, task, rt: rt.handle().clone() })
     }
 
     /// A process is gone: its resource is dropped after its last spans.
@@ -149,15 +174,25 @@ impl Exporter {
         let _ = self.tx.send(Msg::Process { pid, resource, label });
     }
 
-    /// Queues spans (handed to the export task in bursts, see [`Exporter::tick`]).
+    /// Queues spans (handed to the export task in bursts, see
+    /// [`Exporter::tick`]); for OTLP they are encoded here, appended to the
+    /// process's last run while it holds fewer than a request's worth.
     pub fn send(&self, pid: u32, spans: Vec<Span>) {
         if spans.is_empty() {
             return;
         }
+        let max = self.cfg.max_batch.max(1);
         let full = {
             let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
             o.n += spans.len();
-            o.spans.push((pid, spans));
+            if !self.encode {
+                o.parts.push((pid, Part::Spans(spans)));
+            } else {
+                match o.parts.last_mut() {
+                    Some((p, Part::Otlp(run))) if *p == pid && run.n + spans.len() <= max => run.push(&spans),
+                    _ => o.parts.extend(spans.chunks(max).map(|c| (pid, Part::Otlp(encode::Encoded::of(c))))),
+                }
+            }
             o.since.get_or_insert_with(std::time::Instant::now);
             o.n >= OUTBOX_SPANS
         };
@@ -178,16 +213,16 @@ impl Exporter {
     /// message about their process); drops (and counts) them when the
     /// queue is full.
     fn hand_over(&self) {
-        let spans = {
+        let parts = {
             let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
             o.n = 0;
             o.since = None;
-            std::mem::take(&mut o.spans)
+            std::mem::take(&mut o.parts)
         };
-        for (pid, spans) in spans {
-            let n = spans.len() as u64;
+        for (pid, part) in parts {
+            let n = part.len() as u64;
             let queued = self.counters.queued.load(Ordering::Relaxed);
-            if queued + n > self.cfg.max_queue_spans || self.tx.send(Msg::Spans { pid, spans }).is_err() {
+            if queued + n > self.cfg.max_queue_spans || self.tx.send(Msg::Spans { pid, part }).is_err() {
                 self.counters.dropped.fetch_add(n, Ordering::Relaxed);
                 continue;
             }
@@ -229,9 +264,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
     let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
-    // Per process, the batches as they came: appended, never copied
+    // Per process, the runs as they came: appended, never copied
     // (extending one queue span by span showed in profiles).
-    let mut pending: rustc_hash::FxHashMap<u32, Vec<Vec<Span>>> = Default::default();
+    let mut pending: rustc_hash::FxHashMap<u32, Vec<Part>> = Default::default();
     let mut pending_n: usize = 0;
     let mut forgotten: Vec<u32> = Vec::new();
     let mut tick = tokio::time::interval(cfg.schedule_delay);
@@ -251,9 +286,9 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
         tokio::select! {
             msg = rx.recv() => match msg {
                 Some(Msg::Process { pid, resource, label }) => { procs.insert(pid, (resource, label)); continue; }
-                Some(Msg::Spans { pid, spans }) => {
-                    pending_n += spans.len();
-                    pending.entry(pid).or_default().push(spans);
+                Some(Msg::Spans { pid, part }) => {
+                    pending_n += part.len();
+                    pending.entry(pid).or_default().push(part);
                     if pending_n < cfg.max_batch || retry_at.is_some() { continue; }
                 }
                 Some(Msg::Flush(ack)) => flush_ack = Some(ack),
@@ -267,18 +302,18 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
             _ = retry => retry_at = None,
         }
         if retry_at.is_none() {
-            let mut batch: Vec<(u32, Vec<Vec<Span>>)> = pending.drain().collect();
+            let mut batch: Vec<(u32, Vec<Part>)> = pending.drain().collect();
             pending_n = 0;
-            while let Some((pid, parts)) = batch.pop() {
+            while let Some((pid, mut parts)) = batch.pop() {
                 let (resource, label) = procs
                     .get(&pid)
                     .cloned()
                     .unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
-                let all: Vec<&Span> = parts.iter().flatten().collect();
                 let mut sent = 0;
                 let mut retry = false;
-                for chunk in all.chunks(cfg.max_batch.max(1)) {
-                    let m = chunk.len() as u64;
+                for r in requests(parts.iter().map(Part::len), cfg.max_batch.max(1)) {
+                    let chunk = &parts[r.clone()];
+                    let m: u64 = chunk.iter().map(|p| p.len() as u64).sum();
                     match sink.export(&resource, &label, chunk).await {
                         Ok(rejected) => {
                             let rejected = rejected.min(m);
@@ -300,20 +335,20 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                     // Per chunk: if the flush deadline cuts the export short, what
                     // was sent is not also counted as not flushed.
                     counters.queued.fetch_sub(m, Ordering::Relaxed);
-                    sent += chunk.len();
+                    sent = r.end;
                 }
-                drop(all);
                 if retry {
                     // Back in the queue, in order, with what was not sent
                     // yet; tried again after a wait.
                     let rest = pending.entry(pid).or_default();
                     let newer = std::mem::take(rest);
-                    *rest = unsent(parts, sent);
+                    parts.drain(..sent);
+                    *rest = parts;
                     rest.extend(newer);
                     for (p, s) in batch.drain(..) {
                         pending.entry(p).or_default().splice(0..0, s);
                     }
-                    pending_n = pending.values().flatten().map(Vec::len).sum();
+                    pending_n = pending.values().flatten().map(Part::len).sum();
                     retry_at = Some(tokio::time::Instant::now() + backoff);
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     break;
@@ -336,44 +371,39 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
     }
 }
 
-/// The batches without their first `sent` spans.
-fn unsent(parts: Vec<Vec<Span>>, mut sent: usize) -> Vec<Vec<Span>> {
-    let mut rest = Vec::with_capacity(parts.len());
-    for mut part in parts {
-        if sent >= part.len() {
-            sent -= part.len();
-            continue;
+/// Consecutive runs of `lens` spans grouped into export requests of at most
+/// `max` spans each, in order; a run is never split (one larger than `max`,
+/// which the queue does not make for OTLP, goes alone).
+fn requests(lens: impl Iterator<Item = usize>, max: usize) -> Vec<Range<usize>> {
+    let mut out: Vec<Range<usize>> = Vec::new();
+    let mut n = 0;
+    for (i, len) in lens.enumerate() {
+        match out.last_mut() {
+            Some(r) if n + len <= max => {
+                r.end = i + 1;
+                n += len;
+            }
+            _ => {
+                out.push(i..i + 1);
+                n = len;
+            }
         }
-        part.drain(..sent);
-        sent = 0;
-        rest.push(part);
     }
-    rest
+    out
 }
 
 #[cfg(test)]
 mod tests {
-    use super::unsent;
-    use crate::report::aggregate::tests::span;
-
-    fn names(parts: &[Vec<crate::events::spans::Span>]) -> Vec<Vec<String>> {
-        parts.iter().map(|p| p.iter().map(|s| s.name.to_string()).collect()).collect()
-    }
+    use super::requests;
 
     #[test]
-    fn unsent_keeps_order_from_the_first_span_not_sent() {
-        let parts = || {
-            vec![
-                vec![span("a", 0.0, 1.0, vec![], None), span("b", 0.0, 1.0, vec![], None)],
-                vec![span("c", 0.0, 1.0, vec![], None)],
-                vec![span("d", 0.0, 1.0, vec![], None), span("e", 0.0, 1.0, vec![], None)],
-            ]
-        };
-        let n = |v: &[&[&str]]| v.iter().map(|p| p.iter().map(|s| s.to_string()).collect()).collect::<Vec<Vec<String>>>();
-        assert_eq!(names(&unsent(parts(), 0)), n(&[&["a", "b"], &["c"], &["d", "e"]]));
-        assert_eq!(names(&unsent(parts(), 1)), n(&[&["b"], &["c"], &["d", "e"]]));
-        assert_eq!(names(&unsent(parts(), 2)), n(&[&["c"], &["d", "e"]]));
-        assert_eq!(names(&unsent(parts(), 4)), n(&[&["e"]]));
-        assert!(unsent(parts(), 5).is_empty());
+    fn runs_grouped_into_requests_in_order_never_split() {
+        let g = |lens: &[usize], max| requests(lens.iter().copied(), max);
+        assert!(g(&[], 10).is_empty());
+        assert_eq!(g(&[3, 3, 4, 1], 10), [0..3, 3..4]);
+        assert_eq!(g(&[10, 1, 9], 10), [0..1, 1..3]);
+        assert_eq!(g(&[12, 2], 10), [0..1, 1..2], "a run over the limit goes alone");
+        assert_eq!(g(&[2, 12, 2], 10), [0..1, 1..2, 2..3]);
+        assert_eq!(g(&[1, 1, 1], 1), [0..1, 1..2, 2..3]);
     }
 }

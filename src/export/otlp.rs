@@ -1,16 +1,17 @@
 //! OTLP export (gRPC via tonic, or HTTP/protobuf): the spans of each traced
 //! process under that process's resource, encoded by `encode.rs`.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
-use crate::events::spans::Span;
 use bytes::Bytes;
 use opentelemetry_sdk::Resource;
 use prost::Message;
 
-use super::{ExportError, Sink};
+use super::encode::Encoded;
+use super::{ExportError, Part, Sink};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OtlpProtocol {
@@ -153,8 +154,17 @@ impl Otlp {
 }
 
 impl Sink for Otlp {
-    async fn export(&mut self, resource: &Resource, _label: &str, spans: &[&Span]) -> Result<u64, ExportError> {
-        let body = super::encode::export_request(resource, spans);
+    async fn export(&mut self, resource: &Resource, _label: &str, parts: &[Part]) -> Result<u64, ExportError> {
+        // Runs come encoded from the queue; spans (not made by uvspan's queue) are encoded here.
+        let encoded: Vec<Cow<'_, Encoded>> = parts
+            .iter()
+            .map(|p| match p {
+                Part::Otlp(e) => Cow::Borrowed(e),
+                Part::Spans(s) => Cow::Owned(Encoded::of(s)),
+            })
+            .collect();
+        let runs: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
+        let body = super::encode::request(resource, &runs);
         let partial = self.send(body).await?;
         let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);
         if rejected > 0 && !self.said_rejected {
