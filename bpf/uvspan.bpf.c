@@ -415,7 +415,23 @@ static __always_inline void read_args(struct pt_regs *ctx, struct args *a, int s
  * keeps its own copy of an async request's paths until uv_fs_req_cleanup. */
 static __always_inline __u32 fs_record_size(const struct fs_event *e)
 {
-	return e->has_path2 ? sizeof(*e) : sizeof(*e) - UVSPAN_PATH_MAX;
+	if (e->has_path2)
+		return sizeof(*e);
+	/* Most paths are far shorter than their buffer: less to copy here,
+	 * less ring buffer to fill and for uvspan to read. */
+	__u32 n = (e->path_len + 7) & ~7U;
+	if (n > UVSPAN_PATH_MAX)
+		n = UVSPAN_PATH_MAX;
+	return __builtin_offsetof(struct fs_event, path) + n;
+}
+
+/* Reads a path into `dst` (empty when it cannot be read): its length with
+ * the NUL, 0 for none. */
+static __always_inline __u32 read_path(char *dst, __u32 size, const void *src)
+{
+	dst[0] = 0;
+	long n = bpf_probe_read_user_str(dst, size, src);
+	return n > 0 ? (__u32)n : 0;
 }
 
 static __always_inline struct thread_state *thread_state_of(int create)
@@ -523,7 +539,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->op = a->op;
 	e->sync = 0;
 	e->end_kind = end_kind;
-	e->_pad = 0;
+	e->path_len = 0;
 	/* Neighbouring fields in one read each (each read is a helper call):
 	 * result .. path, and new_path .. file. */
 	__u64 head[(FS_PATH_OFF - FS_RESULT_OFF) / 8 + 1] = {};
@@ -536,7 +552,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->path[0] = 0;
 	e->has_path2 = a->has_path2;
 	if (a->has_path)
-		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)head[(FS_PATH_OFF - FS_RESULT_OFF) / 8]);
+		e->path_len = read_path(e->path, sizeof(e->path), (void *)head[(FS_PATH_OFF - FS_RESULT_OFF) / 8]);
 	if (a->has_path2) {
 		e->path2[0] = 0;
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)tail[0]);
@@ -634,7 +650,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->result = 0;
 	e->worker_tid = 0;
 	e->end_kind = 0;
-	e->_pad = 0;
+	e->path_len = 0;
 	e->op = cookie & 0xFF;
 	e->sync = 1;
 
@@ -644,7 +660,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->path[0] = 0;
 	idx = cookie_field(cookie, COOKIE_PATH_SHIFT);
 	if (idx != COOKIE_NONE)
-		bpf_probe_read_user_str(e->path, sizeof(e->path), (void *)args.v[idx & 7]);
+		e->path_len = read_path(e->path, sizeof(e->path), (void *)args.v[idx & 7]);
 	e->has_path2 = 0;
 	idx = cookie_field(cookie, COOKIE_PATH2_SHIFT);
 	if (idx != COOKIE_NONE) {

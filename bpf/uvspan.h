@@ -164,9 +164,10 @@ struct fs_event {
 	unsigned char sync;
 	unsigned char end_kind; /* enum ev_end */
 	unsigned char has_path2;
-	unsigned int _pad;
-	/* path, then second path (rename/link/symlink/copyfile): the record is
-	 * sent without path2 when has_path2 == 0. */
+	unsigned int path_len; /* bytes of path with its NUL (0: none) */
+	/* path, then second path (rename/link/symlink/copyfile): without
+	 * path2 (has_path2 == 0) the record is sent up to the path's NUL, in
+	 * whole 8-byte words. */
 	char path[UVSPAN_PATH_MAX];
 	char path2[UVSPAN_PATH_MAX];
 };

@@ -164,20 +164,24 @@ impl std::fmt::Display for DecodeError {
 /// The record of type T in `data`, copied out (ring-buffer records need not
 /// be aligned for T). `min` is the shortest valid record: fs records are sent
 /// without their second path, whose bytes stay zero.
-fn read<T: plain::Plain + Default>(data: &[u8], kind: u32, min: usize) -> Result<T, DecodeError> {
+fn read<T: plain::Plain>(data: &[u8], kind: u32, min: usize) -> Result<T, DecodeError> {
     if data.len() < min {
         return Err(DecodeError::Short { kind, len: data.len() });
     }
-    let mut v = T::default();
     let size = std::mem::size_of::<T>();
-    if data.len() >= size {
-        plain::copy_from_bytes(&mut v, data).map_err(|_| DecodeError::Short { kind, len: data.len() })?;
-    } else {
-        // SAFETY: T is Plain (kernel::skel): writing any bytes into it is
-        // sound, and we write data.len() < size_of::<T>() of them.
-        unsafe { plain::as_mut_bytes(&mut v)[..data.len()].copy_from_slice(data) };
+    let n = data.len().min(size);
+    let mut v = std::mem::MaybeUninit::<T>::uninit();
+    // SAFETY: T is Plain (kernel::skel): any bytes make a valid T. Its first
+    // n bytes are copied from data (n <= data.len(), n <= size_of::<T>()),
+    // the rest are zeroed, so every byte is initialised before assume_init.
+    // Only the tail a record was sent without is zeroed (not the whole
+    // record and then overwritten: that showed in profiles).
+    unsafe {
+        let p = v.as_mut_ptr().cast::<u8>();
+        std::ptr::copy_nonoverlapping(data.as_ptr(), p, n);
+        std::ptr::write_bytes(p.add(n), 0, size - n);
+        Ok(v.assume_init())
     }
-    Ok(v)
 }
 
 fn nonzero(v: u64) -> Option<u64> {
@@ -218,7 +222,8 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     let kind = hdr.kind;
     match kind {
         ev_kind::EV_FS => {
-            let min = std::mem::size_of::<fs_event>() - uvspan_sizes::UVSPAN_PATH_MAX.0 as usize;
+            // Sent up to the path's end (the rest of the buffer reads as NULs).
+            let min = std::mem::offset_of!(fs_event, path);
             let e: fs_event = read(data, kind.0, min)?;
             let path = cstr(&e.path);
             Ok(Record::Fs(FsRecord {
@@ -402,6 +407,27 @@ mod tests {
         let mut raw = [0i8; 16];
         set_str(&mut raw, "/tmp/caf\u{e9}");
         assert_eq!(cstr(&raw), "/tmp/caf\u{e9}");
+    }
+
+    /// The kernel sends an fs record up to its path's NUL in whole words
+    /// (none at all without a path).
+    #[test]
+    fn fs_record_cut_after_its_path() {
+        let head = std::mem::offset_of!(fs_event, path);
+        for (len, want) in [(head + 8, Some("/a/b/c")), (head + 16, Some("/a/b/c")), (head, None)] {
+            let bytes = record_bytes(len, |e: &mut fs_event| {
+                e.hdr.kind = ev_kind::EV_FS;
+                e.hdr.pid = 10;
+                e.fd = 3;
+                e.result = 4096;
+                e.path_len = 7;
+                set_str(&mut e.path, "/a/b/c");
+            });
+            let Record::Fs(r) = decode(&bytes).unwrap() else { panic!("not fs") };
+            assert_eq!(r.path.as_deref(), want, "{len} bytes");
+            assert_eq!((r.fd, r.result), (Some(3), 4096));
+        }
+        assert!(decode(&record_bytes(head - 8, |e: &mut fs_event| e.hdr.kind = ev_kind::EV_FS)).is_err(), "shorter than the fixed part");
     }
 
     #[test]
