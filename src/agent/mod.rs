@@ -578,8 +578,9 @@ impl Agent {
                 r.add(pid, &spans);
             }
             if self.export_spans {
-                self.exporter.send(pid, spans);
+                self.exporter.send(pid, &mut spans);
             }
+            self.procs.give_back(spans);
         }
         self.exporter.tick();
     }

@@ -50,6 +50,8 @@ pub struct Procs {
     pub commands: Option<HashMap<u32, Vec<String>>>,
     /// Records in the batch being handled (see [`Procs::begin_batch`]).
     batch_hint: usize,
+    /// Span lists used before, emptied (see [`Procs::give_back`]).
+    spare: Vec<Vec<Span>>,
 }
 
 fn merge(out: &mut Out, ready: Ready) {
@@ -77,6 +79,7 @@ impl Procs {
             with_sdk: Default::default(),
             commands: None,
             batch_hint: 0,
+            spare: Vec::new(),
         }
     }
 
@@ -184,9 +187,20 @@ impl Procs {
         };
         if let Some(rec) = rec {
             let hint = self.batch_hint;
-            spans::build_into(rec, &src, None, out.entry(pid).or_insert_with(|| Vec::with_capacity(hint)));
+            let spare = &mut self.spare;
+            let list = out.entry(pid).or_insert_with(|| spare.pop().unwrap_or_else(|| Vec::with_capacity(hint)));
+            spans::build_into(rec, &src, None, list);
         }
         merge(out, ready);
+    }
+
+    /// A span list the batch's spans were taken from, for the next batch
+    /// (two are kept: a batch is usually one process's).
+    pub fn give_back(&mut self, mut list: Vec<Span>) {
+        if list.capacity() > 0 && self.spare.len() < 2 {
+            list.clear();
+            self.spare.push(list);
+        }
     }
 
     /// A batch of `records` is about to be handled: a process's first span

@@ -318,7 +318,14 @@ impl Encoded {
     }
 
     pub fn of<S: Borrow<Span>>(spans: &[S]) -> Encoded {
-        let mut e = Encoded::default();
+        Encoded::in_buffer(Vec::new(), spans)
+    }
+
+    /// `spans` written into `buf` (emptied first; one used before keeps its
+    /// capacity).
+    pub fn in_buffer<S: Borrow<Span>>(mut buf: Vec<u8>, spans: &[S]) -> Encoded {
+        buf.clear();
+        let mut e = Encoded { bytes: buf, n: 0 };
         e.push(spans);
         e
     }
@@ -328,8 +335,15 @@ impl Encoded {
 /// `resource`, all in uvspan's instrumentation scope (none when there are
 /// no spans).
 pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
+    request_in(Vec::new(), resource, runs)
+}
+
+/// [`request`] written into `buf` (emptied first).
+pub fn request_in(mut buf: Vec<u8>, resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
     let spans: usize = runs.iter().map(|r| r.bytes.len()).sum();
-    let mut o = Enc { buf: Vec::with_capacity(256 + spans) };
+    buf.clear();
+    buf.reserve(256 + spans);
+    let mut o = Enc { buf };
     let resource_spans = o.begin(1, 3);
     let m = o.begin(1, 2);
     for (k, v) in resource.iter() {
@@ -463,6 +477,10 @@ mod tests {
         assert_eq!((first.n, second.n), (9, 5));
         assert_eq!(request(&r, &[&first, &second]), export_request(&r, &spans));
         assert_eq!(request(&r, &[&Encoded::default()]), export_request::<Span>(&r, &[]));
+        // Into buffers used before: what was in them is gone.
+        let used = Encoded::in_buffer(b"old bytes".to_vec(), &spans[..9]);
+        assert_eq!(used.bytes, first.bytes);
+        assert_eq!(request_in(b"old request".to_vec(), &r, &[&used, &second]), export_request(&r, &spans));
     }
 
     #[test]

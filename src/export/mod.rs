@@ -7,6 +7,7 @@
 //! and exports. The queue is bounded in spans: what does not fit is dropped
 //! and counted, never buffered without limit.
 
+pub mod buffers;
 pub mod console;
 pub mod encode;
 pub mod health;
@@ -92,6 +93,13 @@ pub(crate) enum Part {
 }
 
 impl Part {
+    /// Done with: its buffer is used again.
+    fn recycle(self, buffers: &buffers::Buffers) {
+        if let Part::Otlp(e) = self {
+            buffers.give(e.bytes);
+        }
+    }
+
     /// How many spans.
     pub fn len(&self) -> usize {
         match self {
@@ -116,6 +124,7 @@ pub struct Exporter {
     outbox: std::sync::Mutex<Outbox>,
     /// Spans are encoded for OTLP as they are queued.
     encode: bool,
+    buffers: Arc<buffers::Buffers>,
     counters: Arc<Counters>,
     cfg: BatchConfig,
     task: tokio::task::JoinHandle<()>,
@@ -149,18 +158,19 @@ impl Exporter {
         let (tx, rx) = mpsc::unbounded_channel();
         let counters = Arc::new(Counters::default());
         let encode = matches!(dest, Destination::Otlp(_));
+        let buffers = Arc::new(buffers::Buffers::default());
         let task = match dest {
             Destination::Console => {
                 // A person is watching: print promptly.
                 let cfg = BatchConfig { schedule_delay: cfg.schedule_delay.min(Duration::from_millis(200)), ..cfg.clone() };
-                rt.spawn(run(console::Console::stdout(), rx, counters.clone(), cfg))
+                rt.spawn(run(console::Console::stdout(), rx, counters.clone(), cfg, buffers.clone()))
             }
             Destination::Otlp(c) => {
-                let sink = rt.block_on(async { otlp::Otlp::new(c) })?;
-                rt.spawn(run(sink, rx, counters.clone(), cfg.clone()))
+                let sink = rt.block_on(async { otlp::Otlp::new(c, buffers.clone()) })?;
+                rt.spawn(run(sink, rx, counters.clone(), cfg.clone(), buffers.clone()))
             }
         };
-        Ok(Exporter { tx, outbox: Default::default(), encode, counters, cfg, task, rt: rt.handle().clone() })
+        Ok(Exporter { tx, outbox: Default::default(), encode, buffers, counters, cfg, task, rt: rt.handle().clone() })
     }
 
     /// A process is gone: its resource is dropped after its last spans.
@@ -174,10 +184,11 @@ impl Exporter {
         let _ = self.tx.send(Msg::Process { pid, resource, label });
     }
 
-    /// Queues spans (handed to the export task in bursts, see
-    /// [`Exporter::tick`]); for OTLP they are encoded here, appended to the
-    /// process's last run while it holds fewer than a request's worth.
-    pub fn send(&self, pid: u32, spans: Vec<Span>) {
+    /// Queues spans, taken from `spans` (handed to the export task in
+    /// bursts, see [`Exporter::tick`]); for OTLP they are encoded here,
+    /// appended to the process's last run while it holds fewer than a
+    /// request's worth, and `spans` keeps its allocation for the next batch.
+    pub fn send(&self, pid: u32, spans: &mut Vec<Span>) {
         if spans.is_empty() {
             return;
         }
@@ -186,12 +197,17 @@ impl Exporter {
             let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
             o.n += spans.len();
             if !self.encode {
-                o.parts.push((pid, Part::Spans(spans)));
+                o.parts.push((pid, Part::Spans(std::mem::take(spans))));
             } else {
                 match o.parts.last_mut() {
-                    Some((p, Part::Otlp(run))) if *p == pid && run.n + spans.len() <= max => run.push(&spans),
-                    _ => o.parts.extend(spans.chunks(max).map(|c| (pid, Part::Otlp(encode::Encoded::of(c))))),
+                    Some((p, Part::Otlp(run))) if *p == pid && run.n + spans.len() <= max => run.push(spans),
+                    _ => {
+                        for c in spans.chunks(max) {
+                            o.parts.push((pid, Part::Otlp(encode::Encoded::in_buffer(self.buffers.take(), c))));
+                        }
+                    }
                 }
+                spans.clear();
             }
             o.since.get_or_insert_with(std::time::Instant::now);
             o.n >= OUTBOX_SPANS
@@ -262,7 +278,13 @@ impl Exporter {
 const FIRST_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counters: Arc<Counters>, cfg: BatchConfig) {
+async fn run<S: Sink>(
+    mut sink: S,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    counters: Arc<Counters>,
+    cfg: BatchConfig,
+    buffers: Arc<buffers::Buffers>,
+) {
     let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
     // Per process, the runs as they came: appended, never copied
     // (extending one queue span by span showed in profiles).
@@ -342,7 +364,7 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                     // yet; tried again after a wait.
                     let rest = pending.entry(pid).or_default();
                     let newer = std::mem::take(rest);
-                    parts.drain(..sent);
+                    parts.drain(..sent).for_each(|p| p.recycle(&buffers));
                     *rest = parts;
                     rest.extend(newer);
                     for (p, s) in batch.drain(..) {
@@ -353,6 +375,7 @@ async fn run<S: Sink>(mut sink: S, mut rx: mpsc::UnboundedReceiver<Msg>, counter
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     break;
                 }
+                parts.into_iter().for_each(|p| p.recycle(&buffers));
             }
             for pid in forgotten.drain(..) {
                 if !pending.contains_key(&pid) {

@@ -2,6 +2,7 @@
 //! process under that process's resource, encoded by `encode.rs`.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -10,6 +11,7 @@ use bytes::Bytes;
 use opentelemetry_sdk::Resource;
 use prost::Message;
 
+use super::buffers::Buffers;
 use super::encode::Encoded;
 use super::{ExportError, Part, Sink};
 
@@ -62,6 +64,26 @@ pub struct Otlp {
     timeout: Duration,
     /// Spans the collector rejected (partial success), said once.
     said_rejected: bool,
+    /// Request bodies are written into these and given back once sent.
+    buffers: Arc<Buffers>,
+}
+
+/// A request body that goes back to the buffers when the transport is done with it.
+struct Body {
+    buf: Vec<u8>,
+    buffers: Arc<Buffers>,
+}
+
+impl AsRef<[u8]> for Body {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Body {
+    fn drop(&mut self) {
+        self.buffers.give(std::mem::take(&mut self.buf));
+    }
 }
 
 enum Transport {
@@ -74,7 +96,7 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 impl Otlp {
     /// Sets up the transport (inside the tokio runtime); connects lazily, so
     /// a collector that is not up yet is only a failed export.
-    pub fn new(c: &OtlpConfig) -> Result<Otlp> {
+    pub fn new(c: &OtlpConfig, buffers: Arc<Buffers>) -> Result<Otlp> {
         let url = c.traces_url();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", c.endpoint);
@@ -107,12 +129,12 @@ impl Otlp {
                 Transport::Http { client, url: url.clone() }
             }
         };
-        Ok(Otlp { transport, timeout, said_rejected: false })
+        Ok(Otlp { transport, timeout, said_rejected: false, buffers })
     }
 
     /// Sends one encoded request; the collector's partial-success answer
     /// (spans rejected, and why).
-    async fn send(&mut self, body: Vec<u8>) -> Result<Option<ExportTracePartialSuccess>, ExportError> {
+    async fn send(&mut self, body: Bytes) -> Result<Option<ExportTracePartialSuccess>, ExportError> {
         let retry = |message: String| ExportError { message, retryable: true };
         let timeout = self.timeout;
         let late = move || retry(format!("no answer within {timeout:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"));
@@ -120,7 +142,7 @@ impl Otlp {
             Transport::Grpc { client, metadata } => {
                 let call = async {
                     client.ready().await.map_err(|e| retry(format!("cannot reach the collector: {e}")))?;
-                    let mut req = tonic::Request::new(bytes::Bytes::from(body));
+                    let mut req = tonic::Request::new(body);
                     *req.metadata_mut() = metadata.clone();
                     let path = tonic::codegen::http::uri::PathAndQuery::from_static(EXPORT_PATH);
                     client.unary(req, path, Raw).await.map(tonic::Response::into_inner).map_err(|s| ExportError {
@@ -164,7 +186,8 @@ impl Sink for Otlp {
             })
             .collect();
         let runs: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
-        let body = super::encode::request(resource, &runs);
+        let buf = super::encode::request_in(self.buffers.take(), resource, &runs);
+        let body = Bytes::from_owner(Body { buf, buffers: self.buffers.clone() });
         let partial = self.send(body).await?;
         let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);
         if rejected > 0 && !self.said_rejected {
