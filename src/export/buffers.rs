@@ -1,38 +1,44 @@
 //! Byte buffers used again: the encoded runs of spans (filled on the tracer
-//! thread, sent and emptied on the export thread) and the export requests.
-//! At tens of thousands of spans per second these are 100–300 KiB each,
-//! several times a second: allocating and freeing them (on two threads)
-//! showed in profiles as glibc consolidating its free lists.
+//! thread, sent and emptied on the export thread). At tens of thousands of
+//! spans per second these are up to ~300 KiB each, several times a second.
 
 use std::sync::Mutex;
 
-/// Buffers kept at most (what is in flight at once is a few).
-const KEEP: usize = 16;
-/// A buffer grown past this is freed, not kept.
-const KEEP_CAPACITY: usize = 4 << 20;
+/// What is kept at most, in bytes of capacity: a few runs' worth (one of
+/// the default 2,048 spans is ~300 KiB; a few are in flight at once).
+const KEEP_BYTES: usize = 2 << 20;
 
 #[derive(Debug, Default)]
 pub struct Buffers {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    bufs: Vec<Vec<u8>>,
+    /// Their capacities, summed.
+    bytes: usize,
 }
 
 impl Buffers {
     /// An empty buffer, one used before when there is one.
     pub fn take(&self) -> Vec<u8> {
-        self.free.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_default()
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let buf = free.bufs.pop().unwrap_or_default();
+        free.bytes -= buf.capacity();
+        buf
     }
 
-    /// Gives `buf` back for another use (emptied; freed when enough are kept
-    /// or it grew too large).
+    /// Gives `buf` back for another use (emptied; freed when keeping it
+    /// would go over [`KEEP_BYTES`]).
     pub fn give(&self, mut buf: Vec<u8>) {
-        if buf.capacity() == 0 || buf.capacity() > KEEP_CAPACITY {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.capacity() == 0 || free.bytes + buf.capacity() > KEEP_BYTES {
             return;
         }
         buf.clear();
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        if free.len() < KEEP {
-            free.push(buf);
-        }
+        free.bytes += buf.capacity();
+        free.bufs.push(buf);
     }
 }
 
@@ -41,7 +47,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn buffers_come_back_empty_with_their_capacity_and_are_bounded() {
+    fn buffers_come_back_empty_with_their_capacity_and_are_bounded_in_bytes() {
         let b = Buffers::default();
         assert_eq!(b.take().capacity(), 0, "none kept yet: a new one");
         let mut v = Vec::with_capacity(1000);
@@ -49,11 +55,15 @@ mod tests {
         b.give(v);
         let again = b.take();
         assert!(again.is_empty() && again.capacity() >= 1000);
-        for _ in 0..KEEP + 5 {
-            b.give(Vec::with_capacity(10));
+        assert_eq!(b.free.lock().unwrap().bytes, 0);
+        // 768 KiB requests (a long command line on the resource): two are
+        // kept, the third would go over the bound and is freed.
+        for _ in 0..3 {
+            b.give(Vec::with_capacity(768 << 10));
         }
-        assert_eq!(b.free.lock().unwrap().len(), KEEP);
-        b.give(Vec::with_capacity(KEEP_CAPACITY + 1));
-        assert!(b.free.lock().unwrap().iter().all(|v| v.capacity() <= KEEP_CAPACITY), "too large: freed");
+        let free = b.free.lock().unwrap();
+        assert_eq!(free.bufs.len(), 2);
+        assert_eq!(free.bytes, free.bufs.iter().map(Vec::capacity).sum::<usize>());
+        assert!(free.bytes <= KEEP_BYTES);
     }
 }

@@ -335,15 +335,8 @@ impl Encoded {
 /// `resource`, all in uvspan's instrumentation scope (none when there are
 /// no spans).
 pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
-    request_in(Vec::new(), resource, runs)
-}
-
-/// [`request`] written into `buf` (emptied first).
-pub fn request_in(mut buf: Vec<u8>, resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
     let spans: usize = runs.iter().map(|r| r.bytes.len()).sum();
-    buf.clear();
-    buf.reserve(256 + spans);
-    let mut o = Enc { buf };
+    let mut o = Enc { buf: Vec::with_capacity(256 + spans) };
     let resource_spans = o.begin(1, 3);
     let m = o.begin(1, 2);
     for (k, v) in resource.iter() {
@@ -477,10 +470,9 @@ mod tests {
         assert_eq!((first.n, second.n), (9, 5));
         assert_eq!(request(&r, &[&first, &second]), export_request(&r, &spans));
         assert_eq!(request(&r, &[&Encoded::default()]), export_request::<Span>(&r, &[]));
-        // Into buffers used before: what was in them is gone.
+        // Into a buffer used before: what was in it is gone.
         let used = Encoded::in_buffer(b"old bytes".to_vec(), &spans[..9]);
         assert_eq!(used.bytes, first.bytes);
-        assert_eq!(request_in(b"old request".to_vec(), &r, &[&used, &second]), export_request(&r, &spans));
     }
 
     #[test]

@@ -166,7 +166,7 @@ impl Exporter {
                 rt.spawn(run(console::Console::stdout(), rx, counters.clone(), cfg, buffers.clone()))
             }
             Destination::Otlp(c) => {
-                let sink = rt.block_on(async { otlp::Otlp::new(c, buffers.clone()) })?;
+                let sink = rt.block_on(async { otlp::Otlp::new(c) })?;
                 rt.spawn(run(sink, rx, counters.clone(), cfg.clone(), buffers.clone()))
             }
         };

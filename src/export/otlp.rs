@@ -2,7 +2,6 @@
 //! process under that process's resource, encoded by `encode.rs`.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -11,7 +10,6 @@ use bytes::Bytes;
 use opentelemetry_sdk::Resource;
 use prost::Message;
 
-use super::buffers::Buffers;
 use super::encode::Encoded;
 use super::{ExportError, Part, Sink};
 
@@ -64,26 +62,6 @@ pub struct Otlp {
     timeout: Duration,
     /// Spans the collector rejected (partial success), said once.
     said_rejected: bool,
-    /// Request bodies are written into these and given back once sent.
-    buffers: Arc<Buffers>,
-}
-
-/// A request body that goes back to the buffers when the transport is done with it.
-struct Body {
-    buf: Vec<u8>,
-    buffers: Arc<Buffers>,
-}
-
-impl AsRef<[u8]> for Body {
-    fn as_ref(&self) -> &[u8] {
-        &self.buf
-    }
-}
-
-impl Drop for Body {
-    fn drop(&mut self) {
-        self.buffers.give(std::mem::take(&mut self.buf));
-    }
 }
 
 enum Transport {
@@ -96,7 +74,7 @@ const EXPORT_PATH: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/
 impl Otlp {
     /// Sets up the transport (inside the tokio runtime); connects lazily, so
     /// a collector that is not up yet is only a failed export.
-    pub fn new(c: &OtlpConfig, buffers: Arc<Buffers>) -> Result<Otlp> {
+    pub fn new(c: &OtlpConfig) -> Result<Otlp> {
         let url = c.traces_url();
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", c.endpoint);
@@ -129,7 +107,7 @@ impl Otlp {
                 Transport::Http { client, url: url.clone() }
             }
         };
-        Ok(Otlp { transport, timeout, said_rejected: false, buffers })
+        Ok(Otlp { transport, timeout, said_rejected: false })
     }
 
     /// Sends one encoded request; the collector's partial-success answer
@@ -186,8 +164,11 @@ impl Sink for Otlp {
             })
             .collect();
         let runs: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
-        let buf = super::encode::request_in(self.buffers.take(), resource, &runs);
-        let body = Bytes::from_owner(Body { buf, buffers: self.buffers.clone() });
+        // Not written into a buffer used before: a request holds its
+        // process's resource (a long command line makes it large), and
+        // keeping such buffers held uvspan's heap from shrinking as
+        // processes came and went.
+        let body = Bytes::from(super::encode::request(resource, &runs));
         let partial = self.send(body).await?;
         let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);
         if rejected > 0 && !self.said_rejected {
