@@ -56,8 +56,8 @@ mod tests {
         let again = b.take();
         assert!(again.is_empty() && again.capacity() >= 1000);
         assert_eq!(b.free.lock().unwrap().bytes, 0);
-        // 768 KiB requests (a long command line on the resource): two are
-        // kept, the third would go over the bound and is freed.
+        // Large runs: two are kept, the third would go over the bound and
+        // is freed.
         for _ in 0..3 {
             b.give(Vec::with_capacity(768 << 10));
         }
