@@ -207,11 +207,12 @@ impl Exporter {
                         }
                     }
                 }
-                spans.clear();
             }
             o.since.get_or_insert_with(std::time::Instant::now);
             o.n >= OUTBOX_SPANS
         };
+        // Encoded (or moved out): dropped here, not under the outbox's lock.
+        spans.clear();
         if full {
             self.hand_over();
         }
