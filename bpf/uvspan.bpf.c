@@ -1291,37 +1291,27 @@ int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
  * entry records the call; returning 0 asks the kernel for the function's
  * return too, which only sync calls do (their end, exact). Async requests
  * return 1: no return trap. The session cookie carries the request from
- * entry to return. User space loads this program only where the kernel has
- * session uprobes, so the weak kfuncs are always there when it runs. */
+ * entry to return. The same program serves libc's epoll waits (see
+ * epoll_wait_probe; it is defined after them). User space loads this
+ * program only where the kernel has session uprobes, so the weak kfuncs
+ * are always there when it runs. */
 extern _Bool bpf_session_is_return(void) __ksym __weak;
 extern __u64 *bpf_session_cookie(void) __ksym __weak;
 
-SEC("uprobe.session")
-int uv_session(struct pt_regs *ctx)
-{
-	if (trap_only)
-		return 1;
-	__u64 *req = bpf_session_cookie();
-	if (!req)
-		return 1;
-	if (bpf_session_is_return())
-		return fs_sync_return(*req);
-	__u64 cookie = bpf_get_attach_cookie(ctx);
-	if (!for_traced(cookie) || !fs_submit(ctx, cookie))
-		return 1;
-	*req = PT_REGS_PARM2(ctx);
-	return 0;
-}
-
 /* ---- the loop thread's epoll waits ----
- * Two ways in, both attached by BTF id (no tracefs); user space loads one:
+ * Three ways in, none needing tracefs:
  * - fentry/fexit on the x86_64 entry points __x64_sys_epoll_{wait,pwait,
  *   pwait2}: BPF trampolines, only the epoll calls pay;
  * - for kernels that refuse trampoline programs (lockdown refuses them with
- *   EPERM): BTF raw tracepoints on system call entry and exit. Every system
- *   call on the host then takes the traced slow path and runs these
- *   programs; anything but the three epoll waits returns at the first
- *   comparison.
+ *   EPERM), a session uprobe on the traced process's libc epoll_wait and
+ *   epoll_pwait (epoll_wait_probe): only that process's waits pay, two
+ *   traps each on a loop thread;
+ * - where neither fits (no session uprobes; a process whose libc was not
+ *   found; `-- COMMAND`, whose descendants start after attach): BTF raw
+ *   tracepoints on system call entry and exit. Every system call on the
+ *   host then takes the traced slow path and runs these programs; anything
+ *   but the three epoll waits returns at the first comparison, and
+ *   processes whose waits the uprobes see at the second.
  * The syscall's own arguments are in the pt_regs it was given; the 4th (the
  * timeout) is in r10. regs is a BTF pointer: its fields are read directly
  * (no helper call). */
@@ -1334,14 +1324,17 @@ struct pt_regs___k {
 	unsigned long orig_ax;
 } __attribute__((preserve_access_index));
 
-static __always_inline int epoll_enter(int timeout_zero)
+/* An epoll wait starts on a thread; 1 if it is a traced loop thread's (the
+ * wait's end is wanted). `by_uprobe`: seen by the libc uprobe, not by the
+ * system call programs (which leave processes with such probes alone). */
+static __always_inline int epoll_enter(int timeout_zero, int by_uprobe)
 {
 	if (trap_only)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	__u8 *flags = bpf_map_lookup_elem(&traced, &pid);
-	if (!flags)
+	if (!flags || (!by_uprobe && (*flags & TRACED_WAITS_BY_UPROBE)))
 		return 0;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	if (!st && (*flags & TRACED_EPOLL_ONLY)) {
@@ -1366,19 +1359,20 @@ static __always_inline int epoll_enter(int timeout_zero)
 	}
 	if (st->cur_phase == PHASE_POLL)
 		st->epoll_enter = now;
-	return 0;
+	return 1;
 }
 
 /* The loop woke up when an epoll wait returned events (or, if none did, when
  * the last one returned: a timeout). libuv with idle-time metrics (Node)
  * first polls with timeout 0, so the first return is not the wake-up. */
-static __always_inline int epoll_exit(long ret)
+static __always_inline int epoll_exit(long ret, int by_uprobe)
 {
 	if (trap_only)
 		return 0;
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 pid = id >> 32, tid = (__u32)id;
-	if (!is_traced(pid))
+	__u8 *flags = bpf_map_lookup_elem(&traced, &pid);
+	if (!flags || (!by_uprobe && (*flags & TRACED_WAITS_BY_UPROBE)))
 		return 0;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	if (!st || !st->epoll_enter || st->cur_phase != PHASE_POLL)
@@ -1399,15 +1393,18 @@ static __always_inline int epoll_exit(long ret)
 
 /* Whether the wait does not block: epoll_wait / epoll_pwait take a timeout
  * in ms, epoll_pwait2 a struct __kernel_timespec pointer (NULL: forever). */
-static __always_inline int epoll_timeout_zero(struct pt_regs___k *regs, long nr)
+static __always_inline int timespec_zero(unsigned long t)
 {
-	unsigned long t = regs->r10;
-	if (nr != NR_EPOLL_PWAIT2)
-		return (int)t == 0;
 	long long ts[2] = { 1, 1 };
 	if (!t || bpf_probe_read_user(ts, sizeof(ts), (void *)t))
 		return 0;
 	return ts[0] == 0 && ts[1] == 0;
+}
+
+static __always_inline int epoll_timeout_zero(struct pt_regs___k *regs, long nr)
+{
+	unsigned long t = regs->r10;
+	return nr == NR_EPOLL_PWAIT2 ? timespec_zero(t) : (int)t == 0;
 }
 
 static __always_inline int is_epoll_wait(long nr)
@@ -1416,24 +1413,24 @@ static __always_inline int is_epoll_wait(long nr)
 }
 
 SEC("fentry/__x64_sys_epoll_wait")
-int BPF_PROG(fentry_epoll_wait, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_WAIT)); }
+int BPF_PROG(fentry_epoll_wait, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_WAIT), 0); }
 SEC("fexit/__x64_sys_epoll_wait")
-int BPF_PROG(fexit_epoll_wait, struct pt_regs___k *regs, long ret) { return epoll_exit(ret); }
+int BPF_PROG(fexit_epoll_wait, struct pt_regs___k *regs, long ret) { return epoll_exit(ret, 0); }
 SEC("fentry/__x64_sys_epoll_pwait")
-int BPF_PROG(fentry_epoll_pwait, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_PWAIT)); }
+int BPF_PROG(fentry_epoll_pwait, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_PWAIT), 0); }
 SEC("fexit/__x64_sys_epoll_pwait")
-int BPF_PROG(fexit_epoll_pwait, struct pt_regs___k *regs, long ret) { return epoll_exit(ret); }
+int BPF_PROG(fexit_epoll_pwait, struct pt_regs___k *regs, long ret) { return epoll_exit(ret, 0); }
 SEC("fentry/__x64_sys_epoll_pwait2")
-int BPF_PROG(fentry_epoll_pwait2, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_PWAIT2)); }
+int BPF_PROG(fentry_epoll_pwait2, struct pt_regs___k *regs) { return epoll_enter(epoll_timeout_zero(regs, NR_EPOLL_PWAIT2), 0); }
 SEC("fexit/__x64_sys_epoll_pwait2")
-int BPF_PROG(fexit_epoll_pwait2, struct pt_regs___k *regs, long ret) { return epoll_exit(ret); }
+int BPF_PROG(fexit_epoll_pwait2, struct pt_regs___k *regs, long ret) { return epoll_exit(ret, 0); }
 
 SEC("tp_btf/sys_enter")
 int BPF_PROG(syscall_enter, struct pt_regs___k *regs, long nr)
 {
 	if (!is_epoll_wait(nr))
 		return 0;
-	return epoll_enter(epoll_timeout_zero(regs, nr));
+	return epoll_enter(epoll_timeout_zero(regs, nr), 0);
 }
 
 SEC("tp_btf/sys_exit")
@@ -1441,7 +1438,40 @@ int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
 {
 	if (!is_epoll_wait(regs->orig_ax))
 		return 0;
-	return epoll_exit(ret);
+	return epoll_exit(ret, 0);
+}
+
+/* libc's epoll_wait / epoll_pwait (session uprobe, one per traced process):
+ * the entry starts the wait; the return probe is asked for only when the
+ * thread is a traced loop thread (other threads pay one trap, not two).
+ * glibc's x86_64 wrappers each make their own system call: one wait is
+ * one entry. Arguments: (epfd, events, maxevents, timeout, ...). */
+static __always_inline int epoll_wait_probe(struct pt_regs *ctx, __u64 cookie)
+{
+	if (bpf_session_is_return())
+		return epoll_exit((int)PT_REGS_RC(ctx), 1);
+	unsigned long t = PT_REGS_PARM4(ctx);
+	int zero = (cookie & 1) ? timespec_zero(t) : (int)t == 0;
+	return !epoll_enter(zero, 1);
+}
+
+SEC("uprobe.session")
+int uv_session(struct pt_regs *ctx)
+{
+	if (trap_only)
+		return 1;
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	if (cookie >> COOKIE_KIND_SHIFT == PROBE_EPOLL_WAIT)
+		return epoll_wait_probe(ctx, cookie);
+	__u64 *req = bpf_session_cookie();
+	if (!req)
+		return 1;
+	if (bpf_session_is_return())
+		return fs_sync_return(*req);
+	if (!for_traced(cookie) || !fs_submit(ctx, cookie))
+		return 1;
+	*req = PT_REGS_PARM2(ctx);
+	return 0;
 }
 
 /* ---- --stacks: the loop thread's stack while an iteration is slow ----
@@ -1528,9 +1558,10 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	__u32 cpid = BPF_CORE_READ(child, tgid);
 	if (ppid == cpid || !is_traced(ppid))
 		return 0;
-	/* the child inherits how its parent is traced */
+	/* the child inherits how its parent is traced, but not its parent's
+	 * libc uprobes (attached for the parent alone) */
 	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
-	__u8 f = flags ? *flags : TRACED;
+	__u8 f = (flags ? *flags : TRACED) & ~TRACED_WAITS_BY_UPROBE;
 	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
 	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid, 0);
 	return 0;

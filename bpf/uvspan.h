@@ -45,6 +45,9 @@ enum cookie_layout {
 enum traced_flags {
 	TRACED = 1,
 	TRACED_EPOLL_ONLY = 2, /* no phase probes: epoll waits delimit iterations */
+	/* its epoll waits are seen by uprobes on its libc (PROBE_EPOLL_WAIT):
+	 * the system call tracepoints leave it alone */
+	TRACED_WAITS_BY_UPROBE = 4,
 };
 
 /* Address families of DNS answers (linux/socket.h). */
@@ -102,6 +105,10 @@ enum probe_kind {
 	PROBE_TLS_WRITE = 16,     /* SSL_write: plaintext of a TLS write */
 	PROBE_CAUSE_CLEAR = 17,   /* node's timers / immediates run: no request caused them */
 	PROBE_STREAM_CONNECT = 18, /* uv_tcp_connect: the stream's callbacks belong to the connecting cause */
+	/* libc's epoll_wait / epoll_pwait, session uprobe: the loop's waits
+	 * where the kernel refuses fentry; low bit: the timeout is a struct
+	 * timespec pointer (epoll_pwait2), not milliseconds */
+	PROBE_EPOLL_WAIT = 19,
 };
 
 /* What an HTTP record says. */

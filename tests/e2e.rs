@@ -1011,7 +1011,13 @@ fn probes_listing_follows_detail() {
     // uv_fs_req_cleanup only where sync calls cannot end at their return
     // (no session uprobes): async ones end at uv__fs_done.
     let cleanup = usize::from(!session_uprobes());
-    assert_eq!(usable(&default), 36 + 3 + cleanup + 8, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup) + 8 for requests: {default:?}");
+    // libc's epoll_wait and epoll_pwait, both or neither: where the kernel
+    // refuses fentry (as uvspan last found on this boot) and has session
+    // uprobes.
+    assert_eq!(default["epoll_wait"], default["epoll_pwait"], "{default:?}");
+    assert!(matches!(default["epoll_wait"].as_str(), "usable" | "not_needed"), "{default:?}");
+    let cleanup = cleanup + 2 * usize::from(default["epoll_wait"] == "usable");
+    assert_eq!(usable(&default), 36 + 3 + cleanup + 8, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 8 for requests: {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 3 + cleanup, "{off:?}");
     for sym in requests {
@@ -1156,6 +1162,98 @@ fn says_once_when_the_kernel_refuses_fentry() {
     // A second start reads the decision and says the same.
     let again = run(uvspan_cmd(["--symbol-cache", &cache.str(), "--status-interval", "0", "--", "node", "-e", "0"]));
     assert_eq!(again.stderr.lines().filter(|l| l.starts_with(KERNEL_FALLBACK_NOTICE)).count(), said, "{}", again.context());
+}
+
+/// The BPF links a process holds, each as its fdinfo's `key: value` lines
+/// (link_type, tp_name, path, pid, uprobe_cnt, ...).
+fn bpf_links(pid: u32) -> Vec<BTreeMap<String, String>> {
+    let mut links = Vec::new();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("read the process's fds").flatten() {
+        let is_link = std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:bpf_link");
+        let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())) else { continue };
+        if is_link {
+            links.push(info.lines().filter_map(|l| l.split_once(":\t")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect());
+        }
+    }
+    links
+}
+
+/// Where the kernel refuses fentry and has session uprobes, a process
+/// traced by pid has its loop's epoll waits seen by uprobes on its own libc
+/// (a link for that pid alone), not by the system call tracepoints every
+/// process on the host would pass; with `-- COMMAND` (descendants start
+/// after attach) the tracepoints are used. Either way every slow iteration
+/// is reported, also with `--sample-time` (the epoll path stays on while
+/// the other probes are detached).
+#[test]
+fn epoll_waits_of_a_pid_are_seen_in_its_own_libc() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let cache = TempDir::new("waits-cache");
+    let mut node_cmd = Command::new("node");
+    node_cmd.arg(fixture("blocks_after_go.js")).stdin(Stdio::piped());
+    let mut node = Running::spawn(node_cmd);
+    let mut node_stdin = node.child.stdin.take().expect("node's stdin");
+    node.wait_stdout(RUN_TIMEOUT, "the ready marker", |o| o.contains("{\"marker\":\"ready\"}"));
+    let (ep, pid) = (rx.endpoint(), node.pid.to_string());
+    let mut uv = Running::spawn(uvspan_cmd([
+        "--pid", &pid, "--sample-time", "10%", "--loop-threshold", "50ms", "--symbol-cache", &cache.str(), "--otlp-endpoint", &ep,
+    ]));
+    wait_traced(&mut uv, node.pid);
+    let known: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cache.join("kernel.json")).expect("kernel.json written")).expect("json");
+    let (fentry, session) = (known["features"]["fentry"].as_bool().expect("fentry"), known["features"]["session"].as_bool().expect("session"));
+    let links = bpf_links(uv.pid);
+    let syscall_tps = links.iter().filter(|l| l.get("link_type").map(String::as_str) == Some("raw_tracepoint"))
+        .filter(|l| matches!(l.get("tp_name").map(String::as_str), Some("sys_enter" | "sys_exit"))).count();
+    let libc_waits: Vec<_> = links
+        .iter()
+        .filter(|l| l.get("link_type").map(String::as_str) == Some("uprobe_multi"))
+        .filter(|l| l.get("path").is_some_and(|p| p.contains("/libc.so")))
+        .collect();
+    if !fentry && session {
+        assert_eq!(syscall_tps, 0, "no system call tracepoint while the pid's libc is probed: {links:#?}");
+        assert_eq!(libc_waits.len(), 1, "one libc link: {links:#?}");
+        assert_eq!(libc_waits[0].get("pid"), Some(&pid), "for the traced process alone: {links:#?}");
+        assert_eq!(libc_waits[0].get("uprobe_cnt").map(String::as_str), Some("2"), "epoll_wait and epoll_pwait: {links:#?}");
+        assert!(uv.stderr().contains("libc epoll_wait/epoll_pwait"), "the notice says how: {}", uv.stderr());
+    } else {
+        assert!(libc_waits.is_empty(), "fentry {fentry}, session {session}: {links:#?}");
+        assert_eq!(syscall_tps, if fentry { 0 } else { 2 }, "fentry {fentry}: {links:#?}");
+    }
+
+    node_stdin.write_all(b"go\n").expect("poke node");
+    drop(node_stdin);
+    let node_out = node.finish(RUN_TIMEOUT);
+    assert_eq!(node_out.code(), Some(0), "{}", node_out.context());
+    let out = uv.finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = rx.spans();
+    let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
+    let m = Markers::parse(&node_out.stdout);
+    for n in 1..=4 {
+        let name = format!("busy{n}");
+        let (before, after) = (m.f64(&name, "before"), m.f64(&name, "after"));
+        assert!(
+            iters.iter().any(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS),
+            "no iteration covers {name} [{before:.3}, {after:.3}]:\n{}\n{}",
+            dump(&iters),
+            out.context()
+        );
+    }
+    // Waits were measured: the 300 ms timers between blocks are waits.
+    assert!(iters.iter().any(|s| s.double("uvspan.loop.poll_wait_ms").is_some_and(|w| w > 100.0)), "{}", dump(&iters));
+
+    // `-- COMMAND`: the processes it starts later cannot have their libc
+    // probed before they run; the tracepoints see their waits.
+    let mut cmd = Running::spawn(uvspan_cmd(["--symbol-cache", &cache.str(), "--", "node", "-e", "setTimeout(() => {}, 3000)"]));
+    cmd.wait_stderr(RUN_TIMEOUT, "'tracing'", |e| e.contains("uvspan: tracing"));
+    let links = bpf_links(cmd.pid);
+    let tps = links.iter().filter(|l| matches!(l.get("tp_name").map(String::as_str), Some("sys_enter" | "sys_exit"))).count();
+    assert_eq!(tps, if fentry { 0 } else { 2 }, "fentry {fentry}: {links:#?}");
+    assert!(!links.iter().any(|l| l.get("path").is_some_and(|p| p.contains("/libc.so"))), "{links:#?}");
+    let out = cmd.finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
 }
 
 // ===========================================================================

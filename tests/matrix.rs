@@ -128,7 +128,15 @@ const REQUEST_PROBES: [&str; 8] = [
     "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
 ];
 
-const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len();
+/// libc's epoll waits: attached (per process) where the kernel refuses
+/// fentry and has session uprobes, as uvspan last found on this boot;
+/// `uvspan probes` says which (the checks below take its word, and hold
+/// both rows to it).
+const LOOP_WAITS: [&str; 2] = ["epoll_wait", "epoll_pwait"];
+const LOOP_WAITS_LOST: &str = "loop iterations come from the system call tracepoints (every system call on the host pays)";
+const LOOP_WAITS_NOT_NEEDED_NOTE: &str = "fentry programs see the loop's epoll waits (as uvspan last found on this boot, else assumed)";
+
+const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len() + LOOP_WAITS.len();
 /// Probes attached on a build with a full symbol table / with the exported API only.
 fn full_probes() -> usize {
     EXPORTED.len() + INTERNAL.len() - usize::from(cleanup_left_out(false))
@@ -799,6 +807,7 @@ impl ElfFacts {
             .copied()
             .chain(INTERNAL.iter().map(|x| x.0))
             .chain(FALLBACKS.iter().map(|x| x.0))
+            .chain(LOOP_WAITS)
             .collect();
         let mut offsets = BTreeMap::new();
         for sym in elf.symbols().chain(elf.dynamic_symbols()) {
@@ -869,8 +878,20 @@ struct WantRow {
     if_missing: Option<&'static str>,
 }
 
-fn want_rows(e: &ProbesExpect) -> Vec<WantRow> {
+fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
     let mut v = Vec::new();
+    for sym in LOOP_WAITS {
+        v.push(WantRow {
+            symbol: sym,
+            image: "libc",
+            function: waits.then(|| e.libc.function(sym)),
+            status: if waits { "attachable" } else { "not needed" },
+            note: if waits { String::new() } else { LOOP_WAITS_NOT_NEEDED_NOTE.into() },
+            json_status: if waits { "usable" } else { "not_needed" },
+            fallback_for: None,
+            if_missing: Some(LOOP_WAITS_LOST),
+        });
+    }
     for sym in EXPORTED {
         if sym == "uv_fs_req_cleanup" && cleanup_left_out(e.stripped) {
             v.push(WantRow {
@@ -977,8 +998,8 @@ const MAX_PROBE_POINT_DELTA: u64 = 3 * 15;
 type JsonProbes = BTreeMap<String, (Option<u64>, bool)>;
 
 /// Checks `uvspan probes --json` and returns its per-probe offsets for the
-/// table check.
-fn check_probes_json(text: &str, e: &ProbesExpect) -> JsonProbes {
+/// table check, and whether libc's epoll waits would be probed.
+fn check_probes_json(text: &str, e: &ProbesExpect) -> (JsonProbes, bool) {
     let v: serde_json::Value =
         serde_json::from_str(text).unwrap_or_else(|err| panic!("uvspan probes --json is not JSON ({err}):\n{text}"));
     let ctx = || format!("--- uvspan probes --json ---\n{text}");
@@ -998,8 +1019,9 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> JsonProbes {
     for sym in REQUEST_PROBES {
         assert_eq!(by_sym[sym]["status"], "off: --requests on", "{sym}\n{}", ctx());
     }
+    let waits = by_sym["epoll_wait"]["status"] == "usable";
     let mut out = JsonProbes::new();
-    for w in want_rows(e) {
+    for w in want_rows(e, waits) {
         let p = by_sym.get(w.symbol).unwrap_or_else(|| panic!("no probe {}\n{}", w.symbol, ctx()));
         let pctx = format!("probe {p}");
         assert_eq!(p["image"], w.image, "{pctx}");
@@ -1034,10 +1056,10 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> JsonProbes {
         };
         out.insert(w.symbol.to_string(), (offset, single_stepped));
     }
-    out
+    (out, waits)
 }
 
-fn check_probes_table(text: &str, e: &ProbesExpect, json: &JsonProbes) {
+fn check_probes_table(text: &str, e: &ProbesExpect, (json, waits): &(JsonProbes, bool)) {
     let ctx = || format!("--- uvspan probes output ---\n{text}");
     let mut lines = text.lines();
     if let Some(pid) = e.pid {
@@ -1052,7 +1074,7 @@ fn check_probes_table(text: &str, e: &ProbesExpect, json: &JsonProbes) {
     let header = format!("libuv:   {} ({version}; build-id {}; symbol table: {symtab})", e.libuv_path, e.libuv.build_id);
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(format!("libc:    {}", e.libc.path).as_str()), "{}", ctx());
-    let usable = if e.stripped { EXPORTED_ONLY_PROBES } else { full_probes() };
+    let usable = if e.stripped { EXPORTED_ONLY_PROBES } else { full_probes() } + 2 * usize::from(*waits);
     let header = format!("probes:  {usable} of {} usable, {} off (--detail, --requests)", ALL_PROBES + REQUEST_PROBES.len(), REQUEST_PROBES.len());
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(""), "{}", ctx());
@@ -1072,7 +1094,7 @@ fn check_probes_table(text: &str, e: &ProbesExpect, json: &JsonProbes) {
         let row = (w[1].to_string(), w[2].to_string(), status, rest.join(" "));
         assert!(rows.insert(w[0].to_string(), row).is_none(), "{} listed twice\n{}", w[0], ctx());
     }
-    let wants = want_rows(e);
+    let wants = want_rows(e, *waits);
     let want_syms: BTreeSet<&str> = wants.iter().map(|w| w.symbol).chain(REQUEST_PROBES).collect();
     let got_syms: BTreeSet<&str> = rows.keys().map(String::as_str).collect();
     assert_eq!(got_syms, want_syms, "the probes listed\n{}", ctx());

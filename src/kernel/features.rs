@@ -67,24 +67,32 @@ pub fn remember(features: Features, fentry_refused: Option<i32>) {
         .and_then(|()| std::fs::rename(&tmp, &path));
 }
 
-/// Whether uvspan ends sync fs calls at their return here, for `uvspan
-/// probes` (which loads nothing): as the last run on this boot found, else
-/// as the kernel's version says (session uprobes came in Linux 6.13).
-pub fn session_uprobes() -> bool {
+/// What uvspan would use here, for `uvspan probes` (which loads nothing):
+/// as the last run on this boot found, else as the kernel's version says
+/// (multi-uprobe links came in Linux 6.6, session uprobes in 6.13), with
+/// fentry taken as allowed (only loading tells a kernel in lockdown).
+pub fn known() -> Features {
     match remembered() {
-        Some(r) => r.features.session,
-        None => procfs::KernelVersion::current().is_ok_and(|v| v >= procfs::KernelVersion::new(6, 13, 0)),
+        Some(r) => r.features,
+        None => {
+            let at_least = |a, b| procfs::KernelVersion::current().is_ok_and(|v| v >= procfs::KernelVersion::new(a, b, 0));
+            f(at_least(6, 6), at_least(6, 13), true)
+        }
     }
 }
 
-/// The one line said when the epoll waits go through the raw tracepoints.
-pub fn fallback_notice(errno: Option<i32>) -> String {
+/// The one line said when the kernel refuses fentry: where the epoll waits
+/// are read instead (libc uprobes in each traced process, or the raw
+/// system call tracepoints).
+pub fn fallback_notice(errno: Option<i32>, by_uprobe: bool) -> String {
     let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::events::errno::error_type(-i64::from(e))));
-    format!(
-        "this kernel refuses fentry programs{why}, as kernels in lockdown do: the loop thread's epoll waits are read \
-         from the sys_enter/sys_exit tracepoints instead, which every system call on the host passes while uvspan \
+    let instead = if by_uprobe {
+        "by uprobes on each traced process's libc epoll_wait/epoll_pwait instead (two traps per wait on a loop thread)"
+    } else {
+        "from the sys_enter/sys_exit tracepoints instead, which every system call on the host passes while uvspan \
          runs (~0.2 µs each on the benchmark VM)"
-    )
+    };
+    format!("this kernel refuses fentry programs{why}, as kernels in lockdown do: the loop thread's epoll waits are read {instead}")
 }
 
 #[cfg(test)]
@@ -112,6 +120,7 @@ mod tests {
         let r = Remembered { boot_id: "b".into(), features: ORDER[1], fentry_refused: Some(1) };
         let back: Remembered = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
-        assert!(fallback_notice(Some(1)).contains("fentry programs (EPERM)"));
+        assert!(fallback_notice(Some(1), false).contains("fentry programs (EPERM)"));
+        assert!(fallback_notice(None, true).contains("libc epoll_wait"));
     }
 }

@@ -16,7 +16,7 @@ use crate::kernel::features::{self, Features};
 use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
 use crate::probes::catalog::{Detail, ImageKind};
 use crate::probes::io_uring;
-use crate::probes::plan::{self, plan, FsEnds, ProbeState, ProbeStatus};
+use crate::probes::plan::{self, plan, Conditions, ProbeState, ProbeStatus};
 use crate::symbols::{Images, Located};
 
 /// Settings fixed at load time.
@@ -82,6 +82,34 @@ struct AttachSpec {
     probes: Vec<(usize, u64)>,
 }
 
+/// How the loop threads' epoll waits are seen (the epoll path: loop
+/// iterations without phase probes). Best first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waits {
+    /// fentry/fexit on the epoll system calls: only epoll calls pay.
+    Fentry,
+    /// The kernel refuses fentry: session uprobes on each traced process's
+    /// libc `epoll_wait`/`epoll_pwait` (only that process's waits pay); the
+    /// system call tracepoints for a process whose libc cannot be probed.
+    LibcUprobes,
+    /// The system call tracepoints: every system call on the host passes
+    /// them while uvspan runs (no fentry, and no session uprobes or a
+    /// `-- COMMAND`, whose descendants start after attach).
+    Tracepoints,
+}
+
+impl Waits {
+    fn choose(f: Features, follow_forks: bool) -> Waits {
+        if f.fentry {
+            Waits::Fentry
+        } else if f.session && !follow_forks {
+            Waits::LibcUprobes
+        } else {
+            Waits::Tracepoints
+        }
+    }
+}
+
 /// What [`Tracer::attach`] did.
 pub struct Attach {
     pub report: Vec<ProbeStatus>,
@@ -102,8 +130,16 @@ pub struct Tracer {
     /// dropped = detached. A file is attached once per pid filter, however
     /// many processes map it and whichever path they reach it by.
     uprobes: HashMap<(FileId, i32), Attached>,
-    /// Epoll and process lifecycle links.
+    /// Epoll (fentry) and process lifecycle links.
     _global: Vec<Link>,
+    waits: Waits,
+    /// The system call tracepoint links, when some process's waits go
+    /// through them (attached at load for [`Waits::Tracepoints`], on demand
+    /// for [`Waits::LibcUprobes`]).
+    syscall_links: Vec<Link>,
+    /// [`Waits::LibcUprobes`]: each traced process's libc epoll links. Not
+    /// detached with --sample-time's windows (the epoll path stays on).
+    wait_links: HashMap<u32, Vec<Link>>,
     /// --stacks: the sampling link per CPU (each owns its perf event fd),
     /// opened with the first traced process.
     samplers: Vec<Link>,
@@ -139,7 +175,7 @@ impl Tracer {
                         features::remember(f, fentry_refused.filter(|_| !f.fentry));
                     }
                     if !f.fentry {
-                        t.notices.push(features::fallback_notice(fentry_refused));
+                        t.notices.push(features::fallback_notice(fentry_refused, t.waits == Waits::LibcUprobes));
                     }
                     return Ok(t);
                 }
@@ -164,6 +200,7 @@ impl Tracer {
         };
         let skel = Self::open_and_load(settings, f).map_err(|e| failed(Stage::Load, "loading the eBPF programs".into(), e))?;
         let p = &skel.progs;
+        let waits = Waits::choose(f, settings.follow_forks);
         // All attached by BTF id: no tracefs needed.
         let epoll = if f.fentry {
             [
@@ -176,13 +213,21 @@ impl Tracer {
             ]
             .to_vec()
         } else {
-            vec![&p.syscall_enter, &p.syscall_exit]
+            Vec::new()
         };
         let mut global = Vec::new();
         for prog in epoll.into_iter().chain([&p.proc_fork, &p.proc_exec, &p.proc_exit]) {
             let name = prog.name().to_string_lossy().into_owned();
             let link = prog.attach().map_err(|e| failed(Stage::AttachRawTracepoint, format!("attaching {name}"), e))?;
             global.push(link);
+        }
+        let mut syscall_links = Vec::new();
+        if waits == Waits::Tracepoints {
+            for prog in [&p.syscall_enter, &p.syscall_exit] {
+                let name = prog.name().to_string_lossy().into_owned();
+                let link = prog.attach().map_err(|e| failed(Stage::AttachRawTracepoint, format!("attaching {name}"), e))?;
+                syscall_links.push(link);
+            }
         }
         Ok(Tracer {
             skel,
@@ -191,6 +236,9 @@ impl Tracer {
             detail: settings.detail,
             uprobes: HashMap::new(),
             _global: global,
+            waits,
+            syscall_links,
+            wait_links: HashMap::new(),
             samplers: Vec::new(),
             stacks: settings.stacks,
             notices: Vec::new(),
@@ -245,12 +293,18 @@ impl Tracer {
 
     /// Marks a process as traced: its events pass the kernel-side filter.
     /// `report` is what was attached for it.
-    pub fn add_pid(&self, pid: u32, report: &[ProbeStatus]) -> Result<()> {
+    pub fn add_pid(&mut self, pid: u32, report: &[ProbeStatus]) -> Result<()> {
         // Without phase probes (not asked for, or a stripped build), the
         // loop thread's epoll waits delimit iterations.
         let mut flags = traced_flags::TRACED.0 as u8;
         if plan::epoll_only(report) {
             flags |= traced_flags::TRACED_EPOLL_ONLY.0 as u8;
+        }
+        if self.wait_links.contains_key(&pid) {
+            flags |= traced_flags::TRACED_WAITS_BY_UPROBE.0 as u8;
+        } else {
+            // Its libc could not be probed (the report says why).
+            self.syscall_tracepoints()?;
         }
         self.skel
             .maps
@@ -259,11 +313,50 @@ impl Tracer {
             .with_context(|| format!("cannot add process {pid} to the traced set"))
     }
 
+    /// The system call tracepoints, for processes whose epoll waits no
+    /// fentry program or libc uprobe sees (attached once, kept).
+    fn syscall_tracepoints(&mut self) -> Result<()> {
+        if self.waits == Waits::Fentry || !self.syscall_links.is_empty() {
+            return Ok(());
+        }
+        let p = &self.skel.progs;
+        for prog in [&p.syscall_enter, &p.syscall_exit] {
+            let link = prog.attach().with_context(|| format!("cannot attach {}", prog.name().to_string_lossy()))?;
+            self.syscall_links.push(link);
+        }
+        Ok(())
+    }
+
+    /// [`Waits::LibcUprobes`]: the planned libc epoll probes of process
+    /// `pid`, attached for it alone (a link for every process mapping libc
+    /// would trap every epoll wait on the host). A row that does not attach
+    /// is marked failed; the process then falls back to the tracepoints.
+    fn attach_waits(&mut self, images: &Images, pid: u32, report: &mut [ProbeStatus]) {
+        let Some(libc) = images.libc.as_ref() else { return };
+        if self.wait_links.contains_key(&pid) {
+            return;
+        }
+        let rows: Vec<&mut ProbeStatus> =
+            report.iter_mut().filter(|r| r.kind == probe_kind::PROBE_EPOLL_WAIT && r.state == ProbeState::Usable).collect();
+        if rows.is_empty() {
+            return;
+        }
+        let (links, _) = self.attach_image(libc, pid as i32, rows);
+        if !links.is_empty() {
+            self.wait_links.insert(pid, links);
+        }
+    }
+
     /// Forgets a process that exited: its per-pid links, and the requests
     /// it had in flight (returned: how many were dropped unfinished).
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
         self.uprobes.retain(|&(_, p), _| p != pid as i32);
+        if let Some(links) = self.wait_links.remove(&pid) {
+            // Detaching waits for RCU grace periods (tens of ms): not on the
+            // thread that reads the ring buffer.
+            std::thread::spawn(move || drop(links));
+        }
         self.sweep_inflight(|p| p == pid)
     }
 
@@ -313,7 +406,8 @@ impl Tracer {
     /// fatal; no probe attached at all is an error.
     pub fn attach(&mut self, images: &Images, pid: u32, per_file: bool) -> Result<Attach> {
         let env = io_uring::Env::of(pid);
-        let mut report = plan(images, self.detail, FsEnds::of(self.session, images, &env));
+        let mut report = plan(images, self.detail, Conditions::of(self.session, self.waits == Waits::LibcUprobes, images, &env));
+        self.attach_waits(images, pid, &mut report);
         let filter = if per_file { -1 } else { pid as i32 };
         let (mut live, mut new) = (0, false);
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
@@ -345,7 +439,9 @@ impl Tracer {
                     (pid as i32, Some(extra))
                 }
             };
-            let wanted = |r: &ProbeStatus| r.image == kind && only.as_ref().is_none_or(|o| o.contains(&r.symbol));
+            let wanted = |r: &ProbeStatus| {
+                r.image == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && only.as_ref().is_none_or(|o| o.contains(&r.symbol))
+            };
             let mine: Vec<&mut ProbeStatus> = report.iter_mut().filter(|r| wanted(r) && r.state == ProbeState::Usable).collect();
             if mine.is_empty() {
                 continue;
@@ -396,8 +492,12 @@ impl Tracer {
         // BPF side can skip its traced-set lookup.
         let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
         if self.multi {
-            // With session uprobes, the fs submits get their own link.
-            let session = |&(_, cookie): &(usize, u64)| self.session && cookie >> cookie_layout::COOKIE_KIND_SHIFT.0 == u64::from(probe_kind::PROBE_FS_SUBMIT.0);
+            // With session uprobes, the fs submits (and libc's epoll waits)
+            // get their own link.
+            let session = |&(_, cookie): &(usize, u64)| {
+                let kind = cookie >> cookie_layout::COOKIE_KIND_SHIFT.0;
+                self.session && (kind == u64::from(probe_kind::PROBE_FS_SUBMIT.0) || kind == u64::from(probe_kind::PROBE_EPOLL_WAIT.0))
+            };
             let mut links = Vec::new();
             for in_session in [false, true] {
                 let part: Vec<&(usize, u64)> = probes.iter().filter(|p| session(p) == in_session).collect();
@@ -551,6 +651,7 @@ impl Drop for Tracer {
     fn drop(&mut self) {
         self.samplers.clear();
         self.uprobes.clear();
-        detach_all(self._global.drain(..).collect());
+        let waits = self.wait_links.drain().flat_map(|(_, l)| l);
+        detach_all(self._global.drain(..).chain(self.syscall_links.drain(..)).chain(waits).collect());
     }
 }

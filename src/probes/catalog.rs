@@ -123,6 +123,10 @@ pub enum Needed {
     /// session uprobes), async requests where `uv__fs_done` is missing or
     /// io_uring may complete them (see [`super::io_uring`]).
     FsEnds,
+    /// Only where the loop's epoll waits are seen by uprobes in libc (the
+    /// kernel refuses fentry programs, has session uprobes, and the process
+    /// was attached by itself: see `kernel::tracer`).
+    LoopWaits,
 }
 
 impl Probe {
@@ -405,6 +409,24 @@ pub const OTHER: &[Probe] = &[
         if_missing: "work started by setImmediate can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    // The loop's epoll waits, where the kernel refuses fentry programs on
+    // the system calls (see Needed::LoopWaits).
+    Probe {
+        symbol: "epoll_wait",
+        image: ImageKind::Libc,
+        kind: probe_kind::PROBE_EPOLL_WAIT,
+        if_missing: "loop iterations come from the system call tracepoints (every system call on the host pays)",
+        only_for: Some(Needed::LoopWaits),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "epoll_pwait",
+        image: ImageKind::Libc,
+        kind: probe_kind::PROBE_EPOLL_WAIT,
+        if_missing: "loop iterations come from the system call tracepoints (every system call on the host pays)",
+        only_for: Some(Needed::LoopWaits),
         ..Probe::ROW
     },
     // Fallbacks, for builds that only export libuv's public API.

@@ -10,21 +10,26 @@ use crate::probes::catalog::{self, Detail, DetailKind, ImageKind, Needed, Probe}
 use crate::probes::io_uring;
 use crate::symbols::{Images, Located};
 
-/// How fs operations end on this kernel and in this process: whether
-/// anything is left for `uv_fs_req_cleanup` to end ([`Needed::FsEnds`]).
+/// What decides the probes attached only for something ([`Needed`]), on
+/// this kernel and in this process: whether anything is left for
+/// `uv_fs_req_cleanup` to end ([`Needed::FsEnds`]), and whether the loop's
+/// epoll waits are seen in libc ([`Needed::LoopWaits`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FsEnds {
+pub struct Conditions {
     /// Sync calls end at their uv_fs_* function's return (session uprobes).
     pub sync_at_return: bool,
     /// Fs requests may complete through io_uring, skipping `uv__fs_done`.
     pub io_uring: bool,
+    /// The loop's epoll waits are seen by uprobes on libc's wrappers.
+    pub waits_by_uprobe: bool,
 }
 
-impl FsEnds {
+impl Conditions {
     /// For a process of `images` with this `UV_USE_IO_URING`.
-    pub fn of(sync_at_return: bool, images: &Images, env: &io_uring::Env) -> FsEnds {
+    pub fn of(sync_at_return: bool, waits_by_uprobe: bool, images: &Images, env: &io_uring::Env) -> Conditions {
         let img = &images.libuv.image;
-        FsEnds { sync_at_return, io_uring: io_uring::fs_may_use_io_uring(img.uv_version, img.node_io_uring_patch, env) }
+        let io_uring = io_uring::fs_may_use_io_uring(img.uv_version, img.node_io_uring_patch, env);
+        Conditions { sync_at_return, io_uring, waits_by_uprobe }
     }
 }
 
@@ -87,7 +92,7 @@ fn state_of(
     libuv: &HashMap<&'static str, u64>,
     libc: Option<&HashMap<&'static str, u64>>,
     detail: Detail,
-    ends: FsEnds,
+    ends: Conditions,
 ) -> (ProbeState, Option<u64>) {
     let syms = match p.image {
         ImageKind::Libuv => Some(libuv),
@@ -105,6 +110,7 @@ fn state_of(
     let needed = match p.only_for {
         None => true,
         Some(Needed::FsEnds) => !ends.sync_at_return || ends.io_uring || !libuv.contains_key("uv__fs_done"),
+        Some(Needed::LoopWaits) => ends.waits_by_uprobe,
     };
     if !needed {
         return (ProbeState::NotNeeded, None);
@@ -120,7 +126,7 @@ pub fn plan_symbols(
     libuv: &HashMap<&'static str, u64>,
     libc: Option<&HashMap<&'static str, u64>>,
     detail: Detail,
-    ends: FsEnds,
+    ends: Conditions,
 ) -> Vec<ProbeStatus> {
     catalog::all_probes()
         .into_iter()
@@ -145,7 +151,7 @@ pub fn plan_symbols(
 }
 
 /// The plan for a process's images (nothing attached yet).
-pub fn plan(images: &Images, detail: Detail, ends: FsEnds) -> Vec<ProbeStatus> {
+pub fn plan(images: &Images, detail: Detail, ends: Conditions) -> Vec<ProbeStatus> {
     let libc = images.libc.as_ref().map(|l| &l.image.offsets);
     let mut out = plan_symbols(&images.libuv.image.offsets, libc, detail, ends);
     for r in &mut out {
@@ -207,7 +213,7 @@ mod tests {
     use super::*;
 
     /// Without session uprobes: uv_fs_req_cleanup ends sync calls.
-    const AT_CLEANUP: FsEnds = FsEnds { sync_at_return: false, io_uring: true };
+    const AT_CLEANUP: Conditions = Conditions { sync_at_return: false, io_uring: true, waits_by_uprobe: false };
 
     fn get(pl: &[ProbeStatus], s: &str) -> (ProbeState, Option<u64>) {
         let r = pl.iter().find(|p| p.symbol == s).unwrap();
@@ -251,7 +257,7 @@ mod tests {
             catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
         let no_done: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "uv__fs_done").map(|(k, v)| (*k, *v)).collect();
         let cleanup = |syms: &HashMap<&'static str, u64>, sync_at_return, io_uring| {
-            get(&plan_symbols(syms, None, Detail::default(), FsEnds { sync_at_return, io_uring }), "uv_fs_req_cleanup").0
+            get(&plan_symbols(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false }), "uv_fs_req_cleanup").0
         };
         // Sync calls end at their return, async ones at uv__fs_done: none left.
         assert_eq!(cleanup(&full, true, false), ProbeState::NotNeeded);
@@ -260,6 +266,25 @@ mod tests {
         assert_eq!(cleanup(&full, false, false), ProbeState::Usable);
         assert_eq!(cleanup(&full, true, true), ProbeState::Usable);
         assert_eq!(cleanup(&no_done, true, false), ProbeState::Usable);
+    }
+
+    #[test]
+    fn libc_epoll_waits_only_where_uprobes_see_them() {
+        let full: HashMap<&'static str, u64> =
+            catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
+        let libc: HashMap<&'static str, u64> = [("epoll_wait", 0x10), ("epoll_pwait", 0x20)].into();
+        let states = |libc: Option<&HashMap<&'static str, u64>>, waits_by_uprobe| {
+            let c = Conditions { waits_by_uprobe, ..AT_CLEANUP };
+            let p = plan_symbols(&full, libc, Detail::default(), c);
+            [get(&p, "epoll_wait"), get(&p, "epoll_pwait")]
+        };
+        assert_eq!(states(Some(&libc), true), [(ProbeState::Usable, Some(0x10)), (ProbeState::Usable, Some(0x20))]);
+        // fentry sees them (or the tracepoints do): not attached.
+        assert_eq!(states(Some(&libc), false), [(ProbeState::NotNeeded, None), (ProbeState::NotNeeded, None)]);
+        // No libc found: said missing (the tracepoints take over).
+        assert_eq!(states(None, true), [(ProbeState::Missing, None), (ProbeState::Missing, None)]);
+        let p = plan_symbols(&full, Some(&libc), Detail::default(), Conditions { waits_by_uprobe: true, ..AT_CLEANUP });
+        assert!(p.iter().filter(|r| r.kind == probe_kind::PROBE_EPOLL_WAIT).all(|r| r.image == ImageKind::Libc));
     }
 
     #[test]

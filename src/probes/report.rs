@@ -8,7 +8,7 @@ use serde::Serialize;
 use crate::probes::catalog::{Detail, Needed};
 use crate::symbols::{self, Images, Located};
 use crate::probes::io_uring;
-use crate::probes::plan::{plan, FsEnds, ProbeState, ProbeStatus};
+use crate::probes::plan::{plan, Conditions, ProbeState, ProbeStatus};
 
 #[derive(Serialize)]
 struct ImageInfo<'a> {
@@ -75,6 +75,9 @@ fn note(r: &ProbeStatus) -> String {
         (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::FsEnds) => {
             "sync calls end at their return, async ones at uv__fs_done (no io_uring)".into()
         }
+        (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::LoopWaits) => {
+            "fentry programs see the loop's epoll waits (as uvspan last found on this boot, else assumed)".into()
+        }
         (ProbeState::NotNeeded, None) => format!("only used with {}", r.requires.unwrap_or("?")),
         (ProbeState::Missing, _) => r.if_missing.to_string(),
         (ProbeState::Failed(e), _) => format!("{e}: {}", r.if_missing),
@@ -131,7 +134,8 @@ pub fn run(pid: Option<u32>, path: Option<&std::path::Path>, json: bool, detail:
     let images = images_for(pid, path)?;
     // A file alone: as for a process started with the default environment.
     let env = pid.map_or(io_uring::Env::Unset, io_uring::Env::of);
-    let probes = plan(&images, detail, FsEnds::of(crate::kernel::features::session_uprobes(), &images, &env));
+    let k = crate::kernel::features::known();
+    let probes = plan(&images, detail, Conditions::of(k.session, !k.fentry && k.session, &images, &env));
     if json {
         println!("{}", render_json(pid, &images, &probes));
     } else {
