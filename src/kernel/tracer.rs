@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
@@ -407,6 +407,15 @@ impl Tracer {
     /// attached for this process alone. Missing symbols are reported, not
     /// fatal; no probe attached at all is an error.
     pub fn attach(&mut self, images: &Images, pid: u32, per_file: bool) -> Result<Attach> {
+        // libc's first mapping moves while the dynamic loader relocates it:
+        // for a process found that early, the range named is gone; look again.
+        let again;
+        let images = if images.libc.as_ref().is_some_and(|l| file_id(&l.attach_path).is_none()) {
+            again = Images { libc: crate::symbols::locate_libc(pid), ..images.clone() };
+            &again
+        } else {
+            images
+        };
         let env = io_uring::Env::of(pid);
         let mut report = plan(images, self.detail, Conditions::of(self.session, self.waits == Waits::LibcUprobes, images, &env));
         self.attach_waits(images, pid, &mut report);
@@ -414,7 +423,17 @@ impl Tracer {
         let (mut live, mut new) = (0, false);
         for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
             let Some(loc) = loc else { continue };
-            let id = file_id(&loc.attach_path).with_context(|| format!("{} is gone", loc.path))?;
+            let Some(id) = file_id(&loc.attach_path) else {
+                if kind == ImageKind::Libuv {
+                    bail!("{} is gone", loc.path);
+                }
+                // libc only serves fallbacks and the epoll waits: the rest is traced.
+                let here = |r: &ProbeStatus| r.image == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && r.state == ProbeState::Usable;
+                for r in report.iter_mut().filter(|r| here(r)) {
+                    r.state = ProbeState::Failed(format!("{} is gone", loc.path));
+                }
+                continue;
+            };
             // Attach for `filter` what the plan wants; or, where the file is
             // attached already, only what this process needs beyond that
             // attachment (`only`), for this process.

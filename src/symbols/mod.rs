@@ -16,8 +16,9 @@ pub mod v8meta;
 pub use cache::{cache_dir, set_cache_dir, DEFAULT_CACHE_DIR};
 pub use elf::{inspect, Image};
 
-/// The files a process's probes go into: where libuv is, and libc (for the
-/// getaddrinfo fallback of builds that only export libuv's API).
+/// The files a process's probes go into: where libuv is, and libc (the
+/// loop's epoll waits where the kernel refuses fentry; the getaddrinfo
+/// fallback of builds that only export libuv's API).
 #[derive(Clone, Debug)]
 pub struct Images {
     pub libuv: Located,
