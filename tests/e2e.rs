@@ -1164,6 +1164,20 @@ fn says_once_when_the_kernel_refuses_fentry() {
     assert_eq!(again.stderr.lines().filter(|l| l.starts_with(KERNEL_FALLBACK_NOTICE)).count(), said, "{}", again.context());
 }
 
+/// Each `busy<N>` marker (N = 1..=n: the loop blocked from `before` to
+/// `after`) lies inside a reported iteration.
+fn check_busy_markers_covered(iters: &[&Span], m: &Markers, n: usize) {
+    for n in 1..=n {
+        let name = format!("busy{n}");
+        let (before, after) = (m.f64(&name, "before"), m.f64(&name, "after"));
+        assert!(
+            iters.iter().any(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS),
+            "no iteration covers {name} [{before:.3}, {after:.3}]:\n{}",
+            dump(iters)
+        );
+    }
+}
+
 /// The BPF links a process holds, each as its fdinfo's `key: value` lines
 /// (link_type, tp_name, path, pid, uprobe_cnt, ...).
 fn bpf_links(pid: u32) -> Vec<BTreeMap<String, String>> {
@@ -1230,17 +1244,7 @@ fn epoll_waits_of_a_pid_are_seen_in_its_own_libc() {
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let spans = rx.spans();
     let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
-    let m = Markers::parse(&node_out.stdout);
-    for n in 1..=4 {
-        let name = format!("busy{n}");
-        let (before, after) = (m.f64(&name, "before"), m.f64(&name, "after"));
-        assert!(
-            iters.iter().any(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS),
-            "no iteration covers {name} [{before:.3}, {after:.3}]:\n{}\n{}",
-            dump(&iters),
-            out.context()
-        );
-    }
+    check_busy_markers_covered(&iters, &Markers::parse(&node_out.stdout), 4);
     // Waits were measured: the 300 ms timers between blocks are waits.
     assert!(iters.iter().any(|s| s.double("uvspan.loop.poll_wait_ms").is_some_and(|w| w > 100.0)), "{}", dump(&iters));
 
@@ -1303,15 +1307,7 @@ fn sample_time_samples_operations_but_sees_every_slow_iteration() {
     for it in &iters {
         assert_eq!(it.double("uvspan.sample_time"), Some(1.0), "iterations are not sampled: {}", it.brief());
     }
-    for n in 1..=4 {
-        let name = format!("busy{n}");
-        let (before, after) = (m.f64(&name, "before"), m.f64(&name, "after"));
-        assert!(
-            iters.iter().any(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS),
-            "no iteration covers {name} [{before:.3}, {after:.3}]:\n{}",
-            dump(&iters)
-        );
-    }
+    check_busy_markers_covered(&iters, &m, 4);
     let line = out.stderr.lines().last().unwrap_or_default();
     assert!(line.contains("--sample-time 20%: probes live "), "{line}");
     // Crossing a window edge is counted (it happens: async stats are in

@@ -293,6 +293,15 @@ const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
 const PH: Option<DetailKind> = Some(DetailKind::Phases);
 const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 
+/// libc's epoll wait wrappers (one row each).
+const LOOP_WAIT: Probe = Probe {
+    image: ImageKind::Libc,
+    kind: probe_kind::PROBE_EPOLL_WAIT,
+    if_missing: "loop iterations come from the system call tracepoints (every system call on the host pays)",
+    only_for: Some(Needed::LoopWaits),
+    ..Probe::ROW
+};
+
 /// The probes besides the fs submits and the loop phases.
 pub const OTHER: &[Probe] = &[
     Probe {
@@ -413,22 +422,8 @@ pub const OTHER: &[Probe] = &[
     },
     // The loop's epoll waits, where the kernel refuses fentry programs on
     // the system calls (see Needed::LoopWaits).
-    Probe {
-        symbol: "epoll_wait",
-        image: ImageKind::Libc,
-        kind: probe_kind::PROBE_EPOLL_WAIT,
-        if_missing: "loop iterations come from the system call tracepoints (every system call on the host pays)",
-        only_for: Some(Needed::LoopWaits),
-        ..Probe::ROW
-    },
-    Probe {
-        symbol: "epoll_pwait",
-        image: ImageKind::Libc,
-        kind: probe_kind::PROBE_EPOLL_WAIT,
-        if_missing: "loop iterations come from the system call tracepoints (every system call on the host pays)",
-        only_for: Some(Needed::LoopWaits),
-        ..Probe::ROW
-    },
+    Probe { symbol: "epoll_wait", ..LOOP_WAIT },
+    Probe { symbol: "epoll_pwait", ..LOOP_WAIT },
     // Fallbacks, for builds that only export libuv's public API.
     Probe {
         symbol: "getaddrinfo",
