@@ -85,7 +85,7 @@ struct AttachSpec {
 /// How the loop threads' epoll waits are seen (the epoll path: loop
 /// iterations without phase probes). Best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Waits {
+enum Waits {
     /// fentry/fexit on the epoll system calls: only epoll calls pay.
     Fentry,
     /// The kernel refuses fentry: session uprobes on each traced process's
@@ -224,14 +224,10 @@ impl Tracer {
             let link = prog.attach().map_err(|e| failed(Stage::AttachRawTracepoint, format!("attaching {name}"), e))?;
             global.push(link);
         }
-        let mut syscall_links = Vec::new();
-        if waits == Waits::Tracepoints {
-            for prog in [&p.syscall_enter, &p.syscall_exit] {
-                let name = prog.name().to_string_lossy().into_owned();
-                let link = prog.attach().map_err(|e| failed(Stage::AttachRawTracepoint, format!("attaching {name}"), e))?;
-                syscall_links.push(link);
-            }
-        }
+        let syscall_links = match waits {
+            Waits::Tracepoints => attach_syscall_tracepoints(&skel).map_err(|(what, e)| failed(Stage::AttachRawTracepoint, what, e))?,
+            _ => Vec::new(),
+        };
         Ok(Tracer {
             skel,
             multi: f.multi_uprobe,
@@ -323,11 +319,7 @@ impl Tracer {
         if self.waits == Waits::Fentry || !self.syscall_links.is_empty() {
             return Ok(());
         }
-        let p = &self.skel.progs;
-        for prog in [&p.syscall_enter, &p.syscall_exit] {
-            let link = prog.attach().with_context(|| format!("cannot attach {}", prog.name().to_string_lossy()))?;
-            self.syscall_links.push(link);
-        }
+        self.syscall_links = attach_syscall_tracepoints(&self.skel).map_err(|(what, e)| anyhow!("{what}: {e}"))?;
         Ok(())
     }
 
@@ -351,13 +343,20 @@ impl Tracer {
         }
     }
 
-    /// Forgets a process that exited: its per-pid links, and the requests
-    /// it had in flight (returned: how many were dropped unfinished).
+    /// Forgets a process that exited: its per-pid links (detached off this
+    /// thread, see [`Detacher`]), and the requests it had in flight
+    /// (returned: how many were dropped unfinished).
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
-        self.uprobes.retain(|&(_, p), _| p != pid as i32);
-        if let Some(links) = self.wait_links.remove(&pid) {
-            self.detacher.detach(links);
+        let mut gone: Vec<Link> = self.wait_links.remove(&pid).unwrap_or_default();
+        self.uprobes.retain(|&(_, p), a| {
+            if p == pid as i32 {
+                gone.append(&mut a.links);
+            }
+            p != pid as i32
+        });
+        if !gone.is_empty() {
+            self.detacher.detach(gone);
         }
         self.sweep_inflight(|p| p == pid)
     }
@@ -653,6 +652,15 @@ impl Tracer {
     }
 }
 
+/// The system call tracepoint programs, attached; else what failed.
+fn attach_syscall_tracepoints(skel: &UvspanSkel<'static>) -> std::result::Result<Vec<Link>, (String, libbpf_rs::Error)> {
+    let p = &skel.progs;
+    [&p.syscall_enter, &p.syscall_exit]
+        .into_iter()
+        .map(|prog| prog.attach().map_err(|e| (format!("attaching {}", prog.name().to_string_lossy()), e)))
+        .collect()
+}
+
 /// One thread, started with the first link to detach, that drops the links
 /// it is given: detaching waits for the kernel's RCU grace periods (tens of
 /// ms), which the thread reading the ring buffer must not. One thread for
@@ -709,6 +717,8 @@ impl Drop for Tracer {
     /// tracepoint link); detaching the links side by side roughly halves
     /// uvspan's exit time (measured 620 ms → 320 ms).
     fn drop(&mut self) {
+        // Links handed over for detaching go before the skeleton does.
+        drop(std::mem::take(&mut self.detacher));
         self.samplers.clear();
         self.uprobes.clear();
         let waits = self.wait_links.drain().flat_map(|(_, l)| l);
