@@ -321,20 +321,17 @@ fn container_hex(seed: &str) -> String {
 fn bpf_objects(pid: u32) -> (BTreeMap<String, u32>, Vec<String>) {
     let mut maps = BTreeMap::new();
     let mut links = Vec::new();
-    let dir = format!("/proc/{pid}/fdinfo");
-    for e in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}")).flatten() {
-        let Ok(info) = std::fs::read_to_string(e.path()) else { continue };
-        let field = |k: &str| info.lines().find_map(|l| l.strip_prefix(k)).map(|v| v.trim().to_string());
-        if let Some(id) = field("map_id:") {
+    for info in fdinfos(pid) {
+        if let Some(id) = info.get("map_id") {
             require_tool("bpftool", "reads uvspan's kernel maps; scripts/setup.sh installs it");
-            let out = Command::new("bpftool").args(["-j", "map", "show", "id", &id]).output().expect("run bpftool");
+            let out = Command::new("bpftool").args(["-j", "map", "show", "id", id]).output().expect("run bpftool");
             let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
             if let Some(name) = v["name"].as_str() {
                 maps.insert(name.to_string(), id.parse().expect("map id"));
             }
         }
-        if let Some(t) = field("link_type:") {
-            links.push(t);
+        if let Some(t) = info.get("link_type") {
+            links.push(t.clone());
         }
     }
     links.sort();

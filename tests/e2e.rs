@@ -1178,20 +1178,6 @@ fn check_busy_markers_covered(iters: &[&Span], m: &Markers, n: usize) {
     }
 }
 
-/// The BPF links a process holds, each as its fdinfo's `key: value` lines
-/// (link_type, tp_name, path, pid, uprobe_cnt, ...).
-fn bpf_links(pid: u32) -> Vec<BTreeMap<String, String>> {
-    let mut links = Vec::new();
-    for e in std::fs::read_dir(format!("/proc/{pid}/fd")).expect("read the process's fds").flatten() {
-        let is_link = std::fs::read_link(e.path()).is_ok_and(|t| t.to_string_lossy() == "anon_inode:bpf_link");
-        let Ok(info) = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{}", e.file_name().to_string_lossy())) else { continue };
-        if is_link {
-            links.push(info.lines().filter_map(|l| l.split_once(":\t")).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect());
-        }
-    }
-    links
-}
-
 /// Where the kernel refuses fentry and has session uprobes, a process
 /// traced by pid has its loop's epoll waits seen by uprobes on its own libc
 /// (a link for that pid alone), not by the system call tracepoints every

@@ -50,3 +50,20 @@ pub fn session_uprobes() -> bool {
     let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
     (major, minor) >= (6, 13)
 }
+
+/// Every open file's /proc/PID/fdinfo, as `key: value` pairs (BPF objects
+/// say what they are there: map_id, prog_id, link_type, tp_name, path, ...).
+pub fn fdinfos(pid: u32) -> Vec<std::collections::BTreeMap<String, String>> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|info| info.lines().filter_map(|l| l.split_once(':')).map(|(k, v)| (k.to_string(), v.trim().to_string())).collect())
+        .collect()
+}
+
+/// The BPF links a process holds (the fdinfos with a link_type).
+pub fn bpf_links(pid: u32) -> Vec<std::collections::BTreeMap<String, String>> {
+    fdinfos(pid).into_iter().filter(|i| i.contains_key("link_type")).collect()
+}
