@@ -32,7 +32,7 @@ pub enum Origin {
 }
 
 /// A batch of spans by process, as records are handled.
-pub type Out = rustc_hash::FxHashMap<u32, Vec<Span>>;
+pub type Out = Ready;
 
 pub struct Procs {
     procs: rustc_hash::FxHashMap<u32, Proc>,
@@ -52,12 +52,6 @@ pub struct Procs {
     batch_hint: usize,
     /// Span lists used before, emptied (see [`Procs::give_back`]).
     spare: Vec<Vec<Span>>,
-}
-
-fn merge(out: &mut Out, ready: Ready) {
-    for (pid, spans) in ready {
-        out.entry(pid).or_default().extend(spans);
-    }
 }
 
 /// Whether a process is still running (not gone, not a zombie).
@@ -148,7 +142,6 @@ impl Procs {
     ) {
         let ids = self.ids.clone();
         let src = SpanContextSource { clock, ids: &*ids };
-        let mut ready = Ready::new();
         let pid = match &rec {
             Record::Fork { pid, ppid } => {
                 let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
@@ -165,9 +158,9 @@ impl Procs {
             Record::Exit { pid, .. } => {
                 self.mark_exited(*pid);
                 if let Some(r) = requests {
-                    r.exited(*pid, &src, &mut ready);
+                    r.exited(*pid, &src, out);
                 }
-                return merge(out, ready);
+                return;
             }
             Record::Fs(r) => r.pid,
             Record::Dns(r) => r.pid,
@@ -177,21 +170,22 @@ impl Procs {
         };
         self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
         self.register(pid, exporter);
+        // The process's list in this batch, sized for it up front (the
+        // request tracker builds into it too).
+        let hint = self.batch_hint;
+        let spare = &mut self.spare;
+        out.entry(pid).or_insert_with(|| spare.pop().unwrap_or_else(|| Vec::with_capacity(hint)));
         let rec = match (requests, rec) {
             (Some(r), Record::Http(h)) => {
-                r.http(&h, self.with_sdk.contains(&h.pid), &src, &mut ready);
+                r.http(&h, self.with_sdk.contains(&h.pid), &src, out);
                 None
             }
-            (Some(r), rec) => r.work(rec, &src, &mut ready),
+            (Some(r), rec) => r.work(rec, &src, out),
             (None, rec) => Some(rec),
         };
         if let Some(rec) = rec {
-            let hint = self.batch_hint;
-            let spare = &mut self.spare;
-            let list = out.entry(pid).or_insert_with(|| spare.pop().unwrap_or_else(|| Vec::with_capacity(hint)));
-            spans::build_into(rec, &src, None, list);
+            spans::build_into(rec, &src, None, out.entry(pid).or_default());
         }
-        merge(out, ready);
     }
 
     /// A span list the batch's spans were taken from, for the next batch
@@ -220,13 +214,11 @@ impl Procs {
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).
     pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
         let src = SpanContextSource { clock, ids: &*self.ids };
-        let mut ready = Ready::new();
         if all {
-            requests.finish_all(&src, &mut ready);
+            requests.finish_all(&src, out);
         } else {
-            requests.expire(now_ns, &src, &mut ready);
+            requests.expire(now_ns, &src, out);
         }
-        merge(out, ready);
     }
 
     pub fn mark_exited(&mut self, pid: u32) {

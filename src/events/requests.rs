@@ -10,6 +10,7 @@
 //! after its request ended still joins its trace (recent requests are
 //! remembered). Pure: no kernel, no clock of its own.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 
 use rustc_hash::FxHashMap;
@@ -38,29 +39,46 @@ const NO_RESPONSE_NS: u64 = 30_000_000_000;
 /// redact them): matched on the key, case-insensitively, as a substring.
 const SECRET_KEYS: &[&str] = &["token", "key", "sig", "password", "passwd", "secret", "auth", "credential", "session"];
 
-/// A request line and headers, parsed.
+/// The request headers uvspan reads (the others are not kept).
+const HEADERS_READ: &[&str] = &["traceparent", "tracestate", "user-agent", "host"];
+
+/// The methods of RFC 9110 and PATCH, as static text (no allocation for
+/// the span name and attribute of a request).
+const METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
+
+/// A request line and the headers uvspan reads ([`HEADERS_READ`]), parsed.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Head {
-    pub method: String,
+    pub method: Cow<'static, str>,
     pub path: String,
     pub query: Option<String>,
     /// "1.1", "1.0"
-    pub version: String,
-    /// (lower-case name, value)
-    pub headers: Vec<(String, String)>,
+    pub version: &'static str,
+    /// (lower-case name, value), only the headers in [`HEADERS_READ`]
+    pub headers: Vec<(&'static str, String)>,
 }
 
 impl Head {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+        self.headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
     }
 }
 
-fn headers_of(h: &[httparse::Header<'_>]) -> Vec<(String, String)> {
-    h.iter()
-        .filter(|h| !h.name.is_empty())
-        .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).trim().to_string()))
-        .collect()
+/// The name as uvspan reads it, if it is one of [`HEADERS_READ`].
+fn header_read(name: &str) -> Option<&'static str> {
+    HEADERS_READ.iter().copied().find(|k| k.eq_ignore_ascii_case(name.trim()))
+}
+
+fn header_value(v: &[u8]) -> String {
+    String::from_utf8_lossy(v).trim().to_string()
+}
+
+fn headers_of(h: &[httparse::Header<'_>]) -> Vec<(&'static str, String)> {
+    h.iter().filter_map(|h| Some((header_read(h.name)?, header_value(h.value)))).collect()
+}
+
+fn method_of(m: &str) -> Cow<'static, str> {
+    METHODS.iter().find(|k| **k == m).map_or_else(|| Cow::Owned(m.to_string()), |k| Cow::Borrowed(*k))
 }
 
 /// A request's head from its first bytes (a head cut short by the capture
@@ -79,11 +97,12 @@ pub fn parse_request(data: &[u8]) -> Option<Head> {
         Some((p, q)) => (p.to_string(), Some(q.to_string())),
         None => (target.to_string(), None),
     };
-    Some(Head { method: method.to_string(), path, query, version: format!("1.{version}"), headers })
+    let version = if version == 0 { "1.0" } else { "1.1" };
+    Some(Head { method: method_of(method), path, query, version, headers })
 }
 
 /// Headers from a head whose end was not captured.
-fn partial_headers(data: &[u8]) -> Vec<(String, String)> {
+fn partial_headers(data: &[u8]) -> Vec<(&'static str, String)> {
     let text = String::from_utf8_lossy(data);
     let mut lines = text.split("\r\n");
     lines.next(); // request line
@@ -94,7 +113,7 @@ fn partial_headers(data: &[u8]) -> Vec<(String, String)> {
         .iter()
         .take_while(|l| !l.is_empty())
         .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .filter_map(|(k, v)| Some((header_read(k)?, v.trim().to_string())))
         .collect()
 }
 
@@ -117,12 +136,15 @@ pub fn parse_status(data: &[u8]) -> Option<StatusHead> {
         Ok(httparse::Status::Complete(n)) => Some(n as u64),
         _ => None,
     };
-    let headers = headers_of(res.headers);
-    let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    // Read in place: a response's headers are not kept.
+    let get = |k: &str| res.headers.iter().find(|h| h.name.eq_ignore_ascii_case(k)).map(|h| h.value);
+    fn text(v: &[u8]) -> Option<&str> {
+        std::str::from_utf8(v).ok().map(str::trim)
+    }
     Some(StatusHead {
         status,
-        content_length: get("content-length").and_then(|v| v.parse().ok()),
-        chunked: get("transfer-encoding").is_some_and(|v| v.to_ascii_lowercase().contains("chunked")),
+        content_length: get("content-length").and_then(text).and_then(|v| v.parse().ok()),
+        chunked: get("transfer-encoding").is_some_and(|v| v.windows(7).any(|w| w.eq_ignore_ascii_case(b"chunked"))),
         head_len,
     })
 }
@@ -266,8 +288,9 @@ pub struct Requests {
     pub stats: RequestStats,
 }
 
-/// Spans ready to send, per process.
-pub type Ready = Vec<(u32, Vec<Span>)>;
+/// Spans ready to send, per process (a batch's: spans are built straight
+/// into their process's list).
+pub type Ready = FxHashMap<u32, Vec<Span>>;
 
 impl Requests {
     pub fn new(always_server_spans: bool) -> Requests {
@@ -362,7 +385,8 @@ impl Requests {
             response_conn: None,
             response_total: None,
             response_written: 0,
-            held: Vec::new(),
+            // An fs read and a DNS lookup or two: one allocation, not grown.
+            held: Vec::with_capacity(8),
             calls: Vec::new(),
             server_span,
         };
@@ -441,7 +465,7 @@ impl Requests {
                 let req = &self.open[&cause];
                 match self.join_key(req, src) {
                     Some(key) => self.joinable.push((key, spans)),
-                    None => ready.push((pid, spans)),
+                    None => ready.entry(pid).or_default().extend(spans),
                 }
             }
             return None;
@@ -452,7 +476,7 @@ impl Requests {
                     let spans = build_in(rec, src, Some(parent));
                     match key {
                         Some(key) => self.joinable.push((key.clone(), spans)),
-                        None => ready.push((pid, spans)),
+                        None => ready.entry(pid).or_default().extend(spans),
                     }
                 }
                 None
@@ -515,19 +539,26 @@ impl Requests {
         if !sampled {
             return;
         }
-        let mut spans = Vec::with_capacity(req.held.len() + 1 + req.calls.len());
+        let n = req.held.len() + 1 + req.calls.len();
+        let mut joined = Vec::new();
+        // Built into the process's list itself (no list per request), but
+        // for the joiner, which takes them per request.
+        let spans = match key {
+            Some(_) => &mut joined,
+            None => ready.entry(req.pid).or_default(),
+        };
+        spans.reserve(n);
         if req.server_span {
             spans.push(server_span(&req, src));
         }
         for rec in std::mem::take(&mut req.held) {
-            build_into(rec, src, Some(&parent), &mut spans);
+            build_into(rec, src, Some(&parent), spans);
         }
         for call in &req.calls {
             spans.push(client_span(&req, call, &parent, src));
         }
-        match key {
-            Some(key) => self.joinable.push((key, spans)),
-            None => ready.push((req.pid, spans)),
+        if let Some(key) = key {
+            self.joinable.push((key, joined));
         }
     }
 }
@@ -536,7 +567,7 @@ fn span(
     src: &SpanContextSource<'_>,
     parent: &Parent,
     span_id: SpanId,
-    name: String,
+    name: Cow<'static, str>,
     kind: SpanKind,
     (start, end): (u64, u64),
     attributes: Vec<KeyValue>,
@@ -546,7 +577,7 @@ fn span(
         parent_span_id: parent.span_id,
         parent_span_is_remote: parent.remote,
         span_kind: kind,
-        name: name.into(),
+        name,
         start_ns: src.clock.to_wall_ns(start),
         end_ns: src.clock.to_wall_ns(end.max(start)),
         attributes,
@@ -562,13 +593,15 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
         None => Parent { trace_id: req.trace_id(), span_id: SpanId::INVALID, remote: false, state: req.state.clone() },
     };
     let h = &req.head;
-    let mut attrs = vec![
+    // Sized for all it may get (one allocation).
+    let mut attrs = Vec::with_capacity(13);
+    attrs.extend([
         KeyValue::new("http.request.method", h.method.clone()),
         KeyValue::new("url.path", h.path.clone()),
         KeyValue::new("url.scheme", if req.tls { "https" } else { "http" }),
-        KeyValue::new("network.protocol.version", h.version.clone()),
+        KeyValue::new("network.protocol.version", h.version),
         KeyValue::new("thread.id", i64::from(req.tid)),
-    ];
+    ]);
     if let Some(q) = &h.query {
         attrs.push(KeyValue::new("url.query", redact_query(q)));
     }
@@ -716,7 +749,7 @@ mod tests {
     #[test]
     fn request_heads_and_queries() {
         let h = parse_request(b"GET /a/b?x=1&token=abc&Sig=zz HTTP/1.1\r\nHost: h\r\nTraceParent: v\r\n\r\n").unwrap();
-        assert_eq!((h.method.as_str(), h.path.as_str(), h.version.as_str()), ("GET", "/a/b", "1.1"));
+        assert_eq!((&*h.method, h.path.as_str(), h.version), ("GET", "/a/b", "1.1"));
         assert_eq!(h.header("traceparent"), Some("v"), "header names are case-insensitive");
         assert_eq!(redact_query(h.query.as_deref().unwrap()), "x=1&token=REDACTED&Sig=REDACTED");
         // Cut short by the capture: the complete header lines are kept.
@@ -727,13 +760,27 @@ mod tests {
         assert!(parse_request(b"\x16\x03\x01 not http").is_none());
         let st = parse_status(b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!").unwrap();
         assert_eq!((st.status, st.content_length, st.head_len), (404, Some(5), Some(45)));
+        let st = parse_status(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, Chunked\r\ncontent-length:  7 \r\n\r\n").unwrap();
+        assert!(st.chunked, "header names and the coding are case-insensitive");
+        assert_eq!(st.content_length, Some(7), "the value is trimmed");
+        assert!(!parse_status(b"HTTP/1.1 200 OK\r\nX-Chunked: chunked\r\n\r\n").unwrap().chunked);
+    }
+
+    #[test]
+    fn only_the_headers_read_are_kept_and_common_methods_are_static() {
+        let h = parse_request(b"PATCH / HTTP/1.0\r\nUser-Agent: ua\r\nCookie: secret\r\nHOST: h:1\r\nAccept: */*\r\n\r\n").unwrap();
+        assert_eq!(h.headers, vec![("user-agent", "ua".to_string()), ("host", "h:1".to_string())]);
+        assert!(matches!(h.method, Cow::Borrowed("PATCH")));
+        assert_eq!(h.version, "1.0");
+        let other = parse_request(b"PROPFIND /d HTTP/1.1\r\n\r\n").unwrap();
+        assert!(matches!(other.method, Cow::Owned(ref m) if m == "PROPFIND"));
     }
 
     fn run(steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<Span> {
         let ids = SequentialIds::default();
         let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
         let mut r = Requests::new(false);
-        let mut ready = Ready::new();
+        let mut ready = Ready::default();
         steps(&mut r, &src, &mut ready);
         ready.into_iter().flat_map(|(_, s)| s).collect()
     }

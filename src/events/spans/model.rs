@@ -68,6 +68,11 @@ impl From<String> for Value {
         Value::String(Cow::Owned(s))
     }
 }
+impl From<Cow<'static, str>> for Value {
+    fn from(s: Cow<'static, str>) -> Value {
+        Value::String(s)
+    }
+}
 impl From<i64> for Value {
     fn from(v: i64) -> Value {
         Value::I64(v)
