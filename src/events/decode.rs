@@ -315,7 +315,10 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
                 _ => HttpWhat::Write,
             };
+            // The captured bytes, straight from the record (one copy).
             let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
+            let at = std::mem::offset_of!(http_event, data);
+            let bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
             Ok(Record::Http(HttpRecord {
                 pid: e.hdr.pid,
                 tid: e.hdr.tid,
@@ -327,7 +330,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
                 tls: e.tls != 0,
                 peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
                 local_port: (e.family != 0).then_some(e.local_port),
-                data: e.data[..n].iter().map(|&b| b as u8).collect(),
+                data: bytes,
             }))
         }
         ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT => {
@@ -428,6 +431,28 @@ mod tests {
             assert_eq!((r.fd, r.result), (Some(3), 4096));
         }
         assert!(decode(&record_bytes(head - 8, |e: &mut fs_event| e.hdr.kind = ev_kind::EV_FS)).is_err(), "shorter than the fixed part");
+    }
+
+    /// An HTTP record is sent up to what was captured (in whole words).
+    #[test]
+    fn http_record_keeps_the_bytes_captured_and_sent() {
+        let at = std::mem::offset_of!(http_event, data);
+        let head = b"GET /x HTTP/1.1\r\n";
+        for (len, captured, want) in [(at + 24, head.len(), &head[..]), (at + 8, head.len(), &head[..8]), (at, 0, &b""[..])] {
+            let bytes = record_bytes(len, |e: &mut http_event| {
+                e.hdr.kind = ev_kind::EV_HTTP;
+                e.hdr.pid = 10;
+                e.what = http_what::HTTP_REQUEST.0;
+                e.captured = captured as u32;
+                e.len = 300;
+                for (d, b) in e.data.iter_mut().zip(head) {
+                    *d = *b as _;
+                }
+            });
+            let Record::Http(r) = decode(&bytes).unwrap() else { panic!("not http") };
+            assert_eq!(r.data, want, "{len} bytes sent");
+            assert_eq!((r.what, r.len), (HttpWhat::Request, 300));
+        }
     }
 
     #[test]

@@ -13,11 +13,13 @@ pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
             answers.push(s);
         }
     }
-    let mut attrs = vec![
+    // Sized for all it may get (threadpool and error attributes too).
+    let mut attrs = Vec::with_capacity(10);
+    attrs.extend([
         KeyValue::new(keys::DNS_NAME, r.host),
         KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
         KeyValue::new(keys::SYNC, r.sync),
-    ];
+    ]);
     if !answers.is_empty() {
         attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Strings(answers)));
     }
