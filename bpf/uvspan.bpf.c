@@ -1324,8 +1324,24 @@ struct pt_regs___k {
 	unsigned long orig_ax;
 } __attribute__((preserve_access_index));
 
-/* An epoll wait starts on a thread; 1 if it is a traced loop thread's (the
- * wait's end is wanted). `by_uprobe`: seen by the libc uprobe, not by the
+/* A traced loop thread's epoll wait returned `ret` (`known`: 0 for a wait
+ * whose return was not trapped, taken as returning when it started). */
+static __always_inline void wait_done(struct loop_state *st, __u64 now, long ret, int known)
+{
+	/* The I/O callbacks that follow set their own cause (or none). */
+	set_cause(0);
+	st->ev.poll_wait_ns += now - st->epoll_enter;
+	st->last_poll_empty = st->poll_timeout_zero && (!known || ret == 0);
+	st->last_exit_ns = now;
+	if (!st->wake_frozen) {
+		st->ev.wake_ns = now;
+		st->wake_frozen = known && ret > 0;
+	}
+	st->epoll_enter = 0;
+}
+
+/* An epoll wait starts on a thread; 1 if its end is wanted (a traced loop
+ * thread's wait that can block). `by_uprobe`: seen by the libc uprobe, not by the
  * system call programs (which leave processes with such probes alone). */
 static __always_inline int epoll_enter(int timeout_zero, int by_uprobe)
 {
@@ -1352,13 +1368,24 @@ static __always_inline int epoll_enter(int timeout_zero, int by_uprobe)
 	__u64 now = bpf_ktime_get_ns();
 	if (st->epoll_only) {
 		/* libuv with idle-time metrics (Node) first polls with timeout 0;
-		 * the wait right after an empty one belongs to the same iteration. */
-		if (!st->last_poll_empty || now - st->last_exit_ns > SAME_POLL_GAP_NS)
+		 * a blocking wait right after an empty one belongs to the same
+		 * iteration (libuv makes no second timeout-0 wait after an empty
+		 * one: a timeout-0 wait always starts an iteration). */
+		if (!st->last_poll_empty || timeout_zero || now - st->last_exit_ns > SAME_POLL_GAP_NS)
 			loop_enter_phase(st, PHASE_POLL, now);
 		st->poll_timeout_zero = timeout_zero;
 	}
-	if (st->cur_phase == PHASE_POLL)
-		st->epoll_enter = now;
+	if (st->cur_phase != PHASE_POLL)
+		return 0;
+	st->epoll_enter = now;
+	if (by_uprobe && timeout_zero) {
+		/* A wait that cannot block is not worth its return trap: it ends
+		 * as it starts (its few microseconds count as busy). Whether it
+		 * found events is told by what follows: a blocking wait within
+		 * the gap means it found none. */
+		wait_done(st, now, 0, 0);
+		return 0;
+	}
 	return 1;
 }
 
@@ -1377,17 +1404,7 @@ static __always_inline int epoll_exit(long ret, int by_uprobe)
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	if (!st || !st->epoll_enter || st->cur_phase != PHASE_POLL)
 		return 0;
-	/* The I/O callbacks that follow set their own cause (or none). */
-	set_cause(0);
-	__u64 now = bpf_ktime_get_ns();
-	st->ev.poll_wait_ns += now - st->epoll_enter;
-	st->last_poll_empty = st->poll_timeout_zero && ret == 0;
-	st->last_exit_ns = now;
-	if (!st->wake_frozen) {
-		st->ev.wake_ns = now;
-		st->wake_frozen = ret > 0;
-	}
-	st->epoll_enter = 0;
+	wait_done(st, bpf_ktime_get_ns(), ret, 1);
 	return 0;
 }
 
@@ -1443,7 +1460,8 @@ int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
 
 /* libc's epoll_wait / epoll_pwait (session uprobe, one per traced process):
  * the entry starts the wait; the return probe is asked for only when the
- * thread is a traced loop thread (other threads pay one trap, not two).
+ * wait can block on a traced loop thread (other threads, and waits with
+ * timeout 0, pay one trap, not two).
  * glibc's x86_64 wrappers each make their own system call: one wait is
  * one entry. Arguments: (epfd, events, maxevents, timeout, ...). */
 static __always_inline int epoll_wait_probe(struct pt_regs *ctx, __u64 cookie)
@@ -1460,10 +1478,10 @@ int uv_session(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	int epoll = cookie >> COOKIE_KIND_SHIFT == PROBE_EPOLL_WAIT;
-	/* The benchmark's trap floor: an epoll wait on a loop thread traps at
+	/* The benchmark's trap floor: an epoll wait that can block traps at
 	 * its return too, so it does here. */
 	if (trap_only)
-		return !epoll;
+		return !epoll || (int)PT_REGS_PARM4(ctx) == 0;
 	if (epoll)
 		return epoll_wait_probe(ctx, cookie);
 	__u64 *req = bpf_session_cookie();

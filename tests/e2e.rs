@@ -1230,9 +1230,28 @@ fn epoll_waits_of_a_pid_are_seen_in_its_own_libc() {
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let spans = rx.spans();
     let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
-    check_busy_markers_covered(&iters, &Markers::parse(&node_out.stdout), 4);
+    let m = Markers::parse(&node_out.stdout);
+    check_busy_markers_covered(&iters, &m, 4);
     // Waits were measured: the 300 ms timers between blocks are waits.
     assert!(iters.iter().any(|s| s.double("uvspan.loop.poll_wait_ms").is_some_and(|w| w > 100.0)), "{}", dump(&iters));
+    // Each block's iteration starts when the loop woke for its timer, not
+    // at Node's timeout-0 poll right after the block before (that poll's
+    // return is not trapped on this path: the blocking wait that follows
+    // says it found nothing). The timer was set 300 ms after libuv's loop
+    // time of the iteration that ran the block before, which is taken just
+    // before its callback starts; 100 ms is left for that gap on a busy
+    // machine. Starting at that poll would put the start ~120 ms after the
+    // block before started.
+    for n in 2..=4 {
+        let prev_before = m.f64(&format!("busy{}", n - 1), "before");
+        let (before, after) = (m.f64(&format!("busy{n}"), "before"), m.f64(&format!("busy{n}"), "after"));
+        let it = iters
+            .iter()
+            .find(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
+            .unwrap_or_else(|| panic!("no iteration covers busy{n}: {}", dump(&iters)));
+        let earliest_wake = prev_before + 300.0 - 1.0 - 100.0;
+        assert!(it.start_ms() >= earliest_wake, "busy{n}'s iteration starts {:.1} ms before its timer could fire: {}", earliest_wake - it.start_ms(), it.brief());
+    }
 
     // `-- COMMAND`: the processes it starts later cannot have their libc
     // probed before they run; the tracepoints see their waits.

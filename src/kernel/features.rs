@@ -87,7 +87,7 @@ pub fn known() -> Features {
 pub fn fallback_notice(errno: Option<i32>, by_uprobe: bool) -> String {
     let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::events::errno::error_type(-i64::from(e))));
     let instead = if by_uprobe {
-        "by uprobes on each traced process's libc epoll_wait/epoll_pwait instead (two traps per wait on a loop thread)"
+        "by uprobes on each traced process's libc epoll_wait/epoll_pwait instead (two traps per blocking wait on a loop thread)"
     } else {
         "from the sys_enter/sys_exit tracepoints instead, which every system call on the host passes while uvspan \
          runs (~0.2 µs each on the benchmark VM)"
