@@ -303,7 +303,7 @@ fn grpc_export(port: u16, body: Vec<u8>) -> tonic::Code {
         let mut g = tonic::client::Grpc::new(channel);
         g.ready().await.expect("ready");
         let path = http::uri::PathAndQuery::from_static("/opentelemetry.proto.collector.trace.v1.TraceService/Export");
-        match g.unary(tonic::Request::new(bytes::Bytes::from(body)), path, uvspan::listen::forward::Raw).await {
+        match g.unary(tonic::Request::new(uvspan::export::otlp::Body::from(bytes::Bytes::from(body))), path, uvspan::listen::forward::Raw).await {
             Ok(_) => tonic::Code::Ok,
             Err(st) => st.code(),
         }

@@ -23,9 +23,9 @@ impl Console<std::io::Stdout> {
 }
 
 impl<W: Write + Send + 'static> Sink for Console<W> {
-    async fn export(&mut self, _resource: &Resource, label: &str, parts: &[Part]) -> Result<u64, ExportError> {
+    async fn export(&mut self, _resource: &Resource, label: &str, parts: &mut [Part]) -> Result<u64, ExportError> {
         let mut spans: Vec<&Span> = Vec::new();
-        for p in parts {
+        for p in parts.iter() {
             match p {
                 Part::Spans(s) => spans.extend(s),
                 // The console's exporter keeps spans; an encoded run cannot be shown.

@@ -331,32 +331,63 @@ impl Encoded {
     }
 }
 
-/// An `ExportTraceServiceRequest` with the encoded `runs` of spans under
-/// `resource`, all in uvspan's instrumentation scope (none when there are
-/// no spans).
-pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
-    let spans: usize = runs.iter().map(|r| r.bytes.len()).sum();
-    let mut o = Enc { buf: Vec::with_capacity(256 + spans) };
-    let resource_spans = o.begin(1, 3);
-    let m = o.begin(1, 2);
+/// An `ExportTraceServiceRequest` around encoded runs of spans, without
+/// them: `head`, then the runs' bytes as they are, then `tail`. The runs
+/// need not be copied into one buffer to be sent.
+#[derive(Debug, PartialEq)]
+pub struct Framing {
+    pub head: Vec<u8>,
+    pub tail: Vec<u8>,
+}
+
+/// The framing of runs of `runs_len` bytes in all under `resource`, all in
+/// uvspan's instrumentation scope (no scope when there are no spans: then
+/// the runs must be empty).
+pub fn framing(resource: &Resource, runs_len: usize, any_spans: bool) -> Framing {
+    let mut res = Enc { buf: Vec::with_capacity(512) };
+    let m = res.begin(1, 2);
     for (k, v) in resource.iter() {
-        key_value(&mut o, 1, k.as_str(), |o| sdk_value(o, v));
+        key_value(&mut res, 1, k.as_str(), |o| sdk_value(o, v));
     }
-    o.end(m);
-    if runs.iter().any(|r| r.n > 0) {
-        let scope_spans = o.begin(2, 3);
-        let m = o.begin(1, 1);
-        o.string(1, SCOPE_NAME);
-        o.string(2, SCOPE_VERSION);
-        o.end(m);
-        for r in runs {
-            o.raw(&r.bytes);
-        }
-        o.end(scope_spans);
+    res.end(m);
+    let mut tail = Enc { buf: Vec::new() };
+    tail.string(3, resource.schema_url().unwrap_or_default());
+    let mut scope = Enc { buf: Vec::with_capacity(32) };
+    if any_spans {
+        let m = scope.begin(1, 1);
+        scope.string(1, SCOPE_NAME);
+        scope.string(2, SCOPE_VERSION);
+        scope.end(m);
     }
-    o.string(3, resource.schema_url().unwrap_or_default());
-    o.end(resource_spans);
-    o.buf
+    // Lengths are known up front: the runs' total and the pieces around them.
+    let scope_spans = scope.buf.len() + runs_len;
+    let scope_field = if any_spans { 1 + varint_len(scope_spans as u64) + scope_spans } else { 0 };
+    let resource_spans = res.buf.len() + scope_field + tail.buf.len();
+    let mut head = Enc { buf: Vec::with_capacity(res.buf.len() + scope.buf.len() + 16) };
+    head.key(1, LEN);
+    head.varint(resource_spans as u64);
+    head.raw(&res.buf);
+    if any_spans {
+        head.key(2, LEN);
+        head.varint(scope_spans as u64);
+        head.raw(&scope.buf);
+    }
+    Framing { head: head.buf, tail: tail.buf }
+}
+
+/// An `ExportTraceServiceRequest` with the encoded `runs` of spans under
+/// `resource`, in one buffer (see [`framing`]).
+pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
+    let any = runs.iter().any(|r| r.n > 0);
+    let runs_len: usize = if any { runs.iter().map(|r| r.bytes.len()).sum() } else { 0 };
+    let f = framing(resource, runs_len, any);
+    let mut buf = Vec::with_capacity(f.head.len() + runs_len + f.tail.len());
+    buf.extend_from_slice(&f.head);
+    if any {
+        runs.iter().for_each(|r| buf.extend_from_slice(&r.bytes));
+    }
+    buf.extend_from_slice(&f.tail);
+    buf
 }
 
 /// [`request`] for spans not encoded yet.
@@ -469,6 +500,9 @@ mod tests {
         let second = Encoded::of(&spans[9..]);
         assert_eq!((first.n, second.n), (9, 5));
         assert_eq!(request(&r, &[&first, &second]), export_request(&r, &spans));
+        // Sent in pieces (the runs not copied into one buffer): the same bytes.
+        let f = framing(&r, first.bytes.len() + second.bytes.len(), true);
+        assert_eq!([&f.head[..], &first.bytes, &second.bytes, &f.tail].concat(), export_request(&r, &spans));
         assert_eq!(request(&r, &[&Encoded::default()]), export_request::<Span>(&r, &[]));
         // Into a buffer used before: what was in it is gone.
         let used = Encoded::in_buffer(b"old bytes".to_vec(), &spans[..9]);

@@ -141,7 +141,7 @@ pub(crate) trait Sink: Send + 'static {
         &mut self,
         resource: &Resource,
         label: &str,
-        parts: &[Part],
+        parts: &mut [Part],
     ) -> impl std::future::Future<Output = Result<u64, ExportError>> + Send;
 }
 
@@ -335,7 +335,7 @@ async fn run<S: Sink>(
                 let mut sent = 0;
                 let mut retry = false;
                 for r in requests(parts.iter().map(Part::len), cfg.max_batch.max(1)) {
-                    let chunk = &parts[r.clone()];
+                    let chunk = &mut parts[r.clone()];
                     let m: u64 = chunk.iter().map(|p| p.len() as u64).sum();
                     match sink.export(&resource, &label, chunk).await {
                         Ok(rejected) => {

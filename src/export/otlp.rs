@@ -1,7 +1,7 @@
 //! OTLP export (gRPC via tonic, or HTTP/protobuf): the spans of each traced
 //! process under that process's resource, encoded by `encode.rs`.
 
-use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -112,7 +112,7 @@ impl Otlp {
 
     /// Sends one encoded request; the collector's partial-success answer
     /// (spans rejected, and why).
-    async fn send(&mut self, body: Bytes) -> Result<Option<ExportTracePartialSuccess>, ExportError> {
+    async fn send(&mut self, body: Body) -> Result<Option<ExportTracePartialSuccess>, ExportError> {
         let retry = |message: String| ExportError { message, retryable: true };
         let timeout = self.timeout;
         let late = move || retry(format!("no answer within {timeout:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"));
@@ -131,7 +131,7 @@ impl Otlp {
                 tokio::time::timeout(timeout, call).await.map_err(|_| late())??
             }
             Transport::Http { client, url } => {
-                let resp = client.post(url.as_str()).body(body).send().await.map_err(|e| {
+                let resp = client.post(url.as_str()).body(body.into_bytes()).send().await.map_err(|e| {
                     if e.is_timeout() {
                         late()
                     } else {
@@ -154,22 +154,31 @@ impl Otlp {
 }
 
 impl Sink for Otlp {
-    async fn export(&mut self, resource: &Resource, _label: &str, parts: &[Part]) -> Result<u64, ExportError> {
-        // Runs come encoded from the queue; spans (not made by uvspan's queue) are encoded here.
-        let encoded: Vec<Cow<'_, Encoded>> = parts
-            .iter()
-            .map(|p| match p {
-                Part::Otlp(e) => Cow::Borrowed(e),
-                Part::Spans(s) => Cow::Owned(Encoded::of(s)),
-            })
-            .collect();
-        let runs: Vec<&Encoded> = encoded.iter().map(|e| &**e).collect();
-        // Not written into a buffer used before: a request holds its
-        // process's resource (a long command line makes it large), and
-        // keeping such buffers held uvspan's heap from shrinking as
-        // processes came and went.
-        let body = Bytes::from(super::encode::request(resource, &runs));
-        let partial = self.send(body).await?;
+    async fn export(&mut self, resource: &Resource, _label: &str, parts: &mut [Part]) -> Result<u64, ExportError> {
+        // Runs come encoded from the queue; spans (not made by uvspan's
+        // queue) are encoded here. The runs' bytes are lent to the request
+        // (gRPC copies them into its frame once; no request buffer is
+        // built for it) and taken back after.
+        let mut runs = Vec::with_capacity(parts.len());
+        let mut n = 0;
+        for p in parts.iter_mut() {
+            let e = match p {
+                Part::Otlp(e) => std::mem::take(&mut e.bytes),
+                Part::Spans(s) => Encoded::of(s).bytes,
+            };
+            n += p.len();
+            runs.push(Arc::new(e));
+        }
+        let runs_len: usize = if n > 0 { runs.iter().map(|r| r.len()).sum() } else { 0 };
+        let f = super::encode::framing(resource, runs_len, n > 0);
+        let body = Body::Pieces { head: f.head, runs: if n > 0 { runs.clone() } else { Vec::new() }, tail: f.tail };
+        let sent = self.send(body).await;
+        for (p, b) in parts.iter_mut().zip(runs) {
+            if let Part::Otlp(e) = p {
+                e.bytes = take_back(b);
+            }
+        }
+        let partial = sent?;
         let rejected = partial.as_ref().map_or(0, |p| p.rejected_spans.max(0) as u64);
         if rejected > 0 && !self.said_rejected {
             self.said_rejected = true;
@@ -177,6 +186,49 @@ impl Sink for Otlp {
             eprintln!("uvspan: the collector rejected {rejected} spans: {why} (counted as failed; said once)");
         }
         Ok(rejected)
+    }
+}
+
+/// A buffer lent to a request, back as it was (copied only if the request
+/// still holds it, which it does not once it was encoded or dropped).
+fn take_back(b: Arc<Vec<u8>>) -> Vec<u8> {
+    Arc::try_unwrap(b).unwrap_or_else(|shared| shared.to_vec())
+}
+
+/// What an export request sends: a message as it is, or uvspan's spans in
+/// pieces (see [`super::encode::framing`]).
+#[derive(Debug)]
+pub enum Body {
+    Bytes(Bytes),
+    Pieces { head: Vec<u8>, runs: Vec<Arc<Vec<u8>>>, tail: Vec<u8> },
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Bytes(b) => b.len(),
+            Body::Pieces { head, runs, tail } => head.len() + runs.iter().map(|r| r.len()).sum::<usize>() + tail.len(),
+        }
+    }
+
+    /// In one buffer (HTTP sends one body).
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Body::Bytes(b) => b,
+            Body::Pieces { head, runs, tail } => {
+                let mut v = Vec::with_capacity(head.len() + runs.iter().map(|r| r.len()).sum::<usize>() + tail.len());
+                v.extend_from_slice(&head);
+                runs.iter().for_each(|r| v.extend_from_slice(r));
+                v.extend_from_slice(&tail);
+                Bytes::from(v)
+            }
+        }
+    }
+}
+
+impl From<Bytes> for Body {
+    fn from(b: Bytes) -> Body {
+        Body::Bytes(b)
     }
 }
 
@@ -226,7 +278,7 @@ pub fn grpc_retryable(code: tonic::Code) -> bool {
 pub struct Raw;
 
 impl tonic::codec::Codec for Raw {
-    type Encode = Bytes;
+    type Encode = Body;
     type Decode = Bytes;
     type Encoder = Raw;
     type Decoder = Raw;
@@ -239,11 +291,19 @@ impl tonic::codec::Codec for Raw {
 }
 
 impl tonic::codec::Encoder for Raw {
-    type Item = Bytes;
+    type Item = Body;
     type Error = tonic::Status;
-    fn encode(&mut self, item: Bytes, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+    fn encode(&mut self, item: Body, dst: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
         use bytes::BufMut;
-        dst.put_slice(&item);
+        dst.reserve(item.len());
+        match item {
+            Body::Bytes(b) => dst.put_slice(&b),
+            Body::Pieces { head, runs, tail } => {
+                dst.put_slice(&head);
+                runs.iter().for_each(|r| dst.put_slice(r));
+                dst.put_slice(&tail);
+            }
+        }
         Ok(())
     }
 }

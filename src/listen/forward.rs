@@ -18,6 +18,7 @@ use tonic::codec::CompressionEncoding;
 
 use super::{ListenCounters, Signal};
 pub use crate::export::otlp::Raw;
+use crate::export::otlp::Body;
 use crate::export::otlp::{self, OtlpConfig, OtlpProtocol};
 
 /// Backoff between retries of one request: from this, doubling, up to MAX.
@@ -210,7 +211,7 @@ impl Upstream {
         let reply = match self {
             Upstream::Grpc { grpc, headers, timeout } => {
                 grpc.ready().await.map_err(|e| Fail::Retry(None, format!("endpoint not ready: {e}")))?;
-                let mut req = tonic::Request::new(it.body.clone());
+                let mut req = tonic::Request::new(Body::from(it.body.clone()));
                 *req.metadata_mut() = headers.clone();
                 req.set_timeout(*timeout);
                 let path = http::uri::PathAndQuery::from_static(it.signal.grpc_path());

@@ -16,6 +16,7 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 
 use super::forward::{Item, Queue, Raw};
+use crate::export::otlp::Body;
 use super::join::{app_servers, AppServer};
 use super::{ListenCounters, Signal};
 
@@ -135,13 +136,13 @@ struct Export {
 }
 
 impl tonic::server::UnaryService<Bytes> for Export {
-    type Response = Bytes;
-    type Future = std::future::Ready<Result<tonic::Response<Bytes>, tonic::Status>>;
+    type Response = Body;
+    type Future = std::future::Ready<Result<tonic::Response<Body>, tonic::Status>>;
 
     fn call(&mut self, req: tonic::Request<Bytes>) -> Self::Future {
         std::future::ready(match self.st.accept(self.signal, req.into_inner()) {
             // An empty Export*ServiceResponse: everything taken.
-            Ok(()) => Ok(tonic::Response::new(Bytes::new())),
+            Ok(()) => Ok(tonic::Response::new(Body::Bytes(Bytes::new()))),
             Err(Refused::Malformed(e)) => Err(tonic::Status::invalid_argument(e)),
             Err(Refused::Full) => Err(resource_exhausted()),
         })
