@@ -28,7 +28,7 @@ pub enum DetailKind {
     Threadpool,
     /// Loop phase spans under slow iterations (uv__io_poll, uv__run_*: +5
     /// hits per loop iteration). Without them, iterations come from the
-    /// loop thread's epoll waits, with no probe hits.
+    /// loop thread's epoll waits, with no extra probe hits.
     Phases,
     /// Both.
     All,
