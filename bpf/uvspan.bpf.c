@@ -1464,13 +1464,17 @@ int BPF_PROG(syscall_exit, struct pt_regs___k *regs, long ret)
  * timeout 0, pay one trap, not two).
  * glibc's x86_64 wrappers each make their own system call: one wait is
  * one entry. Arguments: (epfd, events, maxevents, timeout, ...). */
+static __always_inline int libc_wait_timeout_zero(struct pt_regs *ctx, __u64 cookie)
+{
+	unsigned long t = PT_REGS_PARM4(ctx);
+	return (cookie & 1) ? timespec_zero(t) : (int)t == 0;
+}
+
 static __always_inline int epoll_wait_probe(struct pt_regs *ctx, __u64 cookie)
 {
 	if (bpf_session_is_return())
 		return epoll_exit((int)PT_REGS_RC(ctx), 1);
-	unsigned long t = PT_REGS_PARM4(ctx);
-	int zero = (cookie & 1) ? timespec_zero(t) : (int)t == 0;
-	return !epoll_enter(zero, 1);
+	return !epoll_enter(libc_wait_timeout_zero(ctx, cookie), 1);
 }
 
 SEC("uprobe.session")
@@ -1481,7 +1485,7 @@ int uv_session(struct pt_regs *ctx)
 	/* The benchmark's trap floor: an epoll wait that can block traps at
 	 * its return too, so it does here. */
 	if (trap_only)
-		return !epoll || (int)PT_REGS_PARM4(ctx) == 0;
+		return !epoll || libc_wait_timeout_zero(ctx, cookie);
 	if (epoll)
 		return epoll_wait_probe(ctx, cookie);
 	__u64 *req = bpf_session_cookie();

@@ -169,9 +169,10 @@ impl Sink for Otlp {
             n += p.len();
             runs.push(Arc::new(e));
         }
-        let runs_len: usize = if n > 0 { runs.iter().map(|r| r.len()).sum() } else { 0 };
-        let f = super::encode::framing(resource, runs_len, n > 0);
-        let body = Body::Pieces { head: f.head, runs: if n > 0 { runs.clone() } else { Vec::new() }, tail: f.tail };
+        // No spans: no scope and no runs (they are empty anyway).
+        let lent = if n > 0 { runs.clone() } else { Vec::new() };
+        let f = super::encode::framing(resource, lent.iter().map(|r| r.len()).sum(), n > 0);
+        let body = Body::Pieces { head: f.head, runs: lent, tail: f.tail };
         let sent = self.send(body).await;
         for (p, b) in parts.iter_mut().zip(runs) {
             if let Part::Otlp(e) = p {
@@ -213,10 +214,11 @@ impl Body {
 
     /// In one buffer (HTTP sends one body).
     fn into_bytes(self) -> Bytes {
+        let len = self.len();
         match self {
             Body::Bytes(b) => b,
             Body::Pieces { head, runs, tail } => {
-                let mut v = Vec::with_capacity(head.len() + runs.iter().map(|r| r.len()).sum::<usize>() + tail.len());
+                let mut v = Vec::with_capacity(len);
                 v.extend_from_slice(&head);
                 runs.iter().for_each(|r| v.extend_from_slice(r));
                 v.extend_from_slice(&tail);
