@@ -301,6 +301,44 @@ fn check_dns(spans: &[Span], m: &Markers, pid: i64, detail: bool) {
     assert_eq!(bad.attr("dns.answers"), None, "a failed lookup has no answers: {}", bad.brief());
 }
 
+/// A lookup with more answers than a record holds, of both families (a
+/// private /etc/hosts, bind-mounted in a mount namespace of the traced
+/// command's own): the span keeps the first eight, in the order Node got
+/// them, IPv6 and IPv4 alike.
+#[test]
+fn dns_answers_of_both_families_in_order_up_to_eight() {
+    require_root();
+    let dir = TempDir::new("dns-answers");
+    let hosts = dir.path().join("hosts");
+    let mut lines = String::from("::1 uvspan-many.test\n");
+    for i in 2..=10 {
+        lines.push_str(&format!("127.0.0.{i} uvspan-many.test\n"));
+    }
+    std::fs::write(&hosts, lines).expect("write hosts");
+    let js = "require('dns').lookup('uvspan-many.test', { all: true }, (e, a) => \
+              console.log(JSON.stringify({ marker: 'done', error: e && e.code, addresses: (a || []).map((x) => x.address) })))";
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let inner = format!("mount --bind {} /etc/hosts && exec node -e \"$0\"", hosts.display());
+    let args = ["--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--", "unshare", "-m", "sh", "-c", inner.as_str(), js];
+    let out = Running::spawn(uvspan_cmd(args)).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let done = m.get("done");
+    assert!(done["error"].is_null(), "the lookup failed in Node: {done}");
+    let node_got: Vec<String> =
+        done["addresses"].as_array().expect("addresses").iter().map(|v| v.as_str().expect("address").to_string()).collect();
+    assert_eq!(node_got.len(), 10, "the private hosts file was not used: {node_got:?}");
+    check_summary(&out, rx.spans().len());
+    let spans = rx.spans();
+    let dns: Vec<&Span> = spans.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
+    assert_eq!(dns.len(), 1, "{}", dump(&dns));
+    assert_eq!(dns[0].str("dns.question.name"), Some("uvspan-many.test"), "{}", dns[0].brief());
+    let answers = dns[0].strings("dns.answers").unwrap_or_else(|| panic!("no dns.answers: {}", dns[0].brief()));
+    assert_eq!(answers, node_got[..8], "the first eight answers, in Node's order");
+    assert!(answers.iter().any(|a| a.contains(':')) && answers.iter().any(|a| a.contains('.')), "{answers:?}");
+}
+
 /// The loop iteration in which the fixture's 100 ms timer callback ran, and
 /// (with `phases`) its timers phase.
 fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64, phases: bool) {
