@@ -292,22 +292,19 @@ static __always_inline void walk_user_stack(struct stack_event *e, __u64 pc, __u
 		/* fp-16, fp-8, saved fp, return address */
 		__u64 w[4] = {};
 		e->frames[i].pc = pc;
-		e->frames[i].fp_m16 = 0;
-		e->frames[i].fp_m8 = 0;
-		__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
 		n = i + 1;
-		if (!fp || bpf_probe_read_user(w, sizeof(w), (void *)(fp - 16)))
-			break;
+		/* No frame pointer, or a failed read (which leaves zeros): a
+		 * frame with nothing above it, the chain's end. */
+		if (fp)
+			bpf_probe_read_user(w, sizeof(w), (void *)(fp - 16));
 		e->frames[i].fp_m16 = w[0];
 		e->frames[i].fp_m8 = w[1];
 		/* A JS frame: a heap object (tag 01) at fp-16, a context (also a
 		 * heap object) at fp-8 where typed frames keep a small marker. */
-		if ((w[0] & 3) == 1 && (w[1] & 1) == 1) {
-			if (bpf_probe_read_user(e->frames[i].obj, sizeof(e->frames[i].obj), (void *)(w[0] - 1)))
-				__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
-		} else {
+		if ((w[0] & 3) == 1 && (w[1] & 1) == 1)
+			bpf_probe_read_user(e->frames[i].obj, sizeof(e->frames[i].obj), (void *)(w[0] - 1));
+		else
 			__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
-		}
 		/* The caller's frame is higher on the stack; anything else ends the chain. */
 		if (w[2] <= fp || !w[3])
 			break;
