@@ -378,7 +378,8 @@ fn request_context_on_every_official_build() {
 
 /// The limits the README states, measured so it stays true: work a handler
 /// starts from setTimeout joins no request (all due timers run in one
-/// native scope); two requests pipelined in one read share the first one
+/// native scope), nor work it starts from setImmediate, also when another
+/// request's handler ran after it in the same loop iteration; two requests pipelined in one read share the first one
 /// (one SERVER span, both handlers' work under it); work a handler hands to
 /// a worker thread joins no request (worker_threads are not followed); an
 /// HTTP/2 request is no SERVER span and its work joins none.
@@ -409,10 +410,24 @@ fn documented_limits_timers_pipelining_workers_http2() {
     let worker_req = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some("/worker")).expect("SERVER span of /worker");
     let in_worker = by_path("in-worker");
     assert!(in_worker.parent_span_id.is_empty() && in_worker.trace_id != worker_req.trace_id, "worker thread work joins no request: {}", in_worker.brief());
+    // Both handlers ran in one poll phase, then both immediates: the
+    // thread's request is cleared before them, so neither joins a request
+    // (not the other's, which was the last to run before them).
+    let imm: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/imm/"))).collect();
+    assert_eq!(imm.len(), 2, "a SERVER span per /imm request\n{}", dump(&imm));
+    for x in ["a", "b"] {
+        let w = by_path(&format!("imm-{x}"));
+        assert!(
+            w.parent_span_id.is_empty() && imm.iter().all(|r| r.trace_id != w.trace_id),
+            "work started from setImmediate joins no request: {}\n{}",
+            w.brief(),
+            dump(&imm)
+        );
+    }
     let in_h2 = by_path("in-h2");
     assert!(in_h2.parent_span_id.is_empty(), "HTTP/2 request work joins no request: {}", in_h2.brief());
     assert!(!spans.iter().any(|s| s.kind == 2 && s.str("url.path") == Some("/h2")), "no SERVER span for HTTP/2");
-    eprintln!("requests limits: timer work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work; worker thread work joined no request; HTTP/2: no SERVER span, its work a root");
+    eprintln!("requests limits: timer and immediate work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work; worker thread work joined no request; HTTP/2: no SERVER span, its work a root");
 }
 
 /// Debian's nodejs keeps llhttp_execute in libnode.so, beside a stripped
