@@ -413,10 +413,10 @@ pub const OTHER: &[Probe] = &[
     },
     // Node runs its check phase (this) on every loop iteration, immediates
     // or not: a trap per iteration. Clearing at the one call that runs JS
-    // immediates instead (node::MakeCallback) was tried and dropped: the
-    // per-iteration clear also ends a stale request before close callbacks
-    // and the next iteration's early phases, and without it an HTTP/2
-    // request's work joined an earlier HTTP/1 request (tests/requests.rs).
+    // immediates instead (node::MakeCallback) was tried and dropped: an
+    // HTTP/2 request's work then joined an earlier HTTP/1 request
+    // (tests/requests.rs), a request outliving its iteration (by which
+    // path was not traced down).
     Probe {
         symbol: "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
         kind: probe_kind::PROBE_CAUSE_CLEAR,
