@@ -461,23 +461,16 @@ impl Requests {
             }
             self.stats.not_held += 1;
             if req.sampled() {
-                let spans = build_in(rec, src, Some(&req.parent()));
-                let req = &self.open[&cause];
-                match self.join_key(req, src) {
-                    Some(key) => self.joinable.push((key, spans)),
-                    None => ready.entry(pid).or_default().extend(spans),
-                }
+                let parent = req.parent();
+                let key = self.join_key(&self.open[&cause], src);
+                send_late(&mut self.joinable, ready, key, pid, rec, &parent, src);
             }
             return None;
         }
         match self.recent.get(&cause) {
             Some((sampled_pid, parent, key)) if *sampled_pid == pid => {
                 if parent.trace_id != TraceId::INVALID {
-                    let spans = build_in(rec, src, Some(parent));
-                    match key {
-                        Some(key) => self.joinable.push((key.clone(), spans)),
-                        None => ready.entry(pid).or_default().extend(spans),
-                    }
+                    send_late(&mut self.joinable, ready, key.clone(), pid, rec, parent, src);
                 }
                 None
             }
@@ -560,6 +553,24 @@ impl Requests {
         if let Some(key) = key {
             self.joinable.push((key, joined));
         }
+    }
+}
+
+/// A record of a request that is not held (over, or holding its maximum):
+/// its spans under `parent`, to the joiner with `key`, else straight into
+/// its process's list.
+fn send_late(
+    joinable: &mut Vec<(RequestKey, Vec<Span>)>,
+    ready: &mut Ready,
+    key: Option<RequestKey>,
+    pid: u32,
+    rec: Record,
+    parent: &Parent,
+    src: &SpanContextSource<'_>,
+) {
+    match key {
+        Some(key) => joinable.push((key, build_in(rec, src, Some(parent)))),
+        None => build_into(rec, src, Some(parent), ready.entry(pid).or_default()),
     }
 }
 

@@ -291,8 +291,8 @@ fn flags(remote: bool, trace_flags: u8) -> u32 {
 }
 
 /// Spans encoded as the repeated `spans` field of a `ScopeSpans` message:
-/// a run that [`request`] puts under a process's resource and uvspan's
-/// scope as it is. Made on the thread that built the spans, right after
+/// a run that the export puts under a process's resource and uvspan's
+/// scope as it is (see [`framing`]). Made on the thread that built the spans, right after
 /// building them (they are still in its cache, and are freed where they
 /// were allocated).
 #[derive(Clone, Debug, Default)]
@@ -376,7 +376,9 @@ pub fn framing(resource: &Resource, runs_len: usize, any_spans: bool) -> Framing
 }
 
 /// An `ExportTraceServiceRequest` with the encoded `runs` of spans under
-/// `resource`, in one buffer (see [`framing`]).
+/// `resource`, in one buffer (see [`framing`]): what the tests check
+/// against opentelemetry-proto and prost (the exporter sends the pieces).
+#[cfg(test)]
 pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
     let any = runs.iter().any(|r| r.n > 0);
     let runs_len: usize = if any { runs.iter().map(|r| r.bytes.len()).sum() } else { 0 };
@@ -391,6 +393,7 @@ pub fn request(resource: &Resource, runs: &[&Encoded]) -> Vec<u8> {
 }
 
 /// [`request`] for spans not encoded yet.
+#[cfg(test)]
 pub fn export_request<S: Borrow<Span>>(resource: &Resource, spans: &[S]) -> Vec<u8> {
     request(resource, &[&Encoded::of(spans)])
 }
