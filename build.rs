@@ -15,12 +15,7 @@ fn main() {
     }
     if let Err(e) = SkeletonBuilder::new()
         .source(SRC)
-        .clang_args([
-            "-I/usr/include/x86_64-linux-gnu",
-            "-D__TARGET_ARCH_x86",
-            "-Wall",
-            "-Werror",
-        ])
+        .clang_args(["-I/usr/include/x86_64-linux-gnu", "-D__TARGET_ARCH_x86", "-Wall", "-Werror"])
         .build_and_generate(&out)
     {
         panic!(

@@ -223,10 +223,8 @@ pub fn command() -> clap::Command {
     let top = Cli::command();
     // The discovery options do not apply (hidden, refused by config::cli_with_file).
     let not_for_run = ["pids", "all", "cgroup", "container", "exclude_already_instrumented"];
-    let tracing: Vec<clap::Arg> = top
-        .get_arguments()
-        .map(|a| a.clone().help_heading("Tracing options").hide(not_for_run.contains(&a.get_id().as_str())))
-        .collect();
+    let tracing: Vec<clap::Arg> =
+        top.get_arguments().map(|a| a.clone().help_heading("Tracing options").hide(not_for_run.contains(&a.get_id().as_str()))).collect();
     top.mut_subcommand("run", |run| {
         run.args(tracing).after_help(
             "Examples:\n  uvspan run --budget 'loop.blocked.max_ms<=100' --html uvspan.html -- npm test\n  \
@@ -257,12 +255,8 @@ pub fn parse_size(s: &str) -> Result<u32, String> {
 /// 100% is the same as not sampling (None).
 pub fn parse_percent(s: &str) -> Result<f64, String> {
     let t = s.trim();
-    let n: f64 = t
-        .strip_suffix('%')
-        .unwrap_or(t)
-        .trim()
-        .parse()
-        .map_err(|_| format!("invalid share {s:?}: expected a percentage, e.g. 10%"))?;
+    let n: f64 =
+        t.strip_suffix('%').unwrap_or(t).trim().parse().map_err(|_| format!("invalid share {s:?}: expected a percentage, e.g. 10%"))?;
     if !n.is_finite() || n <= 0.0 || n > 100.0 {
         return Err(format!("invalid share {s:?}: must be more than 0% and at most 100%"));
     }
@@ -337,7 +331,19 @@ mod tests {
     fn run_takes_its_options_and_the_tracing_ones() {
         use clap::FromArgMatches;
         let m = command()
-            .try_get_matches_from(["uvspan", "run", "--budget", "dns.count==0", "--loop-threshold", "50ms", "--html", "r.html", "--", "npm", "test"])
+            .try_get_matches_from([
+                "uvspan",
+                "run",
+                "--budget",
+                "dns.count==0",
+                "--loop-threshold",
+                "50ms",
+                "--html",
+                "r.html",
+                "--",
+                "npm",
+                "test",
+            ])
             .unwrap();
         let top = Cli::from_arg_matches(&m).unwrap();
         let Some(Sub::Run(opts)) = &top.sub else { panic!("not run: {top:?}") };

@@ -176,7 +176,9 @@ impl FileConfig {
                 c.max_batch = v.max(1);
             }
             if let Some(v) = &b.schedule_delay {
-                c.schedule_delay = parse_duration(v).map_err(|e| anyhow::anyhow!("config batch.schedule_delay: {e}"))?.max(std::time::Duration::from_millis(1));
+                c.schedule_delay = parse_duration(v)
+                    .map_err(|e| anyhow::anyhow!("config batch.schedule_delay: {e}"))?
+                    .max(std::time::Duration::from_millis(1));
             }
         }
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<u64>().ok());
@@ -293,7 +295,10 @@ mod tests {
         assert_eq!(get(&["uvspan"], "detail: [threadpool]"), Detail { threadpool: true, phases: false, requests: true });
         assert_eq!(get(&["uvspan"], "detail: [all]"), Detail::all());
         // the flag wins over the file
-        assert_eq!(get(&["uvspan", "--detail", "phases"], "detail: [threadpool]"), Detail { threadpool: false, phases: true, requests: true });
+        assert_eq!(
+            get(&["uvspan", "--detail", "phases"], "detail: [threadpool]"),
+            Detail { threadpool: false, phases: true, requests: true }
+        );
         assert_eq!(get(&["uvspan", "--detail", "threadpool,phases"], ""), Detail::all());
         assert_eq!(Detail::from_kinds(&[DetailKind::All]), Detail::all());
         assert!(Cli::command().try_get_matches_from(["uvspan", "--detail", "loop"]).is_err());

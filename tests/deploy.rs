@@ -290,9 +290,7 @@ impl Drop for Cgroup {
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
         for d in self.created.iter().rev() {
-            let has_children = || {
-                std::fs::read_dir(d).is_ok_and(|rd| rd.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())))
-            };
+            let has_children = || std::fs::read_dir(d).is_ok_and(|rd| rd.flatten().any(|e| e.file_type().is_ok_and(|t| t.is_dir())));
             if has_children() {
                 break; // a parent shared with another Cgroup of the test: its owner removes it
             }
@@ -482,14 +480,7 @@ fn warm_up(uv: &mut Running, cg: &Cgroup) {
 
 /// Runs `node churn.js <dir>/stat-<i> <extra_args>` for every i in `range`,
 /// `par` at a time, inside `cg`; returns their pids. Each must exit 0.
-fn churn(
-    script: &str,
-    dir: &TempDir,
-    cg: &Cgroup,
-    range: std::ops::Range<usize>,
-    par: usize,
-    extra_args: &[String],
-) -> BTreeSet<u32> {
+fn churn(script: &str, dir: &TempDir, cg: &Cgroup, range: std::ops::Range<usize>, par: usize, extra_args: &[String]) -> BTreeSet<u32> {
     let mut pids = BTreeSet::new();
     let mut running: Vec<Node> = Vec::new();
     let mut next = range.start;
@@ -531,11 +522,7 @@ fn all_forgets_exited_processes_under_churn() {
     let dir = TempDir::new("churn");
     let script = fixture("churn.js");
     let cg = Cgroup::create(&unique("uvspan-churn"));
-    let mut uv = uvspan(
-        &["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "200ms"],
-        &rx.endpoint(),
-        &[],
-    );
+    let mut uv = uvspan(&["--cgroup", &cg.path, "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "200ms"], &rx.endpoint(), &[]);
     wait_watching(&mut uv);
     assert!(uv.stderr().contains("(0 traced now)"), "{}", uv.stderr());
 
@@ -555,15 +542,17 @@ fn all_forgets_exited_processes_under_churn() {
     assert!(missing.is_empty(), "churn processes whose stat was not traced: {missing:?}\n{}", uv.stderr());
 
     // All exited: forgotten.
-    let back_to_zero =
-        wait_until(Duration::from_secs(5), || status_lines(&uv.stderr()).last().is_some_and(|s| s.processes == 0));
+    let back_to_zero = wait_until(Duration::from_secs(5), || status_lines(&uv.stderr()).last().is_some_and(|s| s.processes == 0));
     let st = status_lines(&uv.stderr());
     assert!(st.iter().any(|s| s.processes > 0), "no status line ever counted a churn process: {st:?}");
     assert!(back_to_zero, "status still counts exited processes: {:?}", st.last());
     std::thread::sleep(Duration::from_millis(500));
     let (rss1, fds1, links1) = third;
     let (rss2, fds2, links2) = (vm_rss_kib(uv.pid), fd_count(uv.pid), bpf_objects(uv.pid).1);
-    eprintln!("deploy: churn: uvspan RSS {rss1} KiB after {} processes, {rss2} KiB after {N}; fds {fds1} -> {fds2}; links {links1:?}", N / 3);
+    eprintln!(
+        "deploy: churn: uvspan RSS {rss1} KiB after {} processes, {rss2} KiB after {N}; fds {fds1} -> {fds2}; links {links1:?}",
+        N / 3
+    );
     assert_eq!(links1, links2, "BPF links changed with churn");
     // One multi-uprobe link for the node binary, plus one for its fs submits
     // where they are session uprobes.
@@ -822,11 +811,8 @@ fn k8s_and_otel_resource_attributes_per_process() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("k8s");
-    let mut uv = uvspan(
-        &["--all", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"],
-        &rx.endpoint(),
-        &[("K8S_NODE_NAME", "node-a")],
-    );
+    let mut uv =
+        uvspan(&["--all", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"], &rx.endpoint(), &[("K8S_NODE_NAME", "node-a")]);
     wait_watching(&mut uv);
     let mut shop = Node::ops(
         &[
@@ -842,9 +828,8 @@ fn k8s_and_otel_resource_attributes_per_process() {
         wait_traced(&mut uv, n.pid);
         n.exec(&format!("stat 1 {}/{tag}- {tag}", dir.str()), tag);
     }
-    let spans = wait_spans(&rx, Duration::from_secs(10), |s| {
-        count_under(s, &dir.join("shop-")) >= 1 && count_under(s, &dir.join("plain-")) >= 1
-    });
+    let spans =
+        wait_spans(&rx, Duration::from_secs(10), |s| count_under(s, &dir.join("shop-")) >= 1 && count_under(s, &dir.join("plain-")) >= 1);
     let s = &of_pid(&spans, shop.pid)[0];
     let r = |k: &str| s.res_str(k).map(str::to_string);
     assert_eq!(r("service.name").as_deref(), Some("shop"));
@@ -918,10 +903,7 @@ fn daemonset_does_not_give_its_pod_names_to_other_pods() {
     let dir = TempDir::new("daemonset");
     let top = unique("uvspan-ds");
     let _top = TopCgroup(cgroup_mount().join(&top));
-    let app_cg = Cgroup::create(&format!(
-        "{top}/kubepods/besteffort/pod11111111-2222-4333-8444-555555555555/{}",
-        container_hex("app")
-    ));
+    let app_cg = Cgroup::create(&format!("{top}/kubepods/besteffort/pod11111111-2222-4333-8444-555555555555/{}", container_hex("app")));
     let mut uv = uvspan(
         &["--all", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0"],
         &rx.endpoint(),
@@ -1076,7 +1058,8 @@ fn each_capability_of_the_set_is_needed() {
         let s = spans.iter().find(|s| s.str("file.path").is_some_and(|p| p.starts_with(&prefix))).expect("span");
         assert_eq!(s.res_str("service.name"), Some("ops"), "{who:?}: without CAP_DAC_READ_SEARCH the environ should be unreadable");
         // ... and says so, once.
-        let notices = out.stderr.lines().filter(|l| l.contains("/environ (permission denied)") && l.contains("CAP_DAC_READ_SEARCH")).count();
+        let notices =
+            out.stderr.lines().filter(|l| l.contains("/environ (permission denied)") && l.contains("CAP_DAC_READ_SEARCH")).count();
         assert_eq!(notices, 1, "{who:?}: one notice about the unreadable environ\n{}", out.context());
     }
     target.finish();
@@ -1107,8 +1090,12 @@ fn k8s_manifests_match_the_tested_privileges() {
         let containers = spec["containers"].as_sequence().expect("containers");
         let uv = containers.iter().find(|c| c["name"] == "uvspan").unwrap_or_else(|| panic!("{file}: no uvspan container"));
         let sc = &uv["securityContext"];
-        let add: BTreeSet<String> =
-            sc["capabilities"]["add"].as_sequence().expect("capabilities.add").iter().map(|v| v.as_str().expect("str").to_string()).collect();
+        let add: BTreeSet<String> = sc["capabilities"]["add"]
+            .as_sequence()
+            .expect("capabilities.add")
+            .iter()
+            .map(|v| v.as_str().expect("str").to_string())
+            .collect();
         assert_eq!(add, want, "{file}: capabilities.add must be the tested set");
         let drop: Vec<&str> = sc["capabilities"]["drop"].as_sequence().expect("drop").iter().filter_map(|v| v.as_str()).collect();
         assert_eq!(drop, ["ALL"], "{file}");
@@ -1184,9 +1171,11 @@ fn collector_unreachable_at_start_then_up() {
     assert_eq!((during.failed, during.exported), (0, 0), "queued spans were given up: {during:?}\n{}", uv.stderr());
     col.start();
     node.exec(&format!("stat 100 {}/up- up", dir.str()), "up");
-    let spans = wait_for(|| col.spans(), Duration::from_secs(20), |s| {
-        count_under(s, &dir.join("up-")) >= 100 && count_under(s, &dir.join("down-")) >= 100
-    });
+    let spans = wait_for(
+        || col.spans(),
+        Duration::from_secs(20),
+        |s| count_under(s, &dir.join("up-")) >= 100 && count_under(s, &dir.join("down-")) >= 100,
+    );
     assert_eq!(count_under(&spans, &dir.join("up-")), 100, "export did not resume\n{}", uv.stderr());
     assert_eq!(count_under(&spans, &dir.join("down-")), 100, "the spans queued while the collector was down\n{}", uv.stderr());
     node.finish();
@@ -1328,12 +1317,24 @@ fn ring_buffer_overflow_is_counted() {
         "const fs=require('fs');const end=Date.now()+400;let n=0;while(Date.now()<end){{fs.statSync('{}/f',{{throwIfNoEntry:false}});n++}}console.log(JSON.stringify({{marker:'flood',n}}))",
         dir.str()
     );
-    let mut c = uvspan_cmd(["--ring-buffer-size", "4KiB", "--loop-threshold", NO_LOOP_SPANS, "--otlp-endpoint", &rx.endpoint(), "--", "node", "-e", &code]);
+    let mut c = uvspan_cmd([
+        "--ring-buffer-size",
+        "4KiB",
+        "--loop-threshold",
+        NO_LOOP_SPANS,
+        "--otlp-endpoint",
+        &rx.endpoint(),
+        "--",
+        "node",
+        "-e",
+        &code,
+    ]);
     c.stdin(Stdio::null());
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let s = summary(&out.stderr);
-    let flood: serde_json::Value = serde_json::from_str(out.stdout.lines().find(|l| l.contains("flood")).expect("flood marker")).expect("json");
+    let flood: serde_json::Value =
+        serde_json::from_str(out.stdout.lines().find(|l| l.contains("flood")).expect("flood marker")).expect("json");
     let n = flood["n"].as_u64().expect("n");
     let got = count_under(&rx.spans(), &dir.join("f"));
     eprintln!("deploy: ring buffer 4 KiB: {n} stats, {got} spans, {} records lost", s.lost);
@@ -1492,10 +1493,7 @@ fn fork_and_exec_under_command_mode() {
     assert!(paths(&c).contains(&kid), "the forked node child is traced\n{}", out.stderr);
     assert_eq!(c[0].res_int("process.parent_pid"), Some(i64::from(parent)));
     assert!(of_pid(&spans, sleeper).is_empty(), "spans from the exec'd sleep: {:?}", of_pid(&spans, sleeper));
-    assert!(
-        spans.iter().all(|s| s.res_str("process.executable.name") != Some("sleep")),
-        "a span under the sleep process's resource"
-    );
+    assert!(spans.iter().all(|s| s.res_str("process.executable.name") != Some("sleep")), "a span under the sleep process's resource");
     let s = summary(&out.stderr);
     assert_eq!(s.exported, spans.len() as u64);
 }
@@ -1589,12 +1587,7 @@ fn fifty_processes_traced_at_once() {
     let mut nodes: Vec<Node> = (0..50).map(|_| Node::ops(&[], None)).collect();
     for n in &nodes {
         let l = tracing_line(n.pid);
-        assert!(
-            wait_until(RUN_TIMEOUT, || uv.stderr().contains(&l)),
-            "process {} not found\n{}",
-            n.pid,
-            uv.stderr()
-        );
+        assert!(wait_until(RUN_TIMEOUT, || uv.stderr().contains(&l)), "process {} not found\n{}", n.pid, uv.stderr());
     }
     for (i, n) in nodes.iter_mut().enumerate() {
         n.send(&format!("stat 1 {}/fifty-{i}- p{i}", dir.str()));
@@ -1643,7 +1636,11 @@ fn pid_mode_exports_spans_while_the_target_runs() {
     node.finish();
     let out = uv.finish(RUN_TIMEOUT);
     assert_eq!(out.code(), Some(0), "{}", out.context());
-    assert!(ok, "5 s after 10 stats of a running target, {got} of them were exported; at its exit: {}", count_under(&rx.spans(), &dir.join("q-")));
+    assert!(
+        ok,
+        "5 s after 10 stats of a running target, {got} of them were exported; at its exit: {}",
+        count_under(&rx.spans(), &dir.join("q-"))
+    );
 }
 
 // ===========================================================================
@@ -1685,12 +1682,7 @@ fn flush_deadline_does_not_count_exported_spans_twice() {
     // not flushed (uvspan cannot know), so the collector may hold one batch
     // (100) more than uvspan counts exported, never fewer.
     let received = col.spans().len() as u64;
-    assert!(
-        s.exported <= received && received <= s.exported + 100,
-        "exported {} vs received {received}: {}",
-        s.exported,
-        out.context()
-    );
+    assert!(s.exported <= received && received <= s.exported + 100, "exported {} vs received {received}: {}", s.exported, out.context());
     assert_eq!(accounted(&out), 1000, "exported + dropped + failed + not flushed must be the 1000 spans made\n{}", out.context());
     node.finish();
 }

@@ -157,11 +157,7 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64, detail: bo
     let got = &fs[first..=last];
     for (i, s) in fs.iter().enumerate() {
         if (i < first || i > last) && under_dir(s) {
-            panic!(
-                "unexpected fs span on the fixture's dir outside its fs section: {}\nall:\n{}",
-                s.brief(),
-                dump(&fs)
-            );
+            panic!("unexpected fs span on the fixture's dir outside its fs section: {}\nall:\n{}", s.brief(), dump(&fs));
         }
     }
 
@@ -352,15 +348,9 @@ fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64
         assert_eq!(it.int("thread.id"), Some(pid), "{}", it.brief());
         assert!(it.parent_span_id.is_empty(), "{}", it.brief());
     }
-    let it = iters
-        .iter()
-        .find(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
-        .unwrap_or_else(|| {
-            panic!(
-                "no uv.loop.iteration covers the busy callback [{before:.3}, {after:.3}]; iterations:\n{}",
-                dump(&iters)
-            )
-        });
+    let it = iters.iter().find(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS).unwrap_or_else(|| {
+        panic!("no uv.loop.iteration covers the busy callback [{before:.3}, {after:.3}]; iterations:\n{}", dump(&iters))
+    });
     assert!(it.duration_ms() >= 100.0, "the busy iteration lasted < 100 ms: {}", it.brief());
     assert!(it.double("uvspan.loop.busy_ms").is_some_and(|b| b >= 100.0), "{}", it.brief());
 
@@ -376,10 +366,7 @@ fn check_busy_iteration(spans: &[Span], m: &Markers, pid: i64, threshold_ms: f64
         assert!(["poll", "check", "timers", "idle", "prepare"].contains(&phase), "{ctx}");
         assert_eq!(c.str("uvspan.loop.phase"), Some(phase), "{ctx}");
         assert_eq!(c.trace_id, it.trace_id, "{ctx}");
-        assert!(
-            c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano,
-            "child outside parent: {ctx}"
-        );
+        assert!(c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano, "child outside parent: {ctx}");
     }
     let timers = children
         .iter()
@@ -463,12 +450,7 @@ fn grpc_export_of_fs_dns_loop_and_resource() {
     let reqs = rx.requests();
     assert!(!reqs.is_empty());
     for r in &reqs {
-        assert_eq!(
-            r.header("x-test-token"),
-            Some("grpc456"),
-            "OTEL_EXPORTER_OTLP_HEADERS as gRPC metadata: {:?}",
-            r.headers
-        );
+        assert_eq!(r.header("x-test-token"), Some("grpc456"), "OTEL_EXPORTER_OTLP_HEADERS as gRPC metadata: {:?}", r.headers);
         assert!(r.header("content-type").is_some_and(|c| c.starts_with("application/grpc")), "{:?}", r.headers);
     }
 }
@@ -488,12 +470,7 @@ fn http_protobuf_export_configured_from_env() {
     assert!(!reqs.is_empty());
     for r in &reqs {
         assert_eq!(r.path, "/v1/traces");
-        assert_eq!(
-            r.header("x-test-token"),
-            Some("abc123"),
-            "OTEL_EXPORTER_OTLP_HEADERS was not honored: {:?}",
-            r.headers
-        );
+        assert_eq!(r.header("x-test-token"), Some("abc123"), "OTEL_EXPORTER_OTLP_HEADERS was not honored: {:?}", r.headers);
         assert_eq!(r.header("content-type"), Some("application/x-protobuf"), "{:?}", r.headers);
     }
 }
@@ -522,8 +499,7 @@ fn service_name_of(tag: &str, uvspan_args: &[&str], command: &[&str]) -> String 
         .find(|s| s.name == "fs.stat" && s.str("file.path") == Some(target.as_str()))
         .unwrap_or_else(|| panic!("no fs.stat of {target}\n{}", out.context()));
     assert!(
-        stat.start_ms() >= m.f64("stat", "before") - CLOCK_SLACK_MS
-            && stat.end_ms() <= m.f64("stat", "after") + CLOCK_SLACK_MS,
+        stat.start_ms() >= m.f64("stat", "before") - CLOCK_SLACK_MS && stat.end_ms() <= m.f64("stat", "after") + CLOCK_SLACK_MS,
         "{}",
         stat.brief()
     );
@@ -578,7 +554,8 @@ fn attach_to_running_process_by_pid() {
 
     let ep = rx.endpoint();
     let pid_arg = node_pid.to_string();
-    let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--detail", "threadpool", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
+    let mut uv =
+        Running::spawn(uvspan_cmd(["--pid", &pid_arg, "--detail", "threadpool", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"]));
     wait_traced(&mut uv, node_pid);
 
     node_stdin.write_all(b"go\n").expect("poke node");
@@ -609,8 +586,7 @@ fn attach_to_running_process_by_pid() {
     let on = |name: &str, path: &str| fs.iter().filter(|s| s.name == name && s.str("file.path") == Some(path)).count();
     assert_eq!(on("fs.stat", &before), 1, "only the stat after attaching:\n{}", dump(&fs));
     assert_eq!(on("fs.open", &before), 0, "the write before attaching was not traced:\n{}", dump(&fs));
-    let opens: Vec<&&Span> =
-        fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(after.as_str())).collect();
+    let opens: Vec<&&Span> = fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(after.as_str())).collect();
     assert_eq!(opens.len(), 2, "writeFileSync + readFile:\n{}", dump(&fs));
     assert_eq!(opens[0].bool("uvspan.sync"), Some(true));
     assert_eq!(opens[1].bool("uvspan.sync"), Some(false));
@@ -674,11 +650,8 @@ fn console_output_without_endpoint() {
     let body = |l: &str| -> Option<String> {
         let (clock, rest) = l.split_once(' ')?;
         let b = clock.as_bytes();
-        let clock_ok = b.len() == 15
-            && b[2] == b':'
-            && b[5] == b':'
-            && b[8] == b'.'
-            && clock.bytes().filter(|c| c.is_ascii_digit()).count() == 12;
+        let clock_ok =
+            b.len() == 15 && b[2] == b':' && b[5] == b':' && b[8] == b'.' && clock.bytes().filter(|c| c.is_ascii_digit()).count() == 12;
         if !clock_ok {
             return None;
         }
@@ -706,11 +679,7 @@ fn console_output_without_endpoint() {
         let b = body(l).expect("checked above");
         if b.starts_with("uv.loop.iteration ") {
             let next = lines.get(i + 1).and_then(|n| body(n)).unwrap_or_default();
-            assert!(
-                next.starts_with("  uv.loop."),
-                "the line after an iteration is an indented phase: {next:?}\n{}",
-                out.stdout
-            );
+            assert!(next.starts_with("  uv.loop."), "the line after an iteration is an indented phase: {next:?}\n{}", out.stdout);
             assert!(!next.starts_with("   "), "one level of indent: {next:?}");
             nested += 1;
         } else if b.starts_with("  ") {
@@ -805,16 +774,7 @@ fn bad_input_loop_threshold() {
 
 #[test]
 fn bad_input_otlp_protocol() {
-    let out = run(uvspan_cmd([
-        "--otlp-protocol",
-        "http/json",
-        "--otlp-endpoint",
-        "http://127.0.0.1:9",
-        "--",
-        "node",
-        "-e",
-        "1",
-    ]));
+    let out = run(uvspan_cmd(["--otlp-protocol", "http/json", "--otlp-endpoint", "http://127.0.0.1:9", "--", "node", "-e", "1"]));
     assert_clap_value_error(&out, "--otlp-protocol", "http/json", "use grpc or http/protobuf");
 }
 
@@ -845,17 +805,7 @@ fn loop_iteration_starts_when_the_loop_wakes() {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let script = fixture("busy_timer.js");
-    let out = run(uvspan_cmd([
-        "--loop-threshold",
-        "50ms",
-        "--otlp-endpoint",
-        &ep,
-        "--otlp-protocol",
-        "grpc",
-        "--",
-        "node",
-        &script,
-    ]));
+    let out = run(uvspan_cmd(["--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", &script]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let m = Markers::parse(&out.stdout);
     let spans = rx.spans();
@@ -863,11 +813,7 @@ fn loop_iteration_starts_when_the_loop_wakes() {
     let (before, after) = (m.f64("busy", "before"), m.f64("busy", "after"));
     let it = spans
         .iter()
-        .find(|s| {
-            s.name == "uv.loop.iteration"
-                && s.start_ms() <= before + CLOCK_SLACK_MS
-                && s.end_ms() >= after - CLOCK_SLACK_MS
-        })
+        .find(|s| s.name == "uv.loop.iteration" && s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
         .unwrap_or_else(|| panic!("no iteration around the busy callback\n{}", out.context()));
     // The timer cannot fire before `delay` ms (libuv's loop time may be up to
     // 1 ms stale): the loop cannot have woken up for it earlier than this.
@@ -901,8 +847,7 @@ fn sync_reads_without_req_cleanup_are_reported() {
     let mut fs: Vec<&Span> = spans.iter().filter(|s| s.name.starts_with("fs.")).collect();
     fs.sort_by_key(|s| s.start_unix_nano);
     // writeFileSync opens it first, readFileSync second.
-    let opens: Vec<&&Span> =
-        fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str())).collect();
+    let opens: Vec<&&Span> = fs.iter().filter(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str())).collect();
     assert_eq!(opens.len(), 2, "{}", dump(&fs));
     let fd = opens[1].int("uvspan.fs.fd").expect("fd");
     assert!(
@@ -922,16 +867,7 @@ fn service_name_of_node_eval_is_the_executable() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
-    let out = run(uvspan_cmd([
-        "--otlp-endpoint",
-        &ep,
-        "--otlp-protocol",
-        "grpc",
-        "--",
-        "node",
-        "-e",
-        "require('fs').statSync('/')",
-    ]));
+    let out = run(uvspan_cmd(["--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", "-e", "require('fs').statSync('/')"]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let spans = rx.spans();
     let s = spans.iter().find(|s| s.name == "fs.stat" && s.str("file.path") == Some("/")).expect("the stat");
@@ -980,10 +916,12 @@ fn fs_requests_completed_through_io_uring_still_end() {
         let stat = stat.unwrap_or_else(|| panic!("no statSync span: {}", ctx()));
         assert_eq!(stat.bool("uvspan.sync"), Some(true), "{}", ctx());
         assert_eq!(stat.str("uvspan.ended_at"), None, "a sync call ends at its return (or cleanup): {}", ctx());
-        let open = fs.iter().find(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str()) && s.bool("uvspan.sync") == Some(false));
+        let open =
+            fs.iter().find(|s| s.name == "fs.open" && s.str("file.path") == Some(file.as_str()) && s.bool("uvspan.sync") == Some(false));
         let open = open.unwrap_or_else(|| panic!("no async open of the file: {}", ctx()));
         let fd = open.int("uvspan.fs.fd").expect("fd");
-        let of_file: Vec<&&Span> = fs.iter().filter(|s| s.bool("uvspan.sync") == Some(false) && (s.int("uvspan.fs.fd") == Some(fd))).collect();
+        let of_file: Vec<&&Span> =
+            fs.iter().filter(|s| s.bool("uvspan.sync") == Some(false) && (s.int("uvspan.fs.fd") == Some(fd))).collect();
         let names: BTreeSet<&str> = of_file.iter().map(|s| s.name.as_str()).collect();
         assert!(["fs.open", "fs.read", "fs.close"].iter().all(|n| names.contains(n)), "readFile's open, read and close: {}", ctx());
         for s in &of_file {
@@ -1235,15 +1173,28 @@ fn epoll_waits_of_a_pid_are_seen_in_its_own_libc() {
     node.wait_stdout(RUN_TIMEOUT, "the ready marker", |o| o.contains("{\"marker\":\"ready\"}"));
     let (ep, pid) = (rx.endpoint(), node.pid.to_string());
     let mut uv = Running::spawn(uvspan_cmd([
-        "--pid", &pid, "--sample-time", "10%", "--loop-threshold", "50ms", "--symbol-cache", &cache.str(), "--otlp-endpoint", &ep,
+        "--pid",
+        &pid,
+        "--sample-time",
+        "10%",
+        "--loop-threshold",
+        "50ms",
+        "--symbol-cache",
+        &cache.str(),
+        "--otlp-endpoint",
+        &ep,
     ]));
     wait_traced(&mut uv, node.pid);
     let known: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(cache.join("kernel.json")).expect("kernel.json written")).expect("json");
-    let (fentry, session) = (known["features"]["fentry"].as_bool().expect("fentry"), known["features"]["session"].as_bool().expect("session"));
+    let (fentry, session) =
+        (known["features"]["fentry"].as_bool().expect("fentry"), known["features"]["session"].as_bool().expect("session"));
     let links = bpf_links(uv.pid);
-    let syscall_tps = links.iter().filter(|l| l.get("link_type").map(String::as_str) == Some("raw_tracepoint"))
-        .filter(|l| matches!(l.get("tp_name").map(String::as_str), Some("sys_enter" | "sys_exit"))).count();
+    let syscall_tps = links
+        .iter()
+        .filter(|l| l.get("link_type").map(String::as_str) == Some("raw_tracepoint"))
+        .filter(|l| matches!(l.get("tp_name").map(String::as_str), Some("sys_enter" | "sys_exit")))
+        .count();
     let libc_waits: Vec<_> = links
         .iter()
         .filter(|l| l.get("link_type").map(String::as_str) == Some("uprobe_multi"))
@@ -1288,7 +1239,12 @@ fn epoll_waits_of_a_pid_are_seen_in_its_own_libc() {
             .find(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
             .unwrap_or_else(|| panic!("no iteration covers busy{n}: {}", dump(&iters)));
         let earliest_wake = prev_before + 300.0 - 1.0 - 100.0;
-        assert!(it.start_ms() >= earliest_wake, "busy{n}'s iteration starts {:.1} ms before its timer could fire: {}", earliest_wake - it.start_ms(), it.brief());
+        assert!(
+            it.start_ms() >= earliest_wake,
+            "busy{n}'s iteration starts {:.1} ms before its timer could fire: {}",
+            earliest_wake - it.start_ms(),
+            it.brief()
+        );
     }
 
     // `-- COMMAND`: the processes it starts later cannot have their libc
@@ -1317,17 +1273,7 @@ fn sample_time_samples_operations_but_sees_every_slow_iteration() {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let script = fixture("sampled.js");
-    let out = run(uvspan_cmd([
-        "--sample-time",
-        "20%",
-        "--loop-threshold",
-        "50ms",
-        "--otlp-endpoint",
-        &ep,
-        "--",
-        "node",
-        &script,
-    ]));
+    let out = run(uvspan_cmd(["--sample-time", "20%", "--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--", "node", &script]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let m = Markers::parse(&out.stdout);
     let ops = m.i64("done", "async") + m.i64("done", "sync");
@@ -1341,11 +1287,7 @@ fn sample_time_samples_operations_but_sees_every_slow_iteration() {
     // The fixture's own stats (module loading is fs work too).
     let stats = fs.iter().filter(|s| s.name == "fs.stat" && s.str("file.path") == Some(script.as_str())).count();
     assert!(stats > 0, "no fs.stat of the fixture in the sampling windows\n{}", out.context());
-    assert!(
-        (stats as i64) < ops,
-        "{stats} fs.stat spans for {ops} operations: probes were not switched off\n{}",
-        out.context()
-    );
+    assert!((stats as i64) < ops, "{stats} fs.stat spans for {ops} operations: probes were not switched off\n{}", out.context());
     let iters: Vec<&Span> = spans.iter().filter(|s| s.name == "uv.loop.iteration").collect();
     for it in &iters {
         assert_eq!(it.double("uvspan.sample_time"), Some(1.0), "iterations are not sampled: {}", it.brief());

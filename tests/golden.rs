@@ -10,8 +10,8 @@ use std::path::Path;
 use opentelemetry::trace::Status;
 use uvspan::events::clock::Clock;
 use uvspan::events::decode::{decode, read_recording};
-use uvspan::export::console;
 use uvspan::events::spans::{build, SequentialIds, SpanContextSource};
+use uvspan::export::console;
 
 fn render(rec_file: &Path) -> String {
     let bytes = std::fs::read(rec_file).unwrap();

@@ -41,8 +41,16 @@ fn listen_cmd(dir: &TempDir, upstream: (&str, Protocol), via: Protocol, direct: 
     let listen = format!("127.0.0.1:{port}");
     let (preload, script, n) = (fixture("otel_sdk_listen.js"), fixture("requests_server.js"), N.to_string());
     let mut args = vec![
-        "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", upstream.0, "--otlp-protocol", upstream.1.flag(),
-        "--otlp-listen", listen.as_str(),
+        "--loop-threshold",
+        "10m",
+        "--status-interval",
+        "0",
+        "--otlp-endpoint",
+        upstream.0,
+        "--otlp-protocol",
+        upstream.1.flag(),
+        "--otlp-listen",
+        listen.as_str(),
     ];
     args.extend_from_slice(extra);
     let ds = dir.str();
@@ -174,7 +182,8 @@ fn forwarded_and_joined_with(tag: &str, via: Protocol, upstream_protocol: Protoc
     let direct_spans = direct.spans();
     let spans = upstream.spans();
     check_unchanged(&spans, &direct_spans);
-    let (received, forwarded, dropped) = (per_signal(&out.stderr, "received"), per_signal(&out.stderr, "forwarded"), per_signal(&out.stderr, "dropped"));
+    let (received, forwarded, dropped) =
+        (per_signal(&out.stderr, "received"), per_signal(&out.stderr, "forwarded"), per_signal(&out.stderr, "dropped"));
     assert_eq!(received, forwarded, "everything the app sent was forwarded\n{}", out.context());
     assert_eq!(dropped, (0, 0, 0));
     assert_eq!(received.0 as usize, direct_spans.len());
@@ -228,7 +237,8 @@ fn a_collector_outage_loses_none_of_the_apps_spans() {
     let direct = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("listen-outage");
     let ep = upstream.endpoint();
-    let mut cmd = listen_cmd(&dir, (ep.as_str(), Protocol::Grpc), Protocol::Grpc, &direct, &["--flush-timeout", "60s", "--join-window", "3s"]);
+    let mut cmd =
+        listen_cmd(&dir, (ep.as_str(), Protocol::Grpc), Protocol::Grpc, &direct, &["--flush-timeout", "60s", "--join-window", "3s"]);
     cmd.env("OTLP_TRACES_ONLY", "1");
     let mut uv = Running::spawn(cmd);
     uv.wait_stdout(RUN_TIMEOUT, "the first request", |o| o.contains("{\"marker\":\"req\""));
@@ -299,11 +309,18 @@ fn one_span(name: &str) -> Vec<u8> {
 fn grpc_export(port: u16, body: Vec<u8>) -> tonic::Code {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     rt.block_on(async move {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}")).expect("endpoint").connect().await.expect("connect");
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect");
         let mut g = tonic::client::Grpc::new(channel);
         g.ready().await.expect("ready");
         let path = http::uri::PathAndQuery::from_static("/opentelemetry.proto.collector.trace.v1.TraceService/Export");
-        match g.unary(tonic::Request::new(uvspan::export::otlp::Body::from(bytes::Bytes::from(body))), path, uvspan::listen::forward::Raw).await {
+        match g
+            .unary(tonic::Request::new(uvspan::export::otlp::Body::from(bytes::Bytes::from(body))), path, uvspan::listen::forward::Raw)
+            .await
+        {
             Ok(_) => tonic::Code::Ok,
             Err(st) => st.code(),
         }
@@ -321,8 +338,16 @@ fn malformed_requests_are_refused_and_counted() {
     let listen = format!("127.0.0.1:{port}");
     let ep = upstream.endpoint();
     let mut uv = Running::spawn(uvspan_cmd([
-        "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--otlp-listen", listen.as_str(),
-        "--", "node", "-e", "setTimeout(() => {}, 60000)",
+        "--status-interval",
+        "0",
+        "--otlp-endpoint",
+        ep.as_str(),
+        "--otlp-listen",
+        listen.as_str(),
+        "--",
+        "node",
+        "-e",
+        "setTimeout(() => {}, 60000)",
     ]));
     uv.wait_stderr(RUN_TIMEOUT, "tracing", |e| e.contains("uvspan: tracing"));
     assert_eq!(post(port, "/v1/traces", b"\xff\xff\xff\xff", "application/x-protobuf"), 400);
@@ -358,7 +383,12 @@ fn malformed_requests_are_refused_and_counted() {
     }
     for (via, mut t) in took {
         t.sort();
-        eprintln!("listen: app → uvspan ({via}) → endpoint (gRPC), send to arrival: median {:?}, max {:?} of {}", t[t.len() / 2], t[t.len() - 1], t.len());
+        eprintln!(
+            "listen: app → uvspan ({via}) → endpoint (gRPC), send to arrival: median {:?}, max {:?} of {}",
+            t[t.len() / 2],
+            t[t.len() - 1],
+            t.len()
+        );
     }
     // SAFETY: kill(2) on the uvspan process this test started.
     unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
@@ -439,8 +469,20 @@ fn a_full_queue_tells_the_app_to_retry_and_keeps_what_it_took() {
     let port = reserve_port();
     let (listen, ep) = (format!("127.0.0.1:{port}"), upstream.endpoint());
     let mut uv = Running::spawn(uvspan_cmd([
-        "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--otlp-listen", listen.as_str(), "--otlp-listen-queue", "4KiB",
-        "--flush-timeout", "60s", "--", "node", "-e", "setTimeout(() => {}, 60000)",
+        "--status-interval",
+        "0",
+        "--otlp-endpoint",
+        ep.as_str(),
+        "--otlp-listen",
+        listen.as_str(),
+        "--otlp-listen-queue",
+        "4KiB",
+        "--flush-timeout",
+        "60s",
+        "--",
+        "node",
+        "-e",
+        "setTimeout(() => {}, 60000)",
     ]));
     uv.wait_stderr(RUN_TIMEOUT, "tracing", |e| e.contains("uvspan: tracing"));
     // Requests of ~1 KiB: a few fit.

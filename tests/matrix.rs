@@ -155,9 +155,8 @@ const CLEANUP_LEFT_OUT_NOTE: &str = "sync calls end at their return, async ones 
 /// The notice lines (after "uvspan:   ") uvspan prints for a build whose
 /// libuv at `libuv_path` only exports its API.
 fn exported_only_notices(libuv_path: &str) -> Vec<String> {
-    let mut v = vec![format!(
-        "{libuv_path} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed"
-    )];
+    let mut v =
+        vec![format!("{libuv_path} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed")];
     v.extend(INTERNAL.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
     v.extend(FALLBACKS.iter().map(|(sym, _, primary)| format!("fallback in use: {sym} instead of {primary}")));
     v
@@ -276,9 +275,7 @@ fn threads_of(m: &Markers) -> BTreeMap<i64, String> {
 /// of the process's threads, and named as libuv names them in that build.
 fn check_pool_thread(t: &Target, threads: &BTreeMap<i64, String>, pid: i64, tid: i64, ctx: &str) {
     assert_ne!(tid, pid, "ran on the loop thread, not a pool thread: {ctx}");
-    let name = threads
-        .get(&tid)
-        .unwrap_or_else(|| panic!("thread {tid} is not a thread of process {pid} ({threads:?}): {ctx}"));
+    let name = threads.get(&tid).unwrap_or_else(|| panic!("thread {tid} is not a thread of process {pid} ({threads:?}): {ctx}"));
     if let Some(want) = t.pool_thread_name {
         assert_eq!(name, want, "thread {tid} is not a libuv threadpool thread: {ctx}");
     }
@@ -324,10 +321,7 @@ fn run_target(t: &Target) {
     let command_line = format!("{node} {script} {}", dir.str());
     for s in &spans {
         let ctx = s.brief();
-        assert!(
-            s.name.starts_with("fs.") || s.name == "dns.getaddrinfo" || s.name.starts_with("uv.loop."),
-            "unknown span: {ctx}"
-        );
+        assert!(s.name.starts_with("fs.") || s.name == "dns.getaddrinfo" || s.name.starts_with("uv.loop."), "unknown span: {ctx}");
         assert_eq!(s.res_int("process.pid"), Some(pid), "a span from another process: {ctx}");
         assert_eq!(s.res_str("process.runtime.name"), Some("nodejs"), "{ctx}");
         assert_eq!(
@@ -365,11 +359,7 @@ fn check_stderr(out: &Output, t: &Target) {
     assert!(took.parse::<f64>().is_ok_and(|ms| ms >= 0.0), "attach time {took:?}\n{}", out.context());
     let notices: Vec<String> = lines[1..lines.len() - 1]
         .iter()
-        .map(|l| {
-            l.strip_prefix("uvspan:   ")
-                .unwrap_or_else(|| panic!("unexpected stderr line {l:?}\n{}", out.context()))
-                .to_string()
-        })
+        .map(|l| l.strip_prefix("uvspan:   ").unwrap_or_else(|| panic!("unexpected stderr line {l:?}\n{}", out.context())).to_string())
         .collect();
     let want = match t.symbols {
         Symbols::Full => vec![],
@@ -410,11 +400,8 @@ fn check_fs(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64, t: &Target, th
         .position(|s| s.name == "fs.open" && s.str("file.path") == Some(data.as_str()))
         .unwrap_or_else(|| panic!("no fs.open of {data}; fs spans:\n{}", dump(&fs)));
     let fd = fs[open_at].int("uvspan.fs.fd").unwrap_or_else(|| panic!("open without fd: {}", fs[open_at].brief()));
-    let mut got: Vec<&Span> = fs
-        .iter()
-        .filter(|s| s.str("file.path").is_some_and(under) || s.str("uvspan.file.new_path").is_some_and(under))
-        .copied()
-        .collect();
+    let mut got: Vec<&Span> =
+        fs.iter().filter(|s| s.str("file.path").is_some_and(under) || s.str("uvspan.file.new_path").is_some_and(under)).copied().collect();
     for s in &fs[open_at + 1..] {
         if s.str("file.path").is_none() && s.int("uvspan.fs.fd") == Some(fd) {
             got.push(s);
@@ -530,8 +517,7 @@ fn check_fs(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64, t: &Target, th
     }
     assert_eq!(m.str("stat_missing", "code"), "ENOENT");
     assert_eq!(m.i64("readFile", "bytes"), DATA.len() as i64);
-    let (rf_before, cb_start, cb_end) =
-        (m.f64("readFile", "before"), m.f64("readFile", "cb_start"), m.f64("readFile", "cb_end"));
+    let (rf_before, cb_start, cb_end) = (m.f64("readFile", "before"), m.f64("readFile", "cb_start"), m.f64("readFile", "cb_end"));
     for s in &got[2..] {
         assert!(s.start_ms() >= rf_before - CLOCK_SLACK_MS, "{} starts before fs.readFile was called", s.brief());
     }
@@ -628,10 +614,20 @@ fn check_dns(spans: &[Span], m: &Markers, pid: i64, t: &Target, threads: &BTreeM
     // ends at uv_freeaddrinfo (once the callback has returned).
     let (first_end, second_start) = (dns[0].end_unix_nano, dns[1].start_unix_nano);
     match ended_at {
-        None => assert!(first_end <= second_start, "{} ends after
-{} started", dns[0].brief(), dns[1].brief()),
-        Some(_) => assert!(first_end >= second_start, "{} ends before
-{} started", dns[0].brief(), dns[1].brief()),
+        None => assert!(
+            first_end <= second_start,
+            "{} ends after
+{} started",
+            dns[0].brief(),
+            dns[1].brief()
+        ),
+        Some(_) => assert!(
+            first_end >= second_start,
+            "{} ends before
+{} started",
+            dns[0].brief(),
+            dns[1].brief()
+        ),
     }
 }
 
@@ -655,19 +651,12 @@ fn check_loop(spans: &[Span], m: &Markers, pid: i64, t: &Target) {
         let keys: BTreeSet<&str> = it.attributes.keys().map(String::as_str).filter(|k| !stack_key(k)).collect();
         assert_eq!(
             keys,
-            BTreeSet::from([
-                "thread.id",
-                "uvspan.loop.busy_ms",
-                "uvspan.loop.poll_wait_ms",
-                "uvspan.loop.fast_iterations_before"
-            ]),
+            BTreeSet::from(["thread.id", "uvspan.loop.busy_ms", "uvspan.loop.poll_wait_ms", "uvspan.loop.fast_iterations_before"]),
             "{ctx}"
         );
     }
-    let covering: Vec<&&Span> = iters
-        .iter()
-        .filter(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
-        .collect();
+    let covering: Vec<&&Span> =
+        iters.iter().filter(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS).collect();
     assert_eq!(
         covering.len(),
         1,
@@ -703,10 +692,7 @@ fn check_loop(spans: &[Span], m: &Markers, pid: i64, t: &Target) {
                 assert_eq!(c.str("uvspan.loop.phase"), Some(phase), "{ctx}");
                 assert_eq!(c.attributes.len(), 1, "{ctx}");
                 assert_eq!(c.trace_id, it.trace_id, "{ctx}");
-                assert!(
-                    c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano,
-                    "child outside parent: {ctx}"
-                );
+                assert!(c.start_unix_nano >= it.start_unix_nano && c.end_unix_nano <= it.end_unix_nano, "child outside parent: {ctx}");
             }
             let timers = children[2];
             assert!(timers.duration_ms() >= 100.0, "the timers phase ran the 120 ms callback: {}", timers.brief());
@@ -802,13 +788,8 @@ impl ElfFacts {
             .flatten()
             .map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
             .unwrap_or_else(|| panic!("{} has no build-id", path.display()));
-        let wanted: BTreeSet<&str> = EXPORTED
-            .iter()
-            .copied()
-            .chain(INTERNAL.iter().map(|x| x.0))
-            .chain(FALLBACKS.iter().map(|x| x.0))
-            .chain(LOOP_WAITS)
-            .collect();
+        let wanted: BTreeSet<&str> =
+            EXPORTED.iter().copied().chain(INTERNAL.iter().map(|x| x.0)).chain(FALLBACKS.iter().map(|x| x.0)).chain(LOOP_WAITS).collect();
         let mut offsets = BTreeMap::new();
         for sym in elf.symbols().chain(elf.dynamic_symbols()) {
             let Ok(name) = sym.name() else { continue };
@@ -820,12 +801,7 @@ impl ElfFacts {
             let Some((file_off, _)) = sec.file_range() else { continue };
             offsets.entry(name.to_string()).or_insert((sym.address() - sec.address() + file_off, sym.size()));
         }
-        ElfFacts {
-            path: path.to_string_lossy().into_owned(),
-            build_id,
-            has_symtab: elf.section_by_name(".symtab").is_some(),
-            offsets,
-        }
+        ElfFacts { path: path.to_string_lossy().into_owned(), build_id, has_symtab: elf.section_by_name(".symtab").is_some(), offsets }
     }
 
     /// The function `sym`: (file offset, size).
@@ -1000,8 +976,7 @@ type JsonProbes = BTreeMap<String, (Option<u64>, bool)>;
 /// Checks `uvspan probes --json` and returns its per-probe offsets for the
 /// table check, and whether libc's epoll waits would be probed.
 fn check_probes_json(text: &str, e: &ProbesExpect) -> (JsonProbes, bool) {
-    let v: serde_json::Value =
-        serde_json::from_str(text).unwrap_or_else(|err| panic!("uvspan probes --json is not JSON ({err}):\n{text}"));
+    let v: serde_json::Value = serde_json::from_str(text).unwrap_or_else(|err| panic!("uvspan probes --json is not JSON ({err}):\n{text}"));
     let ctx = || format!("--- uvspan probes --json ---\n{text}");
     assert_eq!(v["pid"], e.pid.map_or(serde_json::Value::Null, |p| p.into()), "pid\n{}", ctx());
     assert_eq!(v["node_version"], e.node_version.as_str(), "{}", ctx());
@@ -1013,8 +988,7 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> (JsonProbes, bool) {
     assert_eq!(v["libc"]["path"], e.libc.path.as_str(), "{}", ctx());
     let probes = v["probes"].as_array().unwrap_or_else(|| panic!("no probes array\n{}", ctx()));
     assert_eq!(probes.len(), ALL_PROBES + REQUEST_PROBES.len(), "{}", ctx());
-    let by_sym: BTreeMap<&str, &serde_json::Value> =
-        probes.iter().map(|p| (p["symbol"].as_str().expect("symbol"), p)).collect();
+    let by_sym: BTreeMap<&str, &serde_json::Value> = probes.iter().map(|p| (p["symbol"].as_str().expect("symbol"), p)).collect();
     assert_eq!(by_sym.len(), ALL_PROBES + REQUEST_PROBES.len(), "each probe once\n{}", ctx());
     for sym in REQUEST_PROBES {
         assert_eq!(by_sym[sym]["status"], "off: --requests on", "{sym}\n{}", ctx());
@@ -1075,7 +1049,8 @@ fn check_probes_table(text: &str, e: &ProbesExpect, (json, waits): &(JsonProbes,
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(format!("libc:    {}", e.libc.path).as_str()), "{}", ctx());
     let usable = if e.stripped { EXPORTED_ONLY_PROBES } else { full_probes() } + 2 * usize::from(*waits);
-    let header = format!("probes:  {usable} of {} usable, {} off (--detail, --requests)", ALL_PROBES + REQUEST_PROBES.len(), REQUEST_PROBES.len());
+    let header =
+        format!("probes:  {usable} of {} usable, {} off (--detail, --requests)", ALL_PROBES + REQUEST_PROBES.len(), REQUEST_PROBES.len());
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(""), "{}", ctx());
     let cols: Vec<&str> = lines.next().unwrap_or_default().split_whitespace().collect();
@@ -1086,11 +1061,8 @@ fn check_probes_table(text: &str, e: &ProbesExpect, (json, waits): &(JsonProbes,
     for l in lines {
         let w: Vec<&str> = l.split_whitespace().collect();
         assert!(w.len() >= 4, "short row {l:?}\n{}", ctx());
-        let (status, rest) = if w[3] == "not" && w.get(4) == Some(&"needed") {
-            ("not needed".to_string(), &w[5..])
-        } else {
-            (w[3].to_string(), &w[4..])
-        };
+        let (status, rest) =
+            if w[3] == "not" && w.get(4) == Some(&"needed") { ("not needed".to_string(), &w[5..]) } else { (w[3].to_string(), &w[4..]) };
         let row = (w[1].to_string(), w[2].to_string(), status, rest.join(" "));
         assert!(rows.insert(w[0].to_string(), row).is_none(), "{} listed twice\n{}", w[0], ctx());
     }
@@ -1180,17 +1152,9 @@ fn busy_iterations<'a>(spans: &'a [Span], m: &Markers, pid: i64) -> Vec<&'a Span
         .map(|i| {
             let name = format!("busy{i}");
             let (before, after) = (m.f64(&name, "before"), m.f64(&name, "after"));
-            let covering: Vec<&Span> = iters
-                .iter()
-                .filter(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS)
-                .copied()
-                .collect();
-            assert_eq!(
-                covering.len(),
-                1,
-                "one uv.loop.iteration covers {name} [{before:.3}, {after:.3}]; iterations:\n{}",
-                dump(&iters)
-            );
+            let covering: Vec<&Span> =
+                iters.iter().filter(|s| s.start_ms() <= before + CLOCK_SLACK_MS && s.end_ms() >= after - CLOCK_SLACK_MS).copied().collect();
+            assert_eq!(covering.len(), 1, "one uv.loop.iteration covers {name} [{before:.3}, {after:.3}]; iterations:\n{}", dump(&iters));
             let it = covering[0];
             assert_eq!(it.int("thread.id"), Some(pid), "{}", it.brief());
             assert!(it.double("uvspan.loop.busy_ms").is_some_and(|b| b >= 80.0), "{}", it.brief());

@@ -46,10 +46,8 @@ fn run_server_with(tag: &str, uvspan_args: &[&str], node_args: &[String], fixtur
     let dir = TempDir::new(tag);
     let script = fixture("requests_server.js");
     let n = N.to_string();
-    let mut args: Vec<String> = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()].iter().map(|s| s.to_string()).collect();
     args.extend(uvspan_args.iter().map(|s| s.to_string()));
     args.extend(["--".into(), "node".into()]);
     args.extend(node_args.iter().cloned());
@@ -122,7 +120,11 @@ fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> 
             })
             .count();
         shares.push(format!("{step}: {joined}/{N}"));
-        assert!(joined * 100 >= N * 95, "step {step}: {joined} of {N} requests have it under their SERVER span (< 95%)\n{}", shares.join(", "));
+        assert!(
+            joined * 100 >= N * 95,
+            "step {step}: {joined} of {N} requests have it under their SERVER span (< 95%)\n{}",
+            shares.join(", ")
+        );
     }
     eprintln!("requests ({scheme}): joined per step: {}", shares.join(", "));
     // The background interval belongs to no request.
@@ -141,7 +143,11 @@ fn http_requests_are_server_spans_with_their_work_under_them() {
     let (dir, out, spans) = run_server("req-http", &[], &[]);
     let servers = check_requests(&dir, &out, &spans, "http");
     assert_eq!(summary_number(&out.stderr, " HTTP requests"), N as u64, "the summary counts them\n{}", out.context());
-    assert!(out.stderr.contains("(0 with a malformed traceparent, ignored; 0 not sampled by their caller, not exported)"), "{}", out.context());
+    assert!(
+        out.stderr.contains("(0 with a malformed traceparent, ignored; 0 not sampled by their caller, not exported)"),
+        "{}",
+        out.context()
+    );
     // Requests without traceparent: each one's trace holds only its own spans.
     let by_trace = |t: &str| spans.iter().filter(|s| s.trace_id == t).count();
     for (i, srv) in servers.iter().filter(|(i, _)| *i % 4 == 0) {
@@ -229,8 +235,20 @@ fn spans_join_the_traces_of_the_apps_own_sdk() {
     let preload = fixture("otel_sdk.js");
     let script = fixture("requests_server.js");
     let mut cmd = uvspan_cmd([
-        "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(),
-        "--", "node", "-r", preload.as_str(), script.as_str(), &dir.str(), n.as_str(), CONCURRENCY,
+        "--loop-threshold",
+        "10m",
+        "--status-interval",
+        "0",
+        "--otlp-endpoint",
+        ep.as_str(),
+        "--",
+        "node",
+        "-r",
+        preload.as_str(),
+        script.as_str(),
+        &dir.str(),
+        n.as_str(),
+        CONCURRENCY,
     ]);
     cmd.env("NODE_PATH", &modules).env("OTEL_EXPORTER_OTLP_ENDPOINT", &ep);
     let out = run(cmd);
@@ -262,9 +280,7 @@ fn spans_join_the_traces_of_the_apps_own_sdk() {
         shares.push(format!("{}: {joined}/{N}", STEPS[if k == 3 { 4 } else { k }]));
         assert!(joined * 100 >= N * 95, "{}", shares.join(", "));
     }
-    let dns_joined = (0..N)
-        .filter(|i| spans.iter().filter(uv).any(|s| s.name == "dns.getaddrinfo" && s.trace_id == trace_of[i]))
-        .count();
+    let dns_joined = (0..N).filter(|i| spans.iter().filter(uv).any(|s| s.name == "dns.getaddrinfo" && s.trace_id == trace_of[i])).count();
     shares.push(format!("dns.getaddrinfo: {dns_joined}/{N}"));
     eprintln!("requests (official OTel JS SDK as oracle): in the SDK's trace per step: {}", shares.join(", "));
     assert!(dns_joined * 100 >= N * 95, "{}", shares.join(", "));
@@ -286,9 +302,11 @@ fn outgoing_calls_of_a_request_are_its_client_spans() {
         .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .and_then(|v| v["port"].as_i64())
         .expect("upstream port");
-    let server = |i: usize| spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some(format!("/r/{i}").as_str())).expect("SERVER span");
+    let server =
+        |i: usize| spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some(format!("/r/{i}").as_str())).expect("SERVER span");
     let calling: Vec<usize> = (0..N).filter(|i| i % 3 == 0).collect();
-    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.scope == "uvspan" && s.str("http.request.method").is_some()).collect();
+    let clients: Vec<&Span> =
+        spans.iter().filter(|s| s.kind == 3 && s.scope == "uvspan" && s.str("http.request.method").is_some()).collect();
     assert_eq!(clients.len(), calling.len(), "{}", dump(&clients));
     for i in calling {
         let srv = server(i);
@@ -301,8 +319,14 @@ fn outgoing_calls_of_a_request_are_its_client_spans() {
         assert_eq!(c.str("server.address"), Some("127.0.0.1"), "{}", c.brief());
         assert_eq!(c.int("server.port"), Some(port), "{}", c.brief());
         assert_eq!(c.int("http.response.status_code"), Some(200), "{}", c.brief());
-        assert!(c.start_unix_nano >= srv.start_unix_nano && c.end_unix_nano <= srv.end_unix_nano, "inside its request\n{}\n{}", c.brief(), srv.brief());
-        let up = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some(format!("/up/{i}").as_str())).expect("upstream SERVER span");
+        assert!(
+            c.start_unix_nano >= srv.start_unix_nano && c.end_unix_nano <= srv.end_unix_nano,
+            "inside its request\n{}\n{}",
+            c.brief(),
+            srv.brief()
+        );
+        let up =
+            spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some(format!("/up/{i}").as_str())).expect("upstream SERVER span");
         assert_ne!(up.trace_id, srv.trace_id, "no traceparent went upstream: its own trace");
     }
 }
@@ -315,15 +339,32 @@ fn console_shows_each_request_with_its_work_under_it() {
     let dir = TempDir::new("req-console");
     let n = N.to_string();
     let out = run(uvspan_cmd([
-        "--loop-threshold", "10m", "--status-interval", "0", "--", "node", &fixture("requests_server.js"), &dir.str(), n.as_str(), CONCURRENCY,
+        "--loop-threshold",
+        "10m",
+        "--status-interval",
+        "0",
+        "--",
+        "node",
+        &fixture("requests_server.js"),
+        &dir.str(),
+        n.as_str(),
+        CONCURRENCY,
     ]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let lines: Vec<&str> = out.stdout.lines().filter(|l| !l.starts_with("{\"marker\"")).collect();
     for i in [0, 1, N - 1] {
-        let at = lines.iter().position(|l| l.contains(" GET ") && l.contains(&format!("url.path=/r/{i} "))).unwrap_or_else(|| panic!("no line for request {i}\n{}", out.stdout));
-        let under: Vec<&&str> = lines[at + 1..].iter().take_while(|l| l.split_whitespace().nth(2).is_none() || l.contains("]   ")).collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains(" GET ") && l.contains(&format!("url.path=/r/{i} ")))
+            .unwrap_or_else(|| panic!("no line for request {i}\n{}", out.stdout));
+        let under: Vec<&&str> =
+            lines[at + 1..].iter().take_while(|l| l.split_whitespace().nth(2).is_none() || l.contains("]   ")).collect();
         let step1 = format!("file.path={}", dir.join(&format!("1-{i}")));
-        assert!(under.iter().any(|l| l.contains("]   fs.stat ") && l.contains(&step1)), "request {i}'s work indented under it\n{}", lines[at..(at + 8).min(lines.len())].join("\n"));
+        assert!(
+            under.iter().any(|l| l.contains("]   fs.stat ") && l.contains(&step1)),
+            "request {i}'s work indented under it\n{}",
+            lines[at..(at + 8).min(lines.len())].join("\n")
+        );
     }
 }
 
@@ -354,8 +395,18 @@ fn request_context_on_every_official_build() {
         let dir = TempDir::new(&format!("req-node{major}"));
         let n = "16";
         let out = run(uvspan_cmd([
-            "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--",
-            &node.to_string_lossy(), &fixture("requests_server.js"), &dir.str(), n, "4",
+            "--loop-threshold",
+            "10m",
+            "--status-interval",
+            "0",
+            "--otlp-endpoint",
+            ep.as_str(),
+            "--",
+            &node.to_string_lossy(),
+            &fixture("requests_server.js"),
+            &dir.str(),
+            n,
+            "4",
         ]));
         assert_eq!(out.code(), Some(0), "node {major}: {}", out.context());
         let spans = rx.spans();
@@ -367,7 +418,9 @@ fn request_context_on_every_official_build() {
             .filter(|srv| {
                 let i = srv.str("url.path").unwrap_or("").trim_start_matches("/r/").to_string();
                 spans.iter().any(|s| {
-                    s.str("file.path") == Some(dir.join(&format!("4-{i}")).as_str()) && s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id
+                    s.str("file.path") == Some(dir.join(&format!("4-{i}")).as_str())
+                        && s.parent_span_id == srv.span_id
+                        && s.trace_id == srv.trace_id
                 })
             })
             .count();
@@ -390,18 +443,32 @@ fn documented_limits_timers_pipelining_workers_http2() {
     let ep = rx.endpoint();
     let dir = TempDir::new("req-limits");
     let out = run(uvspan_cmd([
-        "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--", "node",
-        &fixture("requests_limits.js"), &dir.str(),
+        "--loop-threshold",
+        "10m",
+        "--status-interval",
+        "0",
+        "--otlp-endpoint",
+        ep.as_str(),
+        "--",
+        "node",
+        &fixture("requests_limits.js"),
+        &dir.str(),
     ]));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     assert!(out.stdout.contains("\"done\""), "{}", out.context());
     let spans = rx.spans();
-    let by_path = |p: &str| spans.iter().find(|s| s.str("file.path") == Some(dir.join(p).as_str())).unwrap_or_else(|| panic!("no span for {p}"));
+    let by_path =
+        |p: &str| spans.iter().find(|s| s.str("file.path") == Some(dir.join(p).as_str())).unwrap_or_else(|| panic!("no span for {p}"));
     let timer_req = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some("/timer")).expect("SERVER span of /timer");
     assert_eq!(by_path("in-handler").parent_span_id, timer_req.span_id, "work in the handler is the request's");
     let in_timer = by_path("in-timer");
-    assert!(in_timer.parent_span_id.is_empty() && in_timer.trace_id != timer_req.trace_id, "work started from a timer joins no request: {}", in_timer.brief());
-    let pipelined: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/pipe/"))).collect();
+    assert!(
+        in_timer.parent_span_id.is_empty() && in_timer.trace_id != timer_req.trace_id,
+        "work started from a timer joins no request: {}",
+        in_timer.brief()
+    );
+    let pipelined: Vec<&Span> =
+        spans.iter().filter(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/pipe/"))).collect();
     assert_eq!(pipelined.len(), 1, "pipelined requests in one read: one SERVER span (the first)\n{}", dump(&pipelined));
     assert_eq!(pipelined[0].str("url.path"), Some("/pipe/a"));
     for x in ["a", "b"] {
@@ -409,7 +476,11 @@ fn documented_limits_timers_pipelining_workers_http2() {
     }
     let worker_req = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some("/worker")).expect("SERVER span of /worker");
     let in_worker = by_path("in-worker");
-    assert!(in_worker.parent_span_id.is_empty() && in_worker.trace_id != worker_req.trace_id, "worker thread work joins no request: {}", in_worker.brief());
+    assert!(
+        in_worker.parent_span_id.is_empty() && in_worker.trace_id != worker_req.trace_id,
+        "worker thread work joins no request: {}",
+        in_worker.brief()
+    );
     // Both handlers ran in one poll phase, then both immediates: the
     // thread's request is cleared before them, so neither joins a request
     // (not the other's, which was the last to run before them).

@@ -48,10 +48,11 @@ fn run(tag: &str, extra: &[&str], code: i32) -> Run {
     let summary = dir.join("step-summary.md");
     std::fs::write(&summary, "# earlier step\n").unwrap();
     let script = format!("node {} {code}", fixture("ci_job.js"));
-    let mut args: Vec<String> = ["run", "--report", &dir.join("report.json"), "--junit", &dir.join("junit.xml"), "--html", &dir.join("report.html")]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut args: Vec<String> =
+        ["run", "--report", &dir.join("report.json"), "--junit", &dir.join("junit.xml"), "--html", &dir.join("report.html")]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
     args.extend(["--", "sh", "-c", &script].iter().map(|s| s.to_string()));
     let mut cmd = uvspan_cmd(&args);
@@ -197,7 +198,8 @@ fn report_numbers_summary_junit_and_budgets_held() {
 /// in the temp dir (printed) for a person to look at.
 fn check_html(r: &Run, parent: i64, child: i64) {
     let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| on_path(c));
-    let chromium = chromium.expect("chromium is not on PATH: the HTML report is tested in a real browser (scripts/setup.sh installs Debian's chromium)");
+    let chromium = chromium
+        .expect("chromium is not on PATH: the HTML report is tested in a real browser (scripts/setup.sh installs Debian's chromium)");
     let page = r.dir.join("report.html");
     let html = r.file("report.html");
     for fetch in ["<link", " src=", "fetch(", "XMLHttpRequest", "@import"] {
@@ -218,7 +220,8 @@ fn check_html(r: &Run, parent: i64, child: i64) {
     let d = &dom.stdout;
     assert!(d.contains("data-rendered=\"ok\""), "the page's script did not finish cleanly:\n{}", error_box(d));
     assert!(error_box(d).is_empty(), "the page reported errors: {}", error_box(d));
-    let lanes: u32 = d.split("data-lanes=\"").nth(1).and_then(|s| s.split('"').next()).and_then(|s| s.parse().ok()).expect("timeline lanes");
+    let lanes: u32 =
+        d.split("data-lanes=\"").nth(1).and_then(|s| s.split('"').next()).and_then(|s| s.parse().ok()).expect("timeline lanes");
     assert!(lanes >= 3, "parent loop, parent fs, child fs at least: {lanes}");
     assert!(d.matches("class=\"bar loop slow").count() >= 1, "the blocked iteration is drawn, highlighted");
     assert!(d.matches("class=\"bar fs").count() >= (SYNC_CALLS + CHILD_CALLS) as usize, "fs bars");
@@ -242,7 +245,11 @@ fn check_html(r: &Run, parent: i64, child: i64) {
 
 /// The page's error box (empty when it stayed hidden and empty).
 fn error_box(dom: &str) -> String {
-    dom.split("<div id=\"errors\"").nth(1).and_then(|s| s.split_once('>')).map(|(_, s)| s.split("</div>").next().unwrap_or("").to_string()).unwrap_or_default()
+    dom.split("<div id=\"errors\"")
+        .nth(1)
+        .and_then(|s| s.split_once('>'))
+        .map(|(_, s)| s.split("</div>").next().unwrap_or("").to_string())
+        .unwrap_or_default()
 }
 
 fn run_cmd(mut c: Command) -> Output {
@@ -344,7 +351,8 @@ fn spans_still_go_to_otlp_and_match_the_report() {
     let spans = rx.spans();
     check_summary(&r.out, spans.len());
     let j = r.json();
-    let count = |pid: i64, pred: &dyn Fn(&Span) -> bool| spans.iter().filter(|s| s.res_int("process.pid") == Some(pid) && pred(s)).count() as u64;
+    let count =
+        |pid: i64, pred: &dyn Fn(&Span) -> bool| spans.iter().filter(|s| s.res_int("process.pid") == Some(pid) && pred(s)).count() as u64;
     for pid in [parent, child] {
         let p = process(&j, pid);
         assert_eq!(count(pid, &|s| s.name.starts_with("fs.")), n(&p["fs"]["count"]), "fs spans exported and counted, process {pid}");
@@ -361,7 +369,12 @@ fn an_unwritable_report_is_said_and_fails_a_passing_run() {
     let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "0"]));
     assert_eq!(out.code(), Some(1), "{}", out.context());
     let line = out.stderr.lines().find(|l| l.contains("cannot write")).unwrap_or_else(|| panic!("{}", out.stderr));
-    assert!(line.starts_with("uvspan: cannot write the JSON report to /nonexistent-dir/report.json; check the directory exists and is writable: "), "{line}");
+    assert!(
+        line.starts_with(
+            "uvspan: cannot write the JSON report to /nonexistent-dir/report.json; check the directory exists and is writable: "
+        ),
+        "{line}"
+    );
     // The command's own failure still wins.
     let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "process.exit(5)"]));
     assert_eq!(out.code(), Some(5), "{}", out.context());

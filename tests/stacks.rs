@@ -206,10 +206,7 @@ fn all_ops_names_the_js_function_that_submitted_each_operation() {
     };
     let (out, spans) = run_with("all-ops");
     let find = |name: &str, pred: &dyn Fn(&Span) -> bool| {
-        spans
-            .iter()
-            .find(|s| s.name == name && pred(s))
-            .unwrap_or_else(|| panic!("no {name} span\n{}", out.context()))
+        spans.iter().find(|s| s.name == name && pred(s)).unwrap_or_else(|| panic!("no {name} span\n{}", out.context()))
     };
     let mine = |s: &Span| s.str("file.path") == Some(script.as_str());
     let stat = find("fs.stat", &|s| mine(s) && s.bool("uvspan.sync") == Some(true) && stacktrace(s).contains("statTheFile ("));

@@ -36,8 +36,8 @@ use crate::kernel::tracer::{Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
 use crate::listen::join::Joiner;
 use crate::listen::{BindError, ListenConfig, Listener};
-use crate::stacks::Stacks;
 use crate::probes::catalog::Detail;
+use crate::stacks::Stacks;
 use crate::symbols::Images;
 use procs::{Origin, Procs};
 use report::RunStats;
@@ -199,9 +199,7 @@ fn start_listener(cli: &Cli, file: &FileConfig, rt: &tokio::runtime::Runtime, he
     }
     let usage = |msg: String| anyhow::Error::new(ExitCodeError { code: 2, msg });
     let Some(ep) = cli.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) else {
-        return Err(usage(
-            "--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL".into(),
-        ));
+        return Err(usage("--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL".into()));
     };
     // The endpoint being one of our own addresses would send everything round in a circle.
     let hostport = ep.split("://").nth(1).unwrap_or(ep).split('/').next().unwrap_or("");
@@ -248,9 +246,9 @@ fn watch_signals(rt: &tokio::runtime::Runtime, waker: Waker) -> Arc<AtomicI32> {
 fn open_ring(tracer: &Tracer) -> Result<(RingBuffer<'static>, Inbox)> {
     let inbox = Inbox::default();
     let mut recording = match std::env::var_os("UVSPAN_RECORD") {
-        Some(p) => Some(std::io::BufWriter::new(
-            std::fs::File::create(&p).with_context(|| format!("cannot create UVSPAN_RECORD file {p:?}"))?,
-        )),
+        Some(p) => {
+            Some(std::io::BufWriter::new(std::fs::File::create(&p).with_context(|| format!("cannot create UVSPAN_RECORD file {p:?}"))?))
+        }
         None => None,
     };
     let sink = inbox.clone();
@@ -275,7 +273,9 @@ impl Agent {
             bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
         }
         if discovering && !cli.command.is_empty() {
-            bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
+            bail!(
+                "--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command"
+            );
         }
         let report = match &cli.sub {
             // config::cli_with_file made sure it has a command and no --pid/--all.

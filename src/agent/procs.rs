@@ -56,9 +56,7 @@ pub struct Procs {
 
 /// Whether a process is still running (not gone, not a zombie).
 pub fn alive(pid: u32) -> bool {
-    procfs::process::Process::new(pid as i32)
-        .and_then(|p| p.stat())
-        .is_ok_and(|s| !matches!(s.state, 'Z' | 'X'))
+    procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).is_ok_and(|s| !matches!(s.state, 'Z' | 'X'))
 }
 
 impl Procs {
@@ -132,14 +130,7 @@ impl Procs {
     /// One record: process lifecycle updates the table; operations become
     /// spans, added to `out` under their process (with request context:
     /// held with the request that caused them, sent when it ends).
-    pub fn handle(
-        &mut self,
-        rec: Record,
-        clock: Clock,
-        exporter: &Exporter,
-        requests: Option<&mut Requests>,
-        out: &mut Out,
-    ) {
+    pub fn handle(&mut self, rec: Record, clock: Clock, exporter: &Exporter, requests: Option<&mut Requests>, out: &mut Out) {
         let ids = self.ids.clone();
         let src = SpanContextSource { clock, ids: &*ids };
         let pid = match &rec {

@@ -79,14 +79,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
          {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{stacks}{sampling}",
-        sum.exported,
-        sum.dropped,
-        sum.failed,
-        sum.unflushed,
-        k.records_lost,
-        run.undecodable,
-        run.unfinished_at_exit,
-        k.loop_iterations,
+        sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }
 

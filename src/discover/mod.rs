@@ -53,9 +53,8 @@ pub fn instrumented(argv: &[String], env: &[(String, String)]) -> bool {
 
 /// Every process visible in /proc, in PID order.
 pub fn all_pids() -> Vec<u32> {
-    let mut pids: Vec<u32> = procfs::process::all_processes()
-        .map(|it| it.flatten().filter_map(|p| u32::try_from(p.pid).ok()).collect())
-        .unwrap_or_default();
+    let mut pids: Vec<u32> =
+        procfs::process::all_processes().map(|it| it.flatten().filter_map(|p| u32::try_from(p.pid).ok()).collect()).unwrap_or_default();
     pids.sort_unstable();
     pids
 }

@@ -71,10 +71,8 @@ pub fn shebang(head: &[u8]) -> Option<(String, Option<String>)> {
 /// `npm` or `sh -c "node …"`, whose node children are followed).
 pub fn node_binary_for(argv0: &str) -> Result<Images> {
     let path_var = std::env::var("PATH").ok();
-    let prog = resolve_program(argv0, path_var.as_deref()).ok_or_else(|| ExitCodeError {
-        code: 127,
-        msg: format!("command not found: {argv0} (not an executable file, and not on PATH)"),
-    })?;
+    let prog = resolve_program(argv0, path_var.as_deref())
+        .ok_or_else(|| ExitCodeError { code: 127, msg: format!("command not found: {argv0} (not an executable file, and not on PATH)") })?;
     let mut head = [0u8; 256];
     let n = std::fs::File::open(&prog).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
     let head = &head[..n];

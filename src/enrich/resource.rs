@@ -90,17 +90,11 @@ impl ProcessInfo {
     /// service.name: the flag, else the target's OTEL_SERVICE_NAME, else
     /// derived from its command line.
     pub fn service_name(&self, flag: Option<&str>) -> String {
-        flag.map(str::to_string)
-            .or_else(|| self.env_service_name.clone())
-            .unwrap_or_else(|| derive_service_name(&self.argv, &self.exe))
+        flag.map(str::to_string).or_else(|| self.env_service_name.clone()).unwrap_or_else(|| derive_service_name(&self.argv, &self.exe))
     }
 
     pub fn resource(&self, service_flag: Option<&str>, host: &str) -> Resource {
-        let mut attrs: Vec<KeyValue> = self
-            .env_resource_attributes
-            .iter()
-            .map(|(k, v)| KeyValue::new(k.clone(), v.clone()))
-            .collect();
+        let mut attrs: Vec<KeyValue> = self.env_resource_attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
         attrs.push(KeyValue::new("service.name", self.service_name(service_flag)));
         attrs.push(KeyValue::new("process.pid", i64::from(self.pid)));
         if let Some(pp) = self.ppid {
@@ -252,8 +246,19 @@ fn percent_decode(s: &str) -> String {
 
 /// Node options whose value is the next argument.
 const OPTS_WITH_VALUE: &[&str] = &[
-    "-r", "--require", "--import", "--loader", "--experimental-loader", "-C", "--conditions", "--title",
-    "--inspect-port", "--env-file", "--input-type", "--stack-size", "--max-old-space-size",
+    "-r",
+    "--require",
+    "--import",
+    "--loader",
+    "--experimental-loader",
+    "-C",
+    "--conditions",
+    "--title",
+    "--inspect-port",
+    "--env-file",
+    "--input-type",
+    "--stack-size",
+    "--max-old-space-size",
 ];
 
 /// A service name from a command line: the script node runs ("app" for
@@ -263,7 +268,11 @@ pub fn derive_service_name(argv: &[String], exe: &str) -> String {
     let base = |p: &str| p.rsplit('/').next().unwrap_or(p).to_string();
     let exe_name = || {
         let b = base(argv.first().map_or(exe, |a| a.as_str()));
-        if b.is_empty() { "node".to_string() } else { b }
+        if b.is_empty() {
+            "node".to_string()
+        } else {
+            b
+        }
     };
     let mut script = None;
     let mut it = argv.iter().skip(1);
@@ -328,7 +337,11 @@ mod tests {
     #[test]
     fn kubernetes() {
         let uid = "1f2e3d4c-5b6a-7988-a1b2-c3d4e5f6a7b8";
-        let systemd = format!("/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope", uid.replace('-', "_"), "a".repeat(64));
+        let systemd = format!(
+            "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/cri-containerd-{}.scope",
+            uid.replace('-', "_"),
+            "a".repeat(64)
+        );
         let cgroupfs = format!("/kubepods/besteffort/pod{uid}/{}", "b".repeat(64));
         assert_eq!(pod_uid(&systemd).as_deref(), Some(uid));
         assert_eq!(pod_uid(&cgroupfs).as_deref(), Some(uid));
@@ -337,7 +350,15 @@ mod tests {
         let own = e(&[("K8S_NODE_NAME", "n1"), ("K8S_NAMESPACE_NAME", "shop")]);
         // A sidecar: the target is in uvspan's own pod, uvspan's pod names apply.
         let attrs = k8s_attributes(&[systemd.clone()], &e(&[("K8S_POD_NAME", "web-1")]), &own, Some(uid));
-        assert_eq!(attrs, vec![("k8s.pod.uid", uid.to_string()), ("k8s.pod.name", "web-1".into()), ("k8s.namespace.name", "shop".into()), ("k8s.node.name", "n1".into())]);
+        assert_eq!(
+            attrs,
+            vec![
+                ("k8s.pod.uid", uid.to_string()),
+                ("k8s.pod.name", "web-1".into()),
+                ("k8s.namespace.name", "shop".into()),
+                ("k8s.node.name", "n1".into())
+            ]
+        );
         // A DaemonSet: the target is in another pod; only the node name is shared.
         let attrs = k8s_attributes(&[systemd], &[], &own, Some("00000000-0000-0000-0000-000000000000"));
         assert_eq!(attrs, vec![("k8s.pod.uid", uid.to_string()), ("k8s.node.name", "n1".into())]);

@@ -139,11 +139,19 @@ pub enum Record {
     Loop(LoopRecord),
     Http(HttpRecord),
     Stack(StackRecord),
-    Fork { pid: u32, ppid: u32 },
-    Exec { pid: u32 },
+    Fork {
+        pid: u32,
+        ppid: u32,
+    },
+    Exec {
+        pid: u32,
+    },
     /// `fast_iterations`: the main thread's loop iterations under the
     /// threshold since its last reported one.
-    Exit { pid: u32, fast_iterations: u64 },
+    Exit {
+        pid: u32,
+        fast_iterations: u64,
+    },
 }
 
 #[derive(Debug, PartialEq, Eq)]

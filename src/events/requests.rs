@@ -262,11 +262,8 @@ impl Request {
     /// Where the request's work goes: under the SERVER span (or, without
     /// one, under the incoming parent).
     fn parent(&self) -> Parent {
-        let (span_id, remote) = if self.server_span {
-            (self.span_id, false)
-        } else {
-            self.incoming.map_or((SpanId::INVALID, false), |i| (i.1, true))
-        };
+        let (span_id, remote) =
+            if self.server_span { (self.span_id, false) } else { self.incoming.map_or((SpanId::INVALID, false), |i| (i.1, true)) };
         Parent { trace_id: self.trace_id(), span_id, remote, state: self.state.clone() }
     }
 }
@@ -799,7 +796,12 @@ mod tests {
     #[test]
     fn a_request_with_traceparent_and_its_work_form_one_subtree_of_the_callers_trace() {
         let spans = run(|r, src, ready| {
-            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET /x?key=s HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
+            r.http(
+                &http(HttpWhat::Request, 1, 100, 1_000, &format!("GET /x?key=s HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")),
+                false,
+                src,
+                ready,
+            );
             assert!(r.work(fs(1, 2_000, 3_000), src, ready).is_none(), "held");
             assert!(r.work(fs(0, 2_000, 3_000), src, ready).is_some(), "no cause: its own trace");
             r.http(&http(HttpWhat::Write, 1, 100, 4_000, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), false, src, ready);
@@ -827,7 +829,12 @@ mod tests {
             r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /1 HTTP/1.1\r\ntraceparent: nonsense\r\n\r\n"), false, src, ready);
             r.work(fs(1, 1_100, 1_200), src, ready);
             // The next request on the connection ends the first.
-            r.http(&http(HttpWhat::Request, 2, 100, 5_000, &format!("GET /2 HTTP/1.1\r\ntraceparent: {}\r\n\r\n", TP.replace("-01", "-00"))), false, src, ready);
+            r.http(
+                &http(HttpWhat::Request, 2, 100, 5_000, &format!("GET /2 HTTP/1.1\r\ntraceparent: {}\r\n\r\n", TP.replace("-01", "-00"))),
+                false,
+                src,
+                ready,
+            );
             // Late work of request 1 joins its trace; request 2's is not sampled.
             assert!(r.work(fs(1, 6_000, 7_000), src, ready).is_none());
             assert!(r.work(fs(2, 6_000, 7_000), src, ready).is_none());
@@ -846,7 +853,12 @@ mod tests {
     fn outgoing_calls_are_client_spans_and_lend_the_request_their_trace() {
         let spans = run(|r, src, ready| {
             r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET / HTTP/1.1\r\n\r\n"), false, src, ready);
-            r.http(&http(HttpWhat::Write, 1, 200, 2_000, &format!("GET /up HTTP/1.1\r\nHost: api:9000\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
+            r.http(
+                &http(HttpWhat::Write, 1, 200, 2_000, &format!("GET /up HTTP/1.1\r\nHost: api:9000\r\ntraceparent: {TP}\r\n\r\n")),
+                false,
+                src,
+                ready,
+            );
             r.http(&http(HttpWhat::Response, 1, 200, 3_000, "HTTP/1.1 503 Busy\r\n\r\n"), false, src, ready);
             r.work(fs(1, 3_100, 3_200), src, ready);
             r.expire(3_200 + NO_RESPONSE_NS, src, ready);

@@ -29,9 +29,7 @@ impl<W: Write + Send + 'static> Sink for Console<W> {
             match p {
                 Part::Spans(s) => spans.extend(s),
                 // The console's exporter keeps spans; an encoded run cannot be shown.
-                Part::Otlp(_) => {
-                    return Err(ExportError { message: "OTLP-encoded spans queued for the console".into(), retryable: false })
-                }
+                Part::Otlp(_) => return Err(ExportError { message: "OTLP-encoded spans queued for the console".into(), retryable: false }),
             }
         }
         let text = render(label, &spans);
@@ -70,14 +68,7 @@ fn walk(label: &str, spans: &[&Span], i: usize, depth: usize, out: &mut String) 
 
 /// One span as a line.
 pub fn line(label: &str, s: &Span, depth: usize) -> String {
-    let mut l = format!(
-        "{} {label} {:indent$}{} {:.3}ms",
-        clock(s.start_ns),
-        "",
-        s.name,
-        s.ms(),
-        indent = depth * 2
-    );
+    let mut l = format!("{} {label} {:indent$}{} {:.3}ms", clock(s.start_ns), "", s.name, s.ms(), indent = depth * 2);
     if let Status::Error { description } = &s.status {
         l.push_str(&format!(" ERROR({description})"));
     }

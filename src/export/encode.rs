@@ -447,7 +447,8 @@ mod tests {
             span_context: ctx,
             parent_span_id: if i == 0 { SpanId::INVALID } else { SpanId::from(0x99) },
             parent_span_is_remote: i == 1,
-            span_kind: [SpanKind::Internal, SpanKind::Server, SpanKind::Client, SpanKind::Producer, SpanKind::Consumer][i as usize % 5].clone(),
+            span_kind: [SpanKind::Internal, SpanKind::Server, SpanKind::Client, SpanKind::Producer, SpanKind::Consumer][i as usize % 5]
+                .clone(),
             name: if i == 7 { "s".into() } else { format!("fs.op{i}").into() },
             start_ns: t0,
             end_ns: t0 + 37_000 + i,
@@ -466,7 +467,10 @@ mod tests {
     #[test]
     fn same_message_as_the_official_conversion() {
         let resource = Resource::builder_empty()
-            .with_schema_url([KeyValue::new("service.name", "shop"), KeyValue::new("process.pid", 4242i64)].map(|kv| kv.to_sdk()), "https://s/1")
+            .with_schema_url(
+                [KeyValue::new("service.name", "shop"), KeyValue::new("process.pid", 4242i64)].map(|kv| kv.to_sdk()),
+                "https://s/1",
+            )
             .with_attributes([
                 opentelemetry::KeyValue::new("ints", opentelemetry::Value::Array(Array::I64(vec![0, 1, -2]))),
                 opentelemetry::KeyValue::new("bools", opentelemetry::Value::Array(Array::Bool(vec![true, false]))),

@@ -92,7 +92,11 @@ impl HealthMetrics {
             ("uvspan.operations.unfinished", "Requests in flight when their process exited", read_h(|h| &h.unfinished_at_exit)),
             ("uvspan.loop.iterations", "Event-loop iterations seen", read_h(|h| &h.loop_iterations)),
             ("uvspan.requests", "HTTP requests seen", read_h(|h| &h.requests)),
-            ("uvspan.requests.bad_traceparent", "Requests whose traceparent was malformed (ignored)", read_h(|h| &h.requests_bad_traceparent)),
+            (
+                "uvspan.requests.bad_traceparent",
+                "Requests whose traceparent was malformed (ignored)",
+                read_h(|h| &h.requests_bad_traceparent),
+            ),
             ("uvspan.requests.unsampled", "Requests their caller did not sample (not exported)", read_h(|h| &h.requests_unsampled)),
             ("uvspan.operations.straddled", "Operations dropped: they crossed a --sample-time window edge", read_h(|h| &h.straddled)),
         ];

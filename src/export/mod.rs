@@ -13,13 +13,13 @@ pub mod encode;
 pub mod health;
 pub mod otlp;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Result;
 use crate::events::spans::Span;
+use anyhow::Result;
 use opentelemetry_sdk::Resource;
 use tokio::sync::mpsc;
 
@@ -70,8 +70,15 @@ pub struct Summary {
 }
 
 pub(crate) enum Msg {
-    Process { pid: u32, resource: Resource, label: String },
-    Spans { pid: u32, part: Part },
+    Process {
+        pid: u32,
+        resource: Resource,
+        label: String,
+    },
+    Spans {
+        pid: u32,
+        part: Part,
+    },
     Flush(tokio::sync::oneshot::Sender<()>),
     /// The process exited: drop its resource once its queued spans are out.
     Forget(u32),
@@ -328,10 +335,8 @@ async fn run<S: Sink>(
             let mut batch: Vec<(u32, Vec<Part>)> = pending.drain().collect();
             pending_n = 0;
             while let Some((pid, mut parts)) = batch.pop() {
-                let (resource, label) = procs
-                    .get(&pid)
-                    .cloned()
-                    .unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
+                let (resource, label) =
+                    procs.get(&pid).cloned().unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
                 let mut sent = 0;
                 let mut retry = false;
                 for r in requests(parts.iter().map(Part::len), cfg.max_batch.max(1)) {

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
 use bytes::Bytes;
+use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
 use opentelemetry_sdk::Resource;
 use prost::Message;
 
@@ -92,10 +92,9 @@ impl Otlp {
             OtlpProtocol::HttpProtobuf => {
                 let mut map = reqwest::header::HeaderMap::new();
                 for (k, v) in &headers {
-                    let name = reqwest::header::HeaderName::from_bytes(k.as_bytes())
-                        .with_context(|| format!("invalid OTLP header name {k:?}"))?;
-                    let val = reqwest::header::HeaderValue::from_str(v)
-                        .with_context(|| format!("invalid OTLP header value for {k:?}"))?;
+                    let name =
+                        reqwest::header::HeaderName::from_bytes(k.as_bytes()).with_context(|| format!("invalid OTLP header name {k:?}"))?;
+                    let val = reqwest::header::HeaderValue::from_str(v).with_context(|| format!("invalid OTLP header value for {k:?}"))?;
                     map.insert(name, val);
                 }
                 map.insert(reqwest::header::CONTENT_TYPE, reqwest::header::HeaderValue::from_static("application/x-protobuf"));

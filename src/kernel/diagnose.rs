@@ -109,10 +109,7 @@ pub fn explain(stage: Stage, errno: Option<i32>, f: &Facts) -> String {
     let denied = matches!(errno, Some(libc::EPERM) | Some(libc::EACCES));
     let missing = f.missing_caps();
     if denied && !missing.is_empty() {
-        return format!(
-            "cannot load the eBPF program: permission denied (missing {}). {PRIVILEGES}; run it with sudo",
-            missing.join(", ")
-        );
+        return format!("cannot load the eBPF program: permission denied (missing {}). {PRIVILEGES}; run it with sudo", missing.join(", "));
     }
     if errno == Some(libc::EPERM) {
         if f.seccomp == Some(2) {

@@ -23,14 +23,8 @@ const fn f(multi_uprobe: bool, session: bool, fentry: bool) -> Features {
 }
 
 /// Every combination, best first.
-pub const ORDER: [Features; 6] = [
-    f(true, true, true),
-    f(true, true, false),
-    f(true, false, true),
-    f(true, false, false),
-    f(false, false, true),
-    f(false, false, false),
-];
+pub const ORDER: [Features; 6] =
+    [f(true, true, true), f(true, true, false), f(true, false, true), f(true, false, false), f(false, false, true), f(false, false, false)];
 
 /// What a boot's kernel was seen to accept.
 #[derive(Debug, PartialEq, Eq, Serialize, Deserialize)]

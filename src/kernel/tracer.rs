@@ -10,9 +10,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
 
-use crate::kernel::skel::types::{cookie_layout, probe_kind, req_key, stat_idx, traced_flags};
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
+use crate::kernel::skel::types::{cookie_layout, probe_kind, req_key, stat_idx, traced_flags};
 use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
 use crate::probes::catalog::{Detail, ImageKind};
 use crate::probes::io_uring;
@@ -372,8 +372,7 @@ impl Tracer {
         let cpus = crate::kernel::sampler::online_cpus().map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
         let mut links = Vec::new();
         for cpu in cpus {
-            let fd = crate::kernel::sampler::open_cpu_clock(cpu, period_ns)
-                .map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
+            let fd = crate::kernel::sampler::open_cpu_clock(cpu, period_ns).map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
             // libbpf owns the fd from here: the link closes it when dropped.
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             let link = self.skel.progs.loop_sample.attach_perf_event(raw).map_err(|e| {
@@ -634,11 +633,7 @@ impl Tracer {
                 .lookup_percpu(&idx.0.to_ne_bytes(), MapFlags::ANY)
                 .ok()
                 .flatten()
-                .map(|cpus| {
-                    cpus.iter()
-                        .map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8])))
-                        .sum()
-                })
+                .map(|cpus| cpus.iter().map(|v| u64::from_ne_bytes(v[..8].try_into().unwrap_or([0; 8]))).sum())
                 .unwrap_or(0)
         };
         Stats {

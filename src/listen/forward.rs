@@ -17,8 +17,8 @@ use tokio::sync::mpsc;
 use tonic::codec::CompressionEncoding;
 
 use super::{ListenCounters, Signal};
-pub use crate::export::otlp::Raw;
 use crate::export::otlp::Body;
+pub use crate::export::otlp::Raw;
 use crate::export::otlp::{self, OtlpConfig, OtlpProtocol};
 
 /// Backoff between retries of one request: from this, doubling, up to MAX.
@@ -130,7 +130,10 @@ async fn run(mut up: Upstream, mut rx: mpsc::UnboundedReceiver<Item>, s: Arc<Sta
                 Err(Fail::Retry(after, e)) => {
                     if !said_retry {
                         said_retry = true;
-                        eprintln!("uvspan: forwarding the app's OTLP {}: {e}; retrying while it stays queued (said once)", it.signal.name());
+                        eprintln!(
+                            "uvspan: forwarding the app's OTLP {}: {e}; retrying while it stays queued (said once)",
+                            it.signal.name()
+                        );
                     }
                     tokio::time::sleep(after.unwrap_or(backoff).min(Duration::from_secs(30))).await;
                     backoff = (backoff * 2).min(BACKOFF_MAX);
@@ -146,7 +149,11 @@ async fn run(mut up: Upstream, mut rx: mpsc::UnboundedReceiver<Item>, s: Arc<Sta
                     ListenCounters::add(&c.rejected, it.signal, rejected);
                     if !said_rejected {
                         said_rejected = true;
-                        eprintln!("uvspan: the endpoint rejected {rejected} of the app's {} {}: {msg:?} (counted; said once)", it.items, it.signal.name());
+                        eprintln!(
+                            "uvspan: the endpoint rejected {rejected} of the app's {} {}: {msg:?} (counted; said once)",
+                            it.items,
+                            it.signal.name()
+                        );
                     }
                 }
             }
@@ -247,7 +254,9 @@ impl Upstream {
                 match status {
                     200..=299 => bytes,
                     s if otlp::http_retryable(s) => return Err(Fail::Retry(after, format!("HTTP {status}"))),
-                    _ => return Err(Fail::Permanent(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)])))),
+                    _ => {
+                        return Err(Fail::Permanent(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)]))))
+                    }
                 }
             }
         };
@@ -259,9 +268,17 @@ impl Upstream {
 pub fn partial_success(signal: Signal, reply: &[u8]) -> (u64, String) {
     use opentelemetry_proto::tonic::collector::{logs::v1 as l, metrics::v1 as m, trace::v1 as t};
     let p = match signal {
-        Signal::Traces => t::ExportTraceServiceResponse::decode(reply).ok().and_then(|r| r.partial_success).map(|p| (p.rejected_spans, p.error_message)),
-        Signal::Metrics => m::ExportMetricsServiceResponse::decode(reply).ok().and_then(|r| r.partial_success).map(|p| (p.rejected_data_points, p.error_message)),
-        Signal::Logs => l::ExportLogsServiceResponse::decode(reply).ok().and_then(|r| r.partial_success).map(|p| (p.rejected_log_records, p.error_message)),
+        Signal::Traces => {
+            t::ExportTraceServiceResponse::decode(reply).ok().and_then(|r| r.partial_success).map(|p| (p.rejected_spans, p.error_message))
+        }
+        Signal::Metrics => m::ExportMetricsServiceResponse::decode(reply)
+            .ok()
+            .and_then(|r| r.partial_success)
+            .map(|p| (p.rejected_data_points, p.error_message)),
+        Signal::Logs => l::ExportLogsServiceResponse::decode(reply)
+            .ok()
+            .and_then(|r| r.partial_success)
+            .map(|p| (p.rejected_log_records, p.error_message)),
     };
     p.map_or((0, String::new()), |(n, m)| (u64::try_from(n).unwrap_or(0), m))
 }
@@ -273,7 +290,9 @@ mod tests {
     #[test]
     fn partial_successes_are_read() {
         use opentelemetry_proto::tonic::collector::trace::v1::{ExportTracePartialSuccess, ExportTraceServiceResponse};
-        let r = ExportTraceServiceResponse { partial_success: Some(ExportTracePartialSuccess { rejected_spans: 3, error_message: "too old".into() }) };
+        let r = ExportTraceServiceResponse {
+            partial_success: Some(ExportTracePartialSuccess { rejected_spans: 3, error_message: "too old".into() }),
+        };
         assert_eq!(partial_success(Signal::Traces, &r.encode_to_vec()), (3, "too old".to_string()));
         assert_eq!(partial_success(Signal::Logs, b""), (0, String::new()));
     }

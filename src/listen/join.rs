@@ -12,11 +12,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::events::spans::Span as UvSpan;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceId};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as PbValue;
 use opentelemetry_proto::tonic::common::v1::KeyValue as PbKeyValue;
-use crate::events::spans::Span as UvSpan;
 
 /// App SERVER spans remembered (oldest forgotten first).
 const SERVERS_MAX: usize = 16_384;
@@ -315,7 +315,10 @@ mod tests {
         let req = ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
                 resource: Some(Resource { attributes: vec![kv("process.pid", PbValue::IntValue(42))], ..Default::default() }),
-                scope_spans: vec![ScopeSpans { spans: vec![span(2, 5000, vec![]), span(3, 1, vec![]), span(2, 70000, vec![3; 8])], ..Default::default() }],
+                scope_spans: vec![ScopeSpans {
+                    spans: vec![span(2, 5000, vec![]), span(3, 1, vec![]), span(2, 70000, vec![3; 8])],
+                    ..Default::default()
+                }],
                 ..Default::default()
             }],
         };
@@ -331,7 +334,14 @@ mod tests {
         let mut j = Joiner::new(Duration::from_secs(6));
         let now = Instant::now();
         let mut out = Out::new();
-        let key = RequestKey { pid: 7, incoming: Some((TraceId::from(9), SpanId::from(5))), peer_port: None, start: t(0), end: t(1), parent: SpanId::from(5) };
+        let key = RequestKey {
+            pid: 7,
+            incoming: Some((TraceId::from(9), SpanId::from(5))),
+            peer_port: None,
+            start: t(0),
+            end: t(1),
+            parent: SpanId::from(5),
+        };
         // A child of a uvspan span (threadpool detail) keeps its parent.
         j.hold(key, vec![uv_span(9, 100, 5), uv_span(9, 101, 100)], now, &mut out);
         j.poll(now, false, &mut out);
@@ -358,7 +368,14 @@ mod tests {
             server(7, 3, 33, 0, 200 * ms, 210 * ms, 4001),
             server(8, 4, 44, 0, 200 * ms, 210 * ms, 4000),
         ]);
-        let key = |pid, port, start: u64, end: u64| RequestKey { pid, incoming: None, peer_port: Some(port), start: t(start), end: t(end), parent: SpanId::INVALID };
+        let key = |pid, port, start: u64, end: u64| RequestKey {
+            pid,
+            incoming: None,
+            peer_port: Some(port),
+            start: t(start),
+            end: t(end),
+            parent: SpanId::INVALID,
+        };
         let mut out = Out::new();
         j.hold(key(7, 4000, 199 * ms, 230 * ms), vec![uv_span(77, 1, 0)], now, &mut out);
         j.hold(key(7, 4001, 199 * ms, 230 * ms), vec![uv_span(78, 2, 0)], now, &mut out);
@@ -366,7 +383,9 @@ mod tests {
         j.hold(key(7, 4000, 99 * ms, 105 * ms), vec![uv_span(80, 4, 0)], now, &mut out);
         let got: Vec<(u128, u64)> = out
             .iter()
-            .map(|(_, s)| (u128::from_be_bytes(s[0].span_context.trace_id().to_bytes()), u64::from_be_bytes(s[0].parent_span_id.to_bytes())))
+            .map(|(_, s)| {
+                (u128::from_be_bytes(s[0].span_context.trace_id().to_bytes()), u64::from_be_bytes(s[0].parent_span_id.to_bytes()))
+            })
             .collect();
         assert_eq!(got, vec![(2, 22), (3, 33), (4, 44), (1, 11)]);
         // Nothing of the app overlaps: held, then sent as it is.

@@ -142,8 +142,12 @@ pub struct BindError {
 impl std::fmt::Display for BindError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let what = match self.source.kind() {
-            std::io::ErrorKind::AddrInUse => "the address is in use; stop what listens there or give another --otlp-listen address".to_string(),
-            std::io::ErrorKind::AddrNotAvailable => "no interface here has that address; give a local address such as 127.0.0.1:4317".to_string(),
+            std::io::ErrorKind::AddrInUse => {
+                "the address is in use; stop what listens there or give another --otlp-listen address".to_string()
+            }
+            std::io::ErrorKind::AddrNotAvailable => {
+                "no interface here has that address; give a local address such as 127.0.0.1:4317".to_string()
+            }
             std::io::ErrorKind::PermissionDenied => "permission denied; use a port above 1023 or run as root".to_string(),
             _ => format!("{}", self.source),
         };

@@ -16,9 +16,9 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 
 use super::forward::{Item, Queue, Raw};
-use crate::export::otlp::Body;
 use super::join::{app_servers, AppServer};
 use super::{ListenCounters, Signal};
+use crate::export::otlp::Body;
 
 /// Largest request accepted (bytes, after decompression).
 pub const MAX_REQUEST: usize = 64 << 20;
@@ -116,7 +116,8 @@ pub async fn serve(listener: tokio::net::TcpListener, st: State) {
 type Response = http::Response<tonic::body::Body>;
 
 async fn handle(st: State, req: http::Request<Incoming>) -> Result<Response, Infallible> {
-    let grpc = req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/grpc"));
+    let grpc =
+        req.headers().get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("application/grpc"));
     if grpc {
         let Some(signal) = Signal::ALL.into_iter().find(|s| s.grpc_path() == req.uri().path()) else {
             return Ok(tonic::Status::unimplemented(format!("no such method: {}", req.uri().path())).into_http());

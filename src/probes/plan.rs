@@ -187,10 +187,7 @@ pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
         return out;
     }
     if !loc.image.has_symtab {
-        out.push(format!(
-            "{} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed",
-            loc.path
-        ));
+        out.push(format!("{} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed", loc.path));
     }
     for r in missing {
         let why = match &r.state {
@@ -257,7 +254,11 @@ mod tests {
             catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
         let no_done: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "uv__fs_done").map(|(k, v)| (*k, *v)).collect();
         let cleanup = |syms: &HashMap<&'static str, u64>, sync_at_return, io_uring| {
-            get(&plan_symbols(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false }), "uv_fs_req_cleanup").0
+            get(
+                &plan_symbols(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false }),
+                "uv_fs_req_cleanup",
+            )
+            .0
         };
         // Sync calls end at their return, async ones at uv__fs_done: none left.
         assert_eq!(cleanup(&full, true, false), ProbeState::NotNeeded);

@@ -6,9 +6,9 @@ use anyhow::Result;
 use serde::Serialize;
 
 use crate::probes::catalog::{Detail, Needed};
-use crate::symbols::{self, Images, Located};
 use crate::probes::io_uring;
 use crate::probes::plan::{plan, Conditions, ProbeState, ProbeStatus};
+use crate::symbols::{self, Images, Located};
 
 #[derive(Serialize)]
 struct ImageInfo<'a> {
@@ -50,7 +50,13 @@ pub fn images_for(pid: Option<u32>, path: Option<&std::path::Path>) -> Result<Im
 }
 
 pub fn render_json(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -> String {
-    let l = Listing { pid, node_version: images.node_version.as_deref(), libuv: ImageInfo::of(&images.libuv), libc: images.libc.as_ref().map(ImageInfo::of), probes };
+    let l = Listing {
+        pid,
+        node_version: images.node_version.as_deref(),
+        libuv: ImageInfo::of(&images.libuv),
+        libc: images.libc.as_ref().map(ImageInfo::of),
+        probes,
+    };
     serde_json::to_string_pretty(&l).unwrap_or_default()
 }
 
@@ -90,11 +96,12 @@ fn note(r: &ProbeStatus) -> String {
 pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -> String {
     let mut out = String::new();
     let l = &images.libuv;
-    let version = [images.node_version.as_deref().map(|v| format!("node {v}")), l.image.libuv_version.as_deref().map(|v| format!("libuv {v}"))]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(", ");
+    let version =
+        [images.node_version.as_deref().map(|v| format!("node {v}")), l.image.libuv_version.as_deref().map(|v| format!("libuv {v}"))]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ");
     if let Some(pid) = pid {
         out.push_str(&format!("process: {pid}\n"));
     }

@@ -243,7 +243,15 @@ impl Acc {
             .iter()
             .map(|(op, (d, errors))| {
                 let (p50, p99, max, total) = stats(d);
-                let s = OpStats { count: d.len() as u64, errors: *errors, p50_ms: p50, p99_ms: p99, max_ms: max, total_ms: total, histogram: histogram(d) };
+                let s = OpStats {
+                    count: d.len() as u64,
+                    errors: *errors,
+                    p50_ms: p50,
+                    p99_ms: p99,
+                    max_ms: max,
+                    total_ms: total,
+                    histogram: histogram(d),
+                };
                 (op.clone(), s)
             })
             .collect();
@@ -251,11 +259,8 @@ impl Acc {
             self.paths.iter().map(|(p, (n, t))| PathStats { path: p.clone(), count: *n, total_ms: round(*t) }).collect();
         top_paths.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(b.count.cmp(&a.count)).then(a.path.cmp(&b.path)));
         top_paths.truncate(TOP);
-        let mut by_name: Vec<NameStats> = self
-            .names
-            .iter()
-            .map(|(n, (c, e, m))| NameStats { name: n.clone(), count: *c, errors: *e, max_ms: round(*m) })
-            .collect();
+        let mut by_name: Vec<NameStats> =
+            self.names.iter().map(|(n, (c, e, m))| NameStats { name: n.clone(), count: *c, errors: *e, max_ms: round(*m) }).collect();
         by_name.sort_by(|a, b| b.count.cmp(&a.count).then(b.max_ms.total_cmp(&a.max_ms)).then(a.name.cmp(&b.name)));
         by_name.truncate(TOP);
         let (p50, p99, max, _) = stats(&self.dns);
@@ -428,7 +433,8 @@ pub(crate) mod tests {
     }
 
     pub fn fs(op: &'static str, at: f64, ms: f64, tid: i64, sync: bool, path: &str, error: Option<&str>) -> Span {
-        let mut a = vec![KeyValue::new(keys::FILE_PATH, path.to_string()), KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::SYNC, sync)];
+        let mut a =
+            vec![KeyValue::new(keys::FILE_PATH, path.to_string()), KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::SYNC, sync)];
         if let Some(e) = error {
             a.push(KeyValue::new(keys::ERROR_TYPE, e.to_string()));
         }
@@ -440,7 +446,8 @@ pub(crate) mod tests {
     }
 
     pub fn iteration(at: f64, busy: f64, tid: i64, fast_before: i64, stack: Option<&str>) -> Span {
-        let mut a = vec![KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::BUSY, busy), KeyValue::new(keys::FAST_BEFORE, fast_before)];
+        let mut a =
+            vec![KeyValue::new(keys::THREAD_ID, tid), KeyValue::new(keys::BUSY, busy), KeyValue::new(keys::FAST_BEFORE, fast_before)];
         if let Some(s) = stack {
             a.push(KeyValue::new(STACKTRACE, s.to_string()));
         }
@@ -458,9 +465,12 @@ pub(crate) mod tests {
         a.add(100, &fs("fs.read", 10.0, 2.0, 100, false, "/app/data.bin", None), t);
         a.add(100, &fs("fs.open", 11.0, 0.3, 101, true, "/app/worker.js", None), t); // sync, not on the loop thread
         a.add(100, &dns(12.0, 4.0, "localhost", None), t);
-        a.add(100, &dns(13.0, 30.0, "nonexistent.invalid", Some("ENOTFOUND"))
-            , t);
-        a.add(100, &iteration(20.0, 150.25, 100, 40, Some("Error\n    at busyLoop (/app/index.js:10:5)\n    at main (/app/index.js:20:1)")), t);
+        a.add(100, &dns(13.0, 30.0, "nonexistent.invalid", Some("ENOTFOUND")), t);
+        a.add(
+            100,
+            &iteration(20.0, 150.25, 100, 40, Some("Error\n    at busyLoop (/app/index.js:10:5)\n    at main (/app/index.js:20:1)")),
+            t,
+        );
         a.add(100, &iteration(200.0, 12.0, 100, 5, None), t);
         a.add(100, &span("uv.loop.poll", 20.0, 100.0, vec![], None), t); // a phase child: not counted
         a.add(200, &fs("fs.stat", 300.0, 0.02, 200, true, "/app/package.json", None), t);
@@ -473,7 +483,8 @@ pub(crate) mod tests {
             wall_ms: 512.3456,
             loop_threshold_ms: 10.0,
             loop_iterations: 80,
-            commands: [(100, vec!["node".to_string(), "index.js".to_string()]), (200, vec!["node".to_string(), "child.js".to_string()])].into(),
+            commands: [(100, vec!["node".to_string(), "index.js".to_string()]), (200, vec!["node".to_string(), "child.js".to_string()])]
+                .into(),
         };
         a.report(&facts)
     }

@@ -164,10 +164,11 @@ mod tests {
     #[test]
     fn evaluated_against_the_report() {
         let mut r = super::super::aggregate::tests::sample();
-        let budgets: Vec<Budget> = ["loop.blocked.max_ms<=100", "fs.sync_on_loop.count<=50", "dns.count==0", "fs.by_op.rename.count==0", "fs.by_op.stat.errors<2"]
-            .iter()
-            .map(|e| Budget::parse(e).unwrap())
-            .collect();
+        let budgets: Vec<Budget> =
+            ["loop.blocked.max_ms<=100", "fs.sync_on_loop.count<=50", "dns.count==0", "fs.by_op.rename.count==0", "fs.by_op.stat.errors<2"]
+                .iter()
+                .map(|e| Budget::parse(e).unwrap())
+                .collect();
         evaluate(&mut r, &budgets);
         let got: Vec<(f64, bool)> = r.budgets.iter().map(|b| (b.value, b.ok)).collect();
         assert_eq!(got, [(150.25, false), (5.0, true), (3.0, false), (0.0, true), (1.0, true)]);

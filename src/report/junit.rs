@@ -31,7 +31,8 @@ mod tests {
     #[test]
     fn one_case_per_budget_escaped() {
         let mut r = super::super::aggregate::tests::sample();
-        let b: Vec<_> = ["loop.blocked.max_ms<=100", "dns.errors<5"].iter().map(|e| super::super::budget::Budget::parse(e).unwrap()).collect();
+        let b: Vec<_> =
+            ["loop.blocked.max_ms<=100", "dns.errors<5"].iter().map(|e| super::super::budget::Budget::parse(e).unwrap()).collect();
         super::super::budget::evaluate(&mut r, &b);
         let x = super::junit(&r);
         assert!(x.contains("tests=\"2\" failures=\"1\""), "{x}");

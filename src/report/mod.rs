@@ -13,8 +13,8 @@ pub mod summary;
 use std::path::Path;
 use std::time::{Instant, SystemTime};
 
-use anyhow::{Context, Result};
 use crate::events::spans::Span;
+use anyhow::{Context, Result};
 
 use crate::cli::RunOpts;
 use aggregate::{Aggregate, Report, RunFacts};
@@ -133,7 +133,8 @@ impl Collector {
 
     fn write(&self, report: &Report) -> Result<()> {
         let put = |path: &Path, what: &str, text: String| {
-            std::fs::write(path, text).with_context(|| format!("cannot write the {what} to {}; check the directory exists and is writable", path.display()))
+            std::fs::write(path, text)
+                .with_context(|| format!("cannot write the {what} to {}; check the directory exists and is writable", path.display()))
         };
         if let Some(p) = &self.opts.report {
             put(p, "JSON report", serde_json::to_string_pretty(report)? + "\n")?;

@@ -66,12 +66,19 @@ fn headline_with(r: &Report, command: &str) -> String {
 pub fn worst_line(r: &Report) -> Option<String> {
     let w = r.total.event_loop.blocked.worst.as_ref()?;
     let culprit = w.culprit.as_ref().map_or_else(String::new, |c| format!(": {c}"));
-    Some(format!("worst loop iteration: {} ms busy in process {} (thread {}) at +{:.0} ms{culprit}", ms(w.busy_ms), w.pid, w.thread_id, w.at_ms))
+    Some(format!(
+        "worst loop iteration: {} ms busy in process {} (thread {}) at +{:.0} ms{culprit}",
+        ms(w.busy_ms),
+        w.pid,
+        w.thread_id,
+        w.at_ms
+    ))
 }
 
 pub fn tables(r: &Report) -> Vec<Table> {
     let mut out = Vec::new();
-    let mut rows: Vec<Vec<String>> = r.processes.iter().map(|p| process_row(format!("{} {}", p.pid, short(&p.command, 40)), &p.sections)).collect();
+    let mut rows: Vec<Vec<String>> =
+        r.processes.iter().map(|p| process_row(format!("{} {}", p.pid, short(&p.command, 40)), &p.sections)).collect();
     rows.push(process_row("total".into(), &r.total));
     out.push(Table {
         title: format!("Processes (loop threshold {} ms)", r.loop_threshold_ms),
@@ -83,10 +90,13 @@ pub fn tables(r: &Report) -> Vec<Table> {
             title: "fs by op".into(),
             header: vec!["op", "count", "errors", "p50 ms", "p99 ms", "max ms", "total ms"],
             rows: r
-                .total.fs
+                .total
+                .fs
                 .by_op
                 .iter()
-                .map(|(op, s)| vec![op.clone(), s.count.to_string(), s.errors.to_string(), ms(s.p50_ms), ms(s.p99_ms), ms(s.max_ms), ms(s.total_ms)])
+                .map(|(op, s)| {
+                    vec![op.clone(), s.count.to_string(), s.errors.to_string(), ms(s.p50_ms), ms(s.p99_ms), ms(s.max_ms), ms(s.total_ms)]
+                })
                 .collect(),
         });
     }
@@ -101,14 +111,24 @@ pub fn tables(r: &Report) -> Vec<Table> {
         out.push(Table {
             title: "DNS names".into(),
             header: vec!["name", "count", "errors", "max ms"],
-            rows: r.total.dns.by_name.iter().map(|n| vec![short(&n.name, 60), n.count.to_string(), n.errors.to_string(), ms(n.max_ms)]).collect(),
+            rows: r
+                .total
+                .dns
+                .by_name
+                .iter()
+                .map(|n| vec![short(&n.name, 60), n.count.to_string(), n.errors.to_string(), ms(n.max_ms)])
+                .collect(),
         });
     }
     if !r.budgets.is_empty() {
         out.push(Table {
             title: "Budgets".into(),
             header: vec!["budget", "value", "result"],
-            rows: r.budgets.iter().map(|b| vec![b.expr.clone(), format!("{}", b.value), if b.ok { "ok" } else { "BROKEN" }.into()]).collect(),
+            rows: r
+                .budgets
+                .iter()
+                .map(|b| vec![b.expr.clone(), format!("{}", b.value), if b.ok { "ok" } else { "BROKEN" }.into()])
+                .collect(),
         });
     }
     out

@@ -52,7 +52,6 @@ struct Stored {
     node_io_uring_patch: bool,
 }
 
-
 impl Stored {
     fn of(img: &Image) -> Stored {
         Stored {
@@ -74,7 +73,11 @@ impl Stored {
     /// The image, if the file was written by this uvspan for this catalog.
     fn image(self) -> Option<Image> {
         let want = catalog::symbols();
-        if self.format != FORMAT || self.args_may_change != moved_args() || self.uvspan != env!("CARGO_PKG_VERSION") || self.wanted.iter().map(String::as_str).ne(want.iter().copied()) {
+        if self.format != FORMAT
+            || self.args_may_change != moved_args()
+            || self.uvspan != env!("CARGO_PKG_VERSION")
+            || self.wanted.iter().map(String::as_str).ne(want.iter().copied())
+        {
             return None;
         }
         let name = |s: &str| want.iter().copied().find(|w| *w == s);
@@ -130,7 +133,6 @@ pub(super) fn store(key: &str, img: &Image) {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

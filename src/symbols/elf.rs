@@ -75,9 +75,7 @@ pub fn inspect(path: &Path) -> Result<Arc<Image>> {
         cache().lock().unwrap_or_else(|e| e.into_inner()).insert(key, img.clone());
         return Ok(img);
     }
-    let is_libuv_so = path
-        .file_name()
-        .is_some_and(|n| n.to_string_lossy().starts_with("libuv"))
+    let is_libuv_so = path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libuv"))
         || std::fs::read_link(path).is_ok_and(|t| t.file_name().is_some_and(|n| n.to_string_lossy().starts_with("libuv")));
     let mut img = parse(&elf, &map, build_id);
     if is_libuv_so && img.libuv_version.is_none() {
@@ -185,11 +183,12 @@ fn libuv_version(data: &[u8]) -> Option<String> {
     data.split(|b| !b.is_ascii_graphic()).find_map(|s| {
         let t = std::str::from_utf8(s).ok()?;
         let parts: Vec<&str> = t.split('.').collect();
-        (parts.len() == 3 && parts[0] == "1" && parts.iter().all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit())))
-            .then(|| t.to_string())
+        (parts.len() == 3
+            && parts[0] == "1"
+            && parts.iter().all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit())))
+        .then(|| t.to_string())
     })
 }
-
 
 #[cfg(test)]
 mod tests {

@@ -40,7 +40,11 @@ impl Images {
             };
             std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with("libnode.so") { inspect(&e.path()).ok()?.node_version.clone() } else { None }
+                if name.starts_with("libnode.so") {
+                    inspect(&e.path()).ok()?.node_version.clone()
+                } else {
+                    None
+                }
             })
         });
         Images { libuv, libc, node_version }
@@ -72,9 +76,7 @@ fn mapped_file(pid: u32, range: &str, path: &str) -> PathBuf {
 /// (address range as map_files names it, path) of each file a process
 /// maps, first mapping only.
 fn mapped_files(pid: u32) -> Result<Vec<(String, String)>> {
-    let maps = procfs::process::Process::new(pid as i32)
-        .and_then(|p| p.maps())
-        .with_context(|| format!("cannot read /proc/{pid}/maps"))?;
+    let maps = procfs::process::Process::new(pid as i32).and_then(|p| p.maps()).with_context(|| format!("cannot read /proc/{pid}/maps"))?;
     let mut out: Vec<(String, String)> = Vec::new();
     for m in maps {
         let procfs::process::MMapPath::Path(path) = &m.pathname else { continue };
@@ -109,8 +111,8 @@ pub fn images(pid: u32) -> Result<Images> {
 pub fn locate(pid: u32) -> Result<Located> {
     let proc = PathBuf::from(format!("/proc/{pid}"));
     let exe_link = proc.join("exe");
-    let exe = std::fs::read_link(&exe_link)
-        .with_context(|| format!("cannot read {} (process gone, or no permission)", exe_link.display()))?;
+    let exe =
+        std::fs::read_link(&exe_link).with_context(|| format!("cannot read {} (process gone, or no permission)", exe_link.display()))?;
     let exe_str = exe.to_string_lossy().trim_end_matches(" (deleted)").to_string();
     let img = inspect(&exe_link)?;
     if img.has_libuv() {
@@ -171,4 +173,3 @@ pub fn system_libc() -> Option<Located> {
         l
     })
 }
-

@@ -36,9 +36,7 @@ fn emulated(i: &iced_x86::Instruction, bytes: &[u8]) -> bool {
             i.op0_kind() == OpKind::NearBranch64
                 && !matches!(i.mnemonic(), Mnemonic::Loop | Mnemonic::Loope | Mnemonic::Loopne | Mnemonic::Jrcxz | Mnemonic::Jecxz)
         }
-        FlowControl::Next => {
-            matches!(i.code(), Code::Push_r64) || (i.len() == 1 && bytes.first() == Some(&0x90))
-        }
+        FlowControl::Next => matches!(i.code(), Code::Push_r64) || (i.len() == 1 && bytes.first() == Some(&0x90)),
         _ => false,
     }
 }

@@ -113,10 +113,7 @@ impl V8Layout {
     /// constant missing (under every name it has had).
     pub fn from_constants(c: &HashMap<String, i64>) -> Result<V8Layout> {
         let get = |names: &[&str]| -> Result<i64> {
-            names
-                .iter()
-                .find_map(|n| c.get(*n).copied())
-                .ok_or_else(|| anyhow!("V8 postmortem constant v8dbg_{} is missing", names[0]))
+            names.iter().find_map(|n| c.get(*n).copied()).ok_or_else(|| anyhow!("V8 postmortem constant v8dbg_{} is missing", names[0]))
         };
         let off = |names: &[&str]| -> Result<u64> {
             let v = get(names)?;

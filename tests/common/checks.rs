@@ -21,12 +21,7 @@ pub fn check_summary(out: &Output, received: usize) {
         out.context()
     );
     // Requests still in flight when the process exited.
-    assert_eq!(
-        summary_number(&out.stderr, " unfinished at process exit"),
-        0,
-        "requests left unfinished at exit\n{}",
-        out.context()
-    );
+    assert_eq!(summary_number(&out.stderr, " unfinished at process exit"), 0, "requests left unfinished at exit\n{}", out.context());
     assert!(!out.stderr.contains("panicked"), "{}", out.context());
     assert!(!out.stderr.contains("export failed"), "{}", out.context());
 }
@@ -36,12 +31,8 @@ pub fn check_summary(out: &Output, received: usize) {
 // ---------------------------------------------------------------------------
 
 /// The attribute keys of an async request whose threadpool start and end were seen.
-pub const THREADPOOL_SPLIT_KEYS: [&str; 4] = [
-    "uvspan.threadpool.queue_wait_ms",
-    "uvspan.threadpool.run_ms",
-    "uvspan.loop.callback_wait_ms",
-    "uvspan.threadpool.thread.id",
-];
+pub const THREADPOOL_SPLIT_KEYS: [&str; 4] =
+    ["uvspan.threadpool.queue_wait_ms", "uvspan.threadpool.run_ms", "uvspan.loop.callback_wait_ms", "uvspan.threadpool.thread.id"];
 
 /// An async request's threadpool split: the attributes and the
 /// threadpool.start/end events agree with each other, lie inside the span,

@@ -81,9 +81,7 @@ impl FaultyReceiver {
                 rt.block_on(async move {
                     let listener = tokio::net::TcpListener::from_std(listener).expect("tokio listener");
                     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-                    let serve = tonic::transport::Server::builder()
-                        .add_service(TraceServiceServer::new(svc))
-                        .serve_with_incoming(incoming);
+                    let serve = tonic::transport::Server::builder().add_service(TraceServiceServer::new(svc)).serve_with_incoming(incoming);
                     tokio::select! {
                         r = serve => r.expect("gRPC receiver failed"),
                         _ = stop_rx => {}

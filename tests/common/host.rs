@@ -20,15 +20,20 @@ pub fn cgroup_of(proc_cgroup: &str) -> String {
     let v2 = proc_cgroup.lines().find_map(|l| l.strip_prefix("0::"));
     match v2 {
         Some(p) if p != "/" => p,
-        _ => paths.iter().copied().find(|p| *p != "/").or(v2).or(paths.first().copied()).unwrap_or_else(|| panic!("cannot read a cgroup path from {proc_cgroup:?}")),
+        _ => paths
+            .iter()
+            .copied()
+            .find(|p| *p != "/")
+            .or(v2)
+            .or(paths.first().copied())
+            .unwrap_or_else(|| panic!("cannot read a cgroup path from {proc_cgroup:?}")),
     }
     .to_string()
 }
 
 /// VmRSS of a live process, KiB.
 pub fn vm_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
     status
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))

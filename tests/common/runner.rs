@@ -188,12 +188,7 @@ impl Running {
             }
             if let Ok(Some(st)) = self.child.try_wait() {
                 std::thread::sleep(Duration::from_millis(100));
-                panic!(
-                    "{} exited ({st}) before {what}\n--- stdout ---\n{}\n--- stderr ---\n{}",
-                    self.what,
-                    self.stdout(),
-                    self.stderr()
-                );
+                panic!("{} exited ({st}) before {what}\n--- stdout ---\n{}\n--- stderr ---\n{}", self.what, self.stdout(), self.stderr());
             }
             if Instant::now() > deadline {
                 self.kill_group();
@@ -289,8 +284,7 @@ impl Markers {
     pub fn parse(stdout: &str) -> Markers {
         let mut m = BTreeMap::new();
         for line in stdout.lines().filter(|l| l.starts_with("{\"marker\"")) {
-            let v: serde_json::Value =
-                serde_json::from_str(line).unwrap_or_else(|e| panic!("bad marker line {line:?}: {e}"));
+            let v: serde_json::Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("bad marker line {line:?}: {e}"));
             let name = v["marker"].as_str().expect("marker name").to_string();
             assert!(m.insert(name.clone(), v).is_none(), "marker {name} printed twice");
         }

@@ -38,11 +38,10 @@ pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
     span
 }
 
-
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::{SpanKind, Status};
     use super::super::Value;
+    use opentelemetry::trace::{SpanKind, Status};
 
     use super::super::testing::{attr, build_one};
     use crate::events::decode::{DnsRecord, Record};

@@ -58,14 +58,13 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     span
 }
 
-
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::Status;
     use super::super::testing::{attr, build_one};
     use super::super::Value;
     use crate::events::decode::{FsRecord, Record};
     use crate::probes::catalog::FS_OPS;
+    use opentelemetry::trace::Status;
 
     fn rec(symbol: &str) -> FsRecord {
         FsRecord {
@@ -91,7 +90,14 @@ mod tests {
 
     #[test]
     fn async_read_with_threadpool_split() {
-        let r = FsRecord { result: 4096, fd: Some(7), work_start_ns: Some(2_000), work_end_ns: Some(3_000), worker_tid: Some(12), ..rec("uv_fs_read") };
+        let r = FsRecord {
+            result: 4096,
+            fd: Some(7),
+            work_start_ns: Some(2_000),
+            work_end_ns: Some(3_000),
+            worker_tid: Some(12),
+            ..rec("uv_fs_read")
+        };
         let spans = build_one(&Record::Fs(r));
         assert_eq!(spans.len(), 1);
         let s = &spans[0];

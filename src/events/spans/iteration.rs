@@ -68,13 +68,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
     for &(i, ps, pe) in &r.phases {
         let phase = catalog::phase(i).map_or("unknown", |p| p.name);
         let ps = ps.max(start);
-        out.push(b.span(
-            format!("uv.loop.{phase}"),
-            parent,
-            ps,
-            pe,
-            vec![KeyValue::new(keys::PHASE, phase)],
-        ));
+        out.push(b.span(format!("uv.loop.{phase}"), parent, ps, pe, vec![KeyValue::new(keys::PHASE, phase)]));
     }
 }
 
@@ -85,7 +79,17 @@ mod tests {
     use crate::events::decode::{LoopRecord, Record};
 
     fn rec() -> LoopRecord {
-        LoopRecord { pid: 10, tid: 10, start_ns: 1_000, wake_ns: Some(41_000), end_ns: 141_000, poll_wait_ns: 40_000, skipped: 3, phases: vec![], stacks: None }
+        LoopRecord {
+            pid: 10,
+            tid: 10,
+            start_ns: 1_000,
+            wake_ns: Some(41_000),
+            end_ns: 141_000,
+            poll_wait_ns: 40_000,
+            skipped: 3,
+            phases: vec![],
+            stacks: None,
+        }
     }
 
     #[test]
@@ -131,9 +135,7 @@ mod tests {
         let ev: Vec<_> = s.events.iter().collect();
         assert_eq!(ev.len(), 2, "one event per distinct stack");
         assert!(ev.iter().all(|e| e.name == "uvspan.loop.stack"));
-        let samples = |e: &Event| {
-            e.attributes.iter().find(|k| k.key.as_str() == "uvspan.stack.samples").map(|k| k.value.clone())
-        };
+        let samples = |e: &Event| e.attributes.iter().find(|k| k.key.as_str() == "uvspan.stack.samples").map(|k| k.value.clone());
         assert_eq!(samples(ev[0]), Some(Value::I64(3)));
         assert_eq!(samples(ev[1]), Some(Value::I64(1)));
         let second = ev[1].attributes.iter().find(|k| k.key.as_str() == "code.stacktrace").unwrap();

@@ -110,14 +110,7 @@ pub(crate) struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    pub(crate) fn span(
-        &self,
-        name: impl Into<Cow<'static, str>>,
-        parent: SpanId,
-        start: u64,
-        end: u64,
-        attributes: Vec<KeyValue>,
-    ) -> Span {
+    pub(crate) fn span(&self, name: impl Into<Cow<'static, str>>, parent: SpanId, start: u64, end: u64, attributes: Vec<KeyValue>) -> Span {
         let span_id = self.src.ids.new_span_id();
         Span {
             span_context: SpanContext::new(self.trace_id, span_id, TraceFlags::SAMPLED, false, self.state.clone()),
@@ -196,7 +189,6 @@ pub(crate) fn fail(span: &mut Span, code: i64) {
     span.status = Status::error(format!("{name}: {msg}"));
     span.attributes.push(KeyValue::new(keys::ERROR_TYPE, name));
 }
-
 
 /// What the family tests share: a fixed clock (offset 0: span times are the
 /// record's kernel times) and sequential ids.
