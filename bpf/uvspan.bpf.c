@@ -47,13 +47,40 @@ volatile __u32 window_closed = 0;
 volatile __u32 window_gen = 0;
 /* --stacks all-ops: the user stack at each fs/DNS submit. */
 const volatile unsigned int stacks_all_ops = 0;
+/* uvspan's own PID namespace (nsfs device and inode of /proc/self/ns/pid)
+ * when it is not the initial one; 0: the initial namespace. Every pid and
+ * tid the programs key maps by or send is the one uvspan sees, as its /proc,
+ * perf_event_open and the uprobe pid filters do (see current_ids). */
+const volatile __u64 pidns_dev = 0;
+const volatile __u64 pidns_ino = 0;
 
 /* Kernel types (CO-RE: only the fields used). */
 struct files_struct;
+struct pid;
 struct task_struct {
 	int pid;
 	int tgid;
 	struct files_struct *files;
+	struct pid *thread_pid;
+	struct task_struct *group_leader;
+} __attribute__((preserve_access_index));
+
+struct ns_common {
+	unsigned int inum;
+} __attribute__((preserve_access_index));
+
+struct pid_namespace {
+	struct ns_common ns;
+} __attribute__((preserve_access_index));
+
+struct upid {
+	int nr;
+	struct pid_namespace *ns;
+} __attribute__((preserve_access_index));
+
+struct pid {
+	unsigned int level;
+	struct upid numbers[1];
 } __attribute__((preserve_access_index));
 
 struct file;
@@ -321,6 +348,51 @@ static __always_inline void stat_inc(__u32 idx)
 		*v += 1;
 }
 
+/* How deep PID namespaces nest (the kernel's MAX_PID_NS_LEVEL). */
+#define PIDNS_LEVELS 32
+
+/* A task's number in uvspan's PID namespace (0: not visible there). */
+static __always_inline __u32 pid_nr_ours(struct pid *p)
+{
+	if (!p)
+		return 0;
+	unsigned int level = BPF_CORE_READ(p, level);
+	for (int i = 0; i < PIDNS_LEVELS; i++) {
+		if (i > level)
+			break;
+		struct upid u = {};
+		if (bpf_core_read(&u, sizeof(u), &p->numbers[i]))
+			break;
+		if (BPF_CORE_READ(u.ns, ns.inum) == pidns_ino)
+			return u.nr;
+	}
+	return 0;
+}
+
+/* (tgid << 32 | pid) of a task as uvspan sees them. */
+static __always_inline __u64 task_ids(struct task_struct *t)
+{
+	if (!pidns_ino)
+		return ((__u64)BPF_CORE_READ(t, tgid) << 32) | (__u32)BPF_CORE_READ(t, pid);
+	__u64 tgid = pid_nr_ours(BPF_CORE_READ(t, group_leader, thread_pid));
+	return (tgid << 32) | pid_nr_ours(BPF_CORE_READ(t, thread_pid));
+}
+
+/* (tgid << 32 | pid) of the current task as uvspan sees them: the kernel's
+ * own ids where uvspan runs in the initial PID namespace; else the ids in
+ * uvspan's namespace (one helper call for a task of that namespace, a walk
+ * of the task's pid numbers for one nested below it), 0 for a task that
+ * uvspan cannot see (never traced). */
+static __always_inline __u64 current_ids(void)
+{
+	if (!pidns_ino)
+		return bpf_get_current_pid_tgid();
+	struct bpf_pidns_info ns;
+	if (!bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
+		return ((__u64)ns.tgid << 32) | ns.pid;
+	return task_ids(bpf_get_current_task_btf());
+}
+
 static __always_inline int is_traced(__u32 pid)
 {
 	return bpf_map_lookup_elem(&traced, &pid) != NULL;
@@ -571,7 +643,7 @@ static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
 		stat_inc(STAT_RINGBUF_LOST);
 		return;
 	}
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	e->hdr.kind = EV_STACK;
 	e->hdr.pid = id >> 32;
 	e->hdr.tid = (__u32)id;
@@ -589,7 +661,7 @@ static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
  * return, where session uprobes exist). */
 static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32;
 	__u64 req = PT_REGS_PARM2(ctx);
 	if (stacks_all_ops)
@@ -683,7 +755,7 @@ static __always_inline int fs_sync_return(__u64 req)
  * Attached with --detail threadpool. */
 static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - FS_WORK_OFF }, .kind = EV_FS };
 	struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &job.key);
@@ -699,7 +771,7 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
  * just before the callback runs. */
 static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE);
+	return fs_finish_async(current_ids() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
@@ -712,13 +784,13 @@ static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 		sync_end(slot, END_CLEANUP);
 		return 0;
 	}
-	return fs_finish_async(bpf_get_current_pid_tgid() >> 32, req, END_CLEANUP);
+	return fs_finish_async(current_ids() >> 32, req, END_CLEANUP);
 }
 
 /* ---- threadpool job end: the worker wakes the loop right after w->work(w) ---- */
 static __always_inline int work_end(struct pt_regs *ctx, __u64 cookie)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)current_ids();
 	struct worker_job *job = bpf_map_lookup_elem(&worker_jobs, &tid);
 	if (!job)
 		return 0;
@@ -740,7 +812,7 @@ static __always_inline int work_end(struct pt_regs *ctx, __u64 cookie)
 /* uv_getaddrinfo(loop, req, cb, node, service, hints) */
 static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32;
 	struct scratch *s = get_scratch();
 	if (!s)
@@ -769,7 +841,7 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 /* uv__getaddrinfo_work(struct uv__work *w) */
 static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
@@ -844,7 +916,7 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 /* uv__getaddrinfo_done(struct uv__work *w, int status) */
 static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
 {
-	struct req_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF };
+	struct req_key key = { .pid = current_ids() >> 32, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF };
 	return dns_finish(&key, (int)PT_REGS_PARM2(ctx), END_DONE);
 }
 
@@ -852,7 +924,7 @@ static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
  * getaddrinfo(node, service, hints, &req->addrinfo) on the pool thread. */
 static __always_inline int dns_work_libc(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM4(ctx) - GAI_ADDRINFO_OFF }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
@@ -897,7 +969,7 @@ static long match_gai(struct bpf_map *map, struct req_key *key, struct dns_event
  * on failure, with NULL). Find the request whose result this is. */
 static __always_inline int dns_free(struct pt_regs *ctx, __u64 cookie)
 {
-	struct gai_match m = { .ai = PT_REGS_PARM1(ctx), .pid = bpf_get_current_pid_tgid() >> 32 };
+	struct gai_match m = { .ai = PT_REGS_PARM1(ctx), .pid = current_ids() >> 32 };
 	bpf_for_each_map_elem(&inflight_dns, match_gai, &m, 0);
 	if (!m.found)
 		return 0;
@@ -976,7 +1048,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
  * one uv__io_poll entry to the next. */
 static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	end_pending_sync();
 	struct loop_state *st = loop_state_of(id >> 32, (__u32)id);
 	if (st)
@@ -988,7 +1060,7 @@ static __always_inline int loop_phase(struct pt_regs *ctx, __u64 cookie)
  * the thread as running a loop; its epoll waits then delimit iterations. */
 static __always_inline int loop_run(struct pt_regs *ctx, __u64 cookie)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	struct loop_state *st = loop_state_of(id >> 32, (__u32)id);
 	if (st) {
 		st->epoll_only = 1;
@@ -1076,7 +1148,7 @@ static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64
 	if (!s)
 		return;
 	struct http_event *e = &s->http;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
 	e->hdr.kind = EV_HTTP;
 	e->hdr.pid = id >> 32;
@@ -1126,7 +1198,7 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	struct thread_state *t = thread_state_of(1);
 	if (!t)
 		return 0;
-	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = parser };
+	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
 	if (is_response(head)) {
 		/* the stream's writer's cause, restored by uv__stream_io */
 		emit_http(HTTP_RESPONSE, t->ctx.cause, t->ctx.stream, data, len, len, 1, 0);
@@ -1150,7 +1222,7 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 static __always_inline int stream_io(struct pt_regs *ctx)
 {
 	__u64 stream = PT_REGS_PARM2(ctx) - STREAM_IO_OFF;
-	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = stream };
+	struct conn_key key = { .pid = current_ids() >> 32, .ptr = stream };
 	__u64 *c = bpf_map_lookup_elem(&stream_cause, &key);
 	struct thread_state *t = thread_state_of(1);
 	if (!t)
@@ -1172,7 +1244,7 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	__u64 stream = args.v[i];
 	__u64 bufs = args.v[(i + 1) & 7];
 	__u32 nbufs = args.v[(i + 2) & 7];
-	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = stream };
+	struct conn_key key = { .pid = current_ids() >> 32, .ptr = stream };
 	__u64 cause = current_cause();
 	if (!cause) {
 		bpf_map_delete_elem(&stream_cause, &key);
@@ -1207,7 +1279,7 @@ static __always_inline int stream_connect(struct pt_regs *ctx)
 	__u64 cause = current_cause();
 	if (!cause)
 		return 0;
-	struct conn_key key = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = PT_REGS_PARM2(ctx) };
+	struct conn_key key = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM2(ctx) };
 	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
 	return 0;
 }
@@ -1250,7 +1322,7 @@ static __always_inline int cause_clear(struct pt_regs *ctx)
  * traced command) fire in processes not traced: those are filtered here. */
 static __always_inline int for_traced(__u64 cookie)
 {
-	return (cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) || is_traced(bpf_get_current_pid_tgid() >> 32);
+	return (cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) || is_traced(current_ids() >> 32);
 }
 
 static __always_inline int dispatch(struct pt_regs *ctx)
@@ -1349,7 +1421,7 @@ static __always_inline int epoll_enter(int timeout_zero, int by_uprobe)
 {
 	if (trap_only)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	__u8 *flags = bpf_map_lookup_elem(&traced, &pid);
 	if (!flags || (!by_uprobe && (*flags & TRACED_WAITS_BY_UPROBE)))
@@ -1398,7 +1470,7 @@ static __always_inline int epoll_exit(long ret, int by_uprobe)
 {
 	if (trap_only)
 		return 0;
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	__u8 *flags = bpf_map_lookup_elem(&traced, &pid);
 	if (!flags || (!by_uprobe && (*flags & TRACED_WAITS_BY_UPROBE)))
@@ -1517,7 +1589,7 @@ struct pt_regs___s {
 SEC("perf_event")
 int loop_sample(struct bpf_perf_event_data *ctx)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 tid = (__u32)id;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	/* The event is per CPU: whatever runs here. Loop threads of traced
@@ -1581,25 +1653,27 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 {
 	if (!follow_forks)
 		return 0;
-	__u32 ppid = BPF_CORE_READ(parent, tgid);
-	__u32 cpid = BPF_CORE_READ(child, tgid);
-	if (ppid == cpid || !is_traced(ppid))
+	__u32 ppid = task_ids(parent) >> 32;
+	__u64 child_ids = task_ids(child);
+	__u32 cpid = child_ids >> 32;
+	if (ppid == cpid || !cpid || !is_traced(ppid))
 		return 0;
 	/* the child inherits how its parent is traced, but not its parent's
 	 * libc uprobes (attached for the parent alone) */
 	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
 	__u8 f = (flags ? *flags : TRACED) & ~TRACED_WAITS_BY_UPROBE;
 	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
-	emit_proc(EV_PROC_FORK, cpid, BPF_CORE_READ(child, pid), ppid, 0);
+	emit_proc(EV_PROC_FORK, cpid, (__u32)child_ids, ppid, 0);
 	return 0;
 }
 
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(proc_exec, struct task_struct *p)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32;
-	if (!discover && !is_traced(pid))
+	/* pid 0: a process uvspan's PID namespace does not see */
+	if (!pid || (!discover && !is_traced(pid)))
 		return 0;
 	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0);
 	return 0;
@@ -1608,7 +1682,7 @@ int BPF_PROG(proc_exec, struct task_struct *p)
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(proc_exit, struct task_struct *p)
 {
-	__u64 id = bpf_get_current_pid_tgid();
+	__u64 id = current_ids();
 	__u32 pid = id >> 32, tid = (__u32)id;
 	/* A sync call still waiting for the thread's next libuv call (END_NEXT)
 	 * has returned: end it now, before its storage goes with the thread. */

@@ -283,6 +283,8 @@ impl Agent {
             _ => None,
         };
         let export_spans = report.is_none() || cli.otlp_endpoint.as_deref().is_some_and(|e| !e.is_empty());
+        // Before anything starts: the kernel's ids must map to uvspan's.
+        let pidns = crate::discover::pidns::own()?;
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
         let listener = start_listener(&cli, &file, &rt, &health)?;
@@ -296,6 +298,7 @@ impl Agent {
             sampling: cli.sample_time.is_some_and(|s| s < 1.0),
             stacks: cli.stacks != StacksMode::Off,
             stacks_all_ops: cli.stacks == StacksMode::AllOps,
+            pidns,
         });
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use opentelemetry_sdk::trace::RandomIdGenerator;
 
+use crate::discover::pidns::Views;
 use crate::enrich::resource::ProcessInfo;
 use crate::events::clock::Clock;
 use crate::events::decode::Record;
@@ -20,6 +21,15 @@ struct Proc {
     /// Given by --pid (its exit counts towards "all targets exited").
     target: bool,
     node_version: Option<String>,
+    /// The ids the process sees itself as, when it lives in a PID namespace
+    /// below uvspan's (its spans carry those).
+    views: Option<Views>,
+}
+
+impl Proc {
+    fn new(target: bool, node_version: Option<String>) -> Proc {
+        Proc { registered: false, exited: false, target, node_version, views: None }
+    }
 }
 
 /// How a process came to be traced.
@@ -52,6 +62,22 @@ pub struct Procs {
     batch_hint: usize,
     /// Span lists used before, emptied (see [`Procs::give_back`]).
     spare: Vec<Vec<Span>>,
+}
+
+/// A record's thread ids as its process sees them (a process in a PID
+/// namespace below uvspan's).
+fn own_thread_ids(rec: &mut Record, v: &mut Views) {
+    let (pid, tid, worker) = match rec {
+        Record::Fs(r) => (r.pid, &mut r.tid, r.worker_tid.as_mut()),
+        Record::Dns(r) => (r.pid, &mut r.tid, r.worker_tid.as_mut()),
+        Record::Loop(r) => (r.pid, &mut r.tid, None),
+        Record::Http(r) => (r.pid, &mut r.tid, None),
+        _ => return,
+    };
+    *tid = v.tid(pid, *tid);
+    if let Some(w) = worker {
+        *w = v.tid(pid, *w);
+    }
 }
 
 /// Whether a process is still running (not gone, not a zombie).
@@ -93,7 +119,7 @@ impl Procs {
     /// is a command that has not exec'd node yet (`register_now` false).
     pub fn add(&mut self, pid: u32, origin: Origin, node_version: Option<String>, exporter: &Exporter, register_now: bool) {
         let target = origin == Origin::Target;
-        self.procs.insert(pid, Proc { registered: false, exited: false, target, node_version });
+        self.procs.insert(pid, Proc::new(target, node_version));
         if register_now {
             self.register(pid, exporter);
         }
@@ -106,6 +132,7 @@ impl Procs {
             return;
         }
         let info = ProcessInfo::read(pid, p.node_version.clone());
+        p.views = info.own_pid.map(|own| Views::new(own));
         if info.environ_denied && !self.warned_environ {
             self.warned_environ = true;
             eprintln!(
@@ -136,7 +163,7 @@ impl Procs {
         let pid = match &rec {
             Record::Fork { pid, ppid } => {
                 let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
-                self.procs.insert(*pid, Proc { registered: false, exited: false, target: false, node_version: nv });
+                self.procs.insert(*pid, Proc::new(false, nv));
                 return;
             }
             Record::Exec { pid } => {
@@ -159,8 +186,12 @@ impl Procs {
             Record::Http(r) => r.pid,
             Record::Stack(_) => return,
         };
-        self.procs.entry(pid).or_insert(Proc { registered: false, exited: false, target: false, node_version: None });
+        self.procs.entry(pid).or_insert_with(|| Proc::new(false, None));
         self.register(pid, exporter);
+        let mut rec = rec;
+        if let Some(v) = self.procs.get_mut(&pid).and_then(|p| p.views.as_mut()) {
+            own_thread_ids(&mut rec, v);
+        }
         // The process's list in this batch, sized for it up front (the
         // request tracker builds into it too).
         let hint = self.batch_hint;

@@ -6,6 +6,7 @@
 
 use crate::enrich::resource::{self, ProcFacts};
 
+pub mod pidns;
 pub mod target;
 pub mod watcher;
 

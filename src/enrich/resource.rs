@@ -4,10 +4,18 @@
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::Resource;
 
+/// The pid of a process in a PID namespace below uvspan's, as uvspan (on a
+/// node: the host) sees it; `process.pid` is the one the process sees.
+pub const HOST_PID: &str = "uvspan.process.host_pid";
+
 /// What uvspan knows about a traced process.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ProcessInfo {
+    /// As uvspan sees it.
     pub pid: u32,
+    /// As the process sees itself, when it lives in a PID namespace below
+    /// uvspan's (the `process.pid` its own SDK reports).
+    pub own_pid: Option<u32>,
     pub ppid: Option<u32>,
     pub exe: String,
     pub argv: Vec<String>,
@@ -72,9 +80,16 @@ impl ProcessInfo {
     /// permission) are left empty rather than failing.
     pub fn read(pid: u32, node_version: Option<String>) -> ProcessInfo {
         let f = ProcFacts::read(pid).unwrap_or_default();
+        let own_pid = crate::discover::pidns::view_of(pid, None);
         ProcessInfo {
             pid,
-            ppid: f.ppid,
+            own_pid,
+            // The parent as the process sees it: only where both share a
+            // namespace (a container's first process sees none).
+            ppid: match own_pid {
+                None => f.ppid,
+                Some(_) => f.ppid.and_then(|pp| crate::discover::pidns::view_in_namespace_of(pp, pid)),
+            },
             exe: f.exe.clone(),
             argv: f.argv.clone(),
             cgroup: cgroup_path(&f.cgroups),
@@ -96,7 +111,10 @@ impl ProcessInfo {
     pub fn resource(&self, service_flag: Option<&str>, host: &str) -> Resource {
         let mut attrs: Vec<KeyValue> = self.env_resource_attributes.iter().map(|(k, v)| KeyValue::new(k.clone(), v.clone())).collect();
         attrs.push(KeyValue::new("service.name", self.service_name(service_flag)));
-        attrs.push(KeyValue::new("process.pid", i64::from(self.pid)));
+        attrs.push(KeyValue::new("process.pid", i64::from(self.own_pid.unwrap_or(self.pid))));
+        if self.own_pid.is_some() {
+            attrs.push(KeyValue::new(HOST_PID, i64::from(self.pid)));
+        }
         if let Some(pp) = self.ppid {
             attrs.push(KeyValue::new("process.parent_pid", i64::from(pp)));
         }

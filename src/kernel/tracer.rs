@@ -40,6 +40,9 @@ pub struct Settings {
     pub stacks: bool,
     /// --stacks all-ops: the user stack at each fs/DNS submit.
     pub stacks_all_ops: bool,
+    /// uvspan's PID namespace when it is not the initial one: the kernel
+    /// side gives every id as uvspan sees it.
+    pub pidns: Option<crate::discover::pidns::PidNs>,
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -266,6 +269,10 @@ impl Tracer {
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
+            if let Some(ns) = settings.pidns {
+                ro.pidns_dev = ns.dev;
+                ro.pidns_ino = ns.ino;
+            }
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }

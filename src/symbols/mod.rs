@@ -93,12 +93,30 @@ fn is_libc(path: &str) -> bool {
     name.starts_with("libc.so") || (name.starts_with("libc-") && name.ends_with(".so"))
 }
 
-/// libc as mapped by a process.
+/// Where the dynamic loader finds libc on x86_64 distributions (Debian's
+/// multiarch directories first, then Fedora's and Alpine's).
+const LIBC_DIRS: [&str; 6] = ["/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib64", "/usr/lib64", "/lib", "/usr/lib"];
+
+/// libc as mapped by a process; for a process found at exec, before its
+/// dynamic loader mapped libc, the one in the process's own root (its
+/// container's files, not uvspan's).
 pub fn locate_libc(pid: u32) -> Option<Located> {
-    let (range, path) = mapped_files(pid).ok()?.into_iter().find(|(_, p)| is_libc(p))?;
+    let Some((range, path)) = mapped_files(pid).ok()?.into_iter().find(|(_, p)| is_libc(p)) else {
+        return root_libc(pid);
+    };
     let attach = mapped_file(pid, &range, &path);
     let image = inspect(&attach).ok()?;
     Some(Located { attach_path: attach, path, image })
+}
+
+/// libc.so.6 in a process's root, where its dynamic loader will find it.
+fn root_libc(pid: u32) -> Option<Located> {
+    LIBC_DIRS.iter().find_map(|dir| {
+        let path = format!("{dir}/libc.so.6");
+        let attach = PathBuf::from(format!("/proc/{pid}/root{path}"));
+        let image = inspect(&attach).ok()?;
+        Some(Located { attach_path: attach, path, image })
+    })
 }
 
 /// Everything to attach to in a running process.

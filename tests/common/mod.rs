@@ -5,11 +5,13 @@
 //!   timeout, the fixtures' JSON markers, temp dirs and wait helpers;
 //! - [`report`]: what uvspan reports on stderr: its final summary and status lines;
 //! - [`host`]: facts about this host and about live processes;
+//! - [`cgroups`]: cgroups of a test's own, fake container ids;
 //! - [`checks`]: checks shared by several test files;
 //! - [`node_builds`]: the Node builds of the matrix, downloaded once into a cache;
 //! - [`faults`]: collector faults (a receiver that stops, restarts and is slow).
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cgroups;
 pub mod checks;
 pub mod faults;
 pub mod host;
@@ -20,4 +22,4 @@ pub mod runner;
 
 // Flat, so that a test file's `use common::*;` sees every helper.
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use self::{checks::*, faults::*, host::*, node_builds::*, otlp::*, report::*, runner::*};
+pub use self::{cgroups::*, checks::*, faults::*, host::*, node_builds::*, otlp::*, report::*, runner::*};

@@ -1,0 +1,295 @@
+//! Containers without a container engine: uvspan and node in the PID and
+//! mount namespaces a sidecar, a CI job container and a DaemonSet give them,
+//! made with `unshare` (util-linux). Real uvspan, real eBPF, real node, real
+//! OTLP on the wire. The work is tests/fixtures/ns_app.js (exact counts of
+//! accessSync, async readdir, one failed lookup, one slow iteration); every
+//! topology must see all of it, with `process.pid` the pid the app sees.
+//!
+//! - sidecar: `uvspan --all` and node in one new PID + mount namespace;
+//! - CI job container: `uvspan -- node …` and `uvspan run --report` inside one;
+//! - DaemonSet: uvspan on the host, node in its own PID + mount namespace with
+//!   its own root filesystem (a copy of node and its libraries), selected by
+//!   `--container` from its cgroup;
+//! - an unsupported setup (a /proc of another PID namespace): one line, non-zero exit.
+//!
+//! Root only; never skipped.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// What tests/fixtures/ns_app.js does.
+const ACCESS: usize = 9;
+const READDIRS: usize = 3;
+const BUSY_MS: f64 = 150.0;
+
+fn unshare() -> Command {
+    require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
+    let mut c = Command::new("unshare");
+    c.args(["--pid", "--fork", "--mount-proc"]);
+    scrub_env(&mut c);
+    c
+}
+
+/// The fixture's work among `spans`, checked exactly: `ACCESS` fs.access and
+/// `READDIRS` fs.scandir of the fixture's own file and folder, one lookup of
+/// nonexistent.invalid, one iteration busy for the timer's spin; all with
+/// `process.pid` = `pid` (as the app sees itself) and the loop's spans on
+/// the thread the app knows as its main thread.
+fn check_work(spans: &[Span], pid: i64, script: &str, ctx: &str) {
+    let mine: Vec<&Span> = spans.iter().filter(|s| s.res_int("process.pid") == Some(pid)).collect();
+    let named = |n: &str| mine.iter().filter(|s| s.name == n).count();
+    let access = mine.iter().filter(|s| s.name == "fs.access" && s.str("file.path") == Some(script)).count();
+    assert_eq!(access, ACCESS, "fs.access of {script} by pid {pid}\n{}\n{ctx}", dump(&mine));
+    assert_eq!(named("fs.scandir"), READDIRS, "fs.scandir by pid {pid}\n{}\n{ctx}", dump(&mine));
+    let dns: Vec<&&Span> = mine.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
+    assert_eq!(dns.len(), 1, "one lookup\n{}\n{ctx}", dump(&mine));
+    assert_eq!(dns[0].str("dns.question.name"), Some("nonexistent.invalid"));
+    let busy: Vec<&&Span> =
+        mine.iter().filter(|s| s.name == "uv.loop.iteration" && s.double("uvspan.loop.busy_ms").unwrap_or(0.0) >= BUSY_MS).collect();
+    assert_eq!(busy.len(), 1, "one iteration busy >= {BUSY_MS} ms\n{}\n{ctx}", dump(&mine));
+    assert_eq!(busy[0].int("thread.id"), Some(pid), "the loop thread as the app sees it\n{ctx}");
+    for s in mine.iter().filter(|s| s.name == "fs.access") {
+        assert_eq!(s.int("thread.id"), Some(pid), "a sync call on the loop thread, as the app sees it\n{ctx}");
+    }
+}
+
+/// A uvspan --all (or -- COMMAND) line "tracing process PID (" for `pid`.
+fn traced_line(stderr: &str, pid: u32) -> bool {
+    stderr.contains(&format!("tracing process {pid} (")) || stderr.contains(&format!("tracing process {pid}:"))
+}
+
+// ---------------------------------------------------------------------------
+// Sidecar: uvspan --all and node in one PID + mount namespace
+// ---------------------------------------------------------------------------
+
+/// The pod of a sidecar with `shareProcessNamespace`, or `docker run --pid
+/// container:app`: uvspan and the app in one PID namespace that is not the
+/// host's. A shell in the namespace starts uvspan, waits until it watches,
+/// starts node with its stdin on a FIFO, waits until uvspan traces it, and
+/// says "go".
+#[test]
+fn sidecar_all_and_node_in_one_pid_and_mount_namespace() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("ns-sidecar");
+    let script = dir.join("ns_app.js");
+    std::fs::copy(fixture("ns_app.js"), &script).expect("copy the fixture");
+    let log = dir.join("uvspan.log");
+    let fifo = dir.join("go");
+    // Every wait is bounded (600 x 0.05 s); a failed one exits 9 saying which.
+    let sh = r#"
+        set -u
+        uv="$1"; ep="$2"; log="$3"; fifo="$4"; script="$5"
+        wait_for() { i=0; until grep -q "$1" "$log"; do i=$((i+1)); [ $i -gt 600 ] && { echo "no '$1' in uvspan's log" >&2; cat "$log" >&2; exit 9; }; sleep 0.05; done; }
+        "$uv" --all --otlp-endpoint "$ep" --otlp-protocol grpc --loop-threshold 100ms --status-interval 0 2>"$log" &
+        uvpid=$!
+        wait_for 'watching for Node.js processes'
+        mkfifo "$fifo"
+        exec 3<>"$fifo"
+        node "$script" <&3 &
+        nodepid=$!
+        wait_for "tracing process $nodepid ("
+        echo go >&3
+        wait $nodepid
+        kill -TERM $uvpid
+        wait $uvpid
+        echo "uvspan exited $?" >&2
+        cat "$log" >&2
+    "#;
+    let mut c = unshare();
+    c.args(["sh", "-c", sh, "sh", uvspan_bin(), &rx.endpoint(), &log, &fifo, &script]);
+    c.stdin(Stdio::null());
+    let out = Running::spawn(c).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stderr.contains("uvspan exited 0"), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    let pid = m.i64("done", "pid");
+    assert!(pid > 1 && pid < 100, "node's pid in the new namespace is small: {pid}");
+    let spans = rx.spans();
+    check_work(&spans, pid, &script, &out.context());
+    let s = spans.iter().find(|s| s.res_int("process.pid") == Some(pid)).expect("a span of the app");
+    assert_eq!(s.res_int("uvspan.process.host_pid"), None, "uvspan and the app share the namespace: one pid");
+}
+
+// ---------------------------------------------------------------------------
+// CI job container: -- COMMAND and uvspan run inside a PID namespace
+// ---------------------------------------------------------------------------
+
+/// `docker run image uvspan -- node app.js` (GitHub Actions `container:`,
+/// GitLab's docker executor): uvspan is the namespace's first process.
+#[test]
+fn command_in_a_pid_namespace_sees_everything() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let mut c = unshare();
+    c.arg(uvspan_bin());
+    c.args(["--otlp-endpoint", &rx.endpoint(), "--otlp-protocol", "grpc", "--loop-threshold", "100ms", "--status-interval", "0"]);
+    c.args(["--", "node", &fixture("ns_app.js"), "now"]);
+    c.stdin(Stdio::null());
+    let out = Running::spawn(c).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let pid = Markers::parse(&out.stdout).i64("done", "pid");
+    assert!(pid > 1 && pid < 100, "node's pid in the new namespace is small: {pid}");
+    check_work(&rx.spans(), pid, &fixture("ns_app.js"), &out.context());
+}
+
+/// `uvspan run --report` in a job container: the report counts the job's
+/// work exactly as on the host, and its pids are the job's.
+#[test]
+fn uvspan_run_in_a_pid_namespace_reports_the_job() {
+    require_root();
+    let dir = TempDir::new("ns-run");
+    let report = dir.join("report.json");
+    let mut c = unshare();
+    c.arg(uvspan_bin());
+    c.args(["run", "--report", &report, "--budget", "fs.by_op.access.count==9", "--", "node", &fixture("ns_app.js"), "now"]);
+    c.stdin(Stdio::null());
+    let out = Running::spawn(c).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let pid = Markers::parse(&out.stdout).i64("done", "pid");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).expect("the report")).expect("JSON");
+    let p = j["processes"].as_array().unwrap().iter().find(|p| p["pid"].as_i64() == Some(pid)).unwrap_or_else(|| panic!("{j:#}"));
+    let n = |v: &serde_json::Value| v.as_u64().unwrap_or_else(|| panic!("not a count: {v}"));
+    assert_eq!(n(&p["fs"]["by_op"]["access"]["count"]), ACCESS as u64, "{p:#}");
+    assert_eq!(n(&p["fs"]["by_op"]["scandir"]["count"]), READDIRS as u64, "{p:#}");
+    assert_eq!((n(&p["dns"]["count"]), n(&p["dns"]["errors"])), (1, 1), "{p:#}");
+    assert!(p["loop"]["blocked"]["max_ms"].as_f64().unwrap_or(0.0) >= BUSY_MS, "{p:#}");
+    assert_eq!(j["loop"]["blocked"]["worst"]["thread_id"].as_i64(), Some(pid), "{j:#}");
+}
+
+// ---------------------------------------------------------------------------
+// DaemonSet: uvspan on the host, the app in its own namespaces and root
+// ---------------------------------------------------------------------------
+
+/// A container's root filesystem: a copy of this host's node and the
+/// libraries it links (a libc that is not the host's file), the fixture in
+/// /app, and what node and glibc look for.
+fn rootfs(dir: &TempDir) -> PathBuf {
+    let root = dir.path().join("root");
+    let node = Command::new("sh").args(["-c", "command -v node"]).output().expect("sh");
+    let node = String::from_utf8_lossy(&node.stdout).trim().to_string();
+    let node = std::fs::canonicalize(&node).unwrap_or_else(|e| panic!("node on PATH ({node}): {e}"));
+    let copy = |from: &Path| {
+        let to = root.join(from.strip_prefix("/").expect("absolute"));
+        std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
+        std::fs::copy(from, &to).unwrap_or_else(|e| panic!("copy {} into the root: {e}", from.display()));
+    };
+    copy(&node);
+    let ldd = Command::new("ldd").arg(&node).output().expect("ldd (libc-bin)");
+    for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
+        copy(&std::fs::canonicalize(lib).unwrap_or_else(|e| panic!("{lib}: {e}")));
+        // The loader's and libraries' names as linked (symlinks on the host).
+        let to = root.join(lib.trim_start_matches('/'));
+        if !to.exists() {
+            std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
+            std::fs::copy(lib, &to).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
+        }
+    }
+    for d in ["proc", "tmp", "etc", "app"] {
+        std::fs::create_dir_all(root.join(d)).expect("mkdir");
+    }
+    std::fs::write(root.join("etc/hosts"), "127.0.0.1 localhost\n").expect("hosts");
+    std::fs::copy(fixture("ns_app.js"), root.join("app/ns_app.js")).expect("the fixture");
+    if !root.join("usr/bin/node").exists() {
+        std::fs::create_dir_all(root.join("usr/bin")).expect("mkdir");
+        std::fs::copy(&node, root.join("usr/bin/node")).expect("copy node");
+    }
+    root
+}
+
+/// The first child of `pid` (unshare --fork's child: the container's pid 1).
+fn child_of(pid: u32) -> Option<u32> {
+    let t = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?;
+    t.split_whitespace().next()?.parse().ok()
+}
+
+#[test]
+fn daemonset_traces_an_app_in_its_own_namespaces_and_root() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("ns-daemonset");
+    let root = rootfs(&dir);
+    let top = unique("uvspan-ns-ds");
+    let _top = TopCgroup(cgroup_mount().join(&top));
+    let id = container_hex("ns-app");
+    let cg = Cgroup::create(&format!("{top}/docker/{id}"));
+
+    let mut uv = uvspan_cmd(["--container", &id[..12], "--loop-threshold", "100ms", "--status-interval", "0"]);
+    uv.args(["--otlp-endpoint", &rx.endpoint(), "--otlp-protocol", "grpc"]);
+    let mut uv = Running::spawn(uv);
+    uv.wait_stderr(RUN_TIMEOUT, "the 'watching' line", |e| e.contains("uvspan: watching for Node.js processes"));
+
+    // The app: pid 1 of its own PID namespace, its own mount namespace and
+    // root, in its container's cgroup; started and then told "go" on stdin.
+    let mut c = unshare();
+    c.arg(format!("--root={}", root.display())).args(["/usr/bin/node", "/app/ns_app.js"]);
+    cg.enter_before_exec(&mut c);
+    c.stdin(Stdio::piped());
+    let mut app = Running::spawn(c);
+    let mut stdin = app.child.stdin.take().expect("piped stdin");
+    app.wait_stdout(RUN_TIMEOUT, "the app's ready marker", |o| o.contains("\"ready\""));
+    let host_pid = child_of(app.pid).expect("unshare's child, the app");
+    uv.wait_stderr(RUN_TIMEOUT, "uvspan tracing the app", |e| traced_line(e, host_pid));
+    stdin.write_all(b"go\n").expect("tell the app to go");
+    drop(stdin);
+    let out = app.finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    assert_eq!(m.i64("done", "pid"), 1, "the app is its namespace's first process");
+    let spans =
+        wait_for_spans(&rx, |s| s.iter().filter(|s| s.res_int("process.pid") == Some(1) && s.name == "uv.loop.iteration").count() >= 1);
+    // SAFETY: kill(2) on the uvspan this test started.
+    unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
+    let uv = uv.finish(RUN_TIMEOUT);
+    let ctx = format!("{}\n--- uvspan ---\n{}", out.context(), uv.context());
+    assert_eq!(uv.code(), Some(0), "{ctx}");
+    // The app's own file names; the host's pid beside its own.
+    check_work(&spans, 1, "/app/ns_app.js", &ctx);
+    let s = spans.iter().find(|s| s.res_int("process.pid") == Some(1)).expect("a span of the app");
+    assert_eq!(s.res_int("uvspan.process.host_pid"), Some(i64::from(host_pid)), "{ctx}");
+    assert_eq!(s.res_str("container.id"), Some(id.as_str()), "{ctx}");
+    // Its epoll waits were read in its own libc (the copy in its root).
+    assert!(!uv.stderr.contains("epoll_wait not found"), "{ctx}");
+    // Only the container was traced.
+    assert_eq!(uv.stderr.matches("tracing process ").count(), 1, "--container traced more than its container\n{ctx}");
+    drop(cg);
+}
+
+fn wait_for_spans(rx: &Receiver, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    let mut last = Vec::new();
+    wait_until(Duration::from_secs(15), || {
+        last = rx.spans();
+        pred(&last)
+    });
+    last
+}
+
+// ---------------------------------------------------------------------------
+// Unsupported: never silent
+// ---------------------------------------------------------------------------
+
+/// `unshare --pid --fork` without `--mount-proc`: uvspan's /proc is the
+/// host's, its pid namespace is not. No probe filter or record could match:
+/// one line saying so, exit 1, and the command never runs.
+#[test]
+fn a_proc_of_another_pid_namespace_is_refused_before_the_command_runs() {
+    require_root();
+    let dir = TempDir::new("ns-unsupported");
+    let marker = dir.join("ran");
+    let mut c = Command::new("unshare");
+    scrub_env(&mut c);
+    c.args(["--pid", "--fork", uvspan_bin(), "--", "sh", "-c", &format!("touch {marker}")]);
+    c.stdin(Stdio::null());
+    let out = Running::spawn(c).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(1), "{}", out.context());
+    let lines: Vec<&str> = out.stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line: {}", out.context());
+    assert!(lines[0].contains("/proc belongs to another PID namespace") && lines[0].contains("--mount-proc"), "{}", out.context());
+    assert!(!Path::new(&marker).exists(), "the command ran");
+}
