@@ -293,3 +293,44 @@ fn a_proc_of_another_pid_namespace_is_refused_before_the_command_runs() {
     assert!(lines[0].contains("/proc belongs to another PID namespace") && lines[0].contains("--mount-proc"), "{}", out.context());
     assert!(!Path::new(&marker).exists(), "the command ran");
 }
+
+/// A traced process whose loop keeps a CPU busy while no probe sees it (here
+/// made with the benchmark's trap-only switch: the programs return at once)
+/// is said in one line within seconds; the same process traced normally is
+/// not (both run side by side for the same time).
+#[test]
+fn a_busy_loop_no_probe_sees_is_said() {
+    require_root();
+    let spin = "process.stdout.write('ready\\n'); \
+                function spin() { const t = Date.now(); while (Date.now() - t < 5) {} setImmediate(spin); } spin(); \
+                setTimeout(() => process.exit(0), 20000);";
+    let start_node = || {
+        let mut c = Command::new("node");
+        scrub_env(&mut c);
+        c.args(["-e", spin]).stdin(Stdio::null());
+        let mut n = Running::spawn(c);
+        n.wait_stdout(RUN_TIMEOUT, "ready", |o| o.contains("ready"));
+        n
+    };
+    let (mut blind_app, mut seen_app) = (start_node(), start_node());
+    let trace = |pid: u32, blind: bool| {
+        let mut c = uvspan_cmd(["--pid", &pid.to_string(), "--status-interval", "0", "--loop-threshold", "1s"]);
+        if blind {
+            c.env("UVSPAN_BENCH_TRAP_ONLY", "1");
+        }
+        c.stdout(Stdio::null());
+        Running::spawn(c)
+    };
+    let (mut blind, seen) = (trace(blind_app.pid, true), trace(seen_app.pid, false));
+    let said = "no probe has seen its event loop";
+    blind.wait_stderr(RUN_TIMEOUT, "the silent-loop line", |e| e.contains(said));
+    // The normally traced one has had as long: nothing said.
+    std::thread::sleep(Duration::from_secs(1));
+    blind_app.kill_group();
+    seen_app.kill_group();
+    let (blind, seen) = (blind.finish(RUN_TIMEOUT), seen.finish(RUN_TIMEOUT));
+    let line = blind.stderr.lines().find(|l| l.contains(said)).expect("the line");
+    assert!(line.contains(&format!("process {} ", blind_app.pid)), "{line}");
+    assert_eq!(blind.stderr.matches(said).count(), 1, "said once\n{}", blind.context());
+    assert!(!seen.stderr.contains(said), "a traced loop was called silent\n{}", seen.context());
+}

@@ -478,8 +478,14 @@ impl Agent {
         if self.stop_for_signal() {
             return Ok(false);
         }
-        if self.timers.check.due() && self.check_exited() {
-            return Ok(false);
+        if self.timers.check.due() {
+            if self.check_exited() {
+                return Ok(false);
+            }
+            let tracer = &self.tracer;
+            for line in self.procs.silent_loops(|tid| tracer.loop_seen(tid)) {
+                eprintln!("{line}");
+            }
         }
         if self.timers.health.due() {
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
@@ -735,6 +741,16 @@ impl Agent {
             line.push_str(&health.listen.summary());
         }
         eprintln!("{line}");
+        if !procs.unseen.is_empty() {
+            let mut pids: Vec<String> = procs.unseen.iter().map(u32::to_string).collect();
+            pids.truncate(10);
+            eprintln!(
+                "uvspan: the kernel sent nothing of {} traced process(es), not even their exit (pids {}): their probes did not fire, \
+                 their work is missing from this run",
+                procs.unseen.len(),
+                pids.join(", ")
+            );
+        }
         if let Some(r) = report {
             let facts = crate::report::aggregate::RunFacts {
                 command: cli.command.clone(),
@@ -743,6 +759,7 @@ impl Agent {
                 loop_threshold_ms: cli.loop_threshold.as_secs_f64() * 1e3,
                 loop_iterations: k.loop_iterations,
                 commands: procs.commands.clone().unwrap_or_default(),
+                unseen: procs.unseen.clone(),
             };
             exit_code = r.finish(facts);
         }

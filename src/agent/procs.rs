@@ -24,13 +24,40 @@ struct Proc {
     /// The ids the process sees itself as, when it lives in a PID namespace
     /// below uvspan's (its spans carry those).
     views: Option<Views>,
+    /// Records the kernel sent of it (its exit included).
+    records: u64,
+    /// When it started to be traced, and its CPU time (clock ticks) then.
+    since: std::time::Instant,
+    cpu0: Option<u64>,
+    /// Its loop thread was seen by the probes, or its silence was said.
+    loop_checked: bool,
 }
 
 impl Proc {
     fn new(target: bool, node_version: Option<String>) -> Proc {
-        Proc { registered: false, exited: false, target, node_version, views: None }
+        Proc {
+            registered: false,
+            exited: false,
+            target,
+            node_version,
+            views: None,
+            records: 0,
+            since: std::time::Instant::now(),
+            cpu0: None,
+            loop_checked: false,
+        }
     }
 }
+
+/// A process's CPU time so far (user + system, clock ticks).
+fn cpu_ticks(pid: u32) -> Option<u64> {
+    procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).ok().map(|s| s.utime + s.stime)
+}
+
+/// How long a traced process runs before its loop must have been seen.
+const LOOP_SEEN_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+/// CPU it must have used meanwhile for the silence to be worth a line.
+const LOOP_BUSY_SECS: f64 = 1.0;
 
 /// How a process came to be traced.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +85,9 @@ pub struct Procs {
     with_sdk: std::collections::HashSet<u32>,
     /// `uvspan run`: each process's command line, kept for the report.
     pub commands: Option<HashMap<u32, Vec<String>>>,
+    /// Processes gone without the kernel having sent anything of them, not
+    /// even their exit: the probes did not see them.
+    pub unseen: Vec<u32>,
     /// Records in the batch being handled (see [`Procs::begin_batch`]).
     batch_hint: usize,
     /// Span lists used before, emptied (see [`Procs::give_back`]).
@@ -96,6 +126,7 @@ impl Procs {
             forgotten: 0,
             with_sdk: Default::default(),
             commands: None,
+            unseen: Vec::new(),
             batch_hint: 0,
             spare: Vec::new(),
         }
@@ -160,10 +191,24 @@ impl Procs {
     pub fn handle(&mut self, rec: Record, clock: Clock, exporter: &Exporter, requests: Option<&mut Requests>, out: &mut Out) {
         let ids = self.ids.clone();
         let src = SpanContextSource { clock, ids: &*ids };
+        let of = match &rec {
+            Record::Fork { ppid, .. } => *ppid,
+            Record::Exec { pid } | Record::Exit { pid, .. } => *pid,
+            Record::Fs(r) => r.pid,
+            Record::Dns(r) => r.pid,
+            Record::Loop(r) => r.pid,
+            Record::Http(r) => r.pid,
+            Record::Stack(r) => r.pid,
+        };
+        if let Some(p) = self.procs.get_mut(&of) {
+            p.records += 1;
+        }
         let pid = match &rec {
             Record::Fork { pid, ppid } => {
                 let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
-                self.procs.insert(*pid, Proc::new(false, nv));
+                let mut child = Proc::new(false, nv);
+                child.records = 1; // its fork is the kernel's word of it
+                self.procs.insert(*pid, child);
                 return;
             }
             Record::Exec { pid } => {
@@ -250,13 +295,44 @@ impl Procs {
     }
 
     /// Processes the kernel has not reported gone but /proc has (a missed
-    /// exit record): marked exited and returned.
+    /// exit record): marked exited and returned. One the kernel sent
+    /// nothing of at all is [`Procs::unseen`].
     pub fn find_gone(&mut self) -> Vec<u32> {
         let gone: Vec<u32> = self.procs.iter().filter(|(pid, p)| !p.exited && !alive(**pid)).map(|(p, _)| *p).collect();
         for &pid in &gone {
+            if self.procs.get(&pid).is_some_and(|p| p.records == 0 && p.registered) {
+                self.unseen.push(pid);
+            }
             self.mark_exited(pid);
         }
         gone
+    }
+
+    /// Lines for live processes traced for a while whose loop thread no
+    /// probe has seen although they kept a CPU busy (`seen`: whether the
+    /// kernel holds loop state for a thread): said once per process.
+    pub fn silent_loops(&mut self, seen: impl Fn(u32) -> bool) -> Vec<String> {
+        let tick = procfs::ticks_per_second() as f64;
+        let mut out = Vec::new();
+        for (&pid, p) in self.procs.iter_mut().filter(|(_, p)| !p.exited && !p.loop_checked && p.registered) {
+            if seen(pid) {
+                p.loop_checked = true;
+                continue;
+            }
+            let Some(now) = cpu_ticks(pid) else { continue };
+            let cpu0 = *p.cpu0.get_or_insert(now);
+            let busy = now.saturating_sub(cpu0) as f64 / tick;
+            if p.since.elapsed() >= LOOP_SEEN_AFTER && busy >= LOOP_BUSY_SECS {
+                p.loop_checked = true;
+                out.push(format!(
+                    "uvspan: process {pid} used {busy:.1} s of CPU in its first {:.0} s of tracing and no probe has seen its event loop \
+                     ({} records): its spans are missing; run `uvspan probes --pid {pid}` to see which probes its build has",
+                    p.since.elapsed().as_secs_f64(),
+                    p.records
+                ));
+            }
+        }
+        out
     }
 
     /// Forgets exited processes (their spans are already queued; the

@@ -398,6 +398,12 @@ impl Tracer {
         self.detail
     }
 
+    /// Whether the kernel holds loop state for this thread (its event loop
+    /// has been seen by the probes).
+    pub fn loop_seen(&self, tid: u32) -> bool {
+        self.skel.maps.loops.lookup(&tid.to_ne_bytes(), MapFlags::ANY).ok().flatten().is_some()
+    }
+
     /// Processes currently in the kernel-side traced set.
     pub fn traced_count(&self) -> usize {
         self.skel.maps.traced.keys().count()

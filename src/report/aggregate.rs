@@ -31,6 +31,10 @@ pub struct Report {
     pub total: Sections,
     pub budgets: Vec<BudgetResult>,
     pub histogram_le_ms: Vec<f64>,
+    /// Traced processes the kernel sent nothing of, not even their exit:
+    /// the run is not what the report says (see [`super::exit_status`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unseen_processes: Vec<u32>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -345,6 +349,8 @@ pub struct RunFacts {
     pub loop_iterations: u64,
     /// The command line of each process (pid → argv).
     pub commands: HashMap<u32, Vec<String>>,
+    /// Traced processes the kernel sent nothing of, not even their exit.
+    pub unseen: Vec<u32>,
 }
 
 impl Aggregate {
@@ -389,6 +395,7 @@ impl Aggregate {
             total: self.total.sections(facts.loop_iterations),
             budgets: vec![],
             histogram_le_ms: HISTOGRAM_LE_MS.to_vec(),
+            unseen_processes: facts.unseen.clone(),
         }
     }
 }
@@ -485,6 +492,7 @@ pub(crate) mod tests {
             loop_iterations: 80,
             commands: [(100, vec!["node".to_string(), "index.js".to_string()]), (200, vec!["node".to_string(), "child.js".to_string()])]
                 .into(),
+            unseen: vec![],
         };
         a.report(&facts)
     }

@@ -22,6 +22,9 @@ use budget::Budget;
 
 /// Exit status when the command succeeded but a budget was broken.
 pub const EXIT_BUDGET_BROKEN: i32 = 3;
+/// The exit status of a run some of whose processes the probes did not see
+/// (the kernel sent nothing of them): never reported as a clean run.
+pub const EXIT_UNSEEN: i32 = 4;
 
 /// The entity for `&`, `<` or `>` (markup in HTML, XML and Markdown).
 pub(crate) fn markup_entity(c: char) -> Option<&'static str> {
@@ -52,11 +55,13 @@ pub fn escape(s: &str) -> String {
     out
 }
 
-/// The command's own status when it is not 0, else 3 when a budget is
-/// broken, else 0.
+/// The command's own status when it is not 0, else 4 when the probes did
+/// not see some of its processes, else 3 when a budget is broken, else 0.
 pub fn exit_status(report: &Report) -> i32 {
     if report.exit_code != 0 {
         report.exit_code
+    } else if !report.unseen_processes.is_empty() {
+        EXIT_UNSEEN
     } else if report.budgets.iter().any(|b| !b.ok) {
         EXIT_BUDGET_BROKEN
     } else {
@@ -183,6 +188,8 @@ pub(crate) mod tests {
         assert_eq!(super::exit_status(&r), 0);
         r.budgets.push(BudgetResult { expr: "b<1".into(), value: 2.0, ok: false });
         assert_eq!(super::exit_status(&r), 3);
+        r.unseen_processes = vec![12];
+        assert_eq!(super::exit_status(&r), 4, "a run not seen is never clean, whatever the budgets say");
         r.exit_code = 7;
         assert_eq!(super::exit_status(&r), 7, "the command's failure wins");
     }

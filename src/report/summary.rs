@@ -59,7 +59,11 @@ fn headline_with(r: &Report, command: &str) -> String {
         (n, 0) => format!("; {n} budget(s) held"),
         (n, b) => format!("; {b} of {n} budget(s) BROKEN"),
     };
-    format!("{command} exited {} after {:.2} s{budgets}", r.exit_code, r.wall_ms / 1e3)
+    let unseen = match r.unseen_processes.len() {
+        0 => String::new(),
+        n => format!("; NOT SEEN: the probes saw nothing of {n} process(es), this report is incomplete"),
+    };
+    format!("{command} exited {} after {:.2} s{budgets}{unseen}", r.exit_code, r.wall_ms / 1e3)
 }
 
 /// The worst iteration, in words (None without a blocked iteration).
