@@ -403,7 +403,13 @@ fn all_forgets_exited_processes_under_churn() {
 
     const N: usize = 100;
     let mut pids = churn(&script, &dir, &cg, 0..N / 3, 4, &[]);
-    std::thread::sleep(Duration::from_millis(300));
+    // One multi-uprobe link for the node binary, plus one for its fs submits
+    // where they are session uprobes; each process's libc epoll links go
+    // with it (detached off the ring buffer's thread after its exit).
+    let per_binary = 1 + usize::from(session_uprobes());
+    let multi = |links: &[String]| links.iter().filter(|l| *l == "uprobe_multi").count();
+    let settled = wait_until(Duration::from_secs(10), || multi(&bpf_objects(uv.pid).1) == per_binary);
+    assert!(settled, "exited processes' links were not detached: {:?}", bpf_objects(uv.pid).1);
     let third = (vm_rss_kib(uv.pid), fd_count(uv.pid), bpf_objects(uv.pid).1);
     pids.extend(churn(&script, &dir, &cg, N / 3..N, 4, &[]));
     // Every one was traced: its stat arrived, under its own pid.
@@ -420,6 +426,7 @@ fn all_forgets_exited_processes_under_churn() {
     assert!(st.iter().any(|s| s.processes > 0), "no status line ever counted a churn process: {st:?}");
     assert!(back_to_zero, "status still counts exited processes: {:?}", st.last());
     std::thread::sleep(Duration::from_millis(500));
+    wait_until(Duration::from_secs(10), || multi(&bpf_objects(uv.pid).1) == per_binary);
     let (rss1, fds1, links1) = third;
     let (rss2, fds2, links2) = (vm_rss_kib(uv.pid), fd_count(uv.pid), bpf_objects(uv.pid).1);
     eprintln!(
@@ -427,10 +434,7 @@ fn all_forgets_exited_processes_under_churn() {
         N / 3
     );
     assert_eq!(links1, links2, "BPF links changed with churn");
-    // One multi-uprobe link for the node binary, plus one for its fs submits
-    // where they are session uprobes.
-    let per_binary = 1 + usize::from(session_uprobes());
-    assert_eq!(links2.iter().filter(|l| *l == "uprobe_multi").count(), per_binary, "uprobe links for the node binary: {links2:?}");
+    assert_eq!(multi(&links2), per_binary, "uprobe links for the node binary: {links2:?}");
     assert!(fds2 <= fds1 + 2, "uvspan's open fds grew with churn: {fds1} -> {fds2}");
     assert!(rss2 <= rss1 + 8 * 1024, "uvspan's RSS grew by more than 8 MiB over {} processes: {rss1} -> {rss2} KiB", N - N / 3);
     let all_maps: Vec<&str> = PER_PROCESS_MAPS.iter().chain(&PER_THREAD_MAPS).copied().collect();

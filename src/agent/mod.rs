@@ -600,16 +600,14 @@ impl Agent {
     fn join(&mut self, all: bool, out: &mut procs::Out) {
         let (Some(j), Some(l)) = (self.joiner.as_mut(), self.listener.as_ref()) else { return };
         while let Ok(servers) = l.servers.try_recv() {
-            for pid in servers.iter().filter_map(|s| s.pid) {
-                // It exports SERVER spans: its SDK's span stands for each request.
-                self.procs.mark_sdk(pid);
-            }
             j.offer(servers);
         }
         let now = Instant::now();
         let mut ready = Vec::new();
         if let Some(r) = self.requests.as_mut() {
-            for (key, spans) in r.joinable.drain(..) {
+            for (mut key, spans) in r.joinable.drain(..) {
+                // The app's SDK names its process as the process sees itself.
+                key.app_pid = self.procs.own_pid(key.pid);
                 j.hold(key, spans, now, &mut ready);
             }
         }

@@ -270,12 +270,9 @@ impl Procs {
         self.batch_hint = records.min(4096);
     }
 
-    /// The process runs an OpenTelemetry SDK (it exported SERVER spans
-    /// through --otlp-listen): its SDK's SERVER span stands for each request.
-    pub fn mark_sdk(&mut self, pid: u32) {
-        if self.procs.contains_key(&pid) {
-            self.with_sdk.insert(pid);
-        }
+    /// The pid a process sees itself as (its SDK's `process.pid`).
+    pub fn own_pid(&self, pid: u32) -> u32 {
+        self.procs.get(&pid).and_then(|p| p.views.as_ref()).map_or(pid, |v| v.pid)
     }
 
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).

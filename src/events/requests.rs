@@ -310,15 +310,22 @@ impl Requests {
         self.join = true;
     }
 
-    /// What the joiner matches the request on (None: uvspan makes its SERVER span).
+    /// What the joiner matches the request on (None: not joining). Every
+    /// request is held for the join, whether or not its process is known to
+    /// run an SDK yet (an app that loads its SDK from its own code exports
+    /// only after its first requests): uvspan's SERVER span is made in case
+    /// the app's does not arrive, and dropped when it does (but with
+    /// `--requests always`, which asks for both).
     fn join_key(&self, req: &Request, src: &SpanContextSource<'_>) -> Option<RequestKey> {
-        (self.join && !req.server_span).then(|| RequestKey {
+        self.join.then(|| RequestKey {
             pid: req.pid,
+            app_pid: req.pid,
             incoming: req.incoming.map(|i| (i.0, i.1)),
             peer_port: req.peer.map(|p| p.port()),
             start: src.clock.to_wall(req.start_ns),
             end: src.clock.to_wall(req.last_ns),
             parent: req.parent().span_id,
+            own_server: (req.server_span && !self.always_server_spans).then_some(req.span_id),
         })
     }
 
@@ -332,7 +339,7 @@ impl Requests {
     /// span stands for the request.
     pub fn http(&mut self, r: &HttpRecord, app_sdk: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
         match r.what {
-            HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans, src, ready),
+            HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
             HttpWhat::Write => self.write(r, src, ready),
             HttpWhat::Response => self.response(r),
         }

@@ -81,7 +81,11 @@ fn int_attr(kvs: &[PbKeyValue], keys: &[&str]) -> Option<i64> {
 /// What uvspan saw of a request whose SERVER span is the app's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestKey {
+    /// The process as uvspan sees it.
     pub pid: u32,
+    /// The process as it sees itself (its SDK's `process.pid`): differs
+    /// from `pid` for an app in a PID namespace below uvspan's.
+    pub app_pid: u32,
     /// The incoming traceparent's trace and span.
     pub incoming: Option<(TraceId, SpanId)>,
     pub peer_port: Option<u16>,
@@ -90,6 +94,9 @@ pub struct RequestKey {
     /// The span the request's top spans were built under (re-pointed at the
     /// app's SERVER span when joined).
     pub parent: SpanId,
+    /// uvspan's own SERVER span of the request, made in case the app's does
+    /// not arrive: not sent when it does (one SERVER span per request).
+    pub own_server: Option<SpanId>,
 }
 
 /// Counters of the joiner.
@@ -100,6 +107,8 @@ pub struct JoinStats {
     /// uvspan spans sent as they were: no SERVER span of the app matched
     /// within the window, or too many were held.
     pub unjoined: u64,
+    /// uvspan's own SERVER spans not sent: the app's stood for the request.
+    pub own_servers_dropped: u64,
 }
 
 struct Held {
@@ -186,9 +195,9 @@ impl Joiner {
             return self.by_parent.get(&tp).copied();
         }
         let (start, end) = (unix_ns(key.start), unix_ns(key.end));
-        let candidates = self.by_pid.get(&key.pid).into_iter().chain(self.by_pid.get(&0)).flatten();
+        let candidates = self.by_pid.get(&key.app_pid).into_iter().chain(self.by_pid.get(&0)).flatten();
         candidates
-            .filter(|s| s.pid.is_none_or(|p| p == key.pid))
+            .filter(|s| s.pid.is_none_or(|p| p == key.app_pid))
             .filter(|s| match (s.peer_port, key.peer_port) {
                 (Some(a), Some(b)) => a == b,
                 _ => true,
@@ -208,6 +217,7 @@ impl Joiner {
         }
         if let Some(server) = self.find(&key) {
             self.stats.joined += reparent(&mut spans, &key, server);
+            self.stats.own_servers_dropped += drop_own_server(&mut spans, &key);
             out.push((key.pid, spans));
             return;
         }
@@ -229,6 +239,9 @@ impl Joiner {
             let found = if news || all { self.find(&h.key) } else { None };
             if let Some(server) = found {
                 self.stats.joined += reparent(&mut h.spans, &h.key, server);
+                let dropped = drop_own_server(&mut h.spans, &h.key);
+                self.stats.own_servers_dropped += dropped;
+                self.held_spans -= dropped as usize;
             } else if all || now >= h.until {
                 self.stats.unjoined += h.spans.len() as u64;
             } else {
@@ -243,18 +256,33 @@ impl Joiner {
 }
 
 /// Moves a request's spans into the app's trace, its top spans under the
-/// app's SERVER span; returns how many spans were joined.
+/// app's SERVER span; returns how many spans were joined (uvspan's own
+/// SERVER span made in case, [`RequestKey::own_server`], is not one of them).
 fn reparent(spans: &mut [UvSpan], key: &RequestKey, (trace, server): (TraceId, SpanId)) -> u64 {
+    let mut joined = 0;
     for s in spans.iter_mut() {
         let c = &s.span_context;
+        if Some(c.span_id()) == key.own_server {
+            continue;
+        }
         s.span_context = SpanContext::new(trace, c.span_id(), c.trace_flags(), false, c.trace_state().clone());
         // uvspan's own SERVER span (--requests always) stays where it is in the tree.
         if s.parent_span_id == key.parent && s.span_kind != SpanKind::Server {
             s.parent_span_id = server;
             s.parent_span_is_remote = false;
         }
+        joined += 1;
     }
-    spans.len() as u64
+    joined
+}
+
+/// Removes uvspan's SERVER span made in case the app's did not arrive (it
+/// did); returns how many were removed (0 or 1).
+fn drop_own_server(spans: &mut Vec<UvSpan>, key: &RequestKey) -> u64 {
+    let Some(own) = key.own_server else { return 0 };
+    let before = spans.len();
+    spans.retain(|s| s.span_context.span_id() != own);
+    (before - spans.len()) as u64
 }
 
 #[cfg(test)]
@@ -336,11 +364,13 @@ mod tests {
         let mut out = Out::new();
         let key = RequestKey {
             pid: 7,
+            app_pid: 7,
             incoming: Some((TraceId::from(9), SpanId::from(5))),
             peer_port: None,
             start: t(0),
             end: t(1),
             parent: SpanId::from(5),
+            own_server: None,
         };
         // A child of a uvspan span (threadpool detail) keeps its parent.
         j.hold(key, vec![uv_span(9, 100, 5), uv_span(9, 101, 100)], now, &mut out);
@@ -352,7 +382,49 @@ mod tests {
         assert_eq!(spans[0].parent_span_id, SpanId::from(50));
         assert!(!spans[0].parent_span_is_remote);
         assert_eq!(spans[1].parent_span_id, SpanId::from(100));
-        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 0 });
+        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 0, own_servers_dropped: 0 });
+        assert_eq!(j.held(), 0);
+    }
+
+    /// uvspan's SERVER span made in case the app's did not come: dropped
+    /// when it comes (its children go under the app's), sent when it does not.
+    #[test]
+    fn uvspans_own_server_span_goes_only_when_the_apps_does_not_come() {
+        let mut j = Joiner::new(Duration::from_secs(6));
+        let now = Instant::now();
+        let own = |trace| {
+            let mut s = uv_span(trace, 40, 5);
+            s.span_kind = SpanKind::Server;
+            vec![s, uv_span(trace, 41, 40), uv_span(trace, 42, 41)]
+        };
+        let key = |trace: u128| RequestKey {
+            pid: 29845,
+            app_pid: 1,
+            incoming: Some((TraceId::from(trace), SpanId::from(5))),
+            peer_port: None,
+            start: t(0),
+            end: t(1),
+            parent: SpanId::from(40),
+            own_server: Some(SpanId::from(40)),
+        };
+        let mut out = Out::new();
+        j.hold(key(9), own(9), now, &mut out);
+        j.hold(key(8), own(8), now, &mut out);
+        j.offer(vec![server(1, 9, 50, 5, 0, 1, 1)]);
+        j.poll(now, false, &mut out);
+        assert_eq!(out.len(), 1);
+        let (pid, spans) = &out[0];
+        assert_eq!(*pid, 29845, "sent as uvspan's process");
+        let ids: Vec<(u64, u64)> = spans
+            .iter()
+            .map(|s| (u64::from_be_bytes(s.span_context.span_id().to_bytes()), u64::from_be_bytes(s.parent_span_id.to_bytes())))
+            .collect();
+        assert_eq!(ids, vec![(41, 50), (42, 41)], "no second SERVER span; its child under the app's");
+        assert_eq!(j.held(), 3);
+        j.poll(now + Duration::from_secs(6), false, &mut out);
+        assert_eq!(out[1].1.len(), 3, "the app's did not come: uvspan's SERVER span goes with its work");
+        assert_eq!(out[1].1[0].span_kind, SpanKind::Server);
+        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 3, own_servers_dropped: 1 });
         assert_eq!(j.held(), 0);
     }
 
@@ -369,12 +441,14 @@ mod tests {
             server(8, 4, 44, 0, 200 * ms, 210 * ms, 4000),
         ]);
         let key = |pid, port, start: u64, end: u64| RequestKey {
-            pid,
+            pid: pid + 1000,
+            app_pid: pid,
             incoming: None,
             peer_port: Some(port),
             start: t(start),
             end: t(end),
             parent: SpanId::INVALID,
+            own_server: None,
         };
         let mut out = Out::new();
         j.hold(key(7, 4000, 199 * ms, 230 * ms), vec![uv_span(77, 1, 0)], now, &mut out);
@@ -396,7 +470,7 @@ mod tests {
         j.poll(now + Duration::from_secs(6), false, &mut out);
         assert_eq!(out[0].1[0].span_context.trace_id(), TraceId::from(81));
         assert_eq!(out[0].1[0].parent_span_id, SpanId::INVALID);
-        assert_eq!(j.stats, JoinStats { joined: 4, unjoined: 1 });
+        assert_eq!(j.stats, JoinStats { joined: 4, unjoined: 1, own_servers_dropped: 0 });
         // A traceparent the app saw and uvspan did not (cut from its capture): port and time still match.
         out.clear();
         j.offer(vec![server(7, 5, 55, 99, 700 * ms, 710 * ms, 4002)]);
@@ -414,7 +488,16 @@ mod tests {
         assert_eq!(j.by_pid[&7].len(), SERVERS_MAX);
         assert_eq!(j.by_parent.len(), 10);
         let mut out = Out::new();
-        let key = RequestKey { pid: 9, incoming: None, peer_port: None, start: t(0), end: t(0), parent: SpanId::INVALID };
+        let key = RequestKey {
+            pid: 9,
+            app_pid: 9,
+            incoming: None,
+            peer_port: None,
+            start: t(0),
+            end: t(0),
+            parent: SpanId::INVALID,
+            own_server: None,
+        };
         for i in 0..=(HELD_SPANS_MAX as u64 / 1000) {
             j.hold(key.clone(), (0..1000).map(|k| uv_span(5, i * 1000 + k + 1, 0)).collect(), now, &mut out);
         }
