@@ -6,6 +6,7 @@
 //! iteration ([`fold`]) until the iteration's record arrives.
 
 pub mod fold;
+pub mod perfmap;
 pub mod v8;
 
 use std::collections::HashMap;
