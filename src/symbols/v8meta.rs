@@ -131,7 +131,11 @@ impl V8Layout {
             heap_object_tag_mask: off(&["HeapObjectTagMask"])?,
             smi_tag: off(&["SmiTag"])?,
             smi_tag_mask: off(&["SmiTagMask"])?,
-            smi_value_shift: u32::try_from(smi_value_shift).map_err(|_| anyhow!("V8 SmiValueShift {smi_value_shift} is out of range"))?,
+            // Shifting a 64-bit word by 64 or more means nothing (and panics).
+            smi_value_shift: u32::try_from(smi_value_shift)
+                .ok()
+                .filter(|&s| s < 64)
+                .ok_or_else(|| anyhow!("V8 SmiValueShift {smi_value_shift} is out of range"))?,
             off_fp_function: get(&["off_fp_function"])?,
             off_fp_context_or_frame_type: get(&["off_fp_context_or_frame_type", "off_fp_context"])?,
             heap_object_map: off(&["class_HeapObject__map__Map"])?,
