@@ -43,7 +43,7 @@ pub fn constants_of(elf: &object::File<'_>) -> HashMap<String, i64> {
         } else {
             section.data().ok().and_then(|d| {
                 let at = usize::try_from(sym.address().checked_sub(section.address())?).ok()?;
-                let b: [u8; 4] = d.get(at..at + 4)?.try_into().ok()?;
+                let b: [u8; 4] = d.get(at..at.checked_add(4)?)?.try_into().ok()?;
                 Some(i64::from(i32::from_le_bytes(b)))
             })
         };
