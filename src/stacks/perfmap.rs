@@ -5,7 +5,8 @@
 //! write millions of lines, or garbage).
 //!
 //! Format: one `START SIZE name` per line, START and SIZE hexadecimal
-//! without `0x` (tolerated), the name to the end of the line. A line that
+//! without `0x` (tolerated), the name from its first non-blank character to
+//! the end of the line (fields separated by spaces or tabs). A line that
 //! does not parse (or covers nothing, or wraps past the end of the address
 //! space, or has no name) is skipped and counted; nothing panics.
 //!
@@ -655,5 +656,97 @@ mod tests {
         assert!(open_in_root(&root, "tmp/perf-3.map").is_err());
         std::fs::remove_dir_all(&root).unwrap();
         std::fs::remove_dir_all(&outside).unwrap();
+    }
+
+    /// The file is the traced process's: any bytes, read in any pieces,
+    /// keep every bound and never panic; well-formed lines among garbage
+    /// are all found.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A reader giving `data` in pieces of the sizes in `cuts`.
+        struct Pieces<'a> {
+            data: &'a [u8],
+            cuts: Vec<usize>,
+            i: usize,
+        }
+
+        impl Read for Pieces<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                let want = self.cuts.get(self.i).copied().unwrap_or(usize::MAX).max(1);
+                self.i += 1;
+                let n = want.min(buf.len()).min(self.data.len());
+                buf[..n].copy_from_slice(&self.data[..n]);
+                self.data = &self.data[n..];
+                Ok(n)
+            }
+        }
+
+        fn limits() -> impl Strategy<Value = Limits> {
+            (0u64..4096, 0usize..64, 0usize..96).prop_map(|(max_bytes, max_entries, max_name)| Limits { max_bytes, max_entries, max_name })
+        }
+
+        /// Bytes that look like perf map lines often enough.
+        fn text() -> impl Strategy<Value = Vec<u8>> {
+            let piece = prop_oneof![
+                prop::collection::vec(any::<u8>(), 0..40),
+                "[0-9a-fA-Fx]{0,18}".prop_map(String::into_bytes),
+                prop::sample::select(vec![" ", "\t", "\n", "\r\n", "0x", "ffffffffffffffff", "\u{e9}", "\u{fffd}"])
+                    .prop_map(|s| s.as_bytes().to_vec()),
+            ];
+            prop::collection::vec(piece, 0..80).prop_map(|p| p.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn any_bytes_keep_the_bounds(data in text(), l in limits(), cuts in prop::collection::vec(1usize..300, 0..20), addrs in prop::collection::vec(any::<u64>(), 0..8)) {
+                let mut m = PerfMap::new(l);
+                let consumed = m.feed(Pieces { data: &data, cuts, i: 0 }).unwrap();
+                prop_assert!(consumed <= l.max_bytes && consumed <= data.len() as u64);
+                prop_assert_eq!(consumed, m.stats().bytes);
+                prop_assert!(m.len() <= l.max_entries);
+                prop_assert!(m.names_len() as u64 <= l.max_bytes);
+                let s = m.stats();
+                prop_assert_eq!(s.lines, s.garbage + s.not_kept + m.len() as u64);
+                for e in &m.entries {
+                    prop_assert!(e.start < e.end && e.len as usize <= l.max_name);
+                    prop_assert!(m.name(e.start).is_some_and(|n| n.len() <= l.max_name));
+                }
+                for a in addrs {
+                    prop_assert!(m.name(a).is_none_or(|n| n.len() <= l.max_name));
+                }
+                prop_assert!(m.entries.windows(2).all(|w| w[0].start <= w[1].start), "sorted");
+            }
+
+            #[test]
+            fn lines_among_garbage_are_all_found(
+                lines in prop::collection::vec(("[a-zA-Z_$:*~./0-9][a-zA-Z_$:*~ ./0-9]{0,39}", 1u64..0x100, any::<bool>(), prop::option::of("[^\n0-9a-fA-F \t][^\n]{0,30}")), 1..60),
+                cuts in prop::collection::vec(1usize..200, 0..20),
+            ) {
+                let mut text = String::new();
+                let mut want = Vec::new();
+                for (i, (name, size, prefixed, garbage)) in lines.iter().enumerate() {
+                    if let Some(g) = garbage {
+                        text.push_str(g);
+                        text.push('\n');
+                    }
+                    let start = 0x7f00_0000_0000 + i as u64 * 0x100;
+                    text.push_str(&if *prefixed { format!("0x{start:x} 0x{size:x} {name}\n") } else { format!("{start:x} {size:x} {name}\n") });
+                    want.push((start, start + size - 1, name.clone()));
+                }
+                let mut m = PerfMap::new(Limits::DEFAULT);
+                m.feed(Pieces { data: text.as_bytes(), cuts, i: 0 }).unwrap();
+                prop_assert_eq!(m.len(), want.len());
+                for (start, last, name) in want {
+                    prop_assert_eq!(m.name(start), Some(name.as_str()));
+                    prop_assert_eq!(m.name(last), Some(name.as_str()));
+                    prop_assert_eq!(m.name(last + 1), None);
+                }
+            }
+        }
     }
 }
