@@ -724,7 +724,7 @@ mod tests {
 
             #[test]
             fn lines_among_garbage_are_all_found(
-                lines in prop::collection::vec(("[a-zA-Z_$:*~./0-9][a-zA-Z_$:*~ ./0-9]{0,39}", 1u64..0x100, any::<bool>(), prop::option::of("[^\n0-9a-fA-F \t][^\n]{0,30}")), 1..60),
+                lines in prop::collection::vec(("[a-zA-Z_$:*~./0-9][a-zA-Z_$:*~ ./0-9]{0,39}", 1u64..0x100, any::<bool>(), prop::option::of("[^\n0-9a-fA-F \t][^\n]{0,30}")), 1..30),
                 cuts in prop::collection::vec(1usize..200, 0..20),
             ) {
                 let mut text = String::new();

@@ -817,7 +817,7 @@ pub(crate) mod tests {
         }
 
         fn heap() -> impl Strategy<Value = Vec<u64>> {
-            (16usize..400).prop_flat_map(|n| prop::collection::vec(word(n), n))
+            (16usize..160).prop_flat_map(|n| prop::collection::vec(word(n), n))
         }
 
         /// Every entry point a sample uses, on `v`; what comes out is bounded.
