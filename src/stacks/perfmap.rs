@@ -18,7 +18,11 @@
 //! and one string for every name (at most 6 MB + 16 MiB; a real node app's
 //! map has tens of thousands of lines). Past a bound, nothing more is
 //! read: what was kept still names frames, what was not is counted
-//! ([`Stats`]) and said once ([`PerfMapFile::take_notice`]).
+//! ([`Stats`]) and said once ([`PerfMapFile::take_notice`]). The file is
+//! looked at again only when an address is not found, at most every
+//! [`MIN_INTERVAL`], and read only if it changed (size, mtime): from where
+//! the last read stopped (V8 only appends), or from its start when it was
+//! replaced or cut shorter — at most 4 × 16 MiB parsed over a process's life.
 //!
 //! Overlaps (V8 reuses the addresses of collected code, and the file only
 //! grows): an address is named by the entry covering it that was written
@@ -60,6 +64,11 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Bytes read from the file at a time.
 const CHUNK: usize = 64 << 10;
+
+/// A perf map replaced or cut shorter is read again from its start, but
+/// not past this many times `max_bytes` over the process's life (a process
+/// rewriting its map cannot keep uvspan parsing it).
+const LIFETIME_READS: u64 = 4;
 
 /// What the parser saw.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -342,6 +351,8 @@ pub struct PerfMapFile {
     seen: Option<Seen>,
     /// Where the next read starts (the end of the last complete line read).
     offset: u64,
+    /// Bytes parsed of earlier files (or earlier contents) of this process.
+    parsed_before: u64,
     checked: Option<Instant>,
     /// The file's size when a bound was reached (the notice is due).
     over: Option<u64>,
@@ -357,7 +368,19 @@ impl PerfMapFile {
 
     /// The same with another root (tests).
     fn under(root: PathBuf, pid: u32, ns_pid: u32, uids: Vec<u32>, limits: Limits) -> PerfMapFile {
-        PerfMapFile { pid, ns_pid, uids, root, map: PerfMap::new(limits), seen: None, offset: 0, checked: None, over: None, told: false }
+        PerfMapFile {
+            pid,
+            ns_pid,
+            uids,
+            root,
+            map: PerfMap::new(limits),
+            seen: None,
+            offset: 0,
+            parsed_before: 0,
+            checked: None,
+            over: None,
+            told: false,
+        }
     }
 
     pub fn path(&self) -> PathBuf {
@@ -397,8 +420,14 @@ impl PerfMapFile {
         if self.seen == Some(seen) {
             return;
         }
-        // Another file, or one cut shorter than what was read: from the start.
+        // Another file, or one cut shorter than what was read: from the
+        // start, within the lifetime budget (else what was read stays).
         if self.seen.is_some_and(|s| (s.dev, s.ino) != (seen.dev, seen.ino)) || seen.size < self.offset {
+            let parsed = self.parsed_before + self.map.stats().bytes;
+            if parsed >= LIFETIME_READS.saturating_mul(self.map.limits.max_bytes) {
+                return;
+            }
+            self.parsed_before = parsed;
             self.map = PerfMap::new(self.map.limits);
             self.offset = 0;
         }
@@ -598,6 +627,19 @@ mod tests {
         assert_eq!(f.name(0x4000, t0 + 2 * MIN_INTERVAL), Some("fourth"));
         assert_eq!(f.name(0x1000, t0 + 2 * MIN_INTERVAL), None);
         assert!(f.take_notice().is_none());
+        // Rewritten again and again: read again until the lifetime budget is spent.
+        let limits = Limits { max_bytes: 30, ..Limits::DEFAULT };
+        let mut g = PerfMapFile::under(root.clone(), 4242, 7, me(&root), limits);
+        let mut named = 0;
+        for i in 0..10u32 {
+            // A new file each time (written aside, then renamed over the map).
+            let line = format!("{:x} 10 function_{i:0>9}\n", 0x1000 * (i + 1));
+            assert_eq!(line.len(), 27);
+            std::fs::write(root.join("tmp/next"), line).unwrap();
+            std::fs::rename(root.join("tmp/next"), &path).unwrap();
+            named += usize::from(g.name(0x1000 * u64::from(i + 1), t0 + MIN_INTERVAL * (i + 3)).is_some());
+        }
+        assert_eq!(named, (30 * LIFETIME_READS as usize).div_ceil(27), "read while the budget lasts");
         // Owned by another user (or the process's users unknown): not read.
         let mut other = PerfMapFile::under(root.clone(), 4242, 7, vec![u32::MAX - 1], Limits::DEFAULT);
         assert_eq!(other.name(0x4000, t0), None);
