@@ -539,4 +539,93 @@ mod tests {
         let f = record_bytes(40, |f: &mut fs_event| f.hdr.kind = ev_kind::EV_FS);
         assert!(matches!(decode(&f), Err(DecodeError::Short { kind: 1, len: 40 })));
     }
+
+    /// Ring-buffer records carry what the traced process wrote (paths,
+    /// hosts, HTTP bytes, counts): any bytes, of any length, decode to a
+    /// record within its arrays' bounds or to an error, never a panic.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::kernel::skel::types::{dns_event, fs_event, http_event, loop_event, proc_event, stack_event};
+
+        /// Lengths where records change meaning: each record's size and its
+        /// shortest valid length, one byte either side.
+        fn lengths() -> Vec<usize> {
+            let sizes = [
+                std::mem::size_of::<ev_header>(),
+                std::mem::offset_of!(fs_event, path),
+                std::mem::size_of::<fs_event>(),
+                std::mem::size_of::<dns_event>(),
+                std::mem::size_of::<loop_event>(),
+                std::mem::offset_of!(http_event, data),
+                std::mem::size_of::<http_event>(),
+                std::mem::size_of::<stack_event>(),
+                std::mem::size_of::<proc_event>(),
+            ];
+            sizes.iter().flat_map(|&n| [n.saturating_sub(1), n, n + 1]).collect()
+        }
+
+        fn record() -> impl Strategy<Value = Vec<u8>> {
+            let max = std::mem::size_of::<stack_event>() + 64;
+            let len = prop_oneof![0..max, prop::sample::select(lengths())];
+            let kind = prop_oneof![4 => 1u32..=8, 1 => any::<u32>()];
+            (kind, len, any::<u64>()).prop_map(|(kind, len, seed)| {
+                // Cheap pseudo-random bytes (xorshift), then the kind.
+                let mut x = seed | 1;
+                let mut b: Vec<u8> = (0..len)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x as u8
+                    })
+                    .collect();
+                if let Some(k) = b.get_mut(..4) {
+                    k.copy_from_slice(&kind.to_le_bytes());
+                }
+                b
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn any_bytes_decode_within_bounds_or_fail(data in prop_oneof![record(), prop::collection::vec(any::<u8>(), 0..64)]) {
+                match decode(&data) {
+                    Ok(Record::Fs(r)) => {
+                        let most = 3 * std::mem::size_of::<fs_event>();
+                        prop_assert!(r.path.as_ref().is_none_or(|p| p.len() <= most) && r.path2.as_ref().is_none_or(|p| p.len() <= most));
+                    }
+                    Ok(Record::Dns(r)) => {
+                        prop_assert!(r.answers.len() <= uvspan_sizes::UVSPAN_MAX_ANSWERS.0 as usize);
+                        prop_assert!(r.host.len() <= 3 * std::mem::size_of::<dns_event>());
+                    }
+                    Ok(Record::Loop(r)) => prop_assert!(r.phases.len() <= uvspan_sizes::UVSPAN_PHASES.0 as usize),
+                    Ok(Record::Http(r)) => {
+                        prop_assert!(r.data.len() <= uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize);
+                        prop_assert!(r.data.len() <= data.len());
+                    }
+                    Ok(Record::Stack(r)) => prop_assert!(r.frames.len() <= uvspan_sizes::UVSPAN_STACK_FRAMES.0 as usize),
+                    Ok(_) => {}
+                    Err(DecodeError::Short { len, .. }) => prop_assert_eq!(len, data.len()),
+                    Err(DecodeError::UnknownKind(k)) => prop_assert!(!(1..=8).contains(&k)),
+                }
+            }
+
+            #[test]
+            fn a_recording_splits_into_what_it_holds(data in prop::collection::vec(any::<u8>(), 0..512), records in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..40), 0..8)) {
+                let total: usize = read_recording(&data).iter().map(|r| 4 + r.len()).sum();
+                prop_assert!(total <= data.len());
+                let mut rec = Vec::new();
+                for r in &records {
+                    write_recorded(&mut rec, r).unwrap();
+                }
+                let n = rec.len();
+                rec.extend_from_slice(&data[..data.len().min(3)]);
+                prop_assert_eq!(read_recording(&rec), records.iter().map(Vec::as_slice).collect::<Vec<_>>(), "{} bytes, a cut tail ignored", n);
+            }
+        }
+    }
 }

@@ -914,4 +914,139 @@ mod tests {
         assert_eq!(spans[0].parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
         assert!(spans[0].parent_span_is_remote);
     }
+
+    /// The bytes come from the traced process (and from whoever sent it a
+    /// request): any head, cut anywhere, any traceparent, any order of
+    /// records — no panic, and what is kept is bounded by what came in.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        /// A request or status head, often well-formed, cut anywhere.
+        fn head() -> impl Strategy<Value = Vec<u8>> {
+            let line = prop_oneof![
+                "(GET|POST|PATCH|PROPFIND|[A-Z]{1,8}) /[ -~]{0,40} HTTP/1\\.[01]",
+                "HTTP/1\\.[01] [0-9]{3} [ -~]{0,12}",
+                "[ -~]{0,40}",
+            ];
+            let header = prop_oneof![
+                "(traceparent|tracestate|user-agent|host|content-length|transfer-encoding|TraceParent|x-[a-z]{1,5}) ?: ?[ -~]{0,60}",
+                "traceparent: 0[0-9a-f]-[0-9a-f]{32}-[0-9a-f]{16}-0[01]",
+                "[ -~]{0,30}",
+            ];
+            // More than httparse's 64 headers sometimes (then read line by line).
+            let many = prop_oneof![3 => Just(0usize), 1 => 60usize..70];
+            (
+                line,
+                prop::collection::vec(header, 0..8),
+                many,
+                any::<bool>(),
+                prop::option::of(any::<prop::sample::Index>()),
+                prop::collection::vec(any::<u8>(), 0..8),
+            )
+                .prop_map(|(line, headers, many, end, cut, junk)| {
+                    let mut b = line.into_bytes();
+                    for h in headers.iter().map(String::as_str).chain(std::iter::repeat_n("x-a: b", many)) {
+                        b.extend_from_slice(b"\r\n");
+                        b.extend_from_slice(h.as_bytes());
+                    }
+                    if end {
+                        b.extend_from_slice(b"\r\n\r\n");
+                    }
+                    b.extend_from_slice(&junk);
+                    if let Some(cut) = cut {
+                        b.truncate(cut.index(b.len() + 1));
+                    }
+                    b
+                })
+        }
+
+        fn bytes() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![head(), prop::collection::vec(any::<u8>(), 0..300)]
+        }
+
+        /// (what, cause, connection, time, which of the heads).
+        fn record() -> impl Strategy<Value = (u8, u64, u64, u64, prop::sample::Index)> {
+            (0u8..4, 0u64..4, 0u64..4, 0u64..3_000_000_000, any::<prop::sample::Index>())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn heads_parse_into_what_they_hold(data in bytes()) {
+                if let Some(h) = parse_request(&data) {
+                    prop_assert!(h.path.len() + h.query.as_ref().map_or(0, String::len) <= data.len());
+                    prop_assert!(h.method.len() <= data.len());
+                    prop_assert!(h.headers.len() <= data.len() / 2 + 1);
+                    for (k, v) in &h.headers {
+                        prop_assert!(HEADERS_READ.contains(k));
+                        prop_assert!(v.len() <= 3 * data.len());
+                    }
+                    if let Some(q) = &h.query {
+                        prop_assert!(redact_query(q).len() <= QUERY_MAX);
+                    }
+                    if let Some(tp) = h.header("traceparent") {
+                        if let Some((t, s, _)) = parse_traceparent(tp) {
+                            prop_assert!(t != TraceId::INVALID && s != SpanId::INVALID);
+                        }
+                    }
+                    if let Some(host) = h.header("host") {
+                        let (name, _) = host_port(host, 80);
+                        prop_assert!(name.len() <= host.len());
+                    }
+                }
+                if let Some(st) = parse_status(&data) {
+                    prop_assert!(st.head_len.is_none_or(|n| n <= data.len() as u64));
+                }
+            }
+
+            #[test]
+            fn any_text_is_a_traceparent_or_not(v in prop_oneof!["[ -~]{0,80}", "[0-9a-fA-F-]{50,60}", ".{0,60}"], q in ".{0,400}", host in ".{0,40}") {
+                if let Some((t, s, _)) = parse_traceparent(&v) {
+                    prop_assert!(t != TraceId::INVALID && s != SpanId::INVALID);
+                }
+                prop_assert!(redact_query(&q).len() <= QUERY_MAX);
+                let (name, _) = host_port(&host, 443);
+                prop_assert!(name.len() <= host.len());
+            }
+
+            /// Requests, writes, responses and work in any order: spans
+            /// come out, nothing panics, no more requests stay open than came.
+            #[test]
+            fn any_sequence_of_records_builds_spans(
+                heads in prop::collection::vec(bytes(), 1..6),
+                records in prop::collection::vec(record(), 0..40),
+                work in prop::collection::vec((0u64..4, 0u64..3_000_000_000), 0..10),
+            ) {
+                let spans = run(|r, src, ready| {
+                    let mut started = 0;
+                    for (what, cause, conn, ts, head) in &records {
+                        let data = &heads[head.index(heads.len())];
+                        let what = match what {
+                            0 | 1 => HttpWhat::Request,
+                            2 => HttpWhat::Write,
+                            _ => HttpWhat::Response,
+                        };
+                        started += usize::from(what == HttpWhat::Request);
+                        let mut rec = http(what, *cause, *conn, *ts, "");
+                        rec.data = data.clone();
+                        rec.len = data.len() as u32;
+                        r.http(&rec, *cause == 3, src, ready);
+                        assert!(r.open() <= started);
+                    }
+                    for (cause, ts) in &work {
+                        let _ = r.work(fs(*cause, *ts, ts + 100), src, ready);
+                    }
+                    r.expire(u64::MAX / 2, src, ready);
+                    r.finish_all(src, ready);
+                    assert_eq!(r.open(), 0);
+                });
+                for s in &spans {
+                    prop_assert!(s.end_ns >= s.start_ns);
+                }
+            }
+        }
+    }
 }

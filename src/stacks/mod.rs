@@ -2,10 +2,12 @@
 //! while an iteration was already slow (bpf/uvspan.bpf.c `loop_sample`)
 //! are named here while the process still runs — JS frames from V8's heap
 //! ([`v8`], offsets from the binary's postmortem metadata), native frames
-//! from ELF symbols and `/tmp/perf-PID.map` (blazesym) — and folded per
-//! iteration ([`fold`]) until the iteration's record arrives.
+//! from ELF symbols (blazesym), JIT code from the process's perf map when
+//! it writes one (read by uvspan within bounds: [`perfmap`]) — and folded
+//! per iteration ([`fold`]) until the iteration's record arrives.
 
 pub mod fold;
+pub mod perfmap;
 pub mod v8;
 
 use std::collections::HashMap;
@@ -21,6 +23,7 @@ use blazesym::Pid;
 use crate::events::decode::StackRecord;
 use crate::symbols::v8meta::V8Layout;
 use fold::{Blocked, Folder, Frame};
+use perfmap::PerfMapFile;
 
 /// The sampling rate: 999 Hz rather than 1000 so the samples do not fall
 /// in lockstep with work the app schedules on whole milliseconds.
@@ -60,10 +63,14 @@ struct Proc {
     /// Whether /proc/PID/map_files can be opened (CAP_SYS_ADMIN or
     /// CAP_CHECKPOINT_RESTORE); else blazesym opens the files by path.
     map_files: bool,
+    /// Its `/tmp/perf-PID.map` (opened at the first sample).
+    perf_map: Option<PerfMapFile>,
     js: HashMap<u64, Option<v8::JsFunction>>,
     /// Maps seen to be JSFunction maps (maps do not move).
     fn_maps: std::collections::HashSet<u64>,
-    native: HashMap<u64, Frame>,
+    /// Frames named without V8's heap; true: JIT code (anonymous memory),
+    /// whose JS function, when it is one, names it better.
+    native: HashMap<u64, (Frame, bool)>,
     pending: Vec<(u64, Folder)>,
     /// --stacks all-ops: submit stacks by request address, until the
     /// request's record arrives.
@@ -108,6 +115,7 @@ impl Stacks {
                 maps: Vec::new(),
                 maps_read: None,
                 map_files: false,
+                perf_map: None,
                 js: HashMap::new(),
                 fn_maps: Default::default(),
                 native: HashMap::new(),
@@ -133,6 +141,7 @@ impl Stacks {
                 .and_then(|mut d| d.next())
                 .and_then(|e| e.ok())
                 .is_some_and(|e| std::fs::metadata(e.path()).is_ok());
+            p.perf_map = Some(perf_map_of(r.pid));
         }
         let stack = name_frames(&self.symbolizer, r.pid, p, r);
         if r.req != 0 {
@@ -274,31 +283,49 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
         let mut src = Process::new(Pid::Pid(nz));
         src.debug_syms = false;
         src.map_files = p.map_files;
+        // The perf map is read by uvspan ([`perfmap`]), within bounds and
+        // from where the process wrote it; blazesym would read all of it.
+        src.perf_map = false;
         let named = sym.symbolize(&Source::Process(src), Input::AbsAddr(&missing)).unwrap_or_default();
+        let now = Instant::now();
         for (i, &addr) in missing.iter().enumerate() {
             let frame = match named.get(i) {
                 Some(Symbolized::Sym(s)) => {
                     let module = s.module.as_deref().map(|m| base_name(Path::new(m)));
-                    Frame::native(&s.name, module)
+                    (Frame::native(&s.name, module), false)
                 }
                 _ => match mapping_of(p, addr) {
                     Some(Mapping { path: Some(path), start, offset, .. }) => {
-                        Frame::native("[unknown]", Some(format!("{}+{:#x}", base_name(path), addr - start + offset)))
+                        (Frame::native("[unknown]", Some(format!("{}+{:#x}", base_name(path), addr - start + offset))), false)
                     }
-                    Some(_) => Frame::native("[jit]", Some(format!("{addr:#x}"))),
-                    None => Frame::native("[unknown]", Some(format!("{addr:#x}"))),
+                    // Not in a file: JIT code, named by the perf map if any.
+                    m => {
+                        let jit = m.is_some();
+                        let named = p.perf_map.as_mut().and_then(|pm| {
+                            let file = pm.file_name();
+                            pm.name(addr, now).map(|n| (n.to_string(), file))
+                        });
+                        match named {
+                            Some((name, file)) => (Frame::native(&name, Some(file)), true),
+                            None if jit => (Frame::native("[jit]", Some(format!("{addr:#x}"))), true),
+                            None => (Frame::native("[unknown]", Some(format!("{addr:#x}"))), false),
+                        }
+                    }
                 },
             };
             p.native.insert(addr, frame);
         }
+        if let Some(notice) = p.perf_map.as_mut().and_then(PerfMapFile::take_notice) {
+            eprintln!("{notice}");
+        }
     }
     let mut out = Vec::with_capacity(r.frames.len());
     for (f, addr) in r.frames.iter().zip(&lookups) {
-        let native = p.native.get(addr).cloned().unwrap_or_else(|| Frame::native("[unknown]", None));
+        let (native, jit) = p.native.get(addr).cloned().unwrap_or_else(|| (Frame::native("[unknown]", None), false));
         // A JS frame runs JIT code (anonymous memory) or one of V8's
         // builtins (the interpreter, baseline code; in a stripped node they
         // have no symbol): only there is the frame's function slot asked.
-        let maybe_js = matches!(native.function.as_str(), "[jit]" | "[unknown]") || native.function.starts_with("Builtins_");
+        let maybe_js = jit || native.function == "[unknown]" || native.function.starts_with("Builtins_");
         let js = match (&p.v8, &p.mem) {
             // The kernel sends the words at fp-16 and fp-8; a JS frame
             // keeps its context (a heap object) at fp-8 where typed frames
@@ -337,6 +364,14 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
     out
 }
 
+/// The perf map of a process, at the path it wrote it to: its own `/tmp`
+/// and the pid it sees itself as (its PID namespace's).
+fn perf_map_of(pid: u32) -> PerfMapFile {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let ns_pid = perfmap::ns_pid_from_status(&status).unwrap_or(pid);
+    PerfMapFile::new(pid, ns_pid, perfmap::uids_from_status(&status), perfmap::Limits::DEFAULT)
+}
+
 /// Whether the words the kernel reads around the frame pointer are the
 /// ones this V8 uses (function at fp-16, context or marker at fp-8).
 fn fp_slots_match(l: &V8Layout) -> bool {
@@ -355,6 +390,38 @@ fn js_location(j: &v8::JsFunction) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// JIT code (anonymous executable memory) named from the process's
+    /// perf map, read by uvspan (this test process stands for the app).
+    #[test]
+    fn jit_frames_are_named_from_the_perf_map() {
+        use crate::events::decode::RawFrame;
+        let len = 1 << 16;
+        // SAFETY: a fresh private anonymous mapping, not touched, unmapped below.
+        let code = unsafe {
+            libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_EXEC, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        };
+        assert_ne!(code, libc::MAP_FAILED);
+        let base = code as u64;
+        let pid = std::process::id();
+        let path = std::path::PathBuf::from(format!("/tmp/perf-{pid}.map"));
+        std::fs::write(&path, format!("{:x} 100 JS:*hotLoop /srv/app.js:3:1\ngarbage\n", base + 0x1000)).unwrap();
+        let mut st = Stacks::new();
+        st.add_process(pid, Some("v20.0.0"));
+        let frame = |pc: u64| RawFrame { pc, ..RawFrame::default() };
+        let mut named = Vec::new();
+        for (i, pc) in [base + 0x1010, base + 0x3000].into_iter().enumerate() {
+            let start = 1_000 + i as u64;
+            st.sample(&StackRecord { pid, tid: pid, iter_start_ns: start, req: 0, ts_ns: start, frames: vec![frame(pc)] });
+            let blocked = st.take(pid, start).expect("folded");
+            named.push(blocked.stacks[0].0[0].clone());
+        }
+        let _ = std::fs::remove_file(&path);
+        // SAFETY: the mapping made above, of `len` bytes, no longer used.
+        unsafe { libc::munmap(code, len) };
+        assert_eq!(named[0], Frame::native("JS:*hotLoop /srv/app.js:3:1", Some(format!("perf-{pid}.map"))));
+        assert_eq!(named[1], Frame::native("[jit]", Some(format!("{:#x}", base + 0x3000))));
+    }
 
     #[test]
     fn node_major_from_the_version_string() {

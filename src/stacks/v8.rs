@@ -4,7 +4,11 @@
 //! function's start). Every offset and type comes from the node binary's
 //! postmortem metadata ([`V8Layout`]); nothing here trusts what it reads:
 //! each object's type is checked through its map, lengths are bounded, and
-//! an unreadable or implausible object gives `None`, never a panic.
+//! an unreadable or implausible object gives `None`, never a panic. What one
+//! name costs is bounded as well: at most `STRING_NODES` string objects per
+//! string, reads of at most `READ_CHUNK` bytes, a script's source scanned
+//! in pieces and its line ends binary-searched where they are (property
+//! tests below feed it arbitrary memory).
 //!
 //! Two facts are not in the metadata (the OpenTelemetry eBPF profiler reads
 //! ScopeInfo the same way): where the function name sits among the
@@ -32,12 +36,24 @@ pub struct JsFunction {
     pub column: Option<u32>,
 }
 
-/// Longest string read (a function or file name: 4 KiB; a script's source
-/// when its line ends are not computed yet: 8 MiB).
+/// Longest string read, in code units (a function or file name: 4 Ki; a
+/// script's source, scanned for line breaks when its line ends are not
+/// computed yet: 8 Mi, streamed in [`READ_CHUNK`]s, never held).
 const NAME_MAX: usize = 4096;
 const SOURCE_MAX: usize = 8 << 20;
 /// Deepest cons/sliced/thin chain followed.
 const STRING_DEPTH: u32 = 24;
+/// String objects visited for one string at most: a crafted graph of cons
+/// strings (a node's two halves the same string, say) cannot make one read
+/// take more.
+const STRING_NODES: u32 = 1024;
+/// Largest read of a string's characters at once (bytes).
+const READ_CHUNK: usize = 32 << 10;
+/// Longest `Script.line_ends` array searched (its entries are read by a
+/// binary search, a few words, not copied).
+const LINE_ENDS_MAX: i64 = 1 << 22;
+/// JSFunction subtypes V8 numbers right after JS_FUNCTION_TYPE.
+const JS_FUNCTION_SUBTYPES: u16 = 15;
 
 pub struct Heap<'a, M: Memory> {
     l: &'a V8Layout,
@@ -70,8 +86,10 @@ impl<'a, M: Memory> Heap<'a, M> {
         v & self.l.heap_object_tag_mask == self.l.heap_object_tag && v > 0x1000
     }
 
+    /// The address of a tagged pointer (wrapping: a word that is not one
+    /// gives an address that fails to read).
     fn untag(&self, v: u64) -> u64 {
-        v - self.l.heap_object_tag
+        v.wrapping_sub(self.l.heap_object_tag)
     }
 
     pub fn smi(&self, v: u64) -> Option<i64> {
@@ -92,7 +110,11 @@ impl<'a, M: Memory> Heap<'a, M> {
         if !self.is_heap_object(map) {
             return None;
         }
-        self.u16_at(self.untag(map) + self.l.map_instance_type)
+        self.u16_at(self.untag(map).checked_add(self.l.map_instance_type)?)
+    }
+
+    fn is_js_function_type(&self, t: u16) -> bool {
+        (self.l.js_function_type..=self.l.js_function_type.saturating_add(JS_FUNCTION_SUBTYPES)).contains(&t)
     }
 
     fn is_string_type(&self, t: u16) -> bool {
@@ -104,8 +126,7 @@ impl<'a, M: Memory> Heap<'a, M> {
     /// like, up to 15 since V8 9.6), and its `shared` field is a
     /// SharedFunctionInfo — the second check is what makes the range safe.
     pub fn shared_info_of(&self, v: u64) -> Option<u64> {
-        let t = self.instance_type(v)?;
-        if t < self.l.js_function_type || t > self.l.js_function_type + 15 {
+        if !self.is_js_function_type(self.instance_type(v)?) {
             return None;
         }
         let sfi = self.field(v, self.l.js_function_shared)?;
@@ -120,8 +141,7 @@ impl<'a, M: Memory> Heap<'a, M> {
         if !self.is_heap_object(map) {
             return None;
         }
-        let t = self.u16_at(self.untag(map) + self.l.map_instance_type)?;
-        if t < self.l.js_function_type || t > self.l.js_function_type + 15 {
+        if !self.is_js_function_type(self.u16_at(self.untag(map).checked_add(self.l.map_instance_type)?)?) {
             return None;
         }
         let at = usize::try_from(self.l.js_function_shared / 8).ok()?;
@@ -165,15 +185,17 @@ impl<'a, M: Memory> Heap<'a, M> {
     /// comment for what is heuristic).
     fn scope_info(&self, si: u64) -> (String, Option<u64>) {
         // ScopeInfo is a HeapObject since V8 9.1 (Node ≥ 16.4): slots follow the map.
-        let data = self.untag(si) + self.l.heap_object_map + 8;
-        let slot = |i: u64| self.u64_at(data + i * 8);
+        let Some(data) = self.untag(si).checked_add(self.l.heap_object_map).and_then(|d| d.checked_add(8)) else {
+            return (String::new(), None);
+        };
+        let slot = |i: u64| self.u64_at(data.checked_add(i.checked_mul(8)?)?);
         let Some(ncl) = slot(self.l.scope_info_ncontextlocals).and_then(|v| self.smi(v)) else {
             return (String::new(), None);
         };
         if !(0..=4096).contains(&ncl) {
             return (String::new(), None);
         }
-        let first = self.l.scope_info_first_vars + 2 * ncl as u64;
+        let first = self.l.scope_info_first_vars.saturating_add(2 * ncl as u64);
         let mut name = None;
         let mut pos = None;
         if self.fixed_positions {
@@ -184,7 +206,7 @@ impl<'a, M: Memory> Heap<'a, M> {
             }
         }
         let mut prev: Option<i64> = None;
-        for i in first..first + 12 {
+        for i in first..first.saturating_add(12) {
             let Some(cur) = slot(i) else { break };
             if name.is_none() && self.is_heap_object(cur) {
                 if let Some(t) = self.instance_type(cur).filter(|&t| self.is_string_type(t)) {
@@ -212,57 +234,76 @@ impl<'a, M: Memory> Heap<'a, M> {
 
     /// 1-based line and column of source position `pos` in `script`: from
     /// its line ends when V8 has computed them, else by counting the line
-    /// breaks of its source.
+    /// breaks of its source (streamed: at most [`SOURCE_MAX`] code units).
     fn line_of(&self, script: u64, pos: u64) -> Option<(u32, u32)> {
-        let ends = self.field(script, self.l.script_line_ends).and_then(|le| self.line_ends(le));
-        let ends = match ends {
-            Some(e) => e,
-            None => {
-                let src = self.field(script, self.l.script_source)?;
-                let mut units = Vec::new();
-                self.units(src, 0, (pos as usize).min(SOURCE_MAX), &mut units, 0)?;
-                units.iter().enumerate().filter(|(_, &u)| u == u16::from(b'\n')).map(|(i, _)| i as u64).collect()
+        if let Some(lc) = self.field(script, self.l.script_line_ends).and_then(|le| self.line_from_ends(le, pos)) {
+            return Some(lc);
+        }
+        let src = self.field(script, self.l.script_source)?;
+        let (mut seen, mut breaks, mut last) = (0u64, 0u64, None::<u64>);
+        let mut count = |units: &[u16]| {
+            for (i, &u) in units.iter().enumerate() {
+                if u == u16::from(b'\n') {
+                    breaks += 1;
+                    last = Some(seen + i as u64);
+                }
             }
+            seen += units.len() as u64;
         };
-        Some(line_col(&ends, pos))
+        let limit = usize::try_from(pos).unwrap_or(usize::MAX).min(SOURCE_MAX);
+        let mut nodes = STRING_NODES;
+        self.units(src, 0, limit, &mut count, 0, &mut nodes)?;
+        Some(line_col_after(breaks, last, pos))
     }
 
-    /// `Script.line_ends` when it is a FixedArray of Smis.
-    fn line_ends(&self, v: u64) -> Option<Vec<u64>> {
+    /// Line and column of `pos` from `Script.line_ends` when it is a
+    /// FixedArray of Smis (the positions of the line breaks, ascending): a
+    /// binary search over the array in the process's memory.
+    fn line_from_ends(&self, v: u64, pos: u64) -> Option<(u32, u32)> {
         let t = self.instance_type(v)?;
         if self.l.fixed_array_type.is_some_and(|f| f != t) {
             return None;
         }
         let n = self.smi(self.field(v, self.l.fixed_array_length)?)?;
-        if !(1..=(1 << 22)).contains(&n) {
+        if !(1..=LINE_ENDS_MAX).contains(&n) {
             return None;
         }
-        let mut buf = vec![0u8; n as usize * 8];
-        if !self.m.read(self.untag(v) + self.l.fixed_array_data, &mut buf) {
-            return None;
+        let data = self.untag(v).checked_add(self.l.fixed_array_data)?;
+        let end = |i: u64| -> Option<u64> { u64::try_from(self.smi(self.u64_at(data.checked_add(i * 8)?)?)?).ok() };
+        // Line breaks before `pos`: the first index whose break is at or after it.
+        let (mut lo, mut hi) = (0u64, n as u64);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if end(mid)? < pos {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
         }
-        buf.chunks_exact(8)
-            .map(|c| self.smi(u64::from_le_bytes(c.try_into().unwrap_or([1; 8]))).and_then(|x| u64::try_from(x).ok()))
-            .collect()
+        let last = if lo == 0 { None } else { Some(end(lo - 1)?) };
+        Some(line_col_after(lo, last, pos))
     }
 
     /// A V8 String as Rust text (Latin-1 or UTF-16 decoded), at most `max` code units.
     pub fn string(&self, v: u64, max: usize) -> Option<String> {
         let mut units = Vec::new();
-        self.units(v, 0, max, &mut units, 0)?;
+        let mut nodes = STRING_NODES;
+        self.units(v, 0, max, &mut |u: &[u16]| units.extend_from_slice(u), 0, &mut nodes)?;
         Some(String::from_utf16_lossy(&units))
     }
 
-    /// Appends code units [start, start + limit) of string `v` to `out`.
-    fn units(&self, v: u64, start: usize, limit: usize, out: &mut Vec<u16>, depth: u32) -> Option<()> {
+    /// Hands code units [start, start + limit) of string `v` to `out`, in
+    /// pieces; `nodes`: string objects that may still be visited.
+    fn units(&self, v: u64, start: usize, limit: usize, out: &mut dyn FnMut(&[u16]), depth: u32, nodes: &mut u32) -> Option<()> {
         if depth > STRING_DEPTH || limit == 0 {
             return (depth <= STRING_DEPTH).then_some(());
         }
+        *nodes = nodes.checked_sub(1)?;
         let t = self.instance_type(v)?;
         if !self.is_string_type(t) {
             return None;
         }
-        let len = usize::try_from(self.i32_at(self.untag(v) + self.l.string_length)?).ok()?;
+        let len = usize::try_from(self.i32_at(self.untag(v).checked_add(self.l.string_length)?)?).ok()?;
         if len > 1 << 30 {
             return None;
         }
@@ -272,40 +313,55 @@ impl<'a, M: Memory> Heap<'a, M> {
         let take = (len - start).min(limit);
         let one_byte = t & self.l.string_encoding_mask == self.l.one_byte_string_tag;
         let repr = t & self.l.string_representation_mask;
-        let raw = |addr: u64, out: &mut Vec<u16>| -> Option<()> {
+        // The characters from `addr`, [`READ_CHUNK`] bytes at a time.
+        let raw = |addr: u64, out: &mut dyn FnMut(&[u16])| -> Option<()> {
             let width = if one_byte { 1 } else { 2 };
-            let mut buf = vec![0u8; take * width];
-            if !self.m.read(addr + (start * width) as u64, &mut buf) {
-                return None;
-            }
-            if one_byte {
-                out.extend(buf.iter().map(|&b| u16::from(b)));
-            } else {
-                out.extend(buf.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
+            let per_read = READ_CHUNK / width;
+            let mut buf = vec![0u8; take.min(per_read) * width];
+            let mut units = Vec::with_capacity(take.min(per_read));
+            let mut done = 0;
+            while done < take {
+                let n = (take - done).min(per_read);
+                let at = addr.checked_add(u64::try_from((start + done) * width).ok()?)?;
+                let bytes = &mut buf[..n * width];
+                if !self.m.read(at, bytes) {
+                    return None;
+                }
+                units.clear();
+                if one_byte {
+                    units.extend(bytes.iter().map(|&b| u16::from(b)));
+                } else {
+                    units.extend(bytes.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]])));
+                }
+                out(&units);
+                done += n;
             }
             Some(())
         };
         if repr == self.l.seq_string_tag {
             let off = if one_byte { self.l.seq_one_byte_chars } else { self.l.seq_two_byte_chars };
-            raw(self.untag(v) + off, out)
+            raw(self.untag(v).checked_add(off)?, out)
         } else if repr == self.l.cons_string_tag {
             let first = self.field(v, self.l.cons_first)?;
             let second = self.field(v, self.l.cons_second)?;
-            let flen = usize::try_from(self.i32_at(self.untag(first) + self.l.string_length)?).ok()?;
+            if !self.is_heap_object(first) {
+                return None;
+            }
+            let flen = usize::try_from(self.i32_at(self.untag(first).checked_add(self.l.string_length)?)?).ok()?;
             if start < flen {
-                self.units(first, start, take.min(flen - start), out, depth + 1)?;
+                self.units(first, start, take.min(flen - start), out, depth + 1, nodes)?;
             }
             let done = flen.saturating_sub(start).min(take);
             if done < take {
-                self.units(second, start.saturating_sub(flen), take - done, out, depth + 1)?;
+                self.units(second, start.saturating_sub(flen), take - done, out, depth + 1, nodes)?;
             }
             Some(())
         } else if repr == self.l.thin_string_tag {
-            self.units(self.field(v, self.l.thin_actual)?, start, take, out, depth + 1)
+            self.units(self.field(v, self.l.thin_actual)?, start, take, out, depth + 1, nodes)
         } else if repr == self.l.sliced_string_tag {
             let parent = self.field(v, self.l.sliced_parent)?;
             let off = usize::try_from(self.smi(self.field(v, self.l.sliced_offset)?)?).ok()?;
-            self.units(parent, start + off, take, out, depth + 1)
+            self.units(parent, start.checked_add(off)?, take, out, depth + 1, nodes)
         } else if repr == self.l.external_string_tag {
             // The resource's data pointer is cached right after the
             // resource pointer, except in "uncached" external strings.
@@ -327,8 +383,15 @@ impl<'a, M: Memory> Heap<'a, M> {
 /// line breaks, ascending.
 pub fn line_col(ends: &[u64], pos: u64) -> (u32, u32) {
     let i = ends.partition_point(|&e| e < pos);
-    let line_start = if i == 0 { 0 } else { ends[i - 1] + 1 };
-    ((i + 1) as u32, (pos - line_start + 1).min(u64::from(u32::MAX)) as u32)
+    line_col_after(i as u64, i.checked_sub(1).and_then(|j| ends.get(j)).copied(), pos)
+}
+
+/// 1-based (line, column) of position `pos` after `breaks` line breaks,
+/// the last at `last` (saturating: the positions come from the process).
+fn line_col_after(breaks: u64, last: Option<u64>, pos: u64) -> (u32, u32) {
+    let line_start = last.map_or(0, |e| e.saturating_add(1));
+    let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+    (clamp(breaks.saturating_add(1)), clamp(pos.saturating_sub(line_start).saturating_add(1)))
 }
 
 #[cfg(test)]
@@ -357,7 +420,12 @@ pub(crate) mod tests {
 
     /// A layout with Node 20's values for what the tests touch.
     pub fn layout() -> V8Layout {
-        let c: HashMap<String, i64> = [
+        V8Layout::from_constants(&constants()).unwrap()
+    }
+
+    /// The postmortem constants of [`layout`].
+    pub fn constants() -> HashMap<String, i64> {
+        [
             ("HeapObjectTag", 1),
             ("HeapObjectTagMask", 3),
             ("SmiTag", 0),
@@ -404,8 +472,7 @@ pub(crate) mod tests {
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
-        .collect();
-        V8Layout::from_constants(&c).unwrap()
+        .collect()
     }
 
     pub fn smi(v: i64) -> u64 {
@@ -532,6 +599,55 @@ pub(crate) mod tests {
         assert_eq!(read_string(&b, self_ref), None);
     }
 
+    /// What the property tests below found: a cons string whose half is
+    /// not a pointer, a map pointer at the top of the address space (both
+    /// overflowed the address arithmetic: a panic in debug builds), and a
+    /// script whose line ends or source claim millions of entries (read in
+    /// one piece: up to 32 MB allocated per function named).
+    #[test]
+    fn corrupt_objects_that_panicked_or_read_megabytes() {
+        let mut b = Builder::new();
+        let l = layout();
+        let cons = b.string_of(1 | 8, 4, &[0, 0]);
+        assert_eq!(read_string(&b, cons), None, "a cons string whose halves are Smi zeros");
+        let top = b.raw((u64::MAX - 2).to_le_bytes().to_vec()) + 1;
+        assert_eq!(Heap::new(&l, &b.mem, Some(20)).instance_type(top), None, "a map at the top of the address space");
+        let source = b.string_of(8, 8 << 20, &[0x0a0a_0a0a_0a0a_0a0a; 4]);
+        let file = b.seq_one_byte("f.js");
+        let ends = b.object(303, &[smi(1 << 22), smi(3), smi(10)]);
+        let script = b.object(302, &[source, file, ends]);
+        let m = props::Counted::new(&b.mem);
+        let h = Heap::new(&l, &m, Some(20));
+        assert_eq!(h.line_of(script, 5 << 20), None, "neither the line ends nor the source are readable that far");
+        assert!(m.largest.get() <= READ_CHUNK, "a read of {} bytes", m.largest.get());
+        let mut c = constants();
+        c.insert("SmiShiftSize".into(), 63);
+        assert!(V8Layout::from_constants(&c).is_err(), "a Smi shift of 64");
+    }
+
+    /// Cons strings whose two halves are the same string, 22 levels deep:
+    /// a graph of 23 objects that is a tree of 4 million leaves. Reading it
+    /// stops after [`STRING_NODES`] objects.
+    #[test]
+    fn a_cons_string_graph_is_read_in_bounded_time() {
+        let mut b = Builder::new();
+        let l = layout();
+        let empty = b.string_of(8, 0, &[]);
+        let mut s = b.string_of(1 | 8, 1, &[empty, empty]);
+        for d in 1..=22 {
+            s = b.string_of(1 | 8, 1 << d, &[s, s]);
+        }
+        let file = b.seq_one_byte("f.js");
+        let undefined = b.object(400, &[]);
+        let script = b.object(302, &[s, file, undefined]);
+        let m = props::Counted::new(&b.mem);
+        let h = Heap::new(&l, &m, Some(20));
+        assert_eq!(h.line_of(script, 4 << 20), None);
+        assert_eq!(h.string(s, NAME_MAX), None);
+        // Two reads, each of at most STRING_NODES objects of a few words.
+        assert!(m.reads.get() <= 2 * 8 * u64::from(STRING_NODES), "{} reads", m.reads.get());
+    }
+
     #[test]
     fn line_and_column_from_line_ends() {
         assert_eq!(line_col(&[9, 20], 0), (1, 1));
@@ -603,5 +719,257 @@ pub(crate) mod tests {
         let func = b.object(2001, &[0, 0, sfi]);
         let f = Heap::new(&l, &b.mem, Some(24)).function(func).unwrap();
         assert_eq!((f.name.as_str(), f.line, f.column), ("hot", Some(3), Some(3)));
+    }
+
+    /// What a traced process controls: its heap. Arbitrary memory (words
+    /// that look like tagged pointers into it, small integers, type
+    /// numbers, anything) must give None or some bounded name, never a
+    /// panic, in a bounded number and size of reads.
+    pub mod props {
+        use std::cell::Cell;
+
+        use proptest::prelude::*;
+
+        use super::*;
+
+        const BASE: u64 = 0x10_0000;
+        /// Reads one name may take (a string's nodes, a ScopeInfo's slots, a
+        /// binary search of line ends...), and the largest read.
+        const READS_MAX: u64 = 50_000;
+        const READ_MAX: usize = 64 << 10;
+
+        /// Memory that is one region of words at BASE, counting what is read.
+        struct Fuzzed {
+            bytes: Vec<u8>,
+            reads: Cell<u64>,
+            largest: Cell<usize>,
+        }
+
+        impl Fuzzed {
+            fn new(words: &[u64]) -> Fuzzed {
+                Fuzzed { bytes: words.iter().flat_map(|w| w.to_le_bytes()).collect(), reads: Cell::new(0), largest: Cell::new(0) }
+            }
+        }
+
+        impl Memory for Fuzzed {
+            fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+                self.reads.set(self.reads.get() + 1);
+                self.largest.set(self.largest.get().max(buf.len()));
+                let Some(at) = addr.checked_sub(BASE).and_then(|a| usize::try_from(a).ok()) else { return false };
+                match at.checked_add(buf.len()).and_then(|end| self.bytes.get(at..end)) {
+                    Some(b) => {
+                        buf.copy_from_slice(b);
+                        true
+                    }
+                    None => false,
+                }
+            }
+        }
+
+        /// Another memory, counting what is read.
+        pub struct Counted<'a, M: Memory> {
+            m: &'a M,
+            pub reads: Cell<u64>,
+            pub largest: Cell<usize>,
+        }
+
+        impl<'a, M: Memory> Counted<'a, M> {
+            pub fn new(m: &'a M) -> Self {
+                Counted { m, reads: Cell::new(0), largest: Cell::new(0) }
+            }
+        }
+
+        impl<M: Memory> Memory for Counted<'_, M> {
+            fn read(&self, addr: u64, buf: &mut [u8]) -> bool {
+                self.reads.set(self.reads.get() + 1);
+                self.largest.set(self.largest.get().max(buf.len()));
+                self.m.read(addr, buf)
+            }
+        }
+
+        /// A word of a fuzzed heap: a tagged pointer into it (often), a Smi
+        /// (also a type number or a string length where those are read),
+        /// anything.
+        fn word(words: usize) -> impl Strategy<Value = u64> {
+            let words = words as u64;
+            prop_oneof![
+                4 => (0..words).prop_map(|i| BASE + i * 8 + 1),
+                3 => (-5i64..5000).prop_map(|v| (v << 32) as u64),
+                1 => (2000i64..2016).prop_map(|v| (v << 32) as u64),
+                1 => any::<i32>().prop_map(|v| (i64::from(v) << 32) as u64),
+                1 => any::<u64>(),
+                1 => (0u64..64).prop_map(|d| u64::MAX - d),
+                1 => Just(0u64),
+            ]
+        }
+
+        /// A word to write over a field of a real object: a huge or
+        /// negative Smi (a length, an offset, a position), a pointer to
+        /// itself or nowhere.
+        fn field_value() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                any::<i32>().prop_map(|v| (i64::from(v) << 32) as u64),
+                (0i64..(1 << 23)).prop_map(|v| (v << 32) as u64),
+                any::<u64>(),
+                (0u64..64).prop_map(|d| u64::MAX - d),
+                (0u64..0x2000).prop_map(|o| 0x10_0000 + o * 8 + 1),
+            ]
+        }
+
+        fn heap() -> impl Strategy<Value = Vec<u64>> {
+            (16usize..160).prop_flat_map(|n| prop::collection::vec(word(n), n))
+        }
+
+        /// Every entry point a sample uses, on `v`; what comes out is bounded.
+        fn read_all<M: Memory>(h: &Heap<'_, M>, v: u64, words: &[u64]) {
+            for f in [h.function(v), h.shared_info_of(v).and_then(|s| h.describe(s)), h.describe(v)].into_iter().flatten() {
+                assert!(f.name.len() <= 3 * NAME_MAX, "name of {} bytes", f.name.len());
+                assert!(f.script.as_ref().is_none_or(|s| s.len() <= 3 * NAME_MAX));
+            }
+            if let Some(s) = h.string(v, NAME_MAX) {
+                assert!(s.len() <= 3 * NAME_MAX);
+            }
+            let _ = h.shared_info_from(words);
+            let _ = h.instance_type(v);
+        }
+
+        /// The values a corrupted function chain is built with.
+        #[derive(Debug)]
+        struct Fields {
+            ends_len: u64,
+            source_len: i32,
+            name_len: i32,
+            start: u64,
+            end: u64,
+            context_locals: u64,
+            sliced_offset: u64,
+        }
+
+        fn fields() -> impl Strategy<Value = Fields> {
+            (field_value(), any::<i32>(), any::<i32>(), field_value(), field_value(), field_value(), field_value()).prop_map(
+                |(ends_len, source_len, name_len, start, end, context_locals, sliced_offset)| Fields {
+                    ends_len,
+                    source_len,
+                    name_len,
+                    start,
+                    end,
+                    context_locals,
+                    sliced_offset,
+                },
+            )
+        }
+
+        /// JSFunctions named through a ScopeInfo (a cons name) with line
+        /// ends, through a ScopeInfo with only the source (a sliced name),
+        /// and through a String name; `f` replaces their lengths and
+        /// positions.
+        fn chain(f: &Fields) -> (Builder, [u64; 3]) {
+            let mut b = Builder::new();
+            let name = b.seq_one_byte("handleRequest");
+            let file = b.seq_one_byte("/srv/app/blocker.js");
+            let source = b.string_of(8, f.source_len.max(0) as usize, &[u64::from_le_bytes(*b"// ap\n\nf"); 8]);
+            let undefined = b.object(400, &[]);
+            let ends = b.object(303, &[f.ends_len, smi(3), smi(10), smi(20), smi(30)]);
+            let with_ends = b.object(302, &[source, file, ends]);
+            let without = b.object(302, &[source, file, undefined]);
+            let long = b.string_of(8, f.name_len.max(0) as usize, &[0x4141_4141_4141_4141; 4]);
+            let cons = b.string_of(1 | 8, 26, &[name, long]);
+            let sliced = b.string_of(3 | 8, 5, &[name, f.sliced_offset]);
+            let local = b.seq_one_byte("x");
+            let si = b.object(301, &[smi(0), smi(1), f.context_locals, f.start, f.end, local, smi(0), cons, f.start, f.end]);
+            let si2 = b.object(301, &[smi(0), smi(1), smi(0), f.start, f.end, sliced, f.start, f.end]);
+            let sfis =
+                [b.object(300, &[0, si, 0, with_ends]), b.object(300, &[0, si2, 0, without]), b.object(300, &[0, long, 0, with_ends])];
+            let funcs = [b.object(2000 + 3, &[0, 0, sfis[0]]), b.object(2000, &[0, 0, sfis[1]]), b.object(2001, &[0, 0, sfis[2]])];
+            (b, funcs)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn a_fuzzed_heap_gives_bounded_names_in_bounded_reads(words in heap(), at in any::<prop::sample::Index>(), major in prop::sample::select(vec![18u32, 20, 22, 24])) {
+                let l = layout();
+                let m = Fuzzed::new(&words);
+                let h = Heap::new(&l, &m, Some(major));
+                let v = words[at.index(words.len())];
+                let first = &words[at.index(words.len())..];
+                read_all(&h, v, &first[..first.len().min(6)]);
+                read_all(&h, BASE + at.index(words.len()) as u64 * 8 + 1, &[]);
+                prop_assert!(m.reads.get() <= READS_MAX, "{} reads", m.reads.get());
+                prop_assert!(m.largest.get() <= READ_MAX, "a read of {} bytes", m.largest.get());
+            }
+
+            /// A real chain (JSFunction → SharedFunctionInfo → ScopeInfo →
+            /// Script) with its lengths, positions and pointers replaced and
+            /// bytes overwritten.
+            #[test]
+            fn a_corrupted_function_gives_none_or_a_bounded_name(
+                f in fields(),
+                muts in prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>(), any::<u8>()), 0..8),
+                words in prop::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>(), field_value()), 0..4),
+            ) {
+                let l = layout();
+                let (mut b, funcs) = chain(&f);
+                let keys: Vec<u64> = b.mem.0.keys().copied().collect();
+                for (region, at, byte) in muts {
+                    let bytes = b.mem.0.get_mut(&keys[region.index(keys.len())]).unwrap();
+                    let i = at.index(bytes.len());
+                    bytes[i] = byte;
+                }
+                for (region, at, value) in words {
+                    let bytes = b.mem.0.get_mut(&keys[region.index(keys.len())]).unwrap();
+                    let i = at.index(bytes.len() / 8) * 8;
+                    if let Some(w) = bytes.get_mut(i..i + 8) {
+                        w.copy_from_slice(&value.to_le_bytes());
+                    }
+                }
+                let m = Counted::new(&b.mem);
+                for major in [20, 24] {
+                    let h = Heap::new(&l, &m, Some(major));
+                    for func in funcs {
+                        read_all(&h, func, &[]);
+                    }
+                }
+                prop_assert!(m.reads.get() <= READS_MAX, "{} reads", m.reads.get());
+                prop_assert!(m.largest.get() <= READ_MAX, "a read of {} bytes", m.largest.get());
+            }
+
+            /// The layout comes from the target's binary too: any constants
+            /// that make a layout must not make reading panic.
+            #[test]
+            fn a_fuzzed_layout_does_not_panic(
+                overrides in prop::collection::vec((any::<prop::sample::Index>(), prop_oneof![0i64..80, 0i64..70_000, any::<i32>().prop_map(i64::from)]), 0..8),
+                shift in prop_oneof![Just(31i64), 0i64..80],
+                js_function in prop_oneof![Just(2000i64), 65_500i64..65_536],
+                words in heap(),
+                at in any::<prop::sample::Index>(),
+                f in fields(),
+            ) {
+                let mut c = constants();
+                c.insert("SmiShiftSize".into(), shift);
+                c.insert("type_JSFunction__JS_FUNCTION_TYPE".into(), js_function);
+                let mut keys: Vec<String> = c.keys().cloned().collect();
+                keys.sort();
+                for (k, v) in overrides {
+                    c.insert(keys[k.index(keys.len())].clone(), v);
+                }
+                let Ok(l) = V8Layout::from_constants(&c) else { return Ok(()) };
+                let m = Fuzzed::new(&words);
+                let h = Heap::new(&l, &m, Some(20));
+                let i = at.index(words.len());
+                read_all(&h, words[i], &words[i..(i + 6).min(words.len())]);
+                prop_assert!(m.largest.get() <= READ_MAX, "a read of {} bytes", m.largest.get());
+                let (b, funcs) = chain(&f);
+                let m = Counted::new(&b.mem);
+                for major in [20, 24] {
+                    let h = Heap::new(&l, &m, Some(major));
+                    for func in funcs {
+                        read_all(&h, func, &[]);
+                    }
+                }
+                prop_assert!(m.largest.get() <= READ_MAX, "a read of {} bytes", m.largest.get());
+            }
+        }
     }
 }

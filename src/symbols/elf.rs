@@ -106,7 +106,7 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         let Ok(name) = sym.name() else { continue };
         match name {
             "uv_version" => {
-                let code = file_offset(elf, sym.address()).and_then(|o| data.get(o as usize..(o as usize + 16).min(data.len())));
+                let code = file_offset(elf, sym.address()).and_then(|o| code_at(data, o, 16));
                 uv_version = uv_version.or(code.and_then(returned_constant));
             }
             NODE_IO_URING_PATCH => node_io_uring_patch = true,
@@ -116,8 +116,8 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         if offsets.contains_key(w) {
             continue;
         }
-        if let Some(off) = file_offset(elf, sym.address()) {
-            let code = data.get(off as usize..(off as usize + 32).min(data.len())).unwrap_or(&[]);
+        // An offset outside the file is no place for a probe.
+        if let Some((off, code)) = file_offset(elf, sym.address()).and_then(|o| Some((o, code_at(data, o, 32)?))) {
             let point = point::choose(code, catalog::args_may_change(w));
             if !point.emulated {
                 single_stepped.push(w);
@@ -129,7 +129,7 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
     let rodata = elf
         .section_by_name(".rodata")
         .and_then(|s| s.file_range())
-        .and_then(|(o, n)| data.get(o as usize..(o + n) as usize))
+        .and_then(|(o, n)| data.get(usize::try_from(o).ok()?..usize::try_from(o.checked_add(n)?).ok()?))
         .unwrap_or(data);
     Image {
         build_id,
@@ -160,12 +160,20 @@ fn returned_constant(code: &[u8]) -> Option<u32> {
     (rest.first() == Some(&0xc3)).then(|| u32::from_le_bytes([*a, *b, *c, *d]))
 }
 
-/// Virtual address to file offset, through the PT_LOAD segment holding it.
+/// Virtual address to file offset, through the PT_LOAD segment holding it
+/// (checked: the file's addresses and offsets may be anything).
 fn file_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
     elf.segments().find_map(|seg| {
         let (off, size) = seg.file_range();
-        (addr >= seg.address() && addr < seg.address() + size).then(|| addr - seg.address() + off)
+        let start = seg.address();
+        (addr >= start && addr < start.checked_add(size)?).then(|| (addr - start).checked_add(off)).flatten()
     })
+}
+
+/// Up to `len` bytes of the file from `off`; None when `off` is outside it.
+fn code_at(data: &[u8], off: u64, len: usize) -> Option<&[u8]> {
+    let off = usize::try_from(off).ok().filter(|&o| o < data.len())?;
+    data.get(off..off.saturating_add(len).min(data.len()))
 }
 
 /// Node embeds its release URLs: ".../release/v20.20.2/node-v20.20.2-headers.tar.gz".
@@ -219,5 +227,255 @@ mod tests {
         assert_eq!(node_version(blob).as_deref(), Some("v20.20.2"));
         assert_eq!(node_version(b"nothing here"), None);
         assert_eq!(node_version(b"/node-vX.1-headers.tar.gz"), None);
+    }
+
+    /// A small ELF file as a linker would write it for node: a loadable
+    /// segment, `.text` with `uv_version` (`mov $0x012e00, %eax; ret`),
+    /// `uv_run` and `uv_fs_open`, `.rodata` with Node's release URL, `.data`
+    /// with two `v8dbg_*` constants, and their symbols.
+    pub(crate) fn tiny_elf() -> Vec<u8> {
+        const BASE: u64 = 0x40_0000;
+        let text: Vec<u8> = [
+            &[0xb8, 0x00, 0x2e, 0x01, 0x00, 0xc3, 0x90, 0x90][..],
+            &[0x55, 0x48, 0x89, 0xe5, 0x5d, 0xc3, 0x90, 0x90],
+            &[0xf3, 0x0f, 0x1e, 0xfa, 0x55, 0x48, 0x89, 0xe5],
+        ]
+        .concat();
+        let rodata = b"\0https://nodejs.org/download/release/v20.20.2/node-v20.20.2-headers.tar.gz\0".to_vec();
+        let data: Vec<u8> = [31i32.to_le_bytes(), 1i32.to_le_bytes()].concat();
+        let names = ["uv_version", "uv_run", "uv_fs_open", "v8dbg_SmiShiftSize", "v8dbg_HeapObjectTag"];
+        let mut strtab = vec![0u8];
+        let mut name_at = Vec::new();
+        for n in names {
+            name_at.push(strtab.len() as u32);
+            strtab.extend_from_slice(n.as_bytes());
+            strtab.push(0);
+        }
+        let shnames = ["", ".text", ".rodata", ".data", ".symtab", ".strtab", ".shstrtab"];
+        let mut shstrtab = Vec::new();
+        let mut sh_name = Vec::new();
+        for n in shnames {
+            sh_name.push(shstrtab.len() as u32);
+            shstrtab.extend_from_slice(n.as_bytes());
+            shstrtab.push(0);
+        }
+        // Layout: header, one program header, then the sections' bytes, then the section headers.
+        let text_off = 64 + 56;
+        let rodata_off = text_off + text.len();
+        let data_off = rodata_off + rodata.len();
+        let symtab_off = (data_off + data.len()).next_multiple_of(8);
+        let symtab_len = 24 * (names.len() + 1);
+        let strtab_off = symtab_off + symtab_len;
+        let shstrtab_off = strtab_off + strtab.len();
+        let sh_off = (shstrtab_off + shstrtab.len()).next_multiple_of(8);
+        let total = sh_off + 64 * shnames.len();
+        let addr = |off: usize| BASE + off as u64;
+        let mut f = Vec::with_capacity(total);
+        // ELF header: 64-bit, little-endian, ET_DYN, x86-64.
+        f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        f.extend_from_slice(&3u16.to_le_bytes());
+        f.extend_from_slice(&62u16.to_le_bytes());
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&addr(text_off).to_le_bytes());
+        f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
+        f.extend_from_slice(&(sh_off as u64).to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        for v in [64u16, 56, 1, 64, shnames.len() as u16, (shnames.len() - 1) as u16] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        // PT_LOAD of the whole file, read + execute.
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&5u32.to_le_bytes());
+        for v in [0, BASE, BASE, total as u64, total as u64, 0x1000] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&text);
+        f.extend_from_slice(&rodata);
+        f.extend_from_slice(&data);
+        f.resize(symtab_off, 0);
+        f.extend_from_slice(&[0; 24]);
+        // (name, st_info: global FUNC 0x12 / OBJECT 0x11, section, value, size)
+        let syms = [
+            (name_at[0], 0x12u8, 1u16, addr(text_off), 6u64),
+            (name_at[1], 0x12, 1, addr(text_off + 8), 6),
+            (name_at[2], 0x12, 1, addr(text_off + 16), 8),
+            (name_at[3], 0x11, 3, addr(data_off), 4),
+            (name_at[4], 0x11, 3, addr(data_off + 4), 4),
+        ];
+        for (name, info, shndx, value, size) in syms {
+            f.extend_from_slice(&name.to_le_bytes());
+            f.extend_from_slice(&[info, 0]);
+            f.extend_from_slice(&shndx.to_le_bytes());
+            f.extend_from_slice(&value.to_le_bytes());
+            f.extend_from_slice(&size.to_le_bytes());
+        }
+        f.extend_from_slice(&strtab);
+        f.extend_from_slice(&shstrtab);
+        f.resize(sh_off, 0);
+        f.extend_from_slice(&[0; 64]);
+        // (type, flags, offset, size, link, info, align, entsize)
+        let sections = [
+            (1u32, 6u64, text_off, text.len(), 0u32, 0u32, 16u64, 0u64),
+            (1, 2, rodata_off, rodata.len(), 0, 0, 1, 0),
+            (1, 3, data_off, data.len(), 0, 0, 4, 0),
+            (2, 0, symtab_off, symtab_len, 5, 1, 8, 24),
+            (3, 0, strtab_off, strtab.len(), 0, 0, 1, 0),
+            (3, 0, shstrtab_off, shstrtab.len(), 0, 0, 1, 0),
+        ];
+        for (i, (ty, flags, off, size, link, info, align, entsize)) in sections.into_iter().enumerate() {
+            f.extend_from_slice(&sh_name[i + 1].to_le_bytes());
+            f.extend_from_slice(&ty.to_le_bytes());
+            f.extend_from_slice(&flags.to_le_bytes());
+            f.extend_from_slice(&(if flags & 2 != 0 { addr(off) } else { 0 }).to_le_bytes());
+            f.extend_from_slice(&(off as u64).to_le_bytes());
+            f.extend_from_slice(&(size as u64).to_le_bytes());
+            f.extend_from_slice(&link.to_le_bytes());
+            f.extend_from_slice(&info.to_le_bytes());
+            f.extend_from_slice(&align.to_le_bytes());
+            f.extend_from_slice(&entsize.to_le_bytes());
+        }
+        assert_eq!(f.len(), total);
+        f
+    }
+
+    /// What uvspan reads from one file, as `inspect` does it (without its caches).
+    fn read_image(data: &[u8]) -> Option<(Image, HashMap<String, i64>)> {
+        let elf = object::File::parse(data).ok()?;
+        let build_id = elf.build_id().ok().flatten().map(hex);
+        let mut img = parse(&elf, data, build_id);
+        if img.libuv_version.is_none() {
+            img.libuv_version = libuv_version(data);
+        }
+        Some((img, crate::symbols::v8meta::constants_of(&elf)))
+    }
+
+    #[test]
+    fn the_tiny_elf_reads_like_a_node_binary() {
+        let (img, constants) = read_image(&tiny_elf()).expect("an ELF file");
+        assert_eq!(img.uv_version, Some(0x012e00));
+        assert_eq!(img.node_version.as_deref(), Some("v20.20.2"));
+        assert!(img.has_symtab && img.has_libuv(), "{img:?}");
+        assert_eq!(img.offsets.get("uv_fs_open"), Some(&(64 + 56 + 16 + 4)), "after endbr64");
+        assert_eq!((constants.get("SmiShiftSize"), constants.get("HeapObjectTag")), (Some(&31), Some(&1)));
+    }
+
+    /// What the property tests below found: a segment or section ending
+    /// past the top of the address space, or a symbol there, overflowed the
+    /// offset arithmetic (a panic in debug builds).
+    #[test]
+    fn addresses_at_the_top_of_the_address_space() {
+        let put = |f: &mut Vec<u8>, at: usize, v: u64| f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+        let word_at = |f: &[u8], at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap());
+        let mut f = tiny_elf();
+        let (sh, symtab) = (word_at(&f, 0x28) as usize, word_at(&f, word_at(&f, 0x28) as usize + 4 * 64 + 24) as usize);
+        put(&mut f, 64 + 16, u64::MAX - 16); // the segment's address
+        for i in 1..=5 {
+            put(&mut f, symtab + 24 * i + 8, u64::MAX - 1); // every symbol's
+        }
+        put(&mut f, sh + 2 * 64 + 24, u64::MAX - 8); // .rodata's offset
+        put(&mut f, sh + 3 * 64 + 16, 0); // .data's address
+        let (img, constants) = read_image(&f).expect("still an ELF file");
+        assert!(img.offsets.is_empty() && img.uv_version.is_none());
+        assert_eq!(img.node_version.as_deref(), Some("v20.20.2"), "searched in the whole file");
+        assert!(constants.is_empty());
+    }
+
+    /// The binaries are the traced containers': a truncated or corrupted
+    /// ELF file gives an error or some image, never a panic.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+
+        fn bin_true() -> &'static [u8] {
+            static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+            BYTES.get_or_init(|| std::fs::read("/bin/true").unwrap_or_else(|_| tiny_elf()))
+        }
+
+        fn mutate(
+            mut f: Vec<u8>,
+            muts: &[(prop::sample::Index, u8)],
+            words: &[(prop::sample::Index, u64)],
+            cut: Option<prop::sample::Index>,
+        ) -> Vec<u8> {
+            for (at, b) in muts {
+                let i = at.index(f.len());
+                f[i] = *b;
+            }
+            // Whole words too: offsets, sizes and addresses out of range.
+            for (at, w) in words {
+                let i = at.index(f.len() / 8) * 8;
+                f[i..i + 8].copy_from_slice(&w.to_le_bytes());
+            }
+            if let Some(cut) = cut {
+                f.truncate(cut.index(f.len()));
+            }
+            f
+        }
+
+        fn word() -> impl Strategy<Value = u64> {
+            prop_oneof![
+                any::<u64>(),
+                (0u64..8).prop_map(|d| u64::MAX - d),
+                0u64..8,
+                0u64..0x1000,
+                (0u64..0x1000).prop_map(|o| 0x40_0000 + o)
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            #[test]
+            fn a_corrupted_elf_is_an_error_or_an_image(
+                muts in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..24),
+                words in prop::collection::vec((any::<prop::sample::Index>(), word()), 0..6),
+                cut in prop::option::weighted(0.2, any::<prop::sample::Index>()),
+                system in any::<bool>(),
+            ) {
+                let base = if system { bin_true().to_vec() } else { tiny_elf() };
+                let f = mutate(base, &muts, &words, cut);
+                if let Some((img, _)) = read_image(&f) {
+                    prop_assert!(img.offsets.len() <= catalog::symbols().len());
+                }
+            }
+
+            /// The loadable segment's and the symbols' addresses, offsets
+            /// and sizes replaced (where a symbol is looked up in the file).
+            #[test]
+            fn out_of_range_addresses_are_an_error_or_an_image(
+                segment in (word(), word(), word()),
+                values in prop::collection::vec(word(), 5),
+                sections in prop::collection::vec(prop::option::of(word()), 3),
+            ) {
+                let mut f = tiny_elf();
+                let (offset, vaddr, filesz) = segment;
+                for (at, v) in [(64 + 8, offset), (64 + 16, vaddr), (64 + 32, filesz)] {
+                    f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                let word_at = |f: &[u8], at: usize| u64::from_le_bytes(f[at..at + 8].try_into().unwrap());
+                let symtab = word_at(&f, word_at(&f, 0x28) as usize + 4 * 64 + 24) as usize;
+                for (i, v) in values.into_iter().enumerate() {
+                    let at = symtab + 24 * (i + 1) + 8;
+                    f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                }
+                // .text, .rodata and .data's addresses.
+                let sh = word_at(&f, 0x28) as usize;
+                for (i, v) in sections.into_iter().enumerate() {
+                    if let Some(v) = v {
+                        let at = sh + (i + 1) * 64 + 16;
+                        f[at..at + 8].copy_from_slice(&v.to_le_bytes());
+                    }
+                }
+                let _ = read_image(&f);
+            }
+
+            #[test]
+            fn arbitrary_bytes_are_an_error_or_an_image(head in prop::bool::ANY, bytes in prop::collection::vec(any::<u8>(), 0..2048)) {
+                let mut f = if head { tiny_elf()[..64].to_vec() } else { Vec::new() };
+                f.extend_from_slice(&bytes);
+                let _ = read_image(&f);
+            }
+        }
     }
 }

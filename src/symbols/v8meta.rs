@@ -43,7 +43,7 @@ pub fn constants_of(elf: &object::File<'_>) -> HashMap<String, i64> {
         } else {
             section.data().ok().and_then(|d| {
                 let at = usize::try_from(sym.address().checked_sub(section.address())?).ok()?;
-                let b: [u8; 4] = d.get(at..at + 4)?.try_into().ok()?;
+                let b: [u8; 4] = d.get(at..at.checked_add(4)?)?.try_into().ok()?;
                 Some(i64::from(i32::from_le_bytes(b)))
             })
         };
@@ -131,7 +131,11 @@ impl V8Layout {
             heap_object_tag_mask: off(&["HeapObjectTagMask"])?,
             smi_tag: off(&["SmiTag"])?,
             smi_tag_mask: off(&["SmiTagMask"])?,
-            smi_value_shift: u32::try_from(smi_value_shift).map_err(|_| anyhow!("V8 SmiValueShift {smi_value_shift} is out of range"))?,
+            // Shifting a 64-bit word by 64 or more means nothing (and panics).
+            smi_value_shift: u32::try_from(smi_value_shift)
+                .ok()
+                .filter(|&s| s < 64)
+                .ok_or_else(|| anyhow!("V8 SmiValueShift {smi_value_shift} is out of range"))?,
             off_fp_function: get(&["off_fp_function"])?,
             off_fp_context_or_frame_type: get(&["off_fp_context_or_frame_type", "off_fp_context"])?,
             heap_object_map: off(&["class_HeapObject__map__Map"])?,
