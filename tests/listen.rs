@@ -102,8 +102,12 @@ fn join_shares(dir: &TempDir, out: &Output, spans: &[Span]) -> ((usize, usize), 
     join_shares_of(dir, &traceparents(out), spans, None)
 }
 
-/// Which requests the fixture sent with a traceparent.
+/// Which requests the fixture sent with a traceparent (N of them).
 fn traceparents(out: &Output) -> BTreeMap<usize, bool> {
+    traceparents_n(out, N)
+}
+
+fn traceparents_n(out: &Output, n: usize) -> BTreeMap<usize, bool> {
     let with_tp: BTreeMap<usize, bool> = out
         .stdout
         .lines()
@@ -113,7 +117,7 @@ fn traceparents(out: &Output) -> BTreeMap<usize, bool> {
             (v["i"].as_u64().expect("i") as usize, v["traceparent"].is_string())
         })
         .collect();
-    assert_eq!(with_tp.len(), N, "{}", out.context());
+    assert_eq!(with_tp.len(), n, "{}", out.context());
     assert!(with_tp.values().any(|t| !t) && with_tp.values().any(|t| *t), "requests with and without traceparent");
     with_tp
 }
@@ -123,7 +127,7 @@ fn join_shares_of(dir: &TempDir, with_tp: &BTreeMap<usize, bool>, spans: &[Span]
     let spans: Vec<&Span> = spans.iter().filter(|s| pid.is_none() || s.res_int("process.pid") == pid).collect();
     let servers: BTreeMap<usize, &Span> =
         spans.iter().filter(|s| s.kind == 2 && s.scope != "uvspan").filter_map(|s| Some((request_of(s)?, *s))).collect();
-    assert_eq!(servers.len(), N);
+    assert_eq!(servers.len(), with_tp.len());
     let uv: Vec<&Span> = spans.iter().filter(|s| s.scope == "uvspan").copied().collect();
     assert!(uv.iter().all(|s| s.kind != 2), "no SERVER span of uvspan's own: the app's stands for each request");
     let (mut yes, mut no) = ((0, 0), (0, 0));
@@ -139,7 +143,7 @@ fn join_shares_of(dir: &TempDir, with_tp: &BTreeMap<usize, bool>, spans: &[Span]
     // DNS lookups (all of them are the requests'): under one of the SERVER spans.
     let server_ids: BTreeMap<&str, &str> = servers.values().map(|s| (s.span_id.as_str(), s.trace_id.as_str())).collect();
     let dns: Vec<&&Span> = uv.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
-    assert!(dns.len() >= N, "a lookup per request: {}", dns.len());
+    assert!(dns.len() >= with_tp.len(), "a lookup per request: {}", dns.len());
     let dns_joined = dns.iter().filter(|s| server_ids.get(s.parent_span_id.as_str()) == Some(&s.trace_id.as_str())).count();
     yes.0 += dns_joined;
     yes.1 += dns.len();
@@ -513,4 +517,67 @@ fn a_full_queue_tells_the_app_to_retry_and_keeps_what_it_took() {
     assert_eq!(per_signal(&out.stderr, "forwarded").0, taken.len() as u64, "{}", out.context());
     assert_eq!(per_signal(&out.stderr, "refused while the queue was full").0, 2, "{}", out.context());
     assert_eq!(per_signal(&out.stderr, "dropped"), (0, 0, 0), "{}", out.context());
+}
+
+/// An app that loads the SDK from its own code and is busy from the moment
+/// it listens (`BUSY_N` requests, 8 at a time): uvspan does not know it runs
+/// an SDK until its first export, yet every request's work is held for the
+/// join and goes under the app's SERVER span, and uvspan's own SERVER span
+/// of the request is not sent (one per request). `ns`: the app in a PID and
+/// mount namespace of its own (its SDK's `process.pid` is 1), uvspan on the
+/// host.
+fn joined_from_the_first_request(tag: &str, ns: bool) {
+    require_root();
+    const BUSY_N: usize = 240;
+    let upstream = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new(tag);
+    let port = reserve_port();
+    let listen = format!("127.0.0.1:{port}");
+    let ep = upstream.endpoint();
+    let mut args = vec!["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"];
+    args.extend(["--otlp-listen", &listen, "--join-window", "3s", "--"]);
+    if ns {
+        require_tool("unshare", "the app's own PID namespace (util-linux)");
+        args.extend(["unshare", "--pid", "--fork", "--mount-proc"]);
+    }
+    let (script, ds, n) = (fixture("sdk_in_app.js"), dir.str(), BUSY_N.to_string());
+    args.extend(["node", &script, &ds, &n, CONCURRENCY]);
+    let mut cmd = uvspan_cmd(&args);
+    cmd.env("NODE_PATH", sdk_modules())
+        .env("OTLP_VIA", format!("http://{listen}"))
+        .env("OTLP_VIA_PROTOCOL", "grpc")
+        .env("OTLP_TRACES_ONLY", "1")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "200");
+    // Its traces also go straight to a receiver of their own (not compared here).
+    let direct = Receiver::start(Protocol::Grpc);
+    cmd.env("OTLP_DIRECT", direct.endpoint());
+    let out = run(cmd);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = upstream.spans();
+    if ns {
+        let app_pids: std::collections::BTreeSet<i64> =
+            spans.iter().filter(|s| s.scope != "uvspan").filter_map(|s| s.res_int("process.pid")).collect();
+        assert_eq!(app_pids, [1].into(), "the app's SDK sees itself as pid 1");
+        assert!(spans.iter().filter(|s| s.scope == "uvspan").all(|s| s.res_int("process.pid") == Some(1)), "uvspan names it so too");
+    }
+    // join_shares_of also checks that no SERVER span of uvspan's own went out.
+    let (yes, no) = join_shares_of(&dir, &traceparents_n(&out, BUSY_N), &spans, None);
+    let all = (yes.0 + no.0, yes.1 + no.1);
+    eprintln!(
+        "listen ({tag}): uvspan fs/DNS spans under the app's SERVER span from the first request: {:.1}% ({}/{})",
+        pct(all),
+        all.0,
+        all.1
+    );
+    assert!(all.0 * 100 >= all.1 * 95, "join rate below 95%\n{}", out.context());
+}
+
+#[test]
+fn the_sdk_loaded_by_the_app_itself_joins_from_the_first_request() {
+    joined_from_the_first_request("listen-first", false);
+}
+
+#[test]
+fn an_app_in_its_own_pid_namespace_joins_by_its_own_pid() {
+    joined_from_the_first_request("listen-first-ns", true);
 }

@@ -706,7 +706,16 @@ impl Agent {
                 s.forget(pid);
             }
         }
+        let before = self.procs.forgotten;
         self.procs.forget_exited(&self.exporter);
+        if self.procs.forgotten != before {
+            // What exited processes held (their resource, command line and
+            // links, freed on several threads) goes back to the system, not
+            // kept by the allocator between long-lived pieces.
+            // SAFETY: malloc_trim only walks and releases the allocator's
+            // free memory; it takes no pointers of ours.
+            unsafe { libc::malloc_trim(0) };
+        }
         self.command.is_none() && self.watcher.is_none() && self.procs.targets_all_exited()
     }
 
