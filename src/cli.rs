@@ -277,7 +277,7 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "m" => n * 60.0,
         other => return Err(format!("invalid duration unit {other:?} in {s:?}: use ns, us, ms, s or m")),
     };
-    if !secs.is_finite() || secs < 0.0 || secs > 1e9 {
+    if !secs.is_finite() || !(0.0..=1e9).contains(&secs) {
         return Err(format!("invalid duration {s:?}"));
     }
     Ok(Duration::from_secs_f64(secs))

@@ -1020,7 +1020,7 @@ fn collector_unreachable_at_start_then_up() {
     // The export fails (connection refused): counted as an export error, the
     // spans stay queued (retryable: the collector may come up), none failed.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !status_lines(&uv.stderr()).last().is_some_and(|s| s.export_errors >= 2) {
+    while status_lines(&uv.stderr()).last().is_none_or(|s| s.export_errors < 2) {
         assert!(Instant::now() < deadline, "no failed export counted while the collector is down\n{}", uv.stderr());
         std::thread::sleep(Duration::from_millis(100));
     }

@@ -163,7 +163,7 @@ impl Procs {
             return;
         }
         let info = ProcessInfo::read(pid, p.node_version.clone());
-        p.views = info.own_pid.map(|own| Views::new(own));
+        p.views = info.own_pid.map(Views::new);
         if info.environ_denied && !self.warned_environ {
             self.warned_environ = true;
             eprintln!(

@@ -367,7 +367,7 @@ mod tests {
         let e = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
         let own = e(&[("K8S_NODE_NAME", "n1"), ("K8S_NAMESPACE_NAME", "shop")]);
         // A sidecar: the target is in uvspan's own pod, uvspan's pod names apply.
-        let attrs = k8s_attributes(&[systemd.clone()], &e(&[("K8S_POD_NAME", "web-1")]), &own, Some(uid));
+        let attrs = k8s_attributes(std::slice::from_ref(&systemd), &e(&[("K8S_POD_NAME", "web-1")]), &own, Some(uid));
         assert_eq!(
             attrs,
             vec![

@@ -797,7 +797,7 @@ mod tests {
         let mut r = Requests::new(false);
         let mut ready = Ready::default();
         steps(&mut r, &src, &mut ready);
-        ready.into_iter().flat_map(|(_, s)| s).collect()
+        ready.into_values().flatten().collect()
     }
 
     #[test]

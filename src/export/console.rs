@@ -56,7 +56,7 @@ pub fn render<S: Borrow<Span>>(label: &str, spans: &[S]) -> String {
 }
 
 fn walk(label: &str, spans: &[&Span], i: usize, depth: usize, out: &mut String) {
-    out.push_str(&line(label, &spans[i], depth));
+    out.push_str(&line(label, spans[i], depth));
     out.push('\n');
     let id = spans[i].span_context.span_id();
     for (j, c) in spans.iter().enumerate() {

@@ -125,7 +125,7 @@ impl Enc {
 /// Bytes of `v` as a varint.
 fn varint_len(v: u64) -> usize {
     // 1 byte per 7 bits, at least one.
-    ((64 - (v | 1).leading_zeros() as usize) + 6) / 7
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 /// AnyValue.string_value: an empty string is still "set" in a oneof, so it

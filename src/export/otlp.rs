@@ -64,6 +64,9 @@ pub struct Otlp {
     said_rejected: bool,
 }
 
+// One per exporter, built once and never moved on a hot path: the size
+// difference between the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 enum Transport {
     Grpc { client: tonic::client::Grpc<tonic::transport::Channel>, metadata: tonic::metadata::MetadataMap },
     Http { client: reqwest::Client, url: String },

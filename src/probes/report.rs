@@ -130,7 +130,7 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
             crate::probes::catalog::ImageKind::Libc => "libc",
         };
         let off = r.offset.map_or_else(|| "-".to_string(), |o| format!("{o:#x}"));
-        out.push_str(&format!("{:<24} {:<6} {:<12} {:<11} {}\n", r.symbol, image, off, state_word(r), note(r)).trim_end());
+        out.push_str(format!("{:<24} {:<6} {:<12} {:<11} {}\n", r.symbol, image, off, state_word(r), note(r)).trim_end());
         out.push('\n');
     }
     out

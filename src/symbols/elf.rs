@@ -216,9 +216,9 @@ mod tests {
 
     #[test]
     fn libuv_version_string() {
-        assert_eq!(libuv_version(b"\0x\01.44.2\0abc").as_deref(), Some("1.44.2"));
+        assert_eq!(libuv_version(b"\0x\x001.44.2\0abc").as_deref(), Some("1.44.2"));
         assert_eq!(libuv_version(b"\x011.44.2\n"), Some("1.44.2".into()));
-        assert_eq!(libuv_version(b"\01.2\0v1.44.2\0nghttp2/1.61.0x\0"), None);
+        assert_eq!(libuv_version(b"\x001.2\0v1.44.2\0nghttp2/1.61.0x\0"), None);
     }
 
     #[test]

@@ -111,7 +111,7 @@ mod tests {
         assert_eq!(attr(s, "uvspan.threadpool.run_ms"), Some(&Value::F64(0.001)));
         assert_eq!(attr(s, "uvspan.loop.callback_wait_ms"), Some(&Value::F64(0.002)));
         assert_eq!(attr(s, "uvspan.threadpool.thread.id"), Some(&Value::I64(12)));
-        let events: Vec<&str> = s.events.iter().map(|e| e.name.as_ref()).collect();
+        let events: Vec<&str> = s.events.iter().map(|e| e.name).collect();
         assert_eq!(events, ["threadpool.start", "threadpool.end"]);
         assert_eq!(attr(s, "uvspan.ended_at"), None, "the usual end is not said");
         assert_eq!(s.status, Status::Unset);
