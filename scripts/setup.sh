@@ -5,7 +5,8 @@
 # tests), bpftool (the tests read uvspan's kernel maps with it), and
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
 # clang pulls binutils in on Debian, but not every clang install does), and
-# chromium (tests/run.rs renders the HTML report headless).
+# chromium (tests/run.rs renders the HTML report headless), podman and runc
+# (tests/namespaces.rs: real containers).
 # Idempotent: it installs only what is missing.
 #   scripts/setup.sh           build + test machine (also checks node and BTF)
 #   scripts/setup.sh --build   build only (the Dockerfile's build stage)
@@ -23,6 +24,10 @@ if [ $build_only -eq 0 ]; then
   command -v bpftool >/dev/null || need+=(bpftool)
   # tests/run.rs loads uvspan run's HTML report in a real headless browser.
   command -v chromium >/dev/null || need+=(chromium)
+  # tests/namespaces.rs runs uvspan's container beside an app's with a real
+  # OCI runtime (runc: crun refuses hybrid cgroup hosts).
+  command -v podman >/dev/null || need+=(podman)
+  command -v runc >/dev/null || need+=(runc)
 fi
 [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
 [ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)

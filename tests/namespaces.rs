@@ -334,3 +334,106 @@ fn a_busy_loop_no_probe_sees_is_said() {
     assert_eq!(blind.stderr.matches(said).count(), 1, "said once\n{}", blind.context());
     assert!(!seen.stderr.contains(said), "a traced loop was called silent\n{}", seen.context());
 }
+
+// ---------------------------------------------------------------------------
+// A real OCI runtime: podman + runc, uvspan's container beside the app's
+// ---------------------------------------------------------------------------
+
+/// An image made from a root filesystem directory (no registry is needed).
+struct Image(String);
+
+impl Image {
+    fn import(root: &Path, name: &str) -> Image {
+        let tar = root.with_extension("tar");
+        let ok = Command::new("tar").arg("-C").arg(root).arg("-cf").arg(&tar).arg(".").status().expect("tar");
+        assert!(ok.success(), "tar {}", root.display());
+        let out = Command::new("podman").arg("import").arg(&tar).arg(name).output().expect("podman import");
+        assert!(out.status.success(), "podman import: {}", String::from_utf8_lossy(&out.stderr));
+        Image(name.to_string())
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = Command::new("podman").args(["rmi", "-f", &self.0]).output();
+    }
+}
+
+/// `podman run` with what this machine's runtime needs: runc (crun refuses
+/// this host's hybrid cgroups), the cgroupfs manager (no systemd), and
+/// limits at or under the host's hard limits (podman's defaults are over).
+fn podman_run(name: &str) -> Command {
+    let mut c = Command::new("podman");
+    c.args(["--runtime", "runc", "--cgroup-manager", "cgroupfs", "run", "--name", name, "--network", "host"]);
+    c.args(["--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000"]);
+    c
+}
+
+fn podman_rm(name: &str) {
+    let _ = Command::new("podman").args(["rm", "-f", "-t", "2", name]).output();
+}
+
+/// The sidecar with a real container runtime: uvspan in a container of the
+/// image's runtime shape (the binary and its libraries, nothing else), the
+/// app in another container with its own root joining uvspan's PID
+/// namespace (`--pid container:…`, what `shareProcessNamespace` does), with
+/// the capability set of deploy/k8s/ and no seccomp filter (this podman's
+/// default profile refuses bpf()).
+#[test]
+fn oci_sidecar_container_traces_the_app_container() {
+    require_root();
+    require_tool("podman", "the OCI test runs real containers (scripts/setup.sh installs podman and runc)");
+    require_tool("runc", "the OCI runtime (scripts/setup.sh installs it)");
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("ns-oci");
+    let tag = unique("oci").to_ascii_lowercase();
+    let app_image = Image::import(&rootfs(&dir), &format!("localhost/uvspan-test-app:{tag}"));
+    let uv_root = dir.path().join("uvspan-root");
+    for d in ["usr/local/bin", "tmp", "proc", "sys"] {
+        std::fs::create_dir_all(uv_root.join(d)).expect("mkdir");
+    }
+    std::fs::copy(uvspan_bin(), uv_root.join("usr/local/bin/uvspan")).expect("copy uvspan");
+    let ldd = Command::new("ldd").arg(uvspan_bin()).output().expect("ldd");
+    for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
+        let to = uv_root.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
+        std::fs::copy(lib, &to).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
+    }
+    let uv_image = Image::import(&uv_root, &format!("localhost/uvspan-test-uvspan:{tag}"));
+    let (app_name, uv_name) = (format!("app-{tag}"), format!("uvspan-{tag}"));
+    podman_rm(&app_name);
+    podman_rm(&uv_name);
+
+    // uvspan's container first: it owns the shared PID namespace, as a pod's
+    // pause container does (the namespace dies with its first process).
+    let mut uv = podman_run(&uv_name);
+    uv.args(["--security-opt", "seccomp=unconfined"]);
+    for cap in ["BPF", "PERFMON", "SYS_PTRACE", "DAC_READ_SEARCH"] {
+        uv.args(["--cap-add", cap]);
+    }
+    uv.args([&uv_image.0, "/usr/local/bin/uvspan", "--all", "--loop-threshold", "100ms", "--status-interval", "0"]);
+    uv.args(["--otlp-endpoint", &rx.endpoint(), "--otlp-protocol", "grpc"]).stdin(Stdio::null());
+    let mut uv = Running::spawn(uv);
+    uv.wait_stderr(RUN_TIMEOUT, "the 'watching' line", |e| e.contains("uvspan: watching for Node.js processes"));
+
+    let mut app = podman_run(&app_name);
+    app.args(["--pid", &format!("container:{uv_name}"), "-i", &app_image.0, "/usr/bin/node", "/app/ns_app.js"]).stdin(Stdio::piped());
+    let mut app = Running::spawn(app);
+    let mut stdin = app.child.stdin.take().expect("piped stdin");
+    app.wait_stdout(RUN_TIMEOUT, "the app's ready marker", |o| o.contains("\"ready\""));
+    let pid = Markers::parse(&app.stdout()).i64("ready", "pid");
+    uv.wait_stderr(RUN_TIMEOUT, "uvspan tracing the app container's node", |e| traced_line(e, pid as u32));
+    stdin.write_all(b"go\n").expect("go");
+    drop(stdin);
+    let out = app.finish(RUN_TIMEOUT);
+    let stopped = Command::new("podman").args(["stop", "-t", "10", &uv_name]).output().expect("podman stop");
+    let uv = uv.finish(RUN_TIMEOUT);
+    podman_rm(&app_name);
+    podman_rm(&uv_name);
+    let ctx = format!("{}\n--- uvspan ---\n{}\n{}", out.context(), uv.context(), String::from_utf8_lossy(&stopped.stderr));
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert!(pid > 1 && pid < 100, "the app's pid in the pod's namespace: {pid}\n{ctx}");
+    assert_eq!(uv.code(), Some(0), "uvspan stopped cleanly\n{ctx}");
+    assert!(uv.stderr.contains(" 0 failed to export, 0 not flushed"), "uvspan flushed at stop\n{ctx}");
+    check_work(&rx.spans(), pid, "/app/ns_app.js", &ctx);
+}
