@@ -191,16 +191,7 @@ impl Procs {
     pub fn handle(&mut self, rec: Record, clock: Clock, exporter: &Exporter, requests: Option<&mut Requests>, out: &mut Out) {
         let ids = self.ids.clone();
         let src = SpanContextSource { clock, ids: &*ids };
-        let of = match &rec {
-            Record::Fork { ppid, .. } => *ppid,
-            Record::Exec { pid } | Record::Exit { pid, .. } => *pid,
-            Record::Fs(r) => r.pid,
-            Record::Dns(r) => r.pid,
-            Record::Loop(r) => r.pid,
-            Record::Http(r) => r.pid,
-            Record::Stack(r) => r.pid,
-        };
-        if let Some(p) = self.procs.get_mut(&of) {
+        if let Some(p) = self.procs.get_mut(&rec.pid()) {
             p.records += 1;
         }
         let pid = match &rec {
@@ -225,11 +216,8 @@ impl Procs {
                 }
                 return;
             }
-            Record::Fs(r) => r.pid,
-            Record::Dns(r) => r.pid,
-            Record::Loop(r) => r.pid,
-            Record::Http(r) => r.pid,
             Record::Stack(_) => return,
+            _ => rec.pid(),
         };
         self.procs.entry(pid).or_insert_with(|| Proc::new(false, None));
         self.register(pid, exporter);

@@ -154,6 +154,20 @@ pub enum Record {
     },
 }
 
+impl Record {
+    /// The process the record is of (a fork's: the child).
+    pub fn pid(&self) -> u32 {
+        match self {
+            Record::Fs(r) => r.pid,
+            Record::Dns(r) => r.pid,
+            Record::Loop(r) => r.pid,
+            Record::Http(r) => r.pid,
+            Record::Stack(r) => r.pid,
+            Record::Fork { pid, .. } | Record::Exec { pid } | Record::Exit { pid, .. } => *pid,
+        }
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum DecodeError {
     Short { kind: u32, len: usize },
