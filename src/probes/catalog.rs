@@ -507,6 +507,36 @@ pub fn phase(i: usize) -> Option<&'static Phase> {
 mod tests {
     use super::*;
 
+    /// Every `enum probe_kind` value in bpf/uvspan.h has a catalog row and a
+    /// handler in the BPF side: a `case` in `dispatch()`, or (PROBE_EPOLL_WAIT,
+    /// a session uprobe of its own) its own check in the session program.
+    #[test]
+    fn every_probe_kind_has_a_catalog_row_and_a_handler() {
+        let header = include_str!("../../bpf/uvspan.h");
+        let bpf = include_str!("../../bpf/uvspan.bpf.c");
+        let body = &header[header.find("enum probe_kind {").expect("enum probe_kind")..];
+        let body = &body[..body.find("};").expect("its end")];
+        let kinds: Vec<(&str, u64)> = body
+            .lines()
+            .filter_map(|l| {
+                let (name, value) = l.trim().split_once('=')?;
+                let value = value.trim().trim_start_matches(|c: char| c.is_whitespace());
+                let digits: String = value.chars().take_while(char::is_ascii_digit).collect();
+                Some((name.trim(), digits.parse().ok()?))
+            })
+            .collect();
+        assert!(kinds.len() >= 19, "enum probe_kind parsed: {kinds:?}");
+        let dispatch = &bpf[bpf.find("static __always_inline int dispatch(").expect("dispatch()")..];
+        let dispatch = &dispatch[..dispatch.find("\n}\n").expect("its end")];
+        let rows = all_probes();
+        for (name, value) in kinds {
+            assert!(rows.iter().any(|p| u64::from(p.kind.0) == value), "{name} has no catalog row");
+            let handled =
+                dispatch.contains(&format!("case {name}:")) || (name == "PROBE_EPOLL_WAIT" && bpf.contains(&format!("== {name}")));
+            assert!(handled, "{name} has no case in dispatch() (bpf/uvspan.bpf.c)");
+        }
+    }
+
     #[test]
     fn cookie_layout_matches_bpf() {
         // uv_fs_rename(loop, req, path, new_path, cb): cb 4, path 2, path2 3, no fd
