@@ -3,9 +3,10 @@
 //!
 //! The data flow, one folder per step (ARCHITECTURE.md has the picture):
 //! discover (which processes) → symbols (where libuv is) → probes (what to
-//! attach, pure) → kernel (BPF load, attach, ring buffer) → events (records →
-//! spans) → enrich (process resources) → export (OTLP or console), with the
-//! agent loop on top wiring them together.
+//! attach, pure) → kernel (BPF load, attach, ring buffer) → events (records,
+//! and spans of each family) → requests (request context: records held per
+//! HTTP request, its spans built) → enrich (process resources) → export (OTLP
+//! or console), with the agent loop on top wiring them together.
 
 pub mod agent;
 pub mod cli;
@@ -18,5 +19,6 @@ pub mod kernel;
 pub mod listen;
 pub mod probes;
 pub mod report;
+pub mod requests;
 pub mod stacks;
 pub mod symbols;

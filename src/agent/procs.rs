@@ -10,9 +10,9 @@ use crate::discover::pidns::Views;
 use crate::enrich::resource::ProcessInfo;
 use crate::events::clock::Clock;
 use crate::events::decode::Record;
-use crate::events::requests::{Ready, Requests};
 use crate::events::spans::{self, Span, SpanContextSource};
 use crate::export::Exporter;
+use crate::requests::{Ready, Requests};
 
 /// One traced process.
 struct Proc {

@@ -5,11 +5,11 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::events::requests::RequestStats;
 use crate::export::health::Health;
 use crate::export::Summary;
 use crate::kernel::tracer::Stats;
 use crate::probes::plan::{notices, ProbeState, ProbeStatus};
+use crate::requests::RequestStats;
 use crate::symbols::Images;
 
 /// Counters of the run, besides the exporter's and the kernel's.

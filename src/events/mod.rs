@@ -1,8 +1,9 @@
 //! From kernel records to spans: [`decode`] the ring buffer's bytes, build
 //! [`spans`] with wall-clock times from the [`clock`] and error names from
-//! [`errno`], joined to the HTTP [`requests`] that caused them. Pure: no kernel needed, so recorded runs replay in tests.
+//! [`errno`]. The next stage, [`crate::requests`], holds the records of an
+//! HTTP request's work and builds them under it. Pure: no kernel needed, so
+//! recorded runs replay in tests.
 pub mod clock;
 pub mod decode;
 pub mod errno;
-pub mod requests;
 pub mod spans;

@@ -13,6 +13,7 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use crate::events::spans::Span as UvSpan;
+use crate::requests::RequestKey;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceId};
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value as PbValue;
@@ -76,27 +77,6 @@ fn int_attr(kvs: &[PbKeyValue], keys: &[&str]) -> Option<i64> {
         PbValue::StringValue(s) => s.parse().ok(),
         _ => None,
     })
-}
-
-/// What uvspan saw of a request whose SERVER span is the app's.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RequestKey {
-    /// The process as uvspan sees it.
-    pub pid: u32,
-    /// The process as it sees itself (its SDK's `process.pid`): differs
-    /// from `pid` for an app in a PID namespace below uvspan's.
-    pub app_pid: u32,
-    /// The incoming traceparent's trace and span.
-    pub incoming: Option<(TraceId, SpanId)>,
-    pub peer_port: Option<u16>,
-    pub start: SystemTime,
-    pub end: SystemTime,
-    /// The span the request's top spans were built under (re-pointed at the
-    /// app's SERVER span when joined).
-    pub parent: SpanId,
-    /// uvspan's own SERVER span of the request, made in case the app's does
-    /// not arrive: not sent when it does (one SERVER span per request).
-    pub own_server: Option<SpanId>,
 }
 
 /// Counters of the joiner.

@@ -1,0 +1,190 @@
+//! A finished request's spans: its SERVER span (with the request's
+//! attributes), the fs/DNS work it held built under it, and a CLIENT span
+//! per outgoing HTTP call it made. Pure.
+
+use std::borrow::Cow;
+
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags};
+
+use super::head::{host_port, redact_query};
+use super::tracker::{Call, Request};
+use crate::events::spans::{build_into, KeyValue, Parent, Span, SpanContextSource};
+
+/// A finished request's spans, built into `spans`: its SERVER span (when
+/// uvspan makes it), its held work under `parent`, a CLIENT span per
+/// outgoing call.
+pub(super) fn request_spans(req: &mut Request, parent: &Parent, src: &SpanContextSource<'_>, spans: &mut Vec<Span>) {
+    let n = req.held.len() + 1 + req.calls.len();
+    spans.reserve(n);
+    if req.server_span {
+        spans.push(server_span(req, src));
+    }
+    for rec in std::mem::take(&mut req.held) {
+        build_into(rec, src, Some(parent), spans);
+    }
+    for call in &req.calls {
+        spans.push(client_span(req, call, parent, src));
+    }
+}
+
+/// A span of the request under `parent` (times in kernel ns).
+fn span(
+    src: &SpanContextSource<'_>,
+    parent: &Parent,
+    span_id: SpanId,
+    name: Cow<'static, str>,
+    kind: SpanKind,
+    (start, end): (u64, u64),
+    attributes: Vec<KeyValue>,
+) -> Span {
+    Span {
+        span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, parent.state.clone()),
+        parent_span_id: parent.span_id,
+        parent_span_is_remote: parent.remote,
+        span_kind: kind,
+        name,
+        start_ns: src.clock.to_wall_ns(start),
+        end_ns: src.clock.to_wall_ns(end.max(start)),
+        attributes,
+        events: Vec::new(),
+        status: Status::Unset,
+    }
+}
+
+/// The request's SERVER span: under the incoming parent, or a root.
+fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
+    let parent = match req.incoming {
+        Some((_, span, _)) => Parent { trace_id: req.trace_id(), span_id: span, remote: true, state: req.state.clone() },
+        None => Parent { trace_id: req.trace_id(), span_id: SpanId::INVALID, remote: false, state: req.state.clone() },
+    };
+    let h = &req.head;
+    // Sized for all it may get (one allocation).
+    let mut attrs = Vec::with_capacity(13);
+    attrs.extend([
+        KeyValue::new("http.request.method", h.method.clone()),
+        KeyValue::new("url.path", h.path.clone()),
+        KeyValue::new("url.scheme", if req.tls { "https" } else { "http" }),
+        KeyValue::new("network.protocol.version", h.version),
+        KeyValue::new("thread.id", i64::from(req.tid)),
+    ]);
+    if let Some(q) = &h.query {
+        attrs.push(KeyValue::new("url.query", redact_query(q)));
+    }
+    if let Some(p) = req.peer {
+        attrs.push(KeyValue::new("client.address", p.ip().to_string()));
+        attrs.push(KeyValue::new("client.port", i64::from(p.port())));
+    }
+    if let Some(p) = req.local_port {
+        attrs.push(KeyValue::new("server.port", i64::from(p)));
+    }
+    if let Some(ua) = h.header("user-agent") {
+        attrs.push(KeyValue::new("user_agent.original", ua.to_string()));
+    }
+    let end = req.last_ns;
+    let mut s = span(src, &parent, req.span_id, h.method.clone(), SpanKind::Server, (req.start_ns, end), attrs);
+    match req.status {
+        Some(code) => {
+            s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+            if code >= 500 {
+                s.status = Status::error(format!("HTTP {code}"));
+                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+            }
+        }
+        None => s.attributes.push(KeyValue::new("uvspan.http.response_seen", false)),
+    }
+    s
+}
+
+/// A CLIENT span for an outgoing call the request made.
+fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> Span {
+    let h = &call.head;
+    let mut attrs = vec![
+        KeyValue::new("http.request.method", h.method.clone()),
+        KeyValue::new("url.path", h.path.clone()),
+        KeyValue::new("url.scheme", if call.tls { "https" } else { "http" }),
+    ];
+    if let Some(host) = h.header("host") {
+        let (name, port) = host_port(host, if call.tls { 443 } else { 80 });
+        attrs.push(KeyValue::new("server.address", name.to_string()));
+        attrs.push(KeyValue::new("server.port", i64::from(port)));
+    }
+    if let Some(tp) = h.header("traceparent") {
+        attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
+    }
+    let end = call.end_ns.unwrap_or(req.last_ns.max(call.start_ns));
+    let mut s = span(src, parent, src.ids.new_span_id(), h.method.clone(), SpanKind::Client, (call.start_ns, end), attrs);
+    if let Some(code) = call.status {
+        s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+        if code >= 400 {
+            s.status = Status::error(format!("HTTP {code}"));
+            s.attributes.push(KeyValue::new("error.type", code.to_string()));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TraceId;
+
+    use super::*;
+    use crate::events::decode::HttpWhat;
+    use crate::events::spans::Value;
+    use crate::requests::testing::{attr, fs, http, run, TP};
+    use crate::requests::tracker::NO_RESPONSE_NS;
+
+    #[test]
+    fn a_request_with_traceparent_and_its_work_form_one_subtree_of_the_callers_trace() {
+        let spans = run(|r, src, ready| {
+            r.http(
+                &http(HttpWhat::Request, 1, 100, 1_000, &format!("GET /x?key=s HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")),
+                false,
+                src,
+                ready,
+            );
+            assert!(r.work(fs(1, 2_000, 3_000), src, ready).is_none(), "held");
+            assert!(r.work(fs(0, 2_000, 3_000), src, ready).is_some(), "no cause: its own trace");
+            r.http(&http(HttpWhat::Write, 1, 100, 4_000, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), false, src, ready);
+        });
+        assert_eq!(spans.len(), 2, "finished when the whole response was written");
+        let (server, stat) = (&spans[0], &spans[1]);
+        let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
+        assert_eq!(server.span_kind, SpanKind::Server);
+        assert_eq!(server.name, "GET");
+        assert_eq!(server.span_context.trace_id(), trace);
+        assert_eq!(server.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
+        assert!(server.parent_span_is_remote);
+        assert_eq!(attr(server, "http.response.status_code"), Some(&Value::I64(200)));
+        assert_eq!(attr(server, "url.query"), Some(&Value::from("key=REDACTED")));
+        assert_eq!(attr(server, "client.address"), Some(&Value::from("10.0.0.2")));
+        assert_eq!(attr(server, "server.port"), Some(&Value::I64(8080)));
+        assert_eq!(stat.span_context.trace_id(), trace);
+        assert_eq!(stat.parent_span_id, server.span_context.span_id());
+        assert!(!stat.parent_span_is_remote);
+    }
+
+    #[test]
+    fn outgoing_calls_are_client_spans_and_lend_the_request_their_trace() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET / HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(
+                &http(HttpWhat::Write, 1, 200, 2_000, &format!("GET /up HTTP/1.1\r\nHost: api:9000\r\ntraceparent: {TP}\r\n\r\n")),
+                false,
+                src,
+                ready,
+            );
+            r.http(&http(HttpWhat::Response, 1, 200, 3_000, "HTTP/1.1 503 Busy\r\n\r\n"), false, src, ready);
+            r.work(fs(1, 3_100, 3_200), src, ready);
+            r.expire(3_200 + NO_RESPONSE_NS, src, ready);
+        });
+        assert_eq!(spans.len(), 3);
+        let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
+        assert!(spans.iter().all(|s| s.span_context.trace_id() == trace), "the app's trace id, learned from its outgoing call");
+        let client = spans.iter().find(|s| s.span_kind == SpanKind::Client).unwrap();
+        assert_eq!(client.parent_span_id, spans[0].span_context.span_id());
+        assert_eq!(attr(client, "server.address"), Some(&Value::from("api")));
+        assert_eq!(attr(client, "server.port"), Some(&Value::I64(9000)));
+        assert_eq!(attr(client, "http.response.status_code"), Some(&Value::I64(503)));
+        assert!(matches!(client.status, Status::Error { .. }));
+    }
+}

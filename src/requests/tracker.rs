@@ -1,0 +1,544 @@
+//! The request tracker: each request a process serves, from its head to its
+//! end, and the fs/DNS work it caused (the kernel tags each operation with
+//! its cause). A request's work is held until the request ends (its response
+//! written, the next request on its connection, its process gone, or a
+//! quiet period), then its spans are built in one batch
+//! ([`super::spans`]). Work that arrives after its request ended still joins
+//! its trace (recent requests are remembered). With `--otlp-listen`, a
+//! request's spans go to the joiner with the [`RequestKey`] it matches them
+//! on. Pure: no kernel, no clock of its own.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::time::SystemTime;
+
+use opentelemetry::trace::{SpanId, TraceId, TraceState};
+use rustc_hash::FxHashMap;
+
+use super::head::{parse_request, parse_status, parse_traceparent, Head};
+use super::spans::request_spans;
+use crate::events::decode::{HttpRecord, HttpWhat, Record};
+use crate::events::spans::{build_in, build_into, Parent, Span, SpanContextSource};
+
+/// Operations held per request before they are sent as they come.
+const HELD_MAX: usize = 512;
+/// Requests held at once before the oldest is sent as it is.
+const OPEN_MAX: usize = 8192;
+/// Finished requests remembered for work that arrives late.
+const RECENT_MAX: usize = 8192;
+/// A request with its response started and no write since: over.
+const QUIET_NS: u64 = 1_000_000_000;
+/// A request with no response seen: over after this.
+pub(super) const NO_RESPONSE_NS: u64 = 30_000_000_000;
+
+/// What uvspan saw of a request whose SERVER span is the app's.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestKey {
+    /// The process as uvspan sees it.
+    pub pid: u32,
+    /// The process as it sees itself (its SDK's `process.pid`): differs
+    /// from `pid` for an app in a PID namespace below uvspan's.
+    pub app_pid: u32,
+    /// The incoming traceparent's trace and span.
+    pub incoming: Option<(TraceId, SpanId)>,
+    pub peer_port: Option<u16>,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    /// The span the request's top spans were built under (re-pointed at the
+    /// app's SERVER span when joined).
+    pub parent: SpanId,
+    /// uvspan's own SERVER span of the request, made in case the app's does
+    /// not arrive: not sent when it does (one SERVER span per request).
+    pub own_server: Option<SpanId>,
+}
+
+/// Counters of the request tracker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RequestStats {
+    pub requests: u64,
+    /// Requests whose traceparent was malformed (ignored: a new trace).
+    pub bad_traceparent: u64,
+    /// Requests their caller did not sample: their spans are not exported.
+    pub unsampled: u64,
+    /// Operations sent as they came because their request held too many,
+    /// or too many requests were open.
+    pub not_held: u64,
+}
+
+/// An outgoing HTTP call a request made.
+#[derive(Clone, Debug)]
+pub(super) struct Call {
+    conn: u64,
+    pub(super) start_ns: u64,
+    pub(super) end_ns: Option<u64>,
+    pub(super) head: Head,
+    pub(super) status: Option<u16>,
+    pub(super) tls: bool,
+}
+
+/// A request in progress (what the span builder reads is `pub(super)`).
+#[derive(Clone, Debug)]
+pub(super) struct Request {
+    pid: u32,
+    pub(super) tid: u32,
+    conn: u64,
+    pub(super) start_ns: u64,
+    pub(super) last_ns: u64,
+    pub(super) head: Head,
+    pub(super) tls: bool,
+    pub(super) peer: Option<SocketAddr>,
+    pub(super) local_port: Option<u16>,
+    /// The SERVER span's id (also the parent of the request's work).
+    pub(super) span_id: SpanId,
+    /// From an incoming traceparent: (trace, parent span, sampled).
+    pub(super) incoming: Option<(TraceId, SpanId, bool)>,
+    pub(super) state: TraceState,
+    /// Learned from an outgoing traceparent the app wrote (no incoming one).
+    adopted: Option<TraceId>,
+    own_trace: TraceId,
+    pub(super) status: Option<u16>,
+    response_conn: Option<u64>,
+    /// Bytes the response takes (head + body), when it says.
+    response_total: Option<u64>,
+    response_written: u64,
+    pub(super) held: Vec<Record>,
+    pub(super) calls: Vec<Call>,
+    /// uvspan makes the SERVER span (not the app's SDK).
+    pub(super) server_span: bool,
+}
+
+impl Request {
+    pub(super) fn trace_id(&self) -> TraceId {
+        self.incoming.map(|i| i.0).or(self.adopted).unwrap_or(self.own_trace)
+    }
+
+    fn sampled(&self) -> bool {
+        self.incoming.is_none_or(|i| i.2)
+    }
+
+    fn complete(&self) -> bool {
+        self.response_total.is_some_and(|t| self.response_written >= t)
+    }
+
+    /// Where the request's work goes: under the SERVER span (or, without
+    /// one, under the incoming parent).
+    fn parent(&self) -> Parent {
+        let (span_id, remote) =
+            if self.server_span { (self.span_id, false) } else { self.incoming.map_or((SpanId::INVALID, false), |i| (i.1, true)) };
+        Parent { trace_id: self.trace_id(), span_id, remote, state: self.state.clone() }
+    }
+}
+
+pub struct Requests {
+    open: FxHashMap<u64, Request>,
+    /// Arrival order of open requests (for the OPEN_MAX bound).
+    order: VecDeque<u64>,
+    /// (pid, server connection) -> its request in progress.
+    by_conn: FxHashMap<(u32, u64), u64>,
+    recent: FxHashMap<u64, (u32, Parent, Option<RequestKey>)>,
+    recent_order: VecDeque<u64>,
+    /// A SERVER span per request also where the app's SDK makes its own.
+    always_server_spans: bool,
+    /// --otlp-listen: the spans of requests whose SERVER span is the app's
+    /// go to `joinable` (with what identifies the request), not `ready`.
+    join: bool,
+    pub joinable: Vec<(RequestKey, Vec<Span>)>,
+    pub stats: RequestStats,
+}
+
+/// Spans ready to send, per process (a batch's: spans are built straight
+/// into their process's list).
+pub type Ready = FxHashMap<u32, Vec<Span>>;
+
+impl Requests {
+    pub fn new(always_server_spans: bool) -> Requests {
+        Requests {
+            open: FxHashMap::default(),
+            order: VecDeque::new(),
+            by_conn: FxHashMap::default(),
+            recent: FxHashMap::default(),
+            recent_order: VecDeque::new(),
+            always_server_spans,
+            join: false,
+            joinable: Vec::new(),
+            stats: RequestStats::default(),
+        }
+    }
+
+    /// Spans of requests served under the app's own SERVER span are handed
+    /// to the joiner (`joinable`) instead of being sent.
+    pub fn hold_for_join(&mut self) {
+        self.join = true;
+    }
+
+    /// What the joiner matches the request on (None: not joining). Every
+    /// request is held for the join, whether or not its process is known to
+    /// run an SDK yet (an app that loads its SDK from its own code exports
+    /// only after its first requests): uvspan's SERVER span is made in case
+    /// the app's does not arrive, and dropped when it does (but with
+    /// `--requests always`, which asks for both).
+    fn join_key(&self, req: &Request, src: &SpanContextSource<'_>) -> Option<RequestKey> {
+        self.join.then(|| RequestKey {
+            pid: req.pid,
+            app_pid: req.pid,
+            incoming: req.incoming.map(|i| (i.0, i.1)),
+            peer_port: req.peer.map(|p| p.port()),
+            start: src.clock.to_wall(req.start_ns),
+            end: src.clock.to_wall(req.last_ns),
+            parent: req.parent().span_id,
+            own_server: (req.server_span && !self.always_server_spans).then_some(req.span_id),
+        })
+    }
+
+    /// Requests open now.
+    pub fn open(&self) -> usize {
+        self.open.len()
+    }
+
+    /// An HTTP record: a new request, a response's bytes, an outgoing call.
+    /// `app_sdk`: the process runs the OpenTelemetry SDK, whose own SERVER
+    /// span stands for the request.
+    pub fn http(&mut self, r: &HttpRecord, app_sdk: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        match r.what {
+            HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
+            HttpWhat::Write => self.write(r, src, ready),
+            HttpWhat::Response => self.response(r),
+        }
+    }
+
+    fn start(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        // Keep-alive: the previous request on the connection is over. (An
+        // unknown connection, 0: a socket that reached the server without a
+        // libuv stream callback, says nothing about other requests.)
+        if r.conn != 0 {
+            if let Some(prev) = self.by_conn.insert((r.pid, r.conn), r.cause) {
+                if prev != r.cause {
+                    self.finish(prev, src, ready);
+                }
+            }
+        }
+        let head = parse_request(&r.data).unwrap_or_default();
+        let incoming = head.header("traceparent").map(parse_traceparent);
+        if matches!(incoming, Some(None)) {
+            self.stats.bad_traceparent += 1;
+        }
+        let incoming = incoming.flatten();
+        let state = match (incoming, head.header("tracestate")) {
+            (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
+            _ => TraceState::NONE,
+        };
+        self.stats.requests += 1;
+        if incoming.is_some_and(|i| !i.2) {
+            self.stats.unsampled += 1;
+        }
+        let req = Request {
+            pid: r.pid,
+            tid: r.tid,
+            conn: r.conn,
+            start_ns: r.ts_ns,
+            last_ns: r.ts_ns,
+            head,
+            tls: r.tls,
+            peer: r.peer,
+            local_port: r.local_port,
+            span_id: src.ids.new_span_id(),
+            incoming,
+            state,
+            adopted: None,
+            own_trace: src.ids.new_trace_id(),
+            status: None,
+            response_conn: None,
+            response_total: None,
+            response_written: 0,
+            // An fs read and a DNS lookup or two: one allocation, not grown.
+            held: Vec::with_capacity(8),
+            calls: Vec::new(),
+            server_span,
+        };
+        self.open.insert(r.cause, req);
+        self.order.push_back(r.cause);
+        while self.open.len() > OPEN_MAX {
+            let Some(oldest) = self.order.pop_front() else { break };
+            if self.open.contains_key(&oldest) {
+                self.stats.not_held += 1;
+                self.finish(oldest, src, ready);
+            }
+        }
+    }
+
+    fn write(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = r.ts_ns;
+        if req.response_conn.is_none() {
+            if let Some(st) = parse_status(&r.data) {
+                req.status = Some(st.status);
+                req.response_conn = Some(r.conn);
+                // Its plaintext came through SSL_write: an HTTPS request.
+                req.tls |= r.tls;
+                req.response_total = match (st.head_len, st.content_length, st.chunked) {
+                    (Some(h), Some(n), false) => Some(h + n),
+                    _ => None,
+                };
+            } else if let Some(head) = parse_request(&r.data) {
+                // An outgoing call; an app that writes a traceparent (its
+                // SDK) says which trace the request is in.
+                if req.incoming.is_none() && req.adopted.is_none() {
+                    req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
+                }
+                req.calls.push(Call { conn: r.conn, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls });
+                return;
+            }
+        }
+        if req.response_conn == Some(r.conn) {
+            req.response_written += u64::from(r.len);
+            if req.complete() {
+                self.finish(r.cause, src, ready);
+            }
+        }
+    }
+
+    fn response(&mut self, r: &HttpRecord) {
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = r.ts_ns;
+        let status = parse_status(&r.data).map(|s| s.status);
+        if let Some(call) = req.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()) {
+            call.end_ns = Some(r.ts_ns);
+            call.status = status;
+        }
+    }
+
+    /// An fs or DNS record: held with its request, sent under it if the
+    /// request is over, or given back (no cause known: its own trace).
+    pub fn work(&mut self, rec: Record, src: &SpanContextSource<'_>, ready: &mut Ready) -> Option<Record> {
+        let (cause, pid, end) = match &rec {
+            Record::Fs(r) => (r.cause, r.pid, r.end_ns),
+            Record::Dns(r) => (r.cause, r.pid, r.end_ns),
+            _ => return Some(rec),
+        };
+        if cause == 0 {
+            return Some(rec);
+        }
+        if let Some(req) = self.open.get_mut(&cause) {
+            req.last_ns = req.last_ns.max(end);
+            if req.held.len() < HELD_MAX {
+                req.held.push(rec);
+                return None;
+            }
+            self.stats.not_held += 1;
+            if req.sampled() {
+                let parent = req.parent();
+                let key = self.join_key(&self.open[&cause], src);
+                send_late(&mut self.joinable, ready, key, pid, rec, &parent, src);
+            }
+            return None;
+        }
+        match self.recent.get(&cause) {
+            Some((sampled_pid, parent, key)) if *sampled_pid == pid => {
+                if parent.trace_id != TraceId::INVALID {
+                    send_late(&mut self.joinable, ready, key.clone(), pid, rec, parent, src);
+                }
+                None
+            }
+            _ => Some(rec),
+        }
+    }
+
+    /// Requests over by now (`now_ns`, kernel time): their spans.
+    pub fn expire(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let over: Vec<u64> = self
+            .open
+            .iter()
+            .filter(|(_, r)| {
+                let quiet = now_ns.saturating_sub(r.last_ns);
+                (r.status.is_some() && quiet >= QUIET_NS) || quiet >= NO_RESPONSE_NS
+            })
+            .map(|(c, _)| *c)
+            .collect();
+        for c in over {
+            self.finish(c, src, ready);
+        }
+    }
+
+    /// A process exited: its requests are over.
+    pub fn exited(&mut self, pid: u32, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let mine: Vec<u64> = self.open.iter().filter(|(_, r)| r.pid == pid).map(|(c, _)| *c).collect();
+        for c in mine {
+            self.finish(c, src, ready);
+        }
+        self.by_conn.retain(|(p, _), _| *p != pid);
+    }
+
+    /// Everything still open (uvspan is stopping).
+    pub fn finish_all(&mut self, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let all: Vec<u64> = self.open.keys().copied().collect();
+        for c in all {
+            self.finish(c, src, ready);
+        }
+    }
+
+    /// A request is over: its spans, and its context kept for late work.
+    fn finish(&mut self, cause: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let Some(mut req) = self.open.remove(&cause) else { return };
+        if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
+            self.by_conn.remove(&(req.pid, req.conn));
+        }
+        let parent = req.parent();
+        let sampled = req.sampled();
+        // Late work of an unsampled request is not exported either.
+        let remembered = if sampled { parent.clone() } else { Parent { trace_id: TraceId::INVALID, ..parent.clone() } };
+        let key = self.join_key(&req, src);
+        self.recent.insert(cause, (req.pid, remembered, key.clone()));
+        self.recent_order.push_back(cause);
+        while self.recent_order.len() > RECENT_MAX {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+        if !sampled {
+            return;
+        }
+        let mut joined = Vec::new();
+        // Built into the process's list itself (no list per request), but
+        // for the joiner, which takes them per request.
+        let spans = match key {
+            Some(_) => &mut joined,
+            None => ready.entry(req.pid).or_default(),
+        };
+        request_spans(&mut req, &parent, src, spans);
+        if let Some(key) = key {
+            self.joinable.push((key, joined));
+        }
+    }
+}
+
+/// A record of a request that is not held (over, or holding its maximum):
+/// its spans under `parent`, to the joiner with `key`, else straight into
+/// its process's list.
+fn send_late(
+    joinable: &mut Vec<(RequestKey, Vec<Span>)>,
+    ready: &mut Ready,
+    key: Option<RequestKey>,
+    pid: u32,
+    rec: Record,
+    parent: &Parent,
+    src: &SpanContextSource<'_>,
+) {
+    match key {
+        Some(key) => joinable.push((key, build_in(rec, src, Some(parent)))),
+        None => build_into(rec, src, Some(parent), ready.entry(pid).or_default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::SpanId;
+
+    use super::*;
+    use crate::events::spans::Value;
+    use crate::requests::testing::{attr, fs, http, run, TP};
+
+    #[test]
+    fn keep_alive_bad_traceparent_late_work_and_unsampled() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /1 HTTP/1.1\r\ntraceparent: nonsense\r\n\r\n"), false, src, ready);
+            r.work(fs(1, 1_100, 1_200), src, ready);
+            // The next request on the connection ends the first.
+            r.http(
+                &http(HttpWhat::Request, 2, 100, 5_000, &format!("GET /2 HTTP/1.1\r\ntraceparent: {}\r\n\r\n", TP.replace("-01", "-00"))),
+                false,
+                src,
+                ready,
+            );
+            // Late work of request 1 joins its trace; request 2's is not sampled.
+            assert!(r.work(fs(1, 6_000, 7_000), src, ready).is_none());
+            assert!(r.work(fs(2, 6_000, 7_000), src, ready).is_none());
+            r.finish_all(src, ready);
+            assert_eq!(r.stats.bad_traceparent, 1);
+            assert_eq!(r.stats.unsampled, 1);
+        });
+        assert_eq!(spans.len(), 3, "request 1, its stat, its late stat; nothing of the unsampled request 2");
+        let t = spans[0].span_context.trace_id();
+        assert!(spans.iter().all(|s| s.span_context.trace_id() == t));
+        assert_eq!(spans[0].parent_span_id, SpanId::INVALID, "a malformed traceparent is ignored: a new trace");
+        assert_eq!(attr(&spans[0], "uvspan.http.response_seen"), Some(&Value::Bool(false)));
+    }
+
+    #[test]
+    fn requests_on_unknown_connections_do_not_end_each_other() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 0, 1_000, "GET /a HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Request, 2, 0, 1_500, "GET /b HTTP/1.1\r\n\r\n"), false, src, ready);
+            assert_eq!(r.open(), 2, "both still open");
+            r.work(fs(1, 2_000, 2_100), src, ready);
+            r.finish_all(src, ready);
+        });
+        assert_eq!(spans.len(), 3);
+        assert_eq!(spans.iter().filter(|s| s.parent_span_id != SpanId::INVALID).count(), 1, "request 1's stat under it");
+    }
+
+    #[test]
+    fn with_the_apps_sdk_work_hangs_under_the_incoming_parent() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), true, src, ready);
+            r.work(fs(1, 1_100, 1_200), src, ready);
+            r.exited(7, src, ready);
+        });
+        assert_eq!(spans.len(), 1);
+        assert_eq!(spans[0].parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
+        assert!(spans[0].parent_span_is_remote);
+    }
+
+    /// Any order of records, any head in them: no panic, and no more
+    /// requests stay open than came.
+    mod props {
+        use proptest::prelude::*;
+
+        use super::*;
+        use crate::requests::testing::bytes;
+
+        /// (what, cause, connection, time, which of the heads).
+        fn record() -> impl Strategy<Value = (u8, u64, u64, u64, prop::sample::Index)> {
+            (0u8..4, 0u64..4, 0u64..4, 0u64..3_000_000_000, any::<prop::sample::Index>())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+            /// Requests, writes, responses and work in any order: spans
+            /// come out, nothing panics, no more requests stay open than came.
+            #[test]
+            fn any_sequence_of_records_builds_spans(
+                heads in prop::collection::vec(bytes(), 1..6),
+                records in prop::collection::vec(record(), 0..40),
+                work in prop::collection::vec((0u64..4, 0u64..3_000_000_000), 0..10),
+            ) {
+                let spans = run(|r, src, ready| {
+                    let mut started = 0;
+                    for (what, cause, conn, ts, head) in &records {
+                        let data = &heads[head.index(heads.len())];
+                        let what = match what {
+                            0 | 1 => HttpWhat::Request,
+                            2 => HttpWhat::Write,
+                            _ => HttpWhat::Response,
+                        };
+                        started += usize::from(what == HttpWhat::Request);
+                        let mut rec = http(what, *cause, *conn, *ts, "");
+                        rec.data = data.clone();
+                        rec.len = data.len() as u32;
+                        r.http(&rec, *cause == 3, src, ready);
+                        assert!(r.open() <= started);
+                    }
+                    for (cause, ts) in &work {
+                        let _ = r.work(fs(*cause, *ts, ts + 100), src, ready);
+                    }
+                    r.expire(u64::MAX / 2, src, ready);
+                    r.finish_all(src, ready);
+                    assert_eq!(r.open(), 0);
+                });
+                for s in &spans {
+                    prop_assert!(s.end_ns >= s.start_ns);
+                }
+            }
+        }
+    }
+}
