@@ -401,7 +401,7 @@ pub fn export_request<S: Borrow<Span>>(resource: &Resource, spans: &[S]) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::events::spans::{scope, Event};
+    use crate::events::spans::{scope, Event, Family};
     use opentelemetry::trace::{SpanContext, TraceFlags, TraceId, TraceState};
     use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
     use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
@@ -459,6 +459,7 @@ mod tests {
                 1 => Status::error("ENOENT: no such file or directory"),
                 _ => Status::Ok,
             },
+            family: Family::Other,
         }
     }
 

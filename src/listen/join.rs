@@ -293,6 +293,7 @@ mod tests {
             attributes: vec![],
             events: vec![],
             status: Status::Unset,
+            family: crate::events::spans::Family::Fs("stat"),
         }
     }
 

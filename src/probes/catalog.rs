@@ -183,6 +183,11 @@ const fn op(symbol: &'static str, span: &'static str, cb: u8, path: Option<u8>, 
 }
 
 impl FsOp {
+    /// The operation's name: its span's without `fs.` (`stat`).
+    pub fn op(&self) -> &'static str {
+        self.span.strip_prefix("fs.").unwrap_or(self.span)
+    }
+
     const fn gives(self, result: FsResult) -> FsOp {
         FsOp { result, ..self }
     }
@@ -574,6 +579,7 @@ mod tests {
         assert!(FS_OPS.len() < 256);
         for op in FS_OPS {
             assert_eq!(op.span, op.symbol.replacen("uv_fs_", "fs.", 1));
+            assert_eq!(op.op(), op.symbol.replacen("uv_fs_", "", 1));
             assert!(op.cb <= 7 && op.path.is_some() != op.fd.is_some() || op.path.is_none());
         }
     }

@@ -1,7 +1,7 @@
 //! The report's numbers: a pure fold of finished spans into per-process and
 //! total sections (fs by op with p50/p99/max, top paths, DNS names, blocked
-//! loop iterations). Only `fs.*`, `dns.getaddrinfo` and `uv.loop.iteration`
-//! spans count; phase children and HTTP spans are ignored.
+//! loop iterations). Spans count by their family (never by their names):
+//! fs, DNS and loop iterations; phase children and HTTP spans are ignored.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::SystemTime;
@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use opentelemetry::trace::Status;
 use serde::Serialize;
 
-use crate::events::spans::{keys, Span, Value, DNS, ITERATION};
+use crate::events::spans::{keys, Family, Span, Value};
 
 /// The stack of a slow iteration, when uvspan captured one.
 pub const STACKTRACE: &str = "code.stacktrace";
@@ -164,21 +164,22 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
     };
     let ms = s.ms();
     let failed = matches!(s.status, Status::Error { .. });
-    let item = if let Some(op) = s.name.strip_prefix("fs.") {
-        let on_loop = int(keys::THREAD_ID) == Some(i64::from(pid));
-        let sync = matches!(attr(keys::SYNC), Some(Value::Bool(true)));
-        Item::Fs { op: op.to_string(), path: text(keys::FILE_PATH), sync_on_loop: sync && on_loop }
-    } else if s.name == DNS {
-        Item::Dns { name: text(keys::DNS_NAME).unwrap_or_default() }
-    } else if s.name == ITERATION {
-        let busy = match attr(keys::BUSY) {
-            Some(Value::F64(v)) => *v,
-            _ => ms,
-        };
-        let tid = int(keys::THREAD_ID).unwrap_or(i64::from(pid));
-        return Some((Item::Iteration { tid, stack: text(STACKTRACE) }, busy, failed));
-    } else {
-        return None;
+    let item = match s.family {
+        Family::Fs(op) => {
+            let on_loop = int(keys::THREAD_ID) == Some(i64::from(pid));
+            let sync = matches!(attr(keys::SYNC), Some(Value::Bool(true)));
+            Item::Fs { op: op.to_string(), path: text(keys::FILE_PATH), sync_on_loop: sync && on_loop }
+        }
+        Family::Dns => Item::Dns { name: text(keys::DNS_NAME).unwrap_or_default() },
+        Family::Iteration => {
+            let busy = match attr(keys::BUSY) {
+                Some(Value::F64(v)) => *v,
+                _ => ms,
+            };
+            let tid = int(keys::THREAD_ID).unwrap_or(i64::from(pid));
+            return Some((Item::Iteration { tid, stack: text(STACKTRACE) }, busy, failed));
+        }
+        Family::Phase | Family::Http | Family::Other => return None,
     };
     Some((item, ms, failed))
 }
@@ -413,7 +414,7 @@ pub(crate) mod tests {
 
     use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceFlags, TraceId, TraceState};
 
-    use crate::events::spans::KeyValue;
+    use crate::events::spans::{KeyValue, DNS, ITERATION};
 
     use super::*;
 
@@ -421,8 +422,8 @@ pub(crate) mod tests {
         UNIX_EPOCH + Duration::from_secs(1_700_000_000)
     }
 
-    /// A span starting `at` ms into the run, lasting `ms`.
-    pub fn span(name: &'static str, at: f64, ms: f64, attrs: Vec<KeyValue>, error: Option<&str>) -> Span {
+    /// A span of `family` starting `at` ms into the run, lasting `ms`.
+    pub fn span(family: Family, name: &'static str, at: f64, ms: f64, attrs: Vec<KeyValue>, error: Option<&str>) -> Span {
         let start = t0() + Duration::from_secs_f64(at / 1e3);
         let ns = |t: SystemTime| t.duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64;
         Span {
@@ -436,6 +437,7 @@ pub(crate) mod tests {
             attributes: attrs,
             events: vec![],
             status: error.map_or(Status::Unset, |e| Status::error(e.to_string())),
+            family,
         }
     }
 
@@ -445,11 +447,11 @@ pub(crate) mod tests {
         if let Some(e) = error {
             a.push(KeyValue::new(keys::ERROR_TYPE, e.to_string()));
         }
-        span(op, at, ms, a, error)
+        span(Family::Fs(op.strip_prefix("fs.").unwrap()), op, at, ms, a, error)
     }
 
     pub fn dns(at: f64, ms: f64, name: &str, error: Option<&str>) -> Span {
-        span(DNS, at, ms, vec![KeyValue::new(keys::DNS_NAME, name.to_string()), KeyValue::new(keys::THREAD_ID, 100i64)], error)
+        span(Family::Dns, DNS, at, ms, vec![KeyValue::new(keys::DNS_NAME, name.to_string()), KeyValue::new(keys::THREAD_ID, 100i64)], error)
     }
 
     pub fn iteration(at: f64, busy: f64, tid: i64, fast_before: i64, stack: Option<&str>) -> Span {
@@ -458,7 +460,7 @@ pub(crate) mod tests {
         if let Some(s) = stack {
             a.push(KeyValue::new(STACKTRACE, s.to_string()));
         }
-        span(ITERATION, at, busy, a, None)
+        span(Family::Iteration, ITERATION, at, busy, a, None)
     }
 
     /// A run of two processes with known work (the golden report).
@@ -479,7 +481,7 @@ pub(crate) mod tests {
             t,
         );
         a.add(100, &iteration(200.0, 12.0, 100, 5, None), t);
-        a.add(100, &span("uv.loop.poll", 20.0, 100.0, vec![], None), t); // a phase child: not counted
+        a.add(100, &span(Family::Phase, "uv.loop.poll", 20.0, 100.0, vec![], None), t); // a phase child: not counted
         a.add(200, &fs("fs.stat", 300.0, 0.02, 200, true, "/app/package.json", None), t);
         a.add(200, &dns(301.0, 3.0, "localhost", None), t);
         a.exited(200, 12);
@@ -525,6 +527,43 @@ pub(crate) mod tests {
         assert_eq!(p[1].command, "node child.js");
         assert_eq!(p[1].sections.event_loop.iterations, 12, "only fast ones, from its exit record");
         assert_eq!(p[1].sections.event_loop.blocked.worst, None);
+    }
+
+    /// A span is what its family says, whatever its name looks like.
+    #[test]
+    fn spans_count_by_family_not_by_name() {
+        let attrs = || vec![KeyValue::new(keys::FILE_PATH, "/a".to_string()), KeyValue::new(keys::THREAD_ID, 100i64)];
+        // Named like a family's span, of no family: not counted.
+        for name in ["fs.stat", DNS, ITERATION] {
+            assert_eq!(classify(100, &span(Family::Other, name, 1.0, 2.0, attrs(), None)), None, "{name}");
+            assert_eq!(classify(100, &span(Family::Http, name, 1.0, 2.0, attrs(), None)), None, "{name}");
+        }
+        // Of the fs family under any name: counted under the family's op.
+        for name in ["GET", "fs.read", DNS, "stat"] {
+            let (item, ms, failed) = classify(100, &span(Family::Fs("stat"), name, 1.0, 2.0, attrs(), Some("ENOENT"))).unwrap();
+            assert_eq!(item, Item::Fs { op: "stat".into(), path: Some("/a".into()), sync_on_loop: false }, "{name}");
+            assert_eq!((ms, failed), (2.0, true));
+        }
+        let dns = classify(100, &span(Family::Dns, "fs.open", 1.0, 2.0, vec![KeyValue::new(keys::DNS_NAME, "h".to_string())], None));
+        assert_eq!(dns.map(|d| d.0), Some(Item::Dns { name: "h".into() }));
+        let it = classify(100, &span(Family::Iteration, "fs.open", 1.0, 2.0, attrs(), None));
+        assert_eq!(it.map(|i| i.0), Some(Item::Iteration { tid: 100, stack: None }));
+        // The report agrees: one fs op, under the family's name.
+        let mut a = Aggregate::default();
+        a.add(100, &span(Family::Other, "fs.stat", 1.0, 2.0, attrs(), None), t0());
+        a.add(100, &span(Family::Fs("open"), "fs.stat", 1.0, 2.0, attrs(), None), t0());
+        let facts = RunFacts {
+            command: vec![],
+            exit_code: 0,
+            wall_ms: 0.0,
+            loop_threshold_ms: 10.0,
+            loop_iterations: 0,
+            commands: Default::default(),
+            unseen: vec![],
+        };
+        let fs = a.report(&facts).total.fs;
+        assert_eq!(fs.count, 1);
+        assert_eq!(fs.by_op.keys().collect::<Vec<_>>(), ["open"]);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags};
 
 use super::head::{host_port, redact_query};
 use super::tracker::{Call, Request};
-use crate::events::spans::{build_into, KeyValue, Parent, Span, SpanContextSource};
+use crate::events::spans::{build_into, Family, KeyValue, Parent, Span, SpanContextSource};
 
 /// A finished request's spans, built into `spans`: its SERVER span (when
 /// uvspan makes it), its held work under `parent`, a CLIENT span per
@@ -48,6 +48,7 @@ fn span(
         attributes,
         events: Vec::new(),
         status: Status::Unset,
+        family: Family::Http,
     }
 }
 

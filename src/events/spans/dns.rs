@@ -2,7 +2,7 @@
 
 use opentelemetry::trace::SpanKind;
 
-use super::{fail, keys, threadpool, Builder, KeyValue, Span, Value, DNS};
+use super::{fail, keys, threadpool, Builder, Family, KeyValue, Span, Value, DNS};
 use crate::events::decode::DnsRecord;
 
 pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
@@ -29,7 +29,7 @@ pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
     if let Some(st) = r.stack {
         attrs.push(KeyValue::new(keys::STACKTRACE, st));
     }
-    let mut span = b.span(DNS, b.parent, r.start_ns, r.end_ns, attrs);
+    let mut span = b.span(Family::Dns, DNS, b.parent, r.start_ns, r.end_ns, attrs);
     span.span_kind = SpanKind::Client;
     threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
     if r.retcode != 0 {

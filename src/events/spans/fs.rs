@@ -1,12 +1,13 @@
 //! `fs.<op>` spans: one per finished fs request.
 
-use super::{fail, keys, threadpool, Builder, KeyValue, Span};
+use super::{fail, keys, threadpool, Builder, Family, KeyValue, Span};
 use crate::events::decode::FsRecord;
 use crate::probes::catalog::{self, FsResult};
 
 pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     let op = catalog::fs_op(r.op);
     let name = op.map_or("fs.unknown", |o| o.span);
+    let family = Family::Fs(op.map_or("unknown", |o| o.op()));
     // Sized for what this span gets: one allocation, no spare.
     let n = 3
         + usize::from(r.path.is_some())
@@ -50,7 +51,7 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     if let Some(at) = r.ended_at.filter(|&at| !usual(at)) {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
-    let mut span = b.span(name, b.parent, r.start_ns, r.end_ns, attrs);
+    let mut span = b.span(family, name, b.parent, r.start_ns, r.end_ns, attrs);
     threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
     if r.result < 0 {
         fail(&mut span, r.result);

@@ -2,7 +2,7 @@
 //! phase when the phase probes are on, and (--stacks) what the loop thread
 //! was running while it was blocked.
 
-use super::{keys, ms, Builder, Event, KeyValue, Span, ITERATION, STACK_EVENT};
+use super::{keys, ms, Builder, Event, Family, KeyValue, Span, ITERATION, STACK_EVENT};
 use crate::events::decode::LoopRecord;
 use crate::probes::catalog;
 use crate::stacks::fold::{self, Blocked};
@@ -59,7 +59,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
         KeyValue::new(keys::POLL_WAIT, ms(r.poll_wait_ns)),
         KeyValue::new(keys::FAST_BEFORE, r.skipped as i64),
     ];
-    let mut root = b.span(ITERATION, b.parent, start, r.end_ns, attrs);
+    let mut root = b.span(Family::Iteration, ITERATION, b.parent, start, r.end_ns, attrs);
     if let Some(blocked) = &r.stacks {
         add_stacks(b, &mut root, blocked, busy, r.end_ns);
     }
@@ -68,7 +68,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
     for &(i, ps, pe) in &r.phases {
         let phase = catalog::phase(i).map_or("unknown", |p| p.name);
         let ps = ps.max(start);
-        out.push(b.span(format!("uv.loop.{phase}"), parent, ps, pe, vec![KeyValue::new(keys::PHASE, phase)]));
+        out.push(b.span(Family::Phase, format!("uv.loop.{phase}"), parent, ps, pe, vec![KeyValue::new(keys::PHASE, phase)]));
     }
 }
 

@@ -8,7 +8,7 @@ mod fs;
 mod iteration;
 mod model;
 
-pub use model::{Event, Key, KeyValue, Span, Value};
+pub use model::{Event, Family, Key, KeyValue, Span, Value};
 
 use std::borrow::Cow;
 
@@ -110,7 +110,15 @@ pub(crate) struct Builder<'a> {
 }
 
 impl Builder<'_> {
-    pub(crate) fn span(&self, name: impl Into<Cow<'static, str>>, parent: SpanId, start: u64, end: u64, attributes: Vec<KeyValue>) -> Span {
+    pub(crate) fn span(
+        &self,
+        family: Family,
+        name: impl Into<Cow<'static, str>>,
+        parent: SpanId,
+        start: u64,
+        end: u64,
+        attributes: Vec<KeyValue>,
+    ) -> Span {
         let span_id = self.src.ids.new_span_id();
         Span {
             span_context: SpanContext::new(self.trace_id, span_id, TraceFlags::SAMPLED, false, self.state.clone()),
@@ -123,6 +131,7 @@ impl Builder<'_> {
             attributes,
             events: Vec::new(),
             status: Status::Unset,
+            family,
         }
     }
 

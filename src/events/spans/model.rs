@@ -132,6 +132,25 @@ pub struct Event {
     pub attributes: Vec<KeyValue>,
 }
 
+/// What a span is, said where its family builds it (the report counts
+/// spans by this, never by their names). uvspan's own: not exported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// An fs request: its operation (`stat`; the catalog row's, `unknown`
+    /// for an operation id with no row).
+    Fs(&'static str),
+    /// A DNS lookup (`dns.getaddrinfo`).
+    Dns,
+    /// A loop iteration (`uv.loop.iteration`).
+    Iteration,
+    /// A phase of a loop iteration (a child of its span).
+    Phase,
+    /// A request's SERVER span or an outgoing call's CLIENT span.
+    Http,
+    /// None of uvspan's families (spans made in tests).
+    Other,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Span {
     pub span_context: SpanContext,
@@ -146,6 +165,8 @@ pub struct Span {
     pub attributes: Vec<KeyValue>,
     pub events: Vec<Event>,
     pub status: Status,
+    /// What the span is (not exported: the name says it on the wire).
+    pub family: Family,
 }
 
 impl Span {
