@@ -30,9 +30,11 @@ fn peak_rss_kib(pid: u32) -> u64 {
 fn a_3m_line_perf_map_keeps_uvspan_bounded() {
     require_root();
     let rx = Receiver::start(Protocol::Grpc);
+    // node --perf-basic-prof also writes isolate-*-v8.log where it runs.
+    let cwd = TempDir::new("untrusted-perf-map");
     let mut c = Command::new("node");
     scrub_env(&mut c);
-    c.args(["--perf-basic-prof", &fixture("perf_map_flood.js"), "3000000"]).stdin(Stdio::piped());
+    c.args(["--perf-basic-prof", &fixture("perf_map_flood.js"), "3000000"]).stdin(Stdio::piped()).current_dir(cwd.path());
     let mut app = Running::spawn(c);
     let mut stdin = app.child.stdin.take().expect("piped stdin");
     app.wait_stdout(Duration::from_secs(120), "the app's ready marker", |o| o.contains("\"ready\""));
