@@ -437,3 +437,18 @@ fn oci_sidecar_container_traces_the_app_container() {
     assert!(uv.stderr.contains(" 0 failed to export, 0 not flushed"), "uvspan flushed at stop\n{ctx}");
     check_work(&rx.spans(), pid, "/app/ns_app.js", &ctx);
 }
+
+/// A command's process that is not node (a shell burning CPU, as a build
+/// step does) has no loop to see: nothing is said of it.
+#[test]
+fn a_busy_process_without_libuv_is_not_called_silent() {
+    require_root();
+    // The shell itself busy (no child does the work) for ~8-10 s here:
+    // longer than the 5 s after which a silent loop is said.
+    let busy = "i=0; while [ $i -lt 6000000 ]; do i=$((i+1)); done";
+    let mut c = uvspan_cmd(["--status-interval", "0", "--", "sh", "-c", busy]);
+    c.stdout(Stdio::null());
+    let out = Running::spawn(c).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(!out.stderr.contains("no probe has seen its event loop"), "{}", out.context());
+}

@@ -309,6 +309,11 @@ impl Procs {
             let busy = now.saturating_sub(cpu0) as f64 / tick;
             if p.since.elapsed() >= LOOP_SEEN_AFTER && busy >= LOOP_BUSY_SECS {
                 p.loop_checked = true;
+                // A command's child that exec'd something else (a compiler
+                // a build script runs) has no loop to see.
+                if crate::symbols::locate(pid).is_err() {
+                    continue;
+                }
                 out.push(format!(
                     "uvspan: process {pid} used {busy:.1} s of CPU in its first {:.0} s of tracing and no probe has seen its event loop \
                      ({} records): its spans are missing; run `uvspan probes --pid {pid}` to see which probes its build has",
