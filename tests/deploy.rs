@@ -163,23 +163,6 @@ fn count_under(spans: &[Span], prefix: &str) -> usize {
     spans.iter().filter(|s| s.str("file.path").is_some_and(|p| p.starts_with(prefix))).count()
 }
 
-/// Polls `get` every 100 ms until `pred` holds or the timeout passes;
-/// returns the last spans seen.
-fn wait_for(get: impl Fn() -> Vec<Span>, timeout: Duration, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let last = get();
-        if pred(&last) || Instant::now() > deadline {
-            return last;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn wait_spans(rx: &Receiver, timeout: Duration, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
-    wait_for(|| rx.spans(), timeout, pred)
-}
-
 /// The exact accounting of the final summary: every span uvspan made was
 /// exported, dropped (queue full), failed to export or not flushed.
 fn accounted(out: &Output) -> u64 {

@@ -175,31 +175,12 @@ fn rootfs(dir: &TempDir) -> PathBuf {
     let node = Command::new("sh").args(["-c", "command -v node"]).output().expect("sh");
     let node = String::from_utf8_lossy(&node.stdout).trim().to_string();
     let node = std::fs::canonicalize(&node).unwrap_or_else(|e| panic!("node on PATH ({node}): {e}"));
-    let copy = |from: &Path| {
-        let to = root.join(from.strip_prefix("/").expect("absolute"));
-        std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
-        std::fs::copy(from, &to).unwrap_or_else(|e| panic!("copy {} into the root: {e}", from.display()));
-    };
-    copy(&node);
-    let ldd = Command::new("ldd").arg(&node).output().expect("ldd (libc-bin)");
-    for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
-        copy(&std::fs::canonicalize(lib).unwrap_or_else(|e| panic!("{lib}: {e}")));
-        // The loader's and libraries' names as linked (symlinks on the host).
-        let to = root.join(lib.trim_start_matches('/'));
-        if !to.exists() {
-            std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
-            std::fs::copy(lib, &to).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
-        }
-    }
+    copy_with_libs(&node, &root, "/usr/bin/node");
     for d in ["proc", "tmp", "etc", "app"] {
         std::fs::create_dir_all(root.join(d)).expect("mkdir");
     }
     std::fs::write(root.join("etc/hosts"), "127.0.0.1 localhost\n").expect("hosts");
     std::fs::copy(fixture("ns_app.js"), root.join("app/ns_app.js")).expect("the fixture");
-    if !root.join("usr/bin/node").exists() {
-        std::fs::create_dir_all(root.join("usr/bin")).expect("mkdir");
-        std::fs::copy(&node, root.join("usr/bin/node")).expect("copy node");
-    }
     root
 }
 
@@ -242,8 +223,9 @@ fn daemonset_traces_an_app_in_its_own_namespaces_and_root() {
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let m = Markers::parse(&out.stdout);
     assert_eq!(m.i64("done", "pid"), 1, "the app is its namespace's first process");
-    let spans =
-        wait_for_spans(&rx, |s| s.iter().filter(|s| s.res_int("process.pid") == Some(1) && s.name == "uv.loop.iteration").count() >= 1);
+    let spans = wait_spans(&rx, Duration::from_secs(15), |s| {
+        s.iter().any(|s| s.res_int("process.pid") == Some(1) && s.name == "uv.loop.iteration")
+    });
     // SAFETY: kill(2) on the uvspan this test started.
     unsafe { libc::kill(uv.pid as i32, libc::SIGTERM) };
     let uv = uv.finish(RUN_TIMEOUT);
@@ -259,15 +241,6 @@ fn daemonset_traces_an_app_in_its_own_namespaces_and_root() {
     // Only the container was traced.
     assert_eq!(uv.stderr.matches("tracing process ").count(), 1, "--container traced more than its container\n{ctx}");
     drop(cg);
-}
-
-fn wait_for_spans(rx: &Receiver, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
-    let mut last = Vec::new();
-    wait_until(Duration::from_secs(15), || {
-        last = rx.spans();
-        pred(&last)
-    });
-    last
 }
 
 // ---------------------------------------------------------------------------
@@ -389,15 +362,9 @@ fn oci_sidecar_container_traces_the_app_container() {
     let tag = unique("oci").to_ascii_lowercase();
     let app_image = Image::import(&rootfs(&dir), &format!("localhost/uvspan-test-app:{tag}"));
     let uv_root = dir.path().join("uvspan-root");
-    for d in ["usr/local/bin", "tmp", "proc", "sys"] {
+    copy_with_libs(Path::new(uvspan_bin()), &uv_root, "/usr/local/bin/uvspan");
+    for d in ["tmp", "proc", "sys"] {
         std::fs::create_dir_all(uv_root.join(d)).expect("mkdir");
-    }
-    std::fs::copy(uvspan_bin(), uv_root.join("usr/local/bin/uvspan")).expect("copy uvspan");
-    let ldd = Command::new("ldd").arg(uvspan_bin()).output().expect("ldd");
-    for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
-        let to = uv_root.join(lib.trim_start_matches('/'));
-        std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
-        std::fs::copy(lib, &to).unwrap_or_else(|e| panic!("copy {lib}: {e}"));
     }
     let uv_image = Image::import(&uv_root, &format!("localhost/uvspan-test-uvspan:{tag}"));
     let (app_name, uv_name) = (format!("app-{tag}"), format!("uvspan-{tag}"));

@@ -17,11 +17,6 @@ use common::*;
 /// map is 3M lines (~170 MB): the README documents the bound.
 const PEAK_RSS_MAX_KIB: u64 = 100 * 1024;
 
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("uvspan's status");
-    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).expect("VmHWM")
-}
-
 /// A node whose perf map holds 3M lines it wrote itself (and garbage): its
 /// slow iteration is still named (the frames uvspan kept name it), uvspan's
 /// peak memory stays under the documented bound, and it says once that the
@@ -49,15 +44,10 @@ fn a_3m_line_perf_map_keeps_uvspan_bounded() {
     stdin.write_all(b"go\n").expect("go");
     drop(stdin);
     app.wait_stdout(RUN_TIMEOUT, "done", |o| o.contains("\"done\""));
-    let spans = {
-        let mut last = Vec::new();
-        wait_until(Duration::from_secs(15), || {
-            last = rx.spans();
-            last.iter().any(|s| s.name == "uv.loop.iteration" && s.str("uvspan.loop.blocked_by").is_some())
-        });
-        last
-    };
-    let peak = peak_rss_kib(uv.pid);
+    let spans = wait_spans(&rx, Duration::from_secs(15), |s| {
+        s.iter().any(|s| s.name == "uv.loop.iteration" && s.str("uvspan.loop.blocked_by").is_some())
+    });
+    let peak = status_kib(uv.pid, "VmHWM");
     app.kill_group();
     let app_out = app.finish(RUN_TIMEOUT);
     let uv = uv.finish(RUN_TIMEOUT);
@@ -125,10 +115,8 @@ fn executables_named_node_that_lie_harm_nothing() {
     drop(stdin);
     let out = app.finish(RUN_TIMEOUT);
     assert_eq!(out.code(), Some(0), "{}", out.context());
-    let mut spans = Vec::new();
-    wait_until(Duration::from_secs(15), || {
-        spans = rx.spans();
-        spans.iter().filter(|s| s.res_int("process.pid") == Some(i64::from(app_pid)) && s.name == "fs.access").count() >= 9
+    let spans = wait_spans(&rx, Duration::from_secs(15), |s| {
+        s.iter().filter(|s| s.res_int("process.pid") == Some(i64::from(app_pid)) && s.name == "fs.access").count() >= 9
     });
     fake.kill_group();
     lying.kill_group();

@@ -51,24 +51,30 @@ pub fn own() -> Result<Option<PidNs>> {
     Ok((ns.ino != INIT_INO).then_some(ns))
 }
 
-/// The id a task sees itself as: the last value of `NSpid:` in a
-/// `/proc/.../status` text (None when there is no such line, e.g. a kernel
-/// before 4.1, or it does not parse).
-pub fn own_view(status: &str) -> Option<u32> {
-    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
-    line.split_whitespace().last()?.parse().ok()
+/// A task's ids in `NSpid:` of a `/proc/.../status` text, from the /proc
+/// reader's PID namespace down to the task's own (the last one: what it
+/// sees itself as). Empty when there is no such line (a kernel before 4.1)
+/// or it does not parse.
+pub fn nspid(status: &str) -> Vec<u32> {
+    let Some(line) = status.lines().find_map(|l| l.strip_prefix("NSpid:")) else { return Vec::new() };
+    line.split_whitespace().map(str::parse).collect::<Result<_, _>>().unwrap_or_default()
 }
 
-/// The id a process (`/proc/PID`) or one of its threads (`/proc/PID/task/TID`)
-/// sees itself as; None when it cannot be read (gone) or is the same.
-pub fn view_of(pid: u32, tid: Option<u32>) -> Option<u32> {
+/// [`nspid`] of a process (`/proc/PID`) or one of its threads
+/// (`/proc/PID/task/TID`); empty when it cannot be read (gone).
+fn chain(pid: u32, tid: Option<u32>) -> Vec<u32> {
     let path = match tid {
         Some(t) => format!("/proc/{pid}/task/{t}/status"),
         None => format!("/proc/{pid}/status"),
     };
     // A status file is a few KiB; read at most 16 KiB of it.
-    let text = read_bounded(&path, 16 * 1024)?;
-    own_view(&text).filter(|&v| v != tid.unwrap_or(pid))
+    read_bounded(&path, 16 * 1024).map(|text| nspid(&text)).unwrap_or_default()
+}
+
+/// The id a process or thread sees itself as; None when it cannot be read
+/// or is the one uvspan sees.
+pub fn view_of(pid: u32, tid: Option<u32>) -> Option<u32> {
+    chain(pid, tid).last().copied().filter(|&v| v != tid.unwrap_or(pid))
 }
 
 fn read_bounded(path: &str, max: u64) -> Option<String> {
@@ -78,17 +84,20 @@ fn read_bounded(path: &str, max: u64) -> Option<String> {
     Some(s)
 }
 
-/// `other`'s id as seen from `pid`'s PID namespace: None unless both live in
-/// the same one (the same depth of `NSpid`).
-pub fn view_in_namespace_of(other: u32, pid: u32) -> Option<u32> {
-    let depth = |p: u32| {
-        let text = read_bounded(&format!("/proc/{p}/status"), 16 * 1024)?;
-        let line = text.lines().find_map(|l| l.strip_prefix("NSpid:"))?.to_string();
-        Some((line.split_whitespace().count(), own_view(&text)?))
+/// A process as it sees itself (None: as uvspan sees it) and its parent
+/// `ppid` as the process sees it: the parent only where both live in the
+/// same PID namespace (a container's first process sees none).
+pub fn own_ids(pid: u32, ppid: Option<u32>) -> (Option<u32>, Option<u32>) {
+    let mine = chain(pid, None);
+    let own = mine.last().copied().filter(|&v| v != pid);
+    let parent = match own {
+        None => ppid,
+        Some(_) => ppid.and_then(|pp| {
+            let theirs = chain(pp, None);
+            (theirs.len() == mine.len()).then(|| theirs.last().copied()).flatten()
+        }),
     };
-    let (d_other, own_other) = depth(other)?;
-    let (d_pid, _) = depth(pid)?;
-    (d_other == d_pid).then_some(own_other)
+    (own, parent)
 }
 
 /// A traced process's ids as it sees them, for a process in a PID namespace
@@ -133,18 +142,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_last_nspid_is_the_process_own() {
+    fn nspid_runs_from_the_readers_namespace_to_the_process_own() {
         let status = "Name:\tnode\nTgid:\t29845\nPid:\t29845\nNSpid:\t29845\t12\t1\nPPid:\t1\n";
-        assert_eq!(own_view(status), Some(1));
-        assert_eq!(own_view("Name:\tnode\nNSpid:\t7\n"), Some(7));
+        assert_eq!(nspid(status), vec![29845, 12, 1]);
+        assert_eq!(nspid("Name:\tnode\nNSpid:\t7\n"), vec![7]);
     }
 
     #[test]
-    fn no_or_bad_nspid_is_none() {
-        assert_eq!(own_view("Name:\tnode\nPid:\t7\n"), None);
-        assert_eq!(own_view("NSpid:\n"), None);
-        assert_eq!(own_view("NSpid:\tx y\n"), None);
-        assert_eq!(own_view(""), None);
+    fn no_or_bad_nspid_is_empty() {
+        assert!(nspid("Name:\tnode\nPid:\t7\n").is_empty());
+        assert!(nspid("NSpid:\n").is_empty());
+        assert!(nspid("NSpid:\t7 x\n").is_empty());
+        assert!(nspid("").is_empty());
     }
 
     #[test]
@@ -161,6 +170,8 @@ mod tests {
         let ns = own().expect("the test's /proc is its namespace's");
         let meta = std::fs::metadata("/proc/self/ns/pid").expect("ns link");
         assert_eq!(ns.is_none(), meta.ino() == INIT_INO);
-        assert_eq!(view_of(std::process::id(), None), None, "the test sees itself as it is");
+        let me = std::process::id();
+        assert_eq!(view_of(me, None), None, "the test sees itself as it is");
+        assert_eq!(own_ids(me, Some(1)), (None, Some(1)), "its parent as /proc says");
     }
 }

@@ -80,16 +80,11 @@ impl ProcessInfo {
     /// permission) are left empty rather than failing.
     pub fn read(pid: u32, node_version: Option<String>) -> ProcessInfo {
         let f = ProcFacts::read(pid).unwrap_or_default();
-        let own_pid = crate::discover::pidns::view_of(pid, None);
+        let (own_pid, ppid) = crate::discover::pidns::own_ids(pid, f.ppid);
         ProcessInfo {
             pid,
             own_pid,
-            // The parent as the process sees it: only where both share a
-            // namespace (a container's first process sees none).
-            ppid: match own_pid {
-                None => f.ppid,
-                Some(_) => f.ppid.and_then(|pp| crate::discover::pidns::view_in_namespace_of(pp, pid)),
-            },
+            ppid,
             exe: f.exe.clone(),
             argv: f.argv.clone(),
             cgroup: cgroup_path(&f.cgroups),

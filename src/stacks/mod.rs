@@ -368,7 +368,7 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
 /// and the pid it sees itself as (its PID namespace's).
 fn perf_map_of(pid: u32) -> PerfMapFile {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let ns_pid = perfmap::ns_pid_from_status(&status).unwrap_or(pid);
+    let ns_pid = crate::discover::pidns::nspid(&status).last().copied().unwrap_or(pid);
     PerfMapFile::new(pid, ns_pid, perfmap::uids_from_status(&status), perfmap::Limits::DEFAULT)
 }
 

@@ -30,9 +30,9 @@
 //!
 //! Where: `/proc/PID/root/tmp/perf-NSPID.map` ([`perf_map_path`]), PID as
 //! uvspan sees the process and NSPID as it sees itself (its own PID
-//! namespace: [`ns_pid_from_status`]). It is opened under the process's
-//! root (symbolic links resolved inside it, the last component not
-//! followed), only when it is a regular file owned by one of the process's
+//! namespace: the last `NSpid:` value, [`crate::discover::pidns::nspid`]).
+//! It is opened under the process's root (symbolic links resolved inside
+//! it, the last component not followed), only when it is a regular file owned by one of the process's
 //! user ids, and never blocks (a FIFO is refused).
 
 use std::fs::File;
@@ -264,12 +264,6 @@ fn hex_field(b: &[u8]) -> Option<(u64, &[u8])> {
     }
     let digits = std::str::from_utf8(&b[..n]).ok()?;
     Some((u64::from_str_radix(digits, 16).ok()?, &b[n..]))
-}
-
-/// The pid a process sees itself as: the last value of `NSpid:` in its
-/// `/proc/PID/status` (its own PID namespace's).
-pub fn ns_pid_from_status(status: &str) -> Option<u32> {
-    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
 /// The process's user ids (real, effective, saved, filesystem) from its status.
@@ -586,10 +580,7 @@ mod tests {
     #[test]
     fn ns_pid_and_uids_from_status() {
         let status = "Name:\tnode\nTgid:\t4242\nNgid:\t0\nPid:\t4242\nPPid:\t1\nUid:\t1000\t1001\t1002\t1003\nNSpid:\t4242\t17\t1\n";
-        assert_eq!(ns_pid_from_status(status), Some(1));
-        assert_eq!(ns_pid_from_status("NSpid:\t99\n"), Some(99));
-        assert_eq!(ns_pid_from_status("Name: x\n"), None, "kernels before 4.1");
-        assert_eq!(ns_pid_from_status("NSpid:\n"), None);
+        assert_eq!(crate::discover::pidns::nspid(status).last(), Some(&1));
         assert_eq!(uids_from_status(status), vec![1000, 1001, 1002, 1003]);
         assert_eq!(perf_map_path(4242, 1), PathBuf::from("/proc/4242/root/tmp/perf-1.map"));
     }

@@ -33,12 +33,33 @@ pub fn cgroup_of(proc_cgroup: &str) -> String {
 
 /// VmRSS of a live process, KiB.
 pub fn vm_rss_kib(pid: u32) -> u64 {
+    status_kib(pid, "VmRSS")
+}
+
+/// A `kB` field of a live process's /proc/PID/status (`VmRSS`, `VmHWM`, …).
+pub fn status_kib(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("cannot read /proc/{pid}/status: {e}"));
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// Copies the executable `bin` into the root directory `root` at `at`
+/// (absolute, as seen inside), with the shared libraries it links (`ldd`)
+/// at their paths: a container's root filesystem of that program.
+pub fn copy_with_libs(bin: &std::path::Path, root: &std::path::Path, at: &str) {
+    let put = |from: &std::path::Path, to: &str| {
+        let to = root.join(to.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().expect("a folder")).expect("mkdir");
+        std::fs::copy(from, &to).unwrap_or_else(|e| panic!("copy {} into {}: {e}", from.display(), root.display()));
+    };
+    put(bin, at);
+    let ldd = std::process::Command::new("ldd").arg(bin).output().expect("ldd (libc-bin)");
+    for lib in String::from_utf8_lossy(&ldd.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
+        put(std::path::Path::new(lib), lib);
+    }
 }
 
 /// Open file descriptors of a live process.

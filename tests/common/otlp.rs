@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use opentelemetry_proto::tonic::collector::logs::v1::logs_service_server::{LogsService, LogsServiceServer};
 use opentelemetry_proto::tonic::collector::logs::v1::{ExportLogsServiceRequest, ExportLogsServiceResponse};
@@ -513,4 +514,21 @@ impl Span {
 
 pub fn dump(spans: &[&Span]) -> String {
     spans.iter().map(|s| format!("  {}\n", s.brief())).collect()
+}
+
+/// Polls `get` every 100 ms until `pred` holds or the timeout passes;
+/// returns the last spans seen.
+pub fn wait_for(get: impl Fn() -> Vec<Span>, timeout: Duration, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let last = get();
+        if pred(&last) || Instant::now() > deadline {
+            return last;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+pub fn wait_spans(rx: &Receiver, timeout: Duration, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+    wait_for(|| rx.spans(), timeout, pred)
 }
