@@ -17,7 +17,7 @@ fn render(rec_file: &Path) -> String {
     let bytes = std::fs::read(rec_file).unwrap();
     let ids = SequentialIds::default();
     // Offset 0: times stay kernel-monotonic, so the output is the same on every run.
-    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
+    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, sampler: Default::default() };
     let mut out = String::new();
     for raw in read_recording(&bytes) {
         let rec = decode(raw).expect("recorded records decode");

@@ -10,6 +10,7 @@ use crate::discover::pidns::Views;
 use crate::enrich::resource::ProcessInfo;
 use crate::events::clock::Clock;
 use crate::events::decode::Record;
+use crate::events::sampler::Sampler;
 use crate::events::spans::{self, Span, SpanContextSource};
 use crate::export::Exporter;
 use crate::requests::{Ready, Requests};
@@ -72,6 +73,11 @@ pub enum Origin {
 pub type Out = Ready;
 
 pub struct Procs {
+    /// OTEL_TRACES_SAMPLER, decided where each trace starts.
+    sampler: Sampler,
+    /// Operations and loop iterations outside requests whose trace the
+    /// sampler dropped.
+    pub unsampled: u64,
     procs: rustc_hash::FxHashMap<u32, Proc>,
     service_name: Option<String>,
     host: String,
@@ -116,8 +122,10 @@ pub fn alive(pid: u32) -> bool {
 }
 
 impl Procs {
-    pub fn new(service_name: Option<String>) -> Procs {
+    pub fn new(service_name: Option<String>, sampler: Sampler) -> Procs {
         Procs {
+            sampler,
+            unsampled: 0,
             procs: Default::default(),
             service_name,
             host: crate::enrich::resource::host_name(),
@@ -190,7 +198,7 @@ impl Procs {
     /// held with the request that caused them, sent when it ends).
     pub fn handle(&mut self, rec: Record, clock: Clock, exporter: &Exporter, requests: Option<&mut Requests>, out: &mut Out) {
         let ids = self.ids.clone();
-        let src = SpanContextSource { clock, ids: &*ids };
+        let src = SpanContextSource { clock, ids: &*ids, sampler: self.sampler };
         if let Some(p) = self.procs.get_mut(&rec.pid()) {
             p.records += 1;
         }
@@ -239,7 +247,9 @@ impl Procs {
             (None, rec) => Some(rec),
         };
         if let Some(rec) = rec {
-            spans::build_into(rec, &src, None, out.entry(pid).or_default());
+            if !spans::build_into(rec, &src, None, out.entry(pid).or_default()) {
+                self.unsampled += 1;
+            }
         }
     }
 
@@ -265,7 +275,7 @@ impl Procs {
 
     /// Requests over by `now_ns` (kernel time), or all of them (`all`).
     pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
-        let src = SpanContextSource { clock, ids: &*self.ids };
+        let src = SpanContextSource { clock, ids: &*self.ids, sampler: self.sampler };
         if all {
             requests.finish_all(&src, out);
         } else {

@@ -6,4 +6,5 @@
 pub mod clock;
 pub mod decode;
 pub mod errno;
+pub mod sampler;
 pub mod spans;

@@ -59,7 +59,7 @@ pub(super) const TP: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b716920333
 /// `steps` on a tracker (no joining): the spans they made ready.
 pub(super) fn run(steps: impl FnOnce(&mut Requests, &SpanContextSource<'_>, &mut Ready)) -> Vec<Span> {
     let ids = SequentialIds::default();
-    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
+    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, sampler: Default::default() };
     let mut r = Requests::new(false);
     let mut ready = Ready::default();
     steps(&mut r, &src, &mut ready);

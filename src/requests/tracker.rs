@@ -18,6 +18,7 @@ use rustc_hash::FxHashMap;
 use super::head::{parse_request, parse_status, parse_traceparent, Head};
 use super::spans::request_spans;
 use crate::events::decode::{HttpRecord, HttpWhat, Record};
+use crate::events::sampler::Sampler;
 use crate::events::spans::{build_in, build_into, Parent, Span, SpanContextSource};
 
 /// Operations held per request before they are sent as they come.
@@ -58,7 +59,8 @@ pub struct RequestStats {
     pub requests: u64,
     /// Requests whose traceparent was malformed (ignored: a new trace).
     pub bad_traceparent: u64,
-    /// Requests their caller did not sample: their spans are not exported.
+    /// Requests the sampler dropped (by default: those their caller did not
+    /// sample): their spans are not exported.
     pub unsampled: u64,
     /// Operations sent as they came because their request held too many,
     /// or too many requests were open.
@@ -112,8 +114,10 @@ impl Request {
         self.incoming.map(|i| i.0).or(self.adopted).unwrap_or(self.own_trace)
     }
 
-    fn sampled(&self) -> bool {
-        self.incoming.is_none_or(|i| i.2)
+    /// The sampler's decision for the request's trace (with its caller's
+    /// flag when the sampler is parent-based).
+    fn sampled(&self, s: &Sampler) -> bool {
+        s.keeps(self.incoming.map(|i| i.2), self.trace_id())
     }
 
     fn complete(&self) -> bool {
@@ -228,9 +232,6 @@ impl Requests {
             _ => TraceState::NONE,
         };
         self.stats.requests += 1;
-        if incoming.is_some_and(|i| !i.2) {
-            self.stats.unsampled += 1;
-        }
         let req = Request {
             pid: r.pid,
             tid: r.tid,
@@ -325,7 +326,7 @@ impl Requests {
                 return None;
             }
             self.stats.not_held += 1;
-            if req.sampled() {
+            if req.sampled(&src.sampler) {
                 let parent = req.parent();
                 let key = self.join_key(&self.open[&cause], src);
                 send_late(&mut self.joinable, ready, key, pid, rec, &parent, src);
@@ -383,7 +384,10 @@ impl Requests {
             self.by_conn.remove(&(req.pid, req.conn));
         }
         let parent = req.parent();
-        let sampled = req.sampled();
+        let sampled = req.sampled(&src.sampler);
+        if !sampled {
+            self.stats.unsampled += 1;
+        }
         // Late work of an unsampled request is not exported either.
         let remembered = if sampled { parent.clone() } else { Parent { trace_id: TraceId::INVALID, ..parent.clone() } };
         let key = self.join_key(&req, src);
@@ -425,7 +429,9 @@ fn send_late(
 ) {
     match key {
         Some(key) => joinable.push((key, build_in(rec, src, Some(parent)))),
-        None => build_into(rec, src, Some(parent), ready.entry(pid).or_default()),
+        None => {
+            build_into(rec, src, Some(parent), ready.entry(pid).or_default());
+        }
     }
 }
 

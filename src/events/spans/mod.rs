@@ -60,6 +60,8 @@ pub const DNS: &str = "dns.getaddrinfo";
 pub struct SpanContextSource<'a> {
     pub clock: Clock,
     pub ids: &'a dyn IdGenerator,
+    /// Which traces are kept (decided where a trace starts).
+    pub sampler: crate::events::sampler::Sampler,
 }
 
 /// Ids 1, 2, 3, … : deterministic spans for golden tests and replays.
@@ -150,16 +152,24 @@ pub fn build(rec: Record, src: &SpanContextSource<'_>) -> Vec<Span> {
 /// The spans for one record, under `parent` when given.
 pub fn build_in(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>) -> Vec<Span> {
     let mut out = Vec::with_capacity(1);
-    build_into(rec, src, parent, &mut out);
+    let _kept = build_into(rec, src, parent, &mut out);
     out
 }
 
 /// The spans for one record, under `parent` when given, appended to `out`.
-/// The record is consumed: its strings move into the spans.
-pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>, out: &mut Vec<Span>) {
+/// The record is consumed: its strings move into the spans. Without a
+/// parent the record starts a trace of its own, which the sampler may drop:
+/// false then (nothing was built).
+pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Parent>, out: &mut Vec<Span>) -> bool {
     let b = match parent {
         Some(p) => Builder { src, trace_id: p.trace_id, parent: p.span_id, parent_remote: p.remote, state: p.state.clone() },
-        None => Builder { src, trace_id: src.ids.new_trace_id(), parent: SpanId::INVALID, parent_remote: false, state: TraceState::NONE },
+        None => {
+            let trace_id = src.ids.new_trace_id();
+            if !src.sampler.keeps(None, trace_id) {
+                return false;
+            }
+            Builder { src, trace_id, parent: SpanId::INVALID, parent_remote: false, state: TraceState::NONE }
+        }
     };
     match rec {
         Record::Fs(r) => out.push(fs::span(&b, r)),
@@ -167,6 +177,7 @@ pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Pare
         Record::Loop(r) => iteration::spans(&b, &r, out),
         Record::Http(_) | Record::Stack(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => {}
     }
+    true
 }
 
 /// Queue wait / run / callback wait of a threadpool job, as attributes and events.
@@ -207,7 +218,7 @@ pub(crate) mod testing {
 
     pub fn build_one(rec: &Record) -> Vec<Span> {
         let ids = SequentialIds::default();
-        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids };
+        let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, sampler: Default::default() };
         build(rec.clone(), &src)
     }
 

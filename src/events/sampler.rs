@@ -1,0 +1,183 @@
+//! The trace sampler of `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, as
+//! the OpenTelemetry specification defines them, decided once per trace: a
+//! request and all of its work are kept or dropped together, and so is a
+//! loop iteration or an operation outside requests (each its own trace).
+//!
+//! `traceidratio` is a pure function of the trace id (its 56 low bits
+//! against a threshold, as the specification's TraceIdRatioBased with W3C
+//! random trace ids), so every span of a trace gets the same answer
+//! wherever it is asked.
+
+use anyhow::{anyhow, bail, Result};
+use opentelemetry::trace::TraceId;
+
+/// What decides a trace that has no parent (or whose parent is ignored).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Root {
+    AlwaysOn,
+    AlwaysOff,
+    /// Kept when the trace id's 56 low bits are at least this.
+    Ratio {
+        ratio: f64,
+        threshold: u64,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampler {
+    pub root: Root,
+    /// A remote parent's sampled flag decides (the `parentbased_*` samplers).
+    pub parent_based: bool,
+}
+
+impl Default for Sampler {
+    /// The specification's default: `parentbased_always_on`.
+    fn default() -> Self {
+        Sampler { root: Root::AlwaysOn, parent_based: true }
+    }
+}
+
+const RANDOM_BITS: u32 = 56;
+
+impl Root {
+    fn ratio(r: f64) -> Root {
+        let r = r.clamp(0.0, 1.0);
+        let span = (1u64 << RANDOM_BITS) as f64;
+        Root::Ratio { ratio: r, threshold: ((1.0 - r) * span).round() as u64 }
+    }
+
+    fn keeps(self, trace: TraceId) -> bool {
+        match self {
+            Root::AlwaysOn => true,
+            Root::AlwaysOff => false,
+            Root::Ratio { threshold, .. } => {
+                let random = u128::from_be_bytes(trace.to_bytes()) as u64 & ((1u64 << RANDOM_BITS) - 1);
+                random >= threshold
+            }
+        }
+    }
+}
+
+impl Sampler {
+    /// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` (unset: the default).
+    pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Sampler> {
+        let name = env("OTEL_TRACES_SAMPLER").map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty());
+        let arg = env("OTEL_TRACES_SAMPLER_ARG").map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let ratio = || -> Result<Root> {
+            let Some(a) = &arg else { return Ok(Root::ratio(1.0)) };
+            let r: f64 = a.parse().map_err(|_| anyhow!("OTEL_TRACES_SAMPLER_ARG={a:?}: give a ratio from 0 to 1, like 0.25"))?;
+            if !(0.0..=1.0).contains(&r) {
+                bail!("OTEL_TRACES_SAMPLER_ARG={a}: a ratio is from 0 to 1");
+            }
+            Ok(Root::ratio(r))
+        };
+        let (root, parent_based) = match name.as_deref() {
+            None | Some("parentbased_always_on") => (Root::AlwaysOn, true),
+            Some("always_on") => (Root::AlwaysOn, false),
+            Some("always_off") => (Root::AlwaysOff, false),
+            Some("traceidratio") => (ratio()?, false),
+            Some("parentbased_always_off") => (Root::AlwaysOff, true),
+            Some("parentbased_traceidratio") => (ratio()?, true),
+            Some(other) => bail!(
+                "OTEL_TRACES_SAMPLER={other:?} is not supported: use always_on, always_off, traceidratio, \
+                 parentbased_always_on, parentbased_always_off or parentbased_traceidratio"
+            ),
+        };
+        Ok(Sampler { root, parent_based })
+    }
+
+    /// Whether the trace is kept. `parent`: a remote parent's sampled flag
+    /// (None: uvspan starts the trace).
+    pub fn keeps(&self, parent: Option<bool>, trace: TraceId) -> bool {
+        match parent {
+            Some(flag) if self.parent_based => flag,
+            _ => self.root.keeps(trace),
+        }
+    }
+
+    /// Keeps everything (no trace is ever dropped).
+    pub fn keeps_all(&self) -> bool {
+        self.root == Root::AlwaysOn && !self.parent_based
+    }
+
+    /// As the specification names it, with its argument.
+    pub fn describe(&self) -> String {
+        let root = match self.root {
+            Root::AlwaysOn => "always_on".to_string(),
+            Root::AlwaysOff => "always_off".to_string(),
+            Root::Ratio { ratio, .. } => format!("traceidratio {ratio}"),
+        };
+        if self.parent_based {
+            format!("parentbased_{root}")
+        } else {
+            root
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from(vars: &[(&str, &str)]) -> Result<Sampler> {
+        let v: Vec<(String, String)> = vars.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect();
+        Sampler::from_env(&move |k| v.iter().find(|(a, _)| a == k).map(|(_, b)| b.clone()))
+    }
+
+    fn trace(low56: u64, high: u64) -> TraceId {
+        TraceId::from((u128::from(high) << 64) | u128::from(low56))
+    }
+
+    #[test]
+    fn every_standard_sampler_with_and_without_a_parent() {
+        let t = trace(1 << 55, 7); // the middle of the random range
+                                   // (sampler, arg) → (root, parent sampled, parent not sampled)
+        let table = [
+            ("", "", [true, true, false]),
+            ("always_on", "", [true, true, true]),
+            ("always_off", "", [false, false, false]),
+            ("traceidratio", "0.25", [false, false, false]),
+            ("traceidratio", "0.75", [true, true, true]),
+            ("parentbased_always_on", "", [true, true, false]),
+            ("parentbased_always_off", "", [false, true, false]),
+            ("parentbased_traceidratio", "0.25", [false, true, false]),
+            ("parentbased_traceidratio", "0.75", [true, true, false]),
+        ];
+        for (name, arg, want) in table {
+            let s = from(&[("OTEL_TRACES_SAMPLER", name), ("OTEL_TRACES_SAMPLER_ARG", arg)]).unwrap();
+            let got = [s.keeps(None, t), s.keeps(Some(true), t), s.keeps(Some(false), t)];
+            assert_eq!(got, want, "{name} {arg}");
+        }
+    }
+
+    #[test]
+    fn ratio_keeps_its_share_of_random_trace_ids_and_ignores_the_high_bits() {
+        let s = from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.1")]).unwrap();
+        // A simple generator of 64-bit randoms (xorshift), 100,000 ids.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let kept = (0..100_000)
+            .filter(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                s.keeps(None, trace(x >> 8, 0))
+            })
+            .count();
+        assert!((9_400..=10_600).contains(&kept), "{kept} of 100000 at 0.1");
+        assert_eq!(s.keeps(None, trace(5, 1)), s.keeps(None, trace(5, 99)), "the high bits do not decide");
+        let all = from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "1")]).unwrap();
+        assert!(all.keeps(None, trace(0, 0)));
+        let none = from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0")]).unwrap();
+        assert!(!none.keeps(None, trace((1 << 56) - 1, 0)));
+    }
+
+    #[test]
+    fn bad_values_are_one_line() {
+        let e = from(&[("OTEL_TRACES_SAMPLER", "jaeger_remote")]).unwrap_err().to_string();
+        assert!(e.contains("is not supported: use always_on"), "{e}");
+        assert!(from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "1.5")]).is_err());
+        assert!(from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "half")]).is_err());
+        assert_eq!(from(&[("OTEL_TRACES_SAMPLER", "TraceIdRatio")]).unwrap().describe(), "traceidratio 1");
+        assert_eq!(from(&[]).unwrap(), Sampler::default());
+    }
+}
