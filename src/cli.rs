@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::export::otlp::OtlpProtocol;
+use crate::export::client::OtlpProtocol;
 use crate::probes::catalog::DetailKind;
 
 #[derive(Parser, Debug, Clone)]
@@ -47,13 +47,15 @@ pub struct Cli {
     #[arg(long, value_name = "FILE")]
     pub config: Option<std::path::PathBuf>,
 
-    /// OTLP endpoint; without one, spans are printed to stdout.
-    #[arg(long, value_name = "URL", env = "OTEL_EXPORTER_OTLP_ENDPOINT")]
+    /// OTLP endpoint (over OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT); without
+    /// one anywhere, spans are printed to stdout.
+    #[arg(long, value_name = "URL")]
     pub otlp_endpoint: Option<String>,
 
-    /// OTLP protocol: grpc or http/protobuf.
-    #[arg(long, value_name = "PROTOCOL", env = "OTEL_EXPORTER_OTLP_PROTOCOL", default_value = "grpc")]
-    pub otlp_protocol: OtlpProtocol,
+    /// OTLP protocol: grpc or http/protobuf (over
+    /// OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL; default grpc).
+    #[arg(long, value_name = "PROTOCOL")]
+    pub otlp_protocol: Option<OtlpProtocol>,
 
     /// Report a loop iteration as a span when its busy time (all but the time
     /// blocked waiting for I/O) reaches this; 0 reports every iteration.

@@ -2,7 +2,6 @@
 //! be set there; precedence is flag > environment variable > file > default.
 //! See otel-config/uvspan.yaml for a documented example.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -45,14 +44,9 @@ pub struct FileConfig {
     pub budgets: Option<Vec<String>>,
 }
 
-#[derive(Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
-pub struct OtlpSection {
-    pub endpoint: Option<String>,
-    pub protocol: Option<String>,
-    /// Sent with every export, like OTEL_EXPORTER_OTLP_HEADERS.
-    pub headers: Option<BTreeMap<String, String>>,
-}
+/// `otlp:`, read with the OTEL_EXPORTER_OTLP_* variables (see
+/// [`crate::export::client::settings`]).
+pub use crate::export::client::settings::OtlpSection;
 
 #[derive(Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "snake_case")]
@@ -146,23 +140,7 @@ impl FileConfig {
         if let (true, Some(v)) = (unset("sample_time"), &self.sample_time) {
             cli.sample_time = Some(crate::cli::parse_percent(v).map_err(|e| anyhow::anyhow!("config sample_time: {e}"))?);
         }
-        if let Some(o) = &self.otlp {
-            if let (true, Some(v)) = (unset("otlp_endpoint"), &o.endpoint) {
-                cli.otlp_endpoint = Some(v.clone());
-            }
-            if let (true, Some(v)) = (unset("otlp_protocol"), &o.protocol) {
-                cli.otlp_protocol = v.parse().map_err(|e: String| anyhow::anyhow!("config otlp.protocol: {e}"))?;
-            }
-        }
         Ok(())
-    }
-
-    /// OTLP headers from the file, when OTEL_EXPORTER_OTLP_HEADERS is unset.
-    pub fn headers(&self) -> Vec<(String, String)> {
-        if std::env::var_os("OTEL_EXPORTER_OTLP_HEADERS").is_some() {
-            return vec![];
-        }
-        self.otlp.as_ref().and_then(|o| o.headers.clone()).map(|h| h.into_iter().collect()).unwrap_or_default()
     }
 
     /// Batching: OTEL_BSP_* environment > file > default.
@@ -261,7 +239,7 @@ mod tests {
         assert!(c.all);
         assert_eq!(c.loop_threshold, std::time::Duration::from_millis(50));
         assert_eq!(c.service_name.as_deref(), Some("shop"));
-        assert_eq!(c.otlp_protocol, crate::export::otlp::OtlpProtocol::HttpProtobuf);
+        assert_eq!(FileConfig::parse(yaml).unwrap().otlp.unwrap().common.protocol.as_deref(), Some("http/protobuf"));
         // A flag wins over the file.
         let c = with(&["uvspan", "--loop-threshold", "5ms", "--service-name", "cli"], yaml);
         assert_eq!(c.loop_threshold, std::time::Duration::from_millis(5));

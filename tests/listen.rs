@@ -322,7 +322,7 @@ fn grpc_export(port: u16, body: Vec<u8>) -> tonic::Code {
         g.ready().await.expect("ready");
         let path = http::uri::PathAndQuery::from_static("/opentelemetry.proto.collector.trace.v1.TraceService/Export");
         match g
-            .unary(tonic::Request::new(uvspan::export::otlp::Body::from(bytes::Bytes::from(body))), path, uvspan::listen::forward::Raw)
+            .unary(tonic::Request::new(uvspan::export::client::Body::from(bytes::Bytes::from(body))), path, uvspan::listen::forward::Raw)
             .await
         {
             Ok(_) => tonic::Code::Ok,

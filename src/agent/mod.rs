@@ -28,8 +28,9 @@ use crate::discover::watcher::{Found, Trouble, Watcher};
 use crate::discover::{self, Filter};
 use crate::events::clock::Clock;
 use crate::events::decode::{self, Record};
+use crate::events::sampler::Sampler;
+use crate::export::client::settings::{self, Output, Plan, Sources};
 use crate::export::health::{Health, HealthMetrics};
-use crate::export::otlp::OtlpConfig;
 use crate::export::{Destination, Exporter};
 use crate::kernel::tracer::{Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
@@ -163,28 +164,45 @@ fn resolve_targets(cli: &Cli) -> std::thread::JoinHandle<Result<Targets>> {
     })
 }
 
+/// What the run exports, from the command line, the `OTEL_*` variables and
+/// the config file.
+fn export_plan(cli: &Cli, file: &FileConfig) -> Result<Plan> {
+    let env = |k: &str| std::env::var(k).ok();
+    let src =
+        Sources { env: &env, file: file.otlp.as_ref(), flag_endpoint: cli.otlp_endpoint.as_deref(), flag_protocol: cli.otlp_protocol };
+    settings::plan(&src).map_err(|e| usage(format!("{e:#}")))
+}
+
+/// Why spans are not exported at all, if they are not.
+fn traces_off(plan: &Plan) -> Option<&'static str> {
+    if plan.traces != Output::Off {
+        return None;
+    }
+    let sdk_off = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    Some(if sdk_off { "OTEL_SDK_DISABLED=true" } else { "OTEL_TRACES_EXPORTER=none" })
+}
+
+fn usage(msg: String) -> anyhow::Error {
+    anyhow::Error::new(crate::discover::target::ExitCodeError { code: 2, msg })
+}
+
 /// The export side: runtime, span exporter, health metrics.
-fn start_export(cli: &Cli, file: &FileConfig) -> Result<(tokio::runtime::Runtime, Exporter, Arc<Health>, Option<HealthMetrics>)> {
+fn start_export(plan: &Plan, file: &FileConfig) -> Result<(tokio::runtime::Runtime, Exporter, Arc<Health>, Option<HealthMetrics>)> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("uvspan-export")
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let dest = match &cli.otlp_endpoint {
-        Some(ep) if !ep.is_empty() => {
-            Destination::Otlp(OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol, headers: file.headers() })
-        }
-        _ => Destination::Console,
+    let dest = match &plan.traces {
+        Output::Otlp(s) => Destination::Otlp(s.clone()),
+        Output::Console | Output::Off => Destination::Console,
     };
     let exporter = Exporter::start(&dest, file.batch()?, &rt)?;
     let health = Arc::new(Health::default());
-    let metrics = match &dest {
-        Destination::Otlp(c) => {
-            let _guard = rt.enter();
-            Some(HealthMetrics::start(c, health.clone(), exporter.counters())?)
-        }
-        Destination::Console => None,
+    let metrics = {
+        let _guard = rt.enter();
+        HealthMetrics::start(&plan.metrics, health.clone(), exporter.counters())?
     };
     Ok((rt, exporter, health, metrics))
 }
@@ -192,30 +210,32 @@ fn start_export(cli: &Cli, file: &FileConfig) -> Result<(tokio::runtime::Runtime
 /// --otlp-listen: the app's OTLP served on its addresses (bound now: a bad
 /// address stops uvspan before anything is traced) and forwarded to uvspan's
 /// endpoint.
-fn start_listener(cli: &Cli, file: &FileConfig, rt: &tokio::runtime::Runtime, health: &Health) -> Result<Option<Listener>> {
-    use crate::discover::target::ExitCodeError;
+fn start_listener(cli: &Cli, plan: &Plan, rt: &tokio::runtime::Runtime, health: &Health) -> Result<Option<Listener>> {
     if cli.otlp_listen.is_empty() {
         return Ok(None);
     }
-    let usage = |msg: String| anyhow::Error::new(ExitCodeError { code: 2, msg });
-    let Some(ep) = cli.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) else {
-        return Err(usage("--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL".into()));
+    let Some(traces) = &plan.forward[0] else {
+        return Err(usage(
+            "--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL \
+             (or OTEL_EXPORTER_OTLP_ENDPOINT)"
+                .into(),
+        ));
     };
     // The endpoint being one of our own addresses would send everything round in a circle.
-    let hostport = ep.split("://").nth(1).unwrap_or(ep).split('/').next().unwrap_or("");
-    if let Ok(a) = hostport.parse::<std::net::SocketAddr>() {
-        if cli.otlp_listen.contains(&a) {
-            return Err(usage(format!(
-                "--otlp-endpoint {ep} is uvspan's own --otlp-listen address: give uvspan the collector's address \
-                 (--otlp-endpoint) and the app the listen address (its OTEL_EXPORTER_OTLP_ENDPOINT)"
-            )));
+    for s in plan.forward.iter().flatten() {
+        let hostport = s.url.split("://").nth(1).unwrap_or(&s.url).split('/').next().unwrap_or("");
+        if let Ok(a) = hostport.parse::<std::net::SocketAddr>() {
+            if cli.otlp_listen.contains(&a) {
+                return Err(usage(format!(
+                    "the OTLP endpoint {} is uvspan's own --otlp-listen address: give uvspan the collector's address \
+                     (--otlp-endpoint) and the app the listen address (its OTEL_EXPORTER_OTLP_ENDPOINT)",
+                    traces.url
+                )));
+            }
         }
     }
-    let cfg = ListenConfig {
-        addrs: cli.otlp_listen.clone(),
-        upstream: OtlpConfig { endpoint: ep.clone(), protocol: cli.otlp_protocol, headers: file.headers() },
-        queue_bytes: u64::from(cli.otlp_listen_queue),
-    };
+    let cfg =
+        ListenConfig { addrs: cli.otlp_listen.clone(), upstream: plan.forward.clone(), queue_bytes: u64::from(cli.otlp_listen_queue) };
     match Listener::start(&cfg, rt, health.listen.clone()) {
         Ok(l) => Ok(Some(l)),
         Err(e) => match e.downcast::<BindError>() {
@@ -282,12 +302,19 @@ impl Agent {
             Some(crate::cli::Sub::Run(opts)) => Some(crate::report::Collector::new(opts.clone())?),
             _ => None,
         };
-        let export_spans = report.is_none() || cli.otlp_endpoint.as_deref().is_some_and(|e| !e.is_empty());
+        let plan = export_plan(&cli, &file)?;
+        let sampler = Sampler::from_env(&|k| std::env::var(k).ok()).map_err(|e| usage(e.to_string()))?;
+        // `uvspan run` with no collector: the report instead of spans on the console.
+        let export_spans = match plan.traces {
+            Output::Off => false,
+            Output::Console => report.is_none(),
+            Output::Otlp(_) => true,
+        };
         // Before anything starts: the kernel's ids must map to uvspan's.
         let pidns = crate::discover::pidns::own()?;
         let lookup = resolve_targets(&cli);
-        let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
-        let listener = start_listener(&cli, &file, &rt, &health)?;
+        let (rt, exporter, health, health_metrics) = start_export(&plan, &file)?;
+        let listener = start_listener(&cli, &plan, &rt, &health)?;
         let loaded = Tracer::load(&Settings {
             loop_threshold: cli.loop_threshold,
             follow_forks: !cli.command.is_empty(),
@@ -312,7 +339,7 @@ impl Agent {
         let status = cli.status_interval;
         let share = cli.sample_time.filter(|&s| s < 1.0);
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
-        let mut procs = Procs::new(cli.service_name.clone());
+        let mut procs = Procs::new(cli.service_name.clone(), sampler);
         if report.is_some() {
             procs.commands = Some(HashMap::new());
         }
@@ -345,7 +372,11 @@ impl Agent {
             forwarded_at: None,
             exit_code: 0,
             clock: Clock::estimate(25),
-            stats: RunStats::default(),
+            stats: RunStats {
+                sampler: (sampler != Sampler::default()).then(|| (sampler.describe(), 0)),
+                traces_off: traces_off(&plan),
+                ..Default::default()
+            },
             report,
             export_spans,
             timers: Timers {
@@ -369,6 +400,9 @@ impl Agent {
         }
         // The first sampling window starts now that the probes are live.
         agent.windows = share.map(|s| sampling::Windows::new(s, Instant::now()));
+        if let Some(m) = &agent.health_metrics {
+            m.arm();
+        }
         Ok(agent)
     }
 
@@ -489,6 +523,9 @@ impl Agent {
         }
         if self.timers.health.due() {
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+            if let Some(s) = self.stats.sampler.as_mut() {
+                s.1 = self.procs.unsampled;
+            }
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
         if self.timers.clock.due() {
@@ -727,6 +764,9 @@ impl Agent {
         self.stats.undecodable = self.inbox.undecodable.get();
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
         self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
+        if let Some(s) = self.stats.sampler.as_mut() {
+            s.1 = self.procs.unsampled;
+        }
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, .. } = self;
         if let Some(l) = listener {

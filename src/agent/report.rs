@@ -24,6 +24,11 @@ pub struct RunStats {
     /// --sample-time: the share asked for, and the share the probes were
     /// live (None: not sampling).
     pub sampling: Option<(f64, f64)>,
+    /// OTEL_TRACES_SAMPLER when it is not the default, and the operations
+    /// and loop iterations outside requests whose trace it dropped.
+    pub sampler: Option<(String, u64)>,
+    /// Why spans were not exported at all (OTEL_TRACES_EXPORTER=none, …).
+    pub traces_off: Option<&'static str>,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -62,7 +67,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     let fast = k.loop_iterations.saturating_sub(k.loop_emitted);
     let requests = run.requests.map_or_else(String::new, |r| {
         format!(
-            "; {} HTTP requests ({} with a malformed traceparent, ignored; {} not sampled by their caller, not exported)",
+            "; {} HTTP requests ({} with a malformed traceparent, ignored; {} not sampled, not exported)",
             r.requests, r.bad_traceparent, r.unsampled
         )
     });
@@ -75,10 +80,14 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
             k.straddled
         )
     });
+    let sampler = run.sampler.as_ref().map_or_else(String::new, |(name, n)| {
+        format!("; sampler {name}: {n} operations and loop iterations outside requests not sampled, not exported")
+    });
+    let off = run.traces_off.map_or_else(String::new, |why| format!("; no span is sent anywhere ({why})"));
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{stacks}{sampling}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{sampler}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }
@@ -90,6 +99,7 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
     health.straddled.store(k.straddled, Ordering::Relaxed);
+    health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1), Ordering::Relaxed);
     if let Some(r) = run.requests {
         health.requests.store(r.requests, Ordering::Relaxed);
         health.requests_bad_traceparent.store(r.bad_traceparent, Ordering::Relaxed);

@@ -10,7 +10,8 @@ use opentelemetry_sdk::Resource;
 
 use crate::events::spans::{Span, Value};
 
-use super::{ExportError, Part, Sink};
+use super::client::Fail as ExportError;
+use super::{Part, Sink};
 
 pub struct Console<W: Write + Send + 'static> {
     out: W,
@@ -29,14 +30,23 @@ impl<W: Write + Send + 'static> Sink for Console<W> {
             match p {
                 Part::Spans(s) => spans.extend(s),
                 // The console's exporter keeps spans; an encoded run cannot be shown.
-                Part::Otlp(_) => return Err(ExportError { message: "OTLP-encoded spans queued for the console".into(), retryable: false }),
+                Part::Otlp(_) => {
+                    return Err(ExportError {
+                        message: "OTLP-encoded spans queued for the console".into(),
+                        retryable: false,
+                        after: None,
+                        unanswered: false,
+                    })
+                }
             }
         }
         let text = render(label, &spans);
-        self.out
-            .write_all(text.as_bytes())
-            .and_then(|_| self.out.flush())
-            .map_err(|e| ExportError { message: e.to_string(), retryable: false })?;
+        self.out.write_all(text.as_bytes()).and_then(|_| self.out.flush()).map_err(|e| ExportError {
+            message: e.to_string(),
+            retryable: false,
+            after: None,
+            unanswered: false,
+        })?;
         Ok(0)
     }
 }

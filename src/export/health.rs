@@ -9,12 +9,12 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use opentelemetry::metrics::MeterProvider as _;
 use opentelemetry::KeyValue;
-use opentelemetry_otlp::{MetricExporter, Protocol, WithExportConfig};
 use opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader;
 use opentelemetry_sdk::metrics::SdkMeterProvider;
 use opentelemetry_sdk::Resource;
 
-use super::otlp::{OtlpConfig, OtlpProtocol};
+use super::client::settings::Output;
+use super::metrics::{temporality, Push};
 use super::Counters;
 
 /// Counters published by the tracer thread (the kernel's and the run's).
@@ -28,8 +28,10 @@ pub struct Health {
     pub requests: AtomicU64,
     /// Requests whose traceparent was malformed (ignored).
     pub requests_bad_traceparent: AtomicU64,
-    /// Requests their caller did not sample (not exported).
+    /// Requests the trace sampler dropped (not exported).
     pub requests_unsampled: AtomicU64,
+    /// Operations and loop iterations outside requests it dropped.
+    pub operations_unsampled: AtomicU64,
     /// --sample-time: operations dropped because they crossed a window edge.
     pub straddled: AtomicU64,
     /// --sample-time share in millionths (1_000_000 = probes always live).
@@ -41,22 +43,20 @@ pub struct Health {
 /// Keeps the metrics pipeline alive; flushes on drop.
 pub struct HealthMetrics {
     provider: SdkMeterProvider,
+    armed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl HealthMetrics {
     /// Starts exporting every `interval` (OTEL_METRIC_EXPORT_INTERVAL, ms,
     /// default 60 s). Must be called inside the tokio runtime.
-    pub fn start(c: &OtlpConfig, health: Arc<Health>, export: Arc<Counters>) -> Result<HealthMetrics> {
-        let base = c.endpoint.trim_end_matches('/').trim_end_matches("/v1/traces").to_string();
-        let exporter = match c.protocol {
-            OtlpProtocol::Grpc => MetricExporter::builder().with_tonic().with_endpoint(base).build(),
-            OtlpProtocol::HttpProtobuf => MetricExporter::builder()
-                .with_http()
-                .with_protocol(Protocol::HttpBinary)
-                .with_endpoint(format!("{base}/v1/metrics"))
-                .build(),
-        }
-        .context("cannot set up the OTLP metrics exporter")?;
+    pub fn start(out: &Output, health: Arc<Health>, export: Arc<Counters>) -> Result<Option<HealthMetrics>> {
+        let temporality = temporality(std::env::var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE").ok().as_deref())?;
+        let exporter = match out {
+            Output::Off => return Ok(None),
+            Output::Console => Push::console(temporality),
+            Output::Otlp(s) => Push::otlp(s, temporality).context("cannot set up the OTLP metrics exporter")?,
+        };
+        let armed = exporter.armed();
         let interval = std::env::var("OTEL_METRIC_EXPORT_INTERVAL")
             .ok()
             .and_then(|v| v.trim().parse::<u64>().ok())
@@ -83,7 +83,7 @@ impl HealthMetrics {
             let h = h.clone();
             Box::new(move || f(&h).load(Ordering::Relaxed))
         };
-        let counters: [(&'static str, &'static str, Read); 11] = [
+        let counters: [(&'static str, &'static str, Read); 12] = [
             ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
             ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
@@ -97,7 +97,12 @@ impl HealthMetrics {
                 "Requests whose traceparent was malformed (ignored)",
                 read_h(|h| &h.requests_bad_traceparent),
             ),
-            ("uvspan.requests.unsampled", "Requests their caller did not sample (not exported)", read_h(|h| &h.requests_unsampled)),
+            ("uvspan.requests.unsampled", "Requests the trace sampler dropped (not exported)", read_h(|h| &h.requests_unsampled)),
+            (
+                "uvspan.operations.unsampled",
+                "Operations and loop iterations outside requests the trace sampler dropped",
+                read_h(|h| &h.operations_unsampled),
+            ),
             ("uvspan.operations.straddled", "Operations dropped: they crossed a --sample-time window edge", read_h(|h| &h.straddled)),
         ];
         for (name, desc, read) in counters {
@@ -117,7 +122,13 @@ impl HealthMetrics {
             .with_description("Share of the time the fs/DNS/request probes are live (--sample-time; 1 = always)")
             .with_callback(move |o| o.observe(share() as f64 / 1e6, &[]))
             .build();
-        Ok(HealthMetrics { provider })
+        Ok(Some(HealthMetrics { provider, armed }))
+    }
+
+    /// uvspan is set up: export from now on (a start that fails exports
+    /// nothing when the provider is dropped).
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Relaxed);
     }
 
     /// Exports the final values.

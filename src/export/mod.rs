@@ -8,9 +8,11 @@
 //! and counted, never buffered without limit.
 
 pub mod buffers;
+pub mod client;
 pub mod console;
 pub mod encode;
 pub mod health;
+pub mod metrics;
 pub mod otlp;
 
 use std::ops::Range;
@@ -24,10 +26,12 @@ use opentelemetry_sdk::Resource;
 use tokio::sync::mpsc;
 
 /// Where spans go.
+// One per run.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 pub enum Destination {
     Console,
-    Otlp(otlp::OtlpConfig),
+    Otlp(client::Settings),
 }
 
 /// Batching settings (OTEL_BSP_* names).
@@ -149,15 +153,7 @@ pub(crate) trait Sink: Send + 'static {
         resource: &Resource,
         label: &str,
         parts: &mut [Part],
-    ) -> impl std::future::Future<Output = Result<u64, ExportError>> + Send;
-}
-
-/// Why an export failed.
-#[derive(Debug)]
-pub(crate) struct ExportError {
-    pub message: String,
-    /// Worth another try later (the collector is down, busy or slow).
-    pub retryable: bool,
+    ) -> impl std::future::Future<Output = Result<u64, client::Fail>> + Send;
 }
 
 impl Exporter {
@@ -281,11 +277,6 @@ impl Exporter {
     }
 }
 
-/// Retries of a failed export wait this long at first, doubling up to
-/// [`MAX_BACKOFF`].
-const FIRST_BACKOFF: Duration = Duration::from_millis(200);
-const MAX_BACKOFF: Duration = Duration::from_secs(5);
-
 async fn run<S: Sink>(
     mut sink: S,
     mut rx: mpsc::UnboundedReceiver<Msg>,
@@ -304,7 +295,7 @@ async fn run<S: Sink>(
     let mut flush_ack = None;
     // After a retryable failure: when to try again, and the next wait.
     let mut retry_at: Option<tokio::time::Instant> = None;
-    let mut backoff = FIRST_BACKOFF;
+    let mut backoff = client::Backoff::default();
     loop {
         let mut closed = false;
         let retry = async {
@@ -338,7 +329,7 @@ async fn run<S: Sink>(
                 let (resource, label) =
                     procs.get(&pid).cloned().unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
                 let mut sent = 0;
-                let mut retry = false;
+                let mut retry = None;
                 for r in requests(parts.iter().map(Part::len), cfg.max_batch.max(1)) {
                     let chunk = &mut parts[r.clone()];
                     let m: u64 = chunk.iter().map(|p| p.len() as u64).sum();
@@ -347,14 +338,14 @@ async fn run<S: Sink>(
                             let rejected = rejected.min(m);
                             counters.failed.fetch_add(rejected, Ordering::Relaxed);
                             counters.exported.fetch_add(m - rejected, Ordering::Relaxed);
-                            backoff = FIRST_BACKOFF;
+                            backoff.reset();
                         }
                         Err(e) => {
                             if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
                                 eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
                             }
                             if e.retryable {
-                                retry = true;
+                                retry = Some(backoff.wait(&e));
                                 break;
                             }
                             counters.failed.fetch_add(m, Ordering::Relaxed);
@@ -365,7 +356,7 @@ async fn run<S: Sink>(
                     counters.queued.fetch_sub(m, Ordering::Relaxed);
                     sent = r.end;
                 }
-                if retry {
+                if let Some(wait) = retry {
                     // Back in the queue, in order, with what was not sent
                     // yet; tried again after a wait.
                     let rest = pending.entry(pid).or_default();
@@ -377,8 +368,7 @@ async fn run<S: Sink>(
                         pending.entry(p).or_default().splice(0..0, s);
                     }
                     pending_n = pending.values().flatten().map(Part::len).sum();
-                    retry_at = Some(tokio::time::Instant::now() + backoff);
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    retry_at = Some(tokio::time::Instant::now() + wait);
                     break;
                 }
                 parts.into_iter().for_each(|p| p.recycle(&buffers));

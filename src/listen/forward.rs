@@ -10,20 +10,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::Result;
 use bytes::Bytes;
 use prost::Message;
 use tokio::sync::mpsc;
-use tonic::codec::CompressionEncoding;
 
 use super::{ListenCounters, Signal};
-use crate::export::otlp::Body;
-pub use crate::export::otlp::Raw;
-use crate::export::otlp::{self, OtlpConfig, OtlpProtocol};
-
-/// Backoff between retries of one request: from this, doubling, up to MAX.
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(5);
+pub use crate::export::client::Raw;
+use crate::export::client::{Backoff, Body, Client, Settings};
 
 /// One request of the app, to forward.
 pub struct Item {
@@ -106,37 +100,53 @@ impl Handle {
 }
 
 /// Starts the forwarding task (inside the runtime).
-pub fn start(cfg: &OtlpConfig, cap: u64, counters: Arc<ListenCounters>) -> Result<Handle> {
-    let upstream = Upstream::new(cfg)?;
+pub fn start(upstream: &[Option<Settings>; 3], cap: u64, counters: Arc<ListenCounters>) -> Result<Handle> {
+    let mut clients: [Option<Client>; 3] = Default::default();
+    for (c, s) in clients.iter_mut().zip(upstream) {
+        *c = s.as_ref().map(Client::new).transpose()?;
+    }
+    let upstream = Upstream(clients);
     let (tx, rx) = mpsc::unbounded_channel();
     let state = Arc::new(State { cap, bytes: AtomicU64::new(0), pending: Default::default(), closed: AtomicBool::new(false), counters });
     tokio::spawn(run(upstream, rx, state.clone()));
     Ok(Handle { queue: Queue { tx, state } })
 }
 
-async fn run(mut up: Upstream, mut rx: mpsc::UnboundedReceiver<Item>, s: Arc<State>) {
+async fn run(up: Upstream, mut rx: mpsc::UnboundedReceiver<Item>, s: Arc<State>) {
     let mut said_retry = false;
     let mut said_refused = false;
     let mut said_rejected = false;
+    let mut said_nowhere = [false; 3];
     while let Some(it) = rx.recv().await {
-        let mut backoff = BACKOFF_MIN;
+        let mut backoff = Backoff::default();
         let outcome = loop {
             if s.closed.load(Ordering::SeqCst) {
                 break None;
             }
-            match up.send(&it).await {
-                Ok(rejected) => break Some(Ok(rejected)),
-                Err(Fail::Permanent(e)) => break Some(Err(e)),
-                Err(Fail::Retry(after, e)) => {
+            let Some(client) = &up.0[it.signal as usize] else {
+                if !std::mem::replace(&mut said_nowhere[it.signal as usize], true) {
+                    eprintln!(
+                        "uvspan: the app's OTLP {} have no endpoint to go to (set OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_EXPORTER_OTLP_{}_ENDPOINT); dropped (counted; said once)",
+                        it.signal.name(),
+                        it.signal.name().to_ascii_uppercase()
+                    );
+                }
+                break Some(Err(String::new()));
+            };
+            match client.send(Body::from(it.body.clone())).await {
+                Ok(reply) => break Some(Ok(partial_success(it.signal, &reply))),
+                Err(f) if !f.retryable => break Some(Err(f.message)),
+                Err(f) => {
                     if !said_retry {
                         said_retry = true;
                         eprintln!(
-                            "uvspan: forwarding the app's OTLP {}: {e}; retrying while it stays queued (said once)",
-                            it.signal.name()
+                            "uvspan: forwarding the app's OTLP {} to {}: {}; retrying while it stays queued (said once)",
+                            it.signal.name(),
+                            client.url(),
+                            f.message
                         );
                     }
-                    tokio::time::sleep(after.unwrap_or(backoff).min(Duration::from_secs(30))).await;
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    tokio::time::sleep(backoff.wait(&f)).await;
                 }
             }
         };
@@ -159,7 +169,7 @@ async fn run(mut up: Upstream, mut rx: mpsc::UnboundedReceiver<Item>, s: Arc<Sta
             }
             Some(Err(e)) => {
                 ListenCounters::add(&c.dropped, it.signal, it.items);
-                if !said_refused {
+                if !said_refused && !e.is_empty() {
                     said_refused = true;
                     eprintln!("uvspan: the endpoint refused the app's OTLP {}: {e}; dropped (counted; said once)", it.signal.name());
                 }
@@ -173,96 +183,8 @@ async fn run(mut up: Upstream, mut rx: mpsc::UnboundedReceiver<Item>, s: Arc<Sta
     }
 }
 
-enum Fail {
-    /// Worth retrying (after this long, when the endpoint said).
-    Retry(Option<Duration>, String),
-    Permanent(String),
-}
-
-enum Upstream {
-    Grpc { grpc: Box<tonic::client::Grpc<tonic::transport::Channel>>, headers: tonic::metadata::MetadataMap, timeout: Duration },
-    Http { client: reqwest::Client, base: String, headers: Vec<(String, String)>, gzip: bool },
-}
-
-impl Upstream {
-    fn new(cfg: &OtlpConfig) -> Result<Upstream> {
-        let base = cfg.endpoint.trim_end_matches('/').trim_end_matches("/v1/traces").to_string();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
-            bail!("invalid OTLP endpoint {:?}: it must start with http:// or https://", cfg.endpoint);
-        }
-        let gzip = std::env::var("OTEL_EXPORTER_OTLP_COMPRESSION").is_ok_and(|v| v.trim() == "gzip");
-        let timeout = otlp::timeout();
-        Ok(match cfg.protocol {
-            OtlpProtocol::Grpc => {
-                let channel = tonic::transport::Endpoint::from_shared(base.clone())
-                    .with_context(|| format!("invalid OTLP endpoint {base:?}"))?
-                    .timeout(timeout)
-                    .connect_lazy();
-                let mut grpc = tonic::client::Grpc::new(channel).max_encoding_message_size(usize::MAX);
-                if gzip {
-                    grpc = grpc.send_compressed(CompressionEncoding::Gzip);
-                }
-                Upstream::Grpc { grpc: Box::new(grpc), headers: otlp::grpc_metadata(&otlp::headers(cfg)?)?, timeout }
-            }
-            OtlpProtocol::HttpProtobuf => Upstream::Http {
-                client: reqwest::Client::builder().timeout(timeout).build().context("cannot set up the HTTP client")?,
-                base,
-                headers: otlp::headers(cfg)?,
-                gzip,
-            },
-        })
-    }
-
-    /// Sends one request; Ok(rejected items, the endpoint's message).
-    async fn send(&mut self, it: &Item) -> Result<(u64, String), Fail> {
-        let reply = match self {
-            Upstream::Grpc { grpc, headers, timeout } => {
-                grpc.ready().await.map_err(|e| Fail::Retry(None, format!("endpoint not ready: {e}")))?;
-                let mut req = tonic::Request::new(Body::from(it.body.clone()));
-                *req.metadata_mut() = headers.clone();
-                req.set_timeout(*timeout);
-                let path = http::uri::PathAndQuery::from_static(it.signal.grpc_path());
-                match grpc.unary(req, path, Raw).await {
-                    Ok(r) => r.into_inner(),
-                    Err(st) => {
-                        let e = format!("{:?}: {}", st.code(), st.message());
-                        return Err(if otlp::grpc_retryable(st.code()) { Fail::Retry(None, e) } else { Fail::Permanent(e) });
-                    }
-                }
-            }
-            Upstream::Http { client, base, headers, gzip } => {
-                let mut rb = client.post(format!("{base}{}", it.signal.http_path())).header("content-type", "application/x-protobuf");
-                for (k, v) in headers.iter() {
-                    rb = rb.header(k.as_str(), v.as_str());
-                }
-                let body = if *gzip {
-                    rb = rb.header("content-encoding", "gzip");
-                    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-                    std::io::Write::write_all(&mut enc, &it.body).and_then(|()| enc.finish()).map_err(|e| Fail::Permanent(e.to_string()))?
-                } else {
-                    it.body.to_vec()
-                };
-                let resp = rb.body(body).send().await.map_err(|e| Fail::Retry(None, format!("{e}")))?;
-                let status = resp.status().as_u16();
-                let after = resp
-                    .headers()
-                    .get("retry-after")
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .map(Duration::from_secs);
-                let bytes = resp.bytes().await.map_err(|e| Fail::Retry(None, format!("{e}")))?;
-                match status {
-                    200..=299 => bytes,
-                    s if otlp::http_retryable(s) => return Err(Fail::Retry(after, format!("HTTP {status}"))),
-                    _ => {
-                        return Err(Fail::Permanent(format!("HTTP {status}: {}", String::from_utf8_lossy(&bytes[..bytes.len().min(200)]))))
-                    }
-                }
-            }
-        };
-        Ok(partial_success(it.signal, &reply))
-    }
-}
+/// A client per signal (None: no endpoint for it).
+struct Upstream([Option<Client>; 3]);
 
 /// The rejected count and message of an export response (0 when it says none).
 pub fn partial_success(signal: Signal, reply: &[u8]) -> (u64, String) {
@@ -300,8 +222,10 @@ mod tests {
     #[tokio::test]
     async fn the_queue_is_bounded_in_bytes() {
         let counters = Arc::new(ListenCounters::default());
-        let cfg = OtlpConfig { endpoint: "http://127.0.0.1:9".into(), protocol: OtlpProtocol::HttpProtobuf, headers: vec![] };
-        let h = start(&cfg, 100, counters.clone()).unwrap();
+        let e = |k: &str| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://127.0.0.1:9".to_string());
+        let src = crate::export::client::settings::Sources { env: &e, file: None, flag_endpoint: None, flag_protocol: None };
+        let up = crate::export::client::settings::plan(&src).unwrap().forward;
+        let h = start(&up, 100, counters.clone()).unwrap();
         let q = h.queue();
         let item = |n: usize| Item { signal: Signal::Logs, body: Bytes::from(vec![0u8; n]), items: 1 };
         assert!(q.push(item(60)).is_ok());

@@ -19,50 +19,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use crate::export::otlp::OtlpConfig;
+use crate::export::client::Settings;
 use join::AppServer;
 
 /// The three OTLP signals.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Signal {
-    Traces,
-    Metrics,
-    Logs,
-}
-
-impl Signal {
-    pub const ALL: [Signal; 3] = [Signal::Traces, Signal::Metrics, Signal::Logs];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Signal::Traces => "traces",
-            Signal::Metrics => "metrics",
-            Signal::Logs => "logs",
-        }
-    }
-
-    /// The HTTP path (`/v1/traces`).
-    pub fn http_path(self) -> &'static str {
-        match self {
-            Signal::Traces => "/v1/traces",
-            Signal::Metrics => "/v1/metrics",
-            Signal::Logs => "/v1/logs",
-        }
-    }
-
-    /// The gRPC method path.
-    pub fn grpc_path(self) -> &'static str {
-        match self {
-            Signal::Traces => "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-            Signal::Metrics => "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
-            Signal::Logs => "/opentelemetry.proto.collector.logs.v1.LogsService/Export",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-}
+pub use crate::export::client::Signal;
 
 /// Counters of the listener, per signal in items (spans, data points, log
 /// records), shared with the health metrics and the summary line.
@@ -89,11 +50,11 @@ pub struct ListenCounters {
 
 impl ListenCounters {
     pub fn add(field: &[AtomicU64; 3], s: Signal, n: u64) {
-        field[s.index()].fetch_add(n, Ordering::Relaxed);
+        field[s as usize].fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn get(field: &[AtomicU64; 3], s: Signal) -> u64 {
-        field[s.index()].load(Ordering::Relaxed)
+        field[s as usize].load(Ordering::Relaxed)
     }
 
     /// For the summary line.
@@ -118,7 +79,8 @@ impl ListenCounters {
 #[derive(Clone, Debug)]
 pub struct ListenConfig {
     pub addrs: Vec<SocketAddr>,
-    pub upstream: OtlpConfig,
+    /// Where each signal is forwarded (None: no endpoint for it).
+    pub upstream: [Option<Settings>; 3],
     /// Bytes of requests queued for the endpoint at most.
     pub queue_bytes: u64,
 }

@@ -18,7 +18,7 @@ use tonic::codec::CompressionEncoding;
 use super::forward::{Item, Queue, Raw};
 use super::join::{app_servers, AppServer};
 use super::{ListenCounters, Signal};
-use crate::export::otlp::Body;
+use crate::export::client::Body;
 
 /// Largest request accepted (bytes, after decompression).
 pub const MAX_REQUEST: usize = 64 << 20;

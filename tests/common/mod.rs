@@ -8,11 +8,13 @@
 //! - [`cgroups`]: cgroups of a test's own, fake container ids;
 //! - [`checks`]: checks shared by several test files;
 //! - [`node_builds`]: the Node builds of the matrix, downloaded once into a cache;
-//! - [`faults`]: collector faults (a receiver that stops, restarts and is slow).
+//! - [`faults`]: collector faults (a receiver that stops, restarts and is slow);
+//! - [`collector`]: a collector speaking OTLP over TLS (certificates made by the test) and gzip.
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cgroups;
 pub mod checks;
+pub mod collector;
 pub mod faults;
 pub mod host;
 pub mod node_builds;

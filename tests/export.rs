@@ -1,0 +1,404 @@
+//! Export to the backends people use: TLS with a private CA, mutual TLS,
+//! certificate problems named, gzip on the wire, per-signal endpoints,
+//! OTEL_TRACES_EXPORTER=none, the standard samplers, and the --otlp-listen
+//! forwarder over TLS — against a collector of the test's own that speaks
+//! OTLP over rustls (tests/common/collector.rs).
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use common::collector::{Ca, Collector, Issued, Listen};
+use common::*;
+
+/// A node app whose work uvspan sees: fs and a DNS lookup, then exit.
+const APP: &str = "const fs=require('fs');for(let i=0;i<5;i++)fs.statSync('/');\
+                   require('dns').lookup('localhost',()=>fs.stat('/',()=>{}))";
+
+/// Runs `uvspan -- node -e APP` with these variables.
+fn traced(vars: &[(&str, &str)]) -> Output {
+    let mut c = uvspan_cmd(["--status-interval", "0", "--loop-threshold", "10m", "--", "node", "-e", APP]);
+    c.envs(vars.iter().copied());
+    run(c)
+}
+
+struct Pki {
+    dir: TempDir,
+    ca: Ca,
+    ca_file: String,
+}
+
+impl Pki {
+    fn new(tag: &str) -> Pki {
+        let dir = TempDir::new(tag);
+        let ca = Ca::new("uvspan test CA");
+        let ca_file = ca.write(dir.path(), "ca.pem").display().to_string();
+        Pki { dir, ca, ca_file }
+    }
+
+    fn server(&self, names: &[&str], expired: bool) -> Issued {
+        self.ca.issue(self.dir.path(), if expired { "expired" } else { "server" }, names, expired)
+    }
+}
+
+fn proto_of(p: Protocol) -> &'static str {
+    p.flag()
+}
+
+/// Every span the collector got, and the fs spans among them.
+fn fs_spans(c: &Collector) -> usize {
+    c.spans().iter().filter(|s| s.name.starts_with("fs.")).count()
+}
+
+fn tls_with_a_private_ca(p: Protocol) {
+    require_root();
+    let pki = Pki::new("tls-ca");
+    let server = pki.server(&["localhost", "127.0.0.1"], false);
+    let col = Collector::start(Listen::Tls { server: &server, clients: None });
+    for host in ["127.0.0.1", "localhost"] {
+        let before = col.spans().len();
+        let ep = format!("https://{host}:{}", col.port());
+        let out = traced(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &ep),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", proto_of(p)),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &pki.ca_file),
+        ]);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        let got = col.spans().len() - before;
+        assert!(fs_spans(&col) >= 6, "the app's fs spans arrived over TLS ({host})\n{}", out.context());
+        check_summary(&out, got);
+    }
+    // uvspan's own metrics go the same way (exported at exit).
+    assert!(col.metric_names().iter().any(|m| m == "uvspan.spans.exported"), "metrics over TLS: {:?}", col.metric_names());
+    let paths: BTreeSet<String> = col.requests().iter().map(|g| g.path.clone()).collect();
+    let want = match p {
+        Protocol::Grpc => "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+        Protocol::HttpProtobuf => "/v1/traces",
+    };
+    assert!(paths.contains(want), "{paths:?}");
+}
+
+#[test]
+fn grpc_over_tls_with_a_private_ca() {
+    tls_with_a_private_ca(Protocol::Grpc);
+}
+
+#[test]
+fn http_over_tls_with_a_private_ca() {
+    tls_with_a_private_ca(Protocol::HttpProtobuf);
+}
+
+#[test]
+fn mutual_tls_and_the_refusal_without_a_client_certificate() {
+    require_root();
+    let pki = Pki::new("mtls");
+    let server = pki.server(&["127.0.0.1"], false);
+    let client_ca = Ca::new("uvspan test client CA");
+    let client = client_ca.issue(pki.dir.path(), "client", &["uvspan-client"], false);
+    let col = Collector::start(Listen::Tls { server: &server, clients: Some(&client_ca) });
+    let ep = format!("https://127.0.0.1:{}", col.port());
+    for p in [Protocol::Grpc, Protocol::HttpProtobuf] {
+        let before = col.spans().len();
+        let (cert, key) = (client.cert.display().to_string(), client.key.display().to_string());
+        let out = traced(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &ep),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", p.flag()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &pki.ca_file),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
+        ]);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        check_summary(&out, col.spans().len() - before);
+        assert!(col.spans().len() - before >= 6, "{:?}: spans over mutual TLS\n{}", p, out.context());
+
+        // Without a client certificate: refused, said in one line, counted.
+        let before = col.spans().len();
+        let out = traced(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &ep),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", p.flag()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", &pki.ca_file),
+        ]);
+        assert_eq!(out.code(), Some(0), "tracing goes on: the app's exit code\n{}", out.context());
+        assert_eq!(col.spans().len(), before, "nothing arrived without a client certificate");
+        let line = export_failure(&out);
+        assert!(line.contains("client certificate"), "{p:?}: {line}\n{}", out.context());
+        let sum = summary(&out.stderr);
+        assert!(sum.failed >= 6 && sum.exported == 0, "{p:?}: the spans are counted failed\n{}", out.context());
+        assert!(!out.stderr.contains("panicked"), "{}", out.context());
+    }
+}
+
+/// uvspan's one line about a failed export.
+fn export_failure(out: &Output) -> String {
+    let lines: Vec<&str> = out.stderr.lines().filter(|l| l.contains("export failed")).collect();
+    assert_eq!(lines.len(), 1, "one line about the failure\n{}", out.context());
+    lines[0].to_string()
+}
+
+#[test]
+fn certificate_problems_are_named_and_counted() {
+    require_root();
+    let pki = Pki::new("badcert");
+    let good = pki.server(&["127.0.0.1"], false);
+    let expired = pki.server(&["127.0.0.1"], true);
+    let other = Ca::new("somebody else's CA");
+    let other_file = other.write(pki.dir.path(), "other.pem").display().to_string();
+    let wrong_name = pki.ca.issue(pki.dir.path(), "elsewhere", &["collector.example"], false);
+    let cases: [(&Issued, &str, &str); 3] = [
+        (&good, &other_file, "CA uvspan does not trust"),
+        (&expired, &pki.ca_file, "expired"),
+        (&wrong_name, &pki.ca_file, "not for the endpoint's host name"),
+    ];
+    for (server, ca, says) in cases {
+        let col = Collector::start(Listen::Tls { server, clients: None });
+        for p in [Protocol::Grpc, Protocol::HttpProtobuf] {
+            let ep = format!("https://127.0.0.1:{}", col.port());
+            let out = traced(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &ep),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", p.flag()),
+                ("OTEL_EXPORTER_OTLP_CERTIFICATE", ca),
+            ]);
+            assert_eq!(out.code(), Some(0), "{}", out.context());
+            let line = export_failure(&out);
+            assert!(line.contains(says), "{p:?} expected {says:?}: {line}");
+            let sum = summary(&out.stderr);
+            assert!(sum.failed >= 6 && sum.unflushed == 0, "{p:?}: counted failed at once, not left queued\n{}", out.context());
+            assert!(col.spans().is_empty());
+        }
+    }
+}
+
+#[test]
+fn gzip_on_the_wire_for_both_protocols() {
+    require_root();
+    for p in [Protocol::Grpc, Protocol::HttpProtobuf] {
+        let col = Collector::start(Listen::Plain);
+        let ep = format!("http://127.0.0.1:{}", col.port());
+        let out = traced(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &ep),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", p.flag()),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ]);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        check_summary(&out, col.spans().len());
+        let reqs = col.requests();
+        assert!(reqs.iter().any(|g| g.is_traces()) && reqs.iter().any(|g| g.is_metrics()), "{p:?}: traces and metrics arrived");
+        for g in &reqs {
+            assert!(g.gzip, "{p:?} {}: compressed on the wire ({:?})", g.path, g.headers);
+            let (name, value) = if p == Protocol::Grpc { ("grpc-encoding", "gzip") } else { ("content-encoding", "gzip") };
+            assert_eq!(g.header(name), Some(value), "{p:?} {}", g.path);
+        }
+        // Per signal: traces compressed, metrics not.
+        let col = Collector::start(Listen::Plain);
+        let ep = format!("http://127.0.0.1:{}", col.port());
+        let out = traced(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &ep),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", p.flag()),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+        ]);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        for g in col.requests() {
+            assert_eq!(g.gzip, g.is_traces(), "{p:?} {}", g.path);
+        }
+    }
+}
+
+#[test]
+fn per_signal_endpoints_are_used_as_given() {
+    require_root();
+    let col = Collector::start(Listen::Plain);
+    let base = format!("http://127.0.0.1:{}", col.port());
+    let out = traced(&[
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", &format!("{base}/ingest/spans")),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", &format!("{base}/ingest/metrics")),
+        ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-tenant=traces%20team"),
+    ]);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let reqs = col.requests();
+    let paths: BTreeSet<&str> = reqs.iter().map(|g| g.path.as_str()).collect();
+    assert_eq!(paths, BTreeSet::from(["/ingest/spans", "/ingest/metrics"]), "no /v1/... appended to a per-signal endpoint");
+    for g in &reqs {
+        let tenant = if g.path == "/ingest/spans" { Some("traces team") } else { None };
+        assert_eq!(g.header("x-tenant"), tenant, "{}: per-signal headers", g.path);
+    }
+    check_summary(&out, count_spans(&reqs, "/ingest/spans"));
+}
+
+fn count_spans(reqs: &[common::collector::Got], path: &str) -> usize {
+    reqs.iter()
+        .filter(|g| g.path == path)
+        .map(|g| {
+            let r =
+                <opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest as prost::Message>::decode(g.body.as_ref())
+                    .expect("traces");
+            flatten(&r.resource_spans).len()
+        })
+        .sum()
+}
+
+#[test]
+fn traces_exporter_none_exports_no_span_and_says_so() {
+    require_root();
+    let col = Collector::start(Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let out = traced(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &ep), ("OTEL_TRACES_EXPORTER", "none")]);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(col.requests().iter().all(|g| !g.is_traces()), "no traces request");
+    assert!(col.metric_names().iter().any(|m| m == "uvspan.loop.iterations"), "the collector was there: metrics arrived");
+    assert!(out.stderr.contains("no span is sent anywhere (OTEL_TRACES_EXPORTER=none)"), "{}", out.context());
+    assert!(!out.stdout.contains("fs.stat"), "nor printed\n{}", out.context());
+    let out = traced(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &ep), ("OTEL_SDK_DISABLED", "true")]);
+    assert!(out.stderr.contains("(OTEL_SDK_DISABLED=true)"), "{}", out.context());
+    assert!(col.requests().iter().all(|g| !g.is_traces()));
+    let out = traced(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &ep), ("OTEL_TRACES_EXPORTER", "zipkin")]);
+    assert_eq!(out.code(), Some(2), "{}", out.context());
+    assert!(out.stderr.trim().lines().count() == 1 && out.stderr.contains("use otlp, console or none"), "{}", out.context());
+}
+
+// ---------------------------------------------------------------------------
+// Samplers
+// ---------------------------------------------------------------------------
+
+const N: usize = 200;
+
+/// The requests fixture (tests/fixtures/requests_server.js) under a sampler:
+/// request i has no traceparent when i % 4 == 0, else one flagged sampled —
+/// or, with `odd_unsampled`, flagged not sampled when i is odd.
+fn sampled_run(tag: &str, sampler: &str, arg: &str, odd_unsampled: bool) -> (Output, Vec<Span>, BTreeMap<usize, Option<String>>) {
+    let col = Collector::start(Listen::Plain);
+    let dir = TempDir::new(tag);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let args = ["--loop-threshold", "10m", "--status-interval", "0", "--", "node", &fixture("requests_server.js"), &dir.str(), "200", "8"];
+    let mut c = uvspan_cmd(args);
+    c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_TRACES_SAMPLER", sampler), ("OTEL_TRACES_SAMPLER_ARG", arg)]);
+    if odd_unsampled {
+        c.env("FIXTURE_UNSAMPLED_ODD", "1");
+    }
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = col.spans();
+    check_summary(&out, spans.len());
+    let sent = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"marker\":\"req\""))
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("req marker");
+            (v["i"].as_u64().expect("i") as usize, v["traceparent"].as_str().map(str::to_string))
+        })
+        .collect::<BTreeMap<_, _>>();
+    assert_eq!(sent.len(), N, "{}", out.context());
+    (out, spans, sent)
+}
+
+/// The requests kept (by SERVER span), each checked complete (its five
+/// operations under it), and no span without its parent.
+fn kept_requests(spans: &[Span], sent: &BTreeMap<usize, Option<String>>) -> BTreeSet<usize> {
+    let ids: BTreeSet<&str> = spans.iter().map(|s| s.span_id.as_str()).collect();
+    let remote: BTreeSet<String> = sent.values().flatten().map(|tp| tp.split('-').nth(2).expect("parent id").to_string()).collect();
+    for s in spans {
+        assert!(
+            s.parent_span_id.is_empty() || ids.contains(s.parent_span_id.as_str()) || remote.contains(&s.parent_span_id),
+            "an orphan: {}",
+            s.brief()
+        );
+    }
+    let mut kept = BTreeSet::new();
+    for srv in spans.iter().filter(|s| s.kind == 2) {
+        let i: usize = srv.str("url.path").and_then(|p| p.trim_start_matches("/r/").parse().ok()).expect("/r/<i>");
+        let work = spans.iter().filter(|s| s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id).count();
+        assert!(work >= 5, "request {i} kept whole: {work} operations under it\n{}", srv.brief());
+        kept.insert(i);
+    }
+    kept
+}
+
+#[test]
+fn traceidratio_keeps_its_share_of_requests_whole() {
+    require_root();
+    let (out, spans, sent) = sampled_run("ratio", "traceidratio", "0.25", true);
+    let kept = kept_requests(&spans, &sent);
+    // Binomial(200, 0.25): mean 50, sd 6.1; ±4 sd.
+    assert!((26..=74).contains(&kept.len()), "{} of {N} requests kept at 0.25\n{}", kept.len(), out.context());
+    // Not parent-based: requests whose caller did not sample are kept too.
+    assert!(kept.iter().any(|i| i % 2 == 1), "the caller's flag is ignored by traceidratio");
+    assert_eq!(summary_number(&out.stderr, " not sampled, not exported"), (N - kept.len()) as u64, "{}", out.context());
+    assert!(out.stderr.contains("sampler traceidratio 0.25:"), "{}", out.context());
+}
+
+#[test]
+fn parent_based_follows_the_callers_flag() {
+    require_root();
+    // Roots dropped (ratio 0): only requests whose caller sampled them are kept.
+    let (out, spans, sent) = sampled_run("parent", "parentbased_traceidratio", "0", true);
+    let kept = kept_requests(&spans, &sent);
+    let want: BTreeSet<usize> = (0..N).filter(|i| i % 4 == 2).collect();
+    assert_eq!(kept, want, "kept: the requests flagged sampled by their caller\n{}", out.context());
+    assert!(spans.iter().all(|s| s.kind == 2 || kept_trace(&spans, s)), "no work outside the kept requests (background work: ratio 0)");
+    // always_on keeps even what the caller did not sample.
+    let (out, spans, sent) = sampled_run("always", "always_on", "", true);
+    assert_eq!(kept_requests(&spans, &sent).len(), N, "{}", out.context());
+    // always_off: nothing.
+    let (out, spans, _) = sampled_run("off", "always_off", "", false);
+    assert!(spans.is_empty(), "{}", out.context());
+}
+
+fn kept_trace(spans: &[Span], s: &Span) -> bool {
+    spans.iter().any(|srv| srv.kind == 2 && srv.trace_id == s.trace_id)
+}
+
+// ---------------------------------------------------------------------------
+// The forwarder
+// ---------------------------------------------------------------------------
+
+/// A free port below the kernel's ephemeral range (32768 up): no outgoing
+/// connection of a test running beside this one takes it meanwhile.
+fn port_outside_the_ephemeral_range(offset: u16) -> u16 {
+    let start = 20_000 + (std::process::id() % 5_000) as u16 + offset;
+    (start..32_000).find(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok()).expect("a free port")
+}
+
+#[test]
+fn the_otlp_listen_forwarder_goes_over_tls_too() {
+    require_root();
+    let pki = Pki::new("fwd-tls");
+    let server = pki.server(&["127.0.0.1"], false);
+    let col = Collector::start(Listen::Tls { server: &server, clients: None });
+    let ep = format!("https://127.0.0.1:{}", col.port());
+    // The app posts one OTLP span to uvspan's listener, then exits.
+    let body = {
+        use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+        use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span as PbSpan};
+        let span = PbSpan { trace_id: vec![9; 16], span_id: vec![9; 8], name: "app-span".into(), kind: 2, ..Default::default() };
+        let rs = ResourceSpans { scope_spans: vec![ScopeSpans { spans: vec![span], ..Default::default() }], ..Default::default() };
+        prost::Message::encode_to_vec(&ExportTraceServiceRequest { resource_spans: vec![rs] })
+    };
+    let dir = TempDir::new("fwd-tls-body");
+    let file = dir.path().join("body.bin");
+    std::fs::write(&file, &body).expect("write the body");
+    let app = |listen: u16| {
+        format!(
+        "const b=require('fs').readFileSync({:?});const r=require('http').request({{host:'127.0.0.1',port:{listen},path:'/v1/traces',method:'POST',\
+         headers:{{'content-type':'application/x-protobuf'}}}},res=>{{res.resume();res.on('end',()=>console.log('status',res.statusCode))}});r.end(b)",
+        file.display().to_string()
+    )
+    };
+    for (p, offset) in [(Protocol::Grpc, 0), (Protocol::HttpProtobuf, 1)] {
+        // A port of its own per run (the last run's socket may close late).
+        let listen = port_outside_the_ephemeral_range(offset * 100);
+        let listen_addr = format!("127.0.0.1:{listen}");
+        let before = col.spans().iter().filter(|s| s.name == "app-span").count();
+        let mut c = uvspan_cmd(["--status-interval", "0", "--otlp-listen", &listen_addr, "--", "node", "-e", &app(listen)]);
+        c.envs([
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", p.flag()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.ca_file.as_str()),
+        ]);
+        let out = run(c);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        assert!(out.stdout.contains("status 200"), "the listener took the app's request\n{}", out.context());
+        let after = col.spans().iter().filter(|s| s.name == "app-span").count();
+        assert_eq!(after - before, 1, "{p:?}: the app's span forwarded over TLS\n{}", out.context());
+    }
+}
