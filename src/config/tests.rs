@@ -129,6 +129,11 @@ struct Layers {
 
 /// An option of each kind (a few twice: with and without a variable).
 fn layers() -> Vec<Layers> {
+    number_layers().into_iter().chain(word_layers()).collect()
+}
+
+/// Durations, sizes, percents.
+fn number_layers() -> Vec<Layers> {
     vec![
         // duration
         Layers {
@@ -161,6 +166,12 @@ fn layers() -> Vec<Layers> {
             flag: (&["--sample-time", "50%"], "Some(0.5)"),
             show: |c| format!("{:?}", c.sample_time),
         },
+    ]
+}
+
+/// Enums, lists, bools, strings.
+fn word_layers() -> Vec<Layers> {
+    vec![
         // enum
         Layers {
             default: "SlowIterations",
