@@ -1,47 +1,49 @@
-//! The configuration file (`--config`, YAML). Every command-line option can
-//! be set there; precedence is flag > environment variable > file > default.
+//! Configuration: command-line flag > environment variable > file
+//! (`--config`, YAML) > built-in default.
+//!
+//! Every option is declared once, as a clap argument of [`Cli`]. Its key in
+//! the file is its argument id (`loop_threshold`, `otlp_listen`, `pids`)
+//! (the OTLP settings are the `otlp:` section's, [`NOT_IN_FILE`]); its value is written as on the command line (a YAML list
+//! for an option that takes several). What the environment and the file say
+//! is installed as the arguments' default values before the command line is
+//! parsed ([`layered`]), so clap parses it with the flag's own value parser
+//! and a flag wins. The file also has sections no flag sets ([`SECTIONS`]).
 //! See otel-config/uvspan.yaml for a documented example.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
-use clap::parser::ValueSource;
-use clap::ArgMatches;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::builder::Resettable;
+use clap::{Arg, ArgAction, ArgMatches, Command};
 use serde::Deserialize;
+use serde_yaml_ng::Value;
 
 use crate::cli::{parse_duration, Cli};
 use crate::export::BatchConfig;
 
-#[derive(Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, rename_all = "snake_case")]
+/// Options with no key of their own in the file: `--otlp-endpoint` and
+/// `--otlp-protocol` are over the `otlp:` section, which is read with the
+/// OTEL_EXPORTER_OTLP_* variables, per signal
+/// ([`crate::export::client::settings`]).
+const NOT_IN_FILE: [&str; 4] = ["config", "command", "otlp_endpoint", "otlp_protocol"];
+
+/// File keys that are not options: `otlp` (the OTLP client's settings, as
+/// the OTEL_EXPORTER_OTLP_* variables), `batch` (no flag, only OTEL_BSP_*),
+/// `budgets` (`uvspan run`'s, joined with its --budget flags).
+const SECTIONS: [&str; 3] = ["otlp", "batch", "budgets"];
+
+/// The configuration file.
+#[derive(Debug, Default, PartialEq)]
 pub struct FileConfig {
-    pub pids: Option<Vec<u32>>,
-    pub all: Option<bool>,
-    pub cgroup: Option<String>,
-    pub container: Option<String>,
-    pub exclude_already_instrumented: Option<bool>,
-    pub service_name: Option<String>,
-    pub loop_threshold: Option<String>,
-    pub flush_timeout: Option<String>,
-    pub status_interval: Option<String>,
-    pub ring_buffer_size: Option<String>,
-    pub symbol_cache: Option<String>,
-    /// Request context: on or off.
-    pub requests: Option<String>,
-    /// Loop-thread stacks on slow iterations: slow-iterations, all-ops or off.
-    pub stacks: Option<String>,
-    /// Optional probe groups: [threadpool, phases] or [all].
-    pub detail: Option<Vec<String>>,
-    /// --sample-time, e.g. "10%".
-    pub sample_time: Option<String>,
     pub otlp: Option<OtlpSection>,
-    /// --otlp-listen addresses and --join-window.
-    pub otlp_listen: Option<Vec<String>>,
-    pub join_window: Option<String>,
-    pub otlp_listen_queue: Option<String>,
     pub batch: Option<BatchSection>,
     /// `uvspan run`: budgets on its report (with the --budget flags).
     pub budgets: Option<Vec<String>>,
+    /// The options the file sets, by argument id, as they would be written
+    /// on the command line (checked with their value parsers).
+    options: BTreeMap<String, Vec<String>>,
 }
 
 /// `otlp:`, read with the OTEL_EXPORTER_OTLP_* variables (see
@@ -58,7 +60,37 @@ pub struct BatchSection {
 
 impl FileConfig {
     pub fn parse(text: &str) -> Result<FileConfig> {
-        Ok(serde_yaml_ng::from_str::<Option<FileConfig>>(text)?.unwrap_or_default())
+        let map: Option<serde_yaml_ng::Mapping> = serde_yaml_ng::from_str(text)?;
+        let cmd = crate::cli::command();
+        let mut file = FileConfig::default();
+        for (key, value) in map.unwrap_or_default() {
+            let Some(key) = key.as_str() else {
+                bail!("{} is not a key: the keys are {}", plain(&key), keys(&cmd).join(", "));
+            };
+            match key {
+                "otlp" => {
+                    file.otlp = section(key, value)?;
+                    if let Some(o) = &file.otlp {
+                        crate::export::client::settings::check_file(o)?;
+                    }
+                }
+                "batch" => file.batch = section(key, value)?,
+                "budgets" => file.budgets = section(key, value)?,
+                _ => {
+                    let arg = cmd.get_arguments().find(|a| a.get_id() == key && has_key(a));
+                    let arg = arg.ok_or_else(|| anyhow!("unknown key `{key}`: the keys are {}", keys(&cmd).join(", ")))?;
+                    if let Some(words) = words(arg, value).map_err(|why| anyhow!("{key}: {why}"))? {
+                        file.options.insert(key.to_string(), words);
+                    }
+                }
+            }
+        }
+        for arg in cmd.get_arguments() {
+            if let Some(values) = file.values(arg.get_id().as_str()) {
+                check(arg, &values).map_err(|why| anyhow!("{}: {why}", key_of(arg.get_id().as_str())))?;
+            }
+        }
+        Ok(file)
     }
 
     pub fn load(path: &Path) -> Result<FileConfig> {
@@ -66,81 +98,9 @@ impl FileConfig {
         FileConfig::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
     }
 
-    /// Fills the options that neither a flag nor an environment variable set.
-    pub fn apply(&self, cli: &mut Cli, m: &ArgMatches) -> Result<()> {
-        let unset = |id: &str| !matches!(m.value_source(id), Some(ValueSource::CommandLine | ValueSource::EnvVariable));
-        let dur = |name: &str, v: &Option<String>| -> Result<Option<std::time::Duration>> {
-            v.as_deref().map(parse_duration).transpose().map_err(|e| anyhow::anyhow!("config {name}: {e}"))
-        };
-        if let (true, Some(v)) = (unset("pids"), &self.pids) {
-            cli.pids = v.clone();
-        }
-        if let (true, Some(v)) = (unset("all"), self.all) {
-            cli.all = v;
-        }
-        if let (true, Some(v)) = (unset("cgroup"), &self.cgroup) {
-            cli.cgroup = Some(v.clone());
-        }
-        if let (true, Some(v)) = (unset("container"), &self.container) {
-            cli.container = Some(v.clone());
-        }
-        if let (true, Some(v)) = (unset("exclude_already_instrumented"), self.exclude_already_instrumented) {
-            cli.exclude_already_instrumented = v;
-        }
-        if let (true, Some(v)) = (unset("service_name"), &self.service_name) {
-            cli.service_name = Some(v.clone());
-        }
-        if let (true, Some(v)) = (unset("loop_threshold"), dur("loop_threshold", &self.loop_threshold)?) {
-            cli.loop_threshold = v;
-        }
-        if let (true, Some(v)) = (unset("flush_timeout"), dur("flush_timeout", &self.flush_timeout)?) {
-            cli.flush_timeout = v;
-        }
-        if let (true, Some(v)) = (unset("status_interval"), dur("status_interval", &self.status_interval)?) {
-            cli.status_interval = v;
-        }
-        if let (true, Some(v)) = (unset("ring_buffer_size"), &self.ring_buffer_size) {
-            cli.ring_buffer_size = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config ring_buffer_size: {e}"))?;
-        }
-        if let (true, Some(v)) = (unset("symbol_cache"), &self.symbol_cache) {
-            cli.symbol_cache = v.clone();
-        }
-        if let (true, Some(v)) = (unset("requests"), &self.requests) {
-            use clap::ValueEnum;
-            cli.requests = crate::cli::RequestsMode::from_str(v.trim(), true)
-                .map_err(|_| anyhow::anyhow!("config requests: {v:?}: use on, always or off"))?;
-        }
-        if let (true, Some(v)) = (unset("stacks"), &self.stacks) {
-            use clap::ValueEnum;
-            cli.stacks = crate::cli::StacksMode::from_str(v.trim(), true)
-                .map_err(|_| anyhow::anyhow!("config stacks: {v:?}: use slow-iterations, all-ops or off"))?;
-        }
-        if let (true, Some(v)) = (unset("detail"), &self.detail) {
-            use clap::ValueEnum;
-            cli.detail = v
-                .iter()
-                .map(|k| {
-                    crate::probes::catalog::DetailKind::from_str(k.trim(), true)
-                        .map_err(|_| anyhow::anyhow!("config detail: unknown group {k:?}: use threadpool, phases or all"))
-                })
-                .collect::<Result<_>>()?;
-        }
-        if let (true, Some(v)) = (unset("otlp_listen"), &self.otlp_listen) {
-            cli.otlp_listen = v
-                .iter()
-                .map(|a| a.trim().parse().map_err(|_| anyhow::anyhow!("config otlp_listen: {a:?} is not an address like 127.0.0.1:4317")))
-                .collect::<Result<_>>()?;
-        }
-        if let (true, Some(v)) = (unset("join_window"), dur("join_window", &self.join_window)?) {
-            cli.join_window = v;
-        }
-        if let (true, Some(v)) = (unset("otlp_listen_queue"), &self.otlp_listen_queue) {
-            cli.otlp_listen_queue = crate::cli::parse_size(v).map_err(|e| anyhow::anyhow!("config otlp_listen_queue: {e}"))?;
-        }
-        if let (true, Some(v)) = (unset("sample_time"), &self.sample_time) {
-            cli.sample_time = Some(crate::cli::parse_percent(v).map_err(|e| anyhow::anyhow!("config sample_time: {e}"))?);
-        }
-        Ok(())
+    /// What the file says for the option `id`, as on the command line.
+    fn values(&self, id: &str) -> Option<Vec<String>> {
+        self.options.get(id).cloned()
     }
 
     /// Batching: OTEL_BSP_* environment > file > default.
@@ -173,25 +133,133 @@ impl FileConfig {
     }
 }
 
-/// Parses the command line, then applies the config file under it.
-pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
-    use clap::FromArgMatches;
-    let mut cli = Cli::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
-    // `uvspan run`: the tracing options are the subcommand's.
-    let m = match (&cli.sub, m.subcommand()) {
-        (Some(crate::cli::Sub::Run(opts)), Some((_, sub))) => {
-            let opts = opts.clone();
-            cli = Cli::from_arg_matches(sub).map_err(|e| anyhow::anyhow!("{e}"))?;
-            cli.sub = Some(crate::cli::Sub::Run(opts));
-            sub
-        }
-        _ => m,
+/// Whether the option `a` has a key of its own in the file.
+fn has_key(a: &Arg) -> bool {
+    let id = a.get_id().as_str();
+    let builtin = matches!(a.get_action(), ArgAction::Help | ArgAction::HelpShort | ArgAction::HelpLong | ArgAction::Version);
+    !builtin && !NOT_IN_FILE.contains(&id)
+}
+
+/// The file key of the option `id`.
+fn key_of(id: &str) -> String {
+    id.to_string()
+}
+
+/// The file's top-level keys: the options' and the sections'.
+fn keys(cmd: &Command) -> Vec<String> {
+    cmd.get_arguments().filter(|a| has_key(a)).map(|a| a.get_id().to_string()).chain(SECTIONS.map(String::from)).collect()
+}
+
+/// A YAML value as it was written, on one line.
+fn plain(v: &Value) -> String {
+    serde_yaml_ng::to_string(v).map(|s| s.trim().replace('\n', " ")).unwrap_or_else(|_| format!("{v:?}"))
+}
+
+/// A section of the file, typed.
+fn section<T: serde::de::DeserializeOwned>(key: &str, value: Value) -> Result<Option<T>> {
+    serde_yaml_ng::from_value(value).map_err(|e| anyhow!("{key}: {e}"))
+}
+
+/// A YAML value as the word(s) clap would see on the command line: a
+/// scalar, or a list for an option that takes several; None for no value.
+fn words(arg: &Arg, value: Value) -> Result<Option<Vec<String>>, String> {
+    let word = |v: Value| match v {
+        Value::String(s) => Ok(s),
+        Value::Bool(b) => Ok(b.to_string()),
+        Value::Number(n) => Ok(n.to_string()),
+        other => Err(format!("{} is not a value as on the command line (a word, a number, true or false)", plain(&other))),
     };
-    let file = match &cli.config {
+    match value {
+        Value::Null => Ok(None),
+        Value::Sequence(items) if matches!(arg.get_action(), ArgAction::Append) => {
+            let words = items.into_iter().map(word).collect::<Result<Vec<_>, _>>()?;
+            Ok(Some(words).filter(|w| !w.is_empty()))
+        }
+        Value::Sequence(_) => Err("takes one value, not a list".to_string()),
+        v => word(v).map(|w| Some(vec![w])),
+    }
+}
+
+/// Parses `values` as clap will parse them as the default values of `arg`:
+/// with its own value parser (split at its delimiter); the error says why.
+fn check(arg: &Arg, values: &[impl AsRef<std::ffi::OsStr>]) -> Result<(), String> {
+    let arg = arg.clone().env(Resettable::Reset).default_values(values.iter().map(|v| OsString::from(v.as_ref())));
+    let probe = Command::new("uvspan").no_binary_name(true).arg(arg);
+    probe.try_get_matches_from(std::iter::empty::<OsString>()).map(drop).map_err(|e| why(&e))
+}
+
+/// A value parser's error, on one line, without the flag it names.
+fn why(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let value = match e.get(ContextKind::InvalidValue) {
+        Some(ContextValue::String(v)) => v.clone(),
+        _ => String::new(),
+    };
+    if let Some(ContextValue::Strings(valid)) = e.get(ContextKind::ValidValue) {
+        return format!("{value:?} is not one of {}", valid.join(", "));
+    }
+    match std::error::Error::source(e).map(|s| s.to_string()) {
+        Some(s) if s.contains(&format!("{value:?}")) => s,
+        Some(s) => format!("{value:?}: {s}"),
+        None => e.to_string().lines().next().unwrap_or("invalid value").trim_start_matches("error: ").to_string(),
+    }
+}
+
+/// The command line with what the environment (`env`) and then the file say
+/// installed as the options' default values, and clap's own reading of the
+/// process environment off: a flag > its environment variable > the file >
+/// its built-in default. A bad value in the environment is an error naming
+/// the variable (the file's were checked when it was read).
+fn layered(env: &dyn Fn(&str) -> Option<OsString>, file: &FileConfig) -> Result<Command> {
+    let cmd = crate::cli::command();
+    let mut defaults: BTreeMap<String, Vec<OsString>> = BTreeMap::new();
+    for arg in cmd.get_arguments() {
+        let id = arg.get_id().to_string();
+        let name = arg.get_env().and_then(|n| n.to_str());
+        if let Some((name, v)) = name.and_then(|n| Some((n, env(n)?))) {
+            check(arg, std::slice::from_ref(&v)).map_err(|why| anyhow!("environment variable {name}: {why}"))?;
+            defaults.insert(id, vec![v]);
+        } else if let Some(v) = file.values(&id) {
+            defaults.insert(id, v.into_iter().map(OsString::from).collect());
+        }
+    }
+    let install = |a: Arg| {
+        let a = if a.get_env().is_some() { a.env(Resettable::Reset) } else { a };
+        match defaults.get(a.get_id().as_str()) {
+            Some(v) => a.default_values(v),
+            None => a,
+        }
+    };
+    // `uvspan run` has the tracing options too.
+    Ok(cmd.mut_args(install).mut_subcommand("run", |run| run.mut_args(install)))
+}
+
+/// What uvspan runs with: the command line `argv`, the environment `env`
+/// (a variable's value by name) and the file named by --config. A usage
+/// error, --help and --version are a [`clap::Error`] in the error.
+pub fn parse(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Result<(Cli, FileConfig)> {
+    // A first parse: --help, --version, usage errors, and which file.
+    let first = crate::cli::command().try_get_matches_from(argv)?;
+    let m = first.subcommand_matches("run").unwrap_or(&first);
+    let file = match m.get_one::<PathBuf>("config") {
         Some(p) => FileConfig::load(p)?,
         None => FileConfig::default(),
     };
-    file.apply(&mut cli, m)?;
+    let m = layered(env, &file)?.try_get_matches_from(argv)?;
+    cli_with_file(&m, file)
+}
+
+/// The options of a parse of [`layered`], checked across options; `uvspan
+/// run`'s budgets are the file's and the flags'.
+fn cli_with_file(m: &ArgMatches, file: FileConfig) -> Result<(Cli, FileConfig)> {
+    use clap::FromArgMatches;
+    let mut cli = Cli::from_arg_matches(m).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // `uvspan run`: the tracing options are the subcommand's.
+    if let (Some(crate::cli::Sub::Run(opts)), Some((_, sub))) = (&cli.sub, m.subcommand()) {
+        let opts = opts.clone();
+        cli = Cli::from_arg_matches(sub).map_err(|e| anyhow::anyhow!("{e}"))?;
+        cli.sub = Some(crate::cli::Sub::Run(opts));
+    }
     if cli.sample_time.is_some_and(|f| f < 1.0) && crate::probes::catalog::Detail::from_kinds(&cli.detail).phases {
         anyhow::bail!(
             "--sample-time cannot be combined with --detail phases: phase spans need probes in every loop iteration \
@@ -220,112 +288,4 @@ pub fn cli_with_file(m: &ArgMatches) -> Result<(Cli, FileConfig)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use clap::CommandFactory;
-
-    fn with(args: &[&str], yaml: &str) -> Cli {
-        let m = Cli::command().try_get_matches_from(args).unwrap();
-        use clap::FromArgMatches;
-        let mut cli = Cli::from_arg_matches(&m).unwrap();
-        FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
-        cli
-    }
-
-    #[test]
-    fn file_fills_what_flags_do_not_set() {
-        let yaml = "all: true\nloop_threshold: 50ms\nservice_name: shop\notlp:\n  endpoint: http://c:4317\n  protocol: http/protobuf\n";
-        let c = with(&["uvspan"], yaml);
-        assert!(c.all);
-        assert_eq!(c.loop_threshold, std::time::Duration::from_millis(50));
-        assert_eq!(c.service_name.as_deref(), Some("shop"));
-        assert_eq!(FileConfig::parse(yaml).unwrap().otlp.unwrap().common.protocol.as_deref(), Some("http/protobuf"));
-        // A flag wins over the file.
-        let c = with(&["uvspan", "--loop-threshold", "5ms", "--service-name", "cli"], yaml);
-        assert_eq!(c.loop_threshold, std::time::Duration::from_millis(5));
-        assert_eq!(c.service_name.as_deref(), Some("cli"));
-    }
-
-    #[test]
-    fn bad_files_are_errors() {
-        assert!(FileConfig::parse("bogus_key: 1").is_err());
-        assert!(FileConfig::parse("all: maybe").is_err());
-        assert_eq!(FileConfig::parse("").unwrap(), FileConfig::default());
-        let m = Cli::command().try_get_matches_from(["uvspan"]).unwrap();
-        use clap::FromArgMatches;
-        let mut cli = Cli::from_arg_matches(&m).unwrap();
-        assert!(FileConfig::parse("loop_threshold: soon").unwrap().apply(&mut cli, &m).is_err());
-        let e = FileConfig::parse("detail: [threadpool, everything]").unwrap().apply(&mut cli, &m).unwrap_err();
-        assert!(e.to_string().contains("unknown group \"everything\""), "{e}");
-    }
-
-    #[test]
-    fn detail_from_file_flag_and_env() {
-        use crate::probes::catalog::{Detail, DetailKind};
-        use clap::FromArgMatches;
-        let get = |args: &[&str], yaml: &str| {
-            let m = Cli::command().try_get_matches_from(args).unwrap();
-            let mut cli = Cli::from_arg_matches(&m).unwrap();
-            FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
-            Detail::from_kinds(&cli.detail)
-        };
-        assert_eq!(get(&["uvspan"], ""), Detail { threadpool: false, phases: false, requests: true });
-        assert_eq!(get(&["uvspan"], "detail: [threadpool]"), Detail { threadpool: true, phases: false, requests: true });
-        assert_eq!(get(&["uvspan"], "detail: [all]"), Detail::all());
-        // the flag wins over the file
-        assert_eq!(
-            get(&["uvspan", "--detail", "phases"], "detail: [threadpool]"),
-            Detail { threadpool: false, phases: true, requests: true }
-        );
-        assert_eq!(get(&["uvspan", "--detail", "threadpool,phases"], ""), Detail::all());
-        assert_eq!(Detail::from_kinds(&[DetailKind::All]), Detail::all());
-        assert!(Cli::command().try_get_matches_from(["uvspan", "--detail", "loop"]).is_err());
-        assert!(Cli::command().try_get_matches_from(["uvspan", "--detail", "requests"]).is_err(), "not a --detail group");
-        let req = |args: &[&str], yaml: &str| {
-            let m = Cli::command().try_get_matches_from(args).unwrap();
-            let mut cli = Cli::from_arg_matches(&m).unwrap();
-            FileConfig::parse(yaml).unwrap().apply(&mut cli, &m).unwrap();
-            cli.requests
-        };
-        use crate::cli::RequestsMode;
-        assert_eq!(req(&["uvspan"], ""), RequestsMode::On);
-        assert_eq!(req(&["uvspan"], "requests: off"), RequestsMode::Off);
-        assert_eq!(req(&["uvspan", "--requests", "on"], "requests: off"), RequestsMode::On);
-    }
-
-    #[test]
-    fn otlp_listen_from_file_and_flag() {
-        let c = with(&["uvspan"], "otlp_listen: [127.0.0.1:4317, '[::1]:4318']\njoin_window: 2s");
-        assert_eq!(c.otlp_listen, vec!["127.0.0.1:4317".parse().unwrap(), "[::1]:4318".parse().unwrap()]);
-        assert_eq!(c.join_window, std::time::Duration::from_secs(2));
-        let c = with(&["uvspan", "--otlp-listen", "127.0.0.1:1,127.0.0.1:2"], "otlp_listen: [127.0.0.1:4317]");
-        assert_eq!(c.otlp_listen.len(), 2, "the flag wins");
-        assert_eq!(with(&["uvspan"], "").join_window, std::time::Duration::from_secs(6));
-        let m = Cli::command().try_get_matches_from(["uvspan"]).unwrap();
-        let mut cli = clap::FromArgMatches::from_arg_matches(&m).unwrap();
-        assert!(FileConfig::parse("otlp_listen: [nowhere]").unwrap().apply(&mut cli, &m).is_err());
-    }
-
-    #[test]
-    fn stacks_from_the_file_unless_the_flag_is_given() {
-        use crate::cli::StacksMode;
-        use clap::FromArgMatches;
-        let get = |args: &[&str], yaml: &str| {
-            let m = Cli::command().try_get_matches_from(args).unwrap();
-            let mut cli = Cli::from_arg_matches(&m).unwrap();
-            FileConfig::parse(yaml).and_then(|f| f.apply(&mut cli, &m)).map(|_| cli.stacks)
-        };
-        assert_eq!(get(&["uvspan"], "").unwrap(), StacksMode::SlowIterations);
-        assert_eq!(get(&["uvspan"], "stacks: off").unwrap(), StacksMode::Off);
-        assert_eq!(get(&["uvspan"], "stacks: all-ops").unwrap(), StacksMode::AllOps);
-        assert_eq!(get(&["uvspan", "--stacks", "slow-iterations"], "stacks: off").unwrap(), StacksMode::SlowIterations);
-        let e = get(&["uvspan"], "stacks: sometimes").unwrap_err().to_string();
-        assert!(e.contains("config stacks"), "{e}");
-    }
-
-    #[test]
-    fn shipped_example_parses() {
-        let text = include_str!("../otel-config/uvspan.yaml");
-        FileConfig::parse(text).unwrap();
-    }
-}
+mod tests;

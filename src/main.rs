@@ -1,21 +1,21 @@
 fn main() {
-    let matches = match uvspan::cli::command().try_get_matches() {
-        Ok(m) => m,
-        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
-        Err(e) => {
-            // One line, like every other uvspan error.
-            let text = e.to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-            eprintln!("uvspan: {first} (see uvspan --help)");
-            std::process::exit(2);
-        }
-    };
-    let (cli, file) = match uvspan::config::cli_with_file(&matches) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let (cli, file) = match uvspan::config::parse(&argv, &|name| std::env::var_os(name)) {
         Ok(x) => x,
-        Err(e) => {
-            eprintln!("uvspan: {e:#}");
-            std::process::exit(2);
-        }
+        Err(e) => match e.downcast::<clap::Error>() {
+            Ok(e) if !e.use_stderr() => e.exit(), // --help, --version
+            Ok(e) => {
+                // One line, like every other uvspan error.
+                let text = e.to_string();
+                let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+                eprintln!("uvspan: {first} (see uvspan --help)");
+                std::process::exit(2);
+            }
+            Err(e) => {
+                eprintln!("uvspan: {e:#}");
+                std::process::exit(2);
+            }
+        },
     };
     uvspan::symbols::set_cache_dir(cli.symbol_cache_dir());
     let result = match &cli.sub {

@@ -209,6 +209,14 @@ pub fn plan(src: &Sources<'_>) -> Result<Plan> {
     })
 }
 
+/// Checks the file's `otlp:` section alone (every key of every signal, as
+/// if OTLP export were asked for), so a bad value is found when the file
+/// is read.
+pub fn check_file(file: &OtlpSection) -> Result<()> {
+    let asked = |k: &str| matches!(k, "OTEL_TRACES_EXPORTER" | "OTEL_METRICS_EXPORTER").then(|| "otlp".to_string());
+    plan(&Sources { env: &asked, file: Some(file), flag_endpoint: None, flag_protocol: None }).map(|_| ())
+}
+
 /// A signal's settings, or None when no endpoint is set for it anywhere.
 pub fn resolve(signal: Signal, src: &Sources<'_>) -> Result<Option<Settings>> {
     let endpoint = match src.flag_endpoint.map(str::trim).filter(|e| !e.is_empty()) {
