@@ -1,6 +1,10 @@
-//! Compiles bpf/uvspan.bpf.c with clang and generates its libbpf-rs skeleton
-//! into OUT_DIR (pulled in by src/bpf.rs). src/ holds only hand-written code.
-use std::{env, path::PathBuf};
+//! Compiles bpf/uvspan.bpf.c (one compilation unit: the headers of bpf/ it
+//! includes) with clang and generates its libbpf-rs skeleton into OUT_DIR
+//! (pulled in by src/kernel/skel.rs). src/ holds only hand-written code.
+use std::{
+    env,
+    path::{Path, PathBuf},
+};
 
 use libbpf_cargo::SkeletonBuilder;
 
@@ -13,6 +17,9 @@ fn main() {
         // The argument and struct offsets in bpf/ are the x86_64 System V ones.
         panic!("uvspan supports x86_64 only (target arch is {arch})");
     }
+    for file in sources(Path::new(SRC)) {
+        println!("cargo:rerun-if-changed={}", file.display());
+    }
     if let Err(e) = SkeletonBuilder::new()
         .source(SRC)
         .clang_args(["-I/usr/include/x86_64-linux-gnu", "-D__TARGET_ARCH_x86", "-Wall", "-Werror"])
@@ -23,5 +30,25 @@ fn main() {
              Is clang installed? Run `sudo ./scripts/setup.sh` (apt-get install clang libelf-dev zlib1g-dev pkg-config)."
         );
     }
-    println!("cargo:rerun-if-changed=bpf");
+}
+
+/// `src` and the local headers it includes (`#include "..."`, next to the
+/// file that includes them), transitively, each once: what the object is
+/// compiled from besides the system headers.
+fn sources(src: &Path) -> Vec<PathBuf> {
+    let mut files = vec![src.to_path_buf()];
+    let mut i = 0;
+    while i < files.len() {
+        let text = std::fs::read_to_string(&files[i]).unwrap_or_else(|e| panic!("reading {}: {e}", files[i].display()));
+        let dir = files[i].parent().expect("a file in bpf/").to_path_buf();
+        for line in text.lines() {
+            let Some(name) = line.trim().strip_prefix("#include \"").and_then(|rest| rest.split('"').next()) else { continue };
+            let header = dir.join(name);
+            if !files.contains(&header) {
+                files.push(header);
+            }
+        }
+        i += 1;
+    }
+    files
 }
