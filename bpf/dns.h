@@ -22,16 +22,16 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 		op_stack(ctx, PT_REGS_PARM2(ctx));
 	struct dns_event *e = &s->dns;
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HOST_MAX);
-	e->hdr.kind = EV_DNS;
-	e->hdr.pid = pid;
-	e->hdr.tid = (__u32)id;
-	e->req = PT_REGS_PARM2(ctx);
-	e->cause = current_cause();
-	e->start_ns = bpf_ktime_get_ns();
-	e->sync = PT_REGS_PARM3(ctx) == 0;
+	e->op.hdr.kind = EV_DNS;
+	e->op.hdr.pid = pid;
+	e->op.hdr.tid = (__u32)id;
+	e->op.req = PT_REGS_PARM2(ctx);
+	e->op.cause = current_cause();
+	e->op.start_ns = bpf_ktime_get_ns();
+	e->op.sync = PT_REGS_PARM3(ctx) == 0;
 	e->host[0] = 0;
 	bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
-	struct req_key key = { .pid = pid, .req = e->req };
+	struct req_key key = { .pid = pid, .req = e->op.req };
 	if (bpf_map_update_elem(&inflight_dns, &key, e, BPF_NOEXIST)) {
 		stat_inc(STAT_INFLIGHT_REPLACED);
 		bpf_map_update_elem(&inflight_dns, &key, e, BPF_ANY);
@@ -46,10 +46,10 @@ static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
-	if (!e || e->sync)
+	if (!e || e->op.sync)
 		return 0;
-	e->work_start_ns = bpf_ktime_get_ns();
-	e->worker_tid = tid;
+	e->op.work_start_ns = bpf_ktime_get_ns();
+	e->op.worker_tid = tid;
 	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
 	return 0;
 }
@@ -70,8 +70,8 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 		return 0;
 	}
 	__u64 req = key->req;
-	e->end_ns = bpf_ktime_get_ns();
-	e->end_kind = end_kind;
+	e->op.end_ns = bpf_ktime_get_ns();
+	e->op.end_kind = end_kind;
 	/* addrinfo and retcode in one read */
 	__u64 r[(GAI_RETCODE_OFF - GAI_ADDRINFO_OFF) / 8 + 1] = {};
 	bpf_probe_read_user(r, sizeof(r), (void *)(req + GAI_ADDRINFO_OFF));
@@ -108,7 +108,7 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	}
 	/* uv__getaddrinfo_done runs the callback next, for the same request. */
 	if (end_kind == END_DONE)
-		set_cause(e->cause);
+		set_cause(e->op.cause);
 	emit(e, sizeof(*e));
 	bpf_map_delete_elem(&inflight_dns, key);
 	return 0;
@@ -129,10 +129,10 @@ static __always_inline int dns_work_libc(struct pt_regs *ctx, __u64 cookie)
 	__u32 pid = id >> 32, tid = (__u32)id;
 	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM4(ctx) - GAI_ADDRINFO_OFF }, .kind = EV_DNS };
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
-	if (!e || e->sync || e->work_start_ns)
+	if (!e || e->op.sync || e->op.work_start_ns)
 		return 0; /* not a libuv request (another getaddrinfo caller) */
-	e->work_start_ns = bpf_ktime_get_ns();
-	e->worker_tid = tid;
+	e->op.work_start_ns = bpf_ktime_get_ns();
+	e->op.worker_tid = tid;
 	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
 	return 0;
 }
@@ -156,7 +156,7 @@ static long match_gai(struct bpf_map *map, struct req_key *key, struct dns_event
 	if (ai != m->ai)
 		return 0;
 	/* Results reach the loop in the order the pool finished them. */
-	__u64 when = e->work_end_ns ? e->work_end_ns : ~0ULL - 1;
+	__u64 when = e->op.work_end_ns ? e->op.work_end_ns : ~0ULL - 1;
 	if (!m->found || when < m->best) {
 		m->found = 1;
 		m->best = when;

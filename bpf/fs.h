@@ -43,8 +43,8 @@ static __always_inline struct sync_slot *sync_slot_of(int create)
 static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 {
 	struct fs_event *e = &slot->ev;
-	e->end_ns = bpf_ktime_get_ns();
-	e->end_kind = end_kind;
+	e->op.end_ns = bpf_ktime_get_ns();
+	e->op.end_kind = end_kind;
 	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
 	emit(e, fs_record_size(e));
 	slot->req = 0;
@@ -95,20 +95,21 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	if (!s)
 		return 0;
 	struct fs_event *e = &s->fs;
-	e->hdr.kind = EV_FS;
-	e->hdr.pid = pid;
-	e->hdr.tid = a->tid;
-	e->hdr._pad = 0;
-	e->req = req;
-	e->cause = a->cause;
-	e->start_ns = a->start_ns;
-	e->work_start_ns = a->work_start_ns;
-	e->work_end_ns = a->work_end_ns;
-	e->end_ns = bpf_ktime_get_ns();
-	e->worker_tid = a->worker_tid;
-	e->op = a->op;
-	e->sync = 0;
-	e->end_kind = end_kind;
+	e->op.hdr.kind = EV_FS;
+	e->op.hdr.pid = pid;
+	e->op.hdr.tid = a->tid;
+	e->op.hdr._pad = 0;
+	e->op.req = req;
+	e->op.cause = a->cause;
+	e->op.start_ns = a->start_ns;
+	e->op.work_start_ns = a->work_start_ns;
+	e->op.work_end_ns = a->work_end_ns;
+	e->op.end_ns = bpf_ktime_get_ns();
+	e->op.worker_tid = a->worker_tid;
+	e->op_id = a->op_id;
+	e->op.sync = 0;
+	e->op.end_kind = end_kind;
+	e->op._pad = 0;
 	e->path_len = 0;
 	/* Neighbouring fields in one read each (each read is a helper call):
 	 * result .. path, and new_path .. file. */
@@ -129,7 +130,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	}
 	/* Its callback runs next, on behalf of the same request. */
 	if (end_kind == END_DONE)
-		set_cause(e->cause);
+		set_cause(e->op.cause);
 	bpf_map_delete_elem(&inflight_fs, &key);
 	emit(e, fs_record_size(e));
 	return 0;
@@ -163,7 +164,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 			.start_ns = now,
 			.cause = cause,
 			.tid = (__u32)id,
-			.op = cookie & 0xFF,
+			.op_id = cookie & 0xFF,
 			.has_path = cookie_field(cookie, COOKIE_PATH_SHIFT) != COOKIE_NONE,
 			.has_path2 = cookie_field(cookie, COOKIE_PATH2_SHIFT) != COOKIE_NONE,
 			.has_fd = cookie_field(cookie, COOKIE_FD_SHIFT) != COOKIE_NONE,
@@ -184,22 +185,23 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	struct fs_event *e = &slot->ev;
 	slot->req = req;
 	slot->gen = window_gen;
-	e->hdr.kind = EV_FS;
-	e->hdr.pid = pid;
-	e->hdr.tid = (__u32)id;
-	e->hdr._pad = 0;
-	e->req = req;
-	e->cause = cause;
-	e->start_ns = now;
-	e->work_start_ns = 0;
-	e->work_end_ns = 0;
-	e->end_ns = 0;
+	e->op.hdr.kind = EV_FS;
+	e->op.hdr.pid = pid;
+	e->op.hdr.tid = (__u32)id;
+	e->op.hdr._pad = 0;
+	e->op.req = req;
+	e->op.cause = cause;
+	e->op.start_ns = now;
+	e->op.work_start_ns = 0;
+	e->op.work_end_ns = 0;
+	e->op.end_ns = 0;
 	e->result = 0;
-	e->worker_tid = 0;
-	e->end_kind = 0;
+	e->op.worker_tid = 0;
+	e->op.end_kind = 0;
+	e->op._pad = 0;
 	e->path_len = 0;
-	e->op = cookie & 0xFF;
-	e->sync = 1;
+	e->op_id = cookie & 0xFF;
+	e->op.sync = 1;
 
 	idx = cookie_field(cookie, COOKIE_FD_SHIFT);
 	e->fd = idx == COOKIE_NONE ? -1 : (int)args.v[idx & 7];

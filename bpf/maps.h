@@ -42,7 +42,7 @@ struct fs_async {
 	__u64 work_end_ns;
 	__u32 tid;
 	__u32 worker_tid;
-	__u8 op;
+	__u8 op_id;
 	__u8 has_path;
 	__u8 has_path2;
 	__u8 has_fd;

@@ -54,8 +54,8 @@ static __always_inline int work_end(struct pt_regs *ctx, __u64 cookie)
 			a->work_end_ns = now;
 	} else {
 		struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job->key);
-		if (e && e->worker_tid == tid && !e->work_end_ns)
-			e->work_end_ns = now;
+		if (e && e->op.worker_tid == tid && !e->op.work_end_ns)
+			e->op.work_end_ns = now;
 	}
 	bpf_map_delete_elem(&worker_jobs, &tid);
 	return 0;

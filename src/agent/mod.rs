@@ -552,13 +552,13 @@ impl Agent {
                 }
                 Record::Fs(mut r) => {
                     if let Some(st) = self.stacks.as_mut() {
-                        r.stack = st.take_op(r.pid, r.req);
+                        r.op.stack = st.take_op(r.op.pid, r.op.req);
                     }
                     self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 Record::Dns(mut r) => {
                     if let Some(st) = self.stacks.as_mut() {
-                        r.stack = st.take_op(r.pid, r.req);
+                        r.op.stack = st.take_op(r.op.pid, r.op.req);
                     }
                     self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
