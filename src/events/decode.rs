@@ -251,106 +251,119 @@ pub fn ended_at(end_kind: u8) -> Option<&'static str> {
     }
 }
 
+/// One ring-buffer record, by the kind its header says.
 pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     let hdr: ev_header = read(data, 0, std::mem::size_of::<ev_header>())?;
-    let kind = hdr.kind;
-    match kind {
-        ev_kind::EV_FS => {
-            // Sent up to the path's end (the rest of the buffer reads as NULs).
-            let min = std::mem::offset_of!(fs_event, path);
-            let e: fs_event = read(data, kind.0, min)?;
-            let path = cstr(&e.path);
-            Ok(Record::Fs(FsRecord {
-                op: OpRecord::from(&e.op),
-                op_id: e.op_id,
-                result: e.result,
-                fd: (e.fd >= 0).then_some(e.fd),
-                path: (!path.is_empty()).then_some(path),
-                path2: (e.has_path2 != 0 && data.len() >= std::mem::size_of::<fs_event>()).then(|| cstr(&e.path2)),
-            }))
-        }
-        ev_kind::EV_DNS => {
-            let e: dns_event = read(data, kind.0, std::mem::size_of::<dns_event>())?;
-            let answers = e.answers[..usize::from(e.n_answers).min(e.answers.len())]
-                .iter()
-                .filter_map(|a| match u32::from(a.family) {
-                    f if f == answer_family::FAMILY_INET.0 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
-                    f if f == answer_family::FAMILY_INET6.0 => Some(std::net::IpAddr::from(a.addr)),
-                    _ => None,
-                })
-                .collect();
-            Ok(Record::Dns(DnsRecord { op: OpRecord::from(&e.op), retcode: e.retcode, host: cstr(&e.host), answers }))
-        }
-        ev_kind::EV_LOOP => {
-            let e: loop_event = read(data, kind.0, std::mem::size_of::<loop_event>())?;
-            let phases = e
-                .phases
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| e.epoll_only == 0 && p.start_ns != 0 && p.end_ns >= p.start_ns)
-                .map(|(i, p)| (i, p.start_ns, p.end_ns))
-                .collect();
-            Ok(Record::Loop(LoopRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                start_ns: e.start_ns,
-                wake_ns: nonzero(e.wake_ns),
-                end_ns: e.end_ns,
-                poll_wait_ns: e.poll_wait_ns,
-                skipped: e.skipped,
-                phases,
-                stacks: None,
-            }))
-        }
-        ev_kind::EV_STACK => {
-            let e: stack_event = read(data, kind.0, std::mem::size_of::<stack_event>())?;
-            let n = (e.n_frames as usize).min(e.frames.len());
-            Ok(Record::Stack(StackRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                iter_start_ns: e.iter_start_ns,
-                req: e.req,
-                ts_ns: e.ts_ns,
-                frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
-            }))
-        }
-        ev_kind::EV_HTTP => {
-            let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
-            let e: http_event = read(data, kind.0, head)?;
-            let what = match e.what {
-                w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
-                w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
-                _ => HttpWhat::Write,
-            };
-            // The captured bytes, straight from the record (one copy).
-            let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
-            let at = std::mem::offset_of!(http_event, data);
-            let bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
-            Ok(Record::Http(HttpRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                ts_ns: e.ts_ns,
-                cause: e.cause,
-                conn: e.conn,
-                what,
-                len: e.len,
-                tls: e.tls != 0,
-                peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
-                local_port: (e.family != 0).then_some(e.local_port),
-                data: bytes,
-            }))
-        }
-        ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT => {
-            let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
-            let pid = e.hdr.pid;
-            Ok(match kind {
-                ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
-                ev_kind::EV_PROC_EXEC => Record::Exec { pid },
-                _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
-            })
-        }
+    match hdr.kind {
+        ev_kind::EV_FS => fs(data).map(Record::Fs),
+        ev_kind::EV_DNS => dns(data).map(Record::Dns),
+        ev_kind::EV_LOOP => iteration(data).map(Record::Loop),
+        ev_kind::EV_STACK => stack(data).map(Record::Stack),
+        ev_kind::EV_HTTP => http(data).map(Record::Http),
+        kind @ (ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT) => process(data, kind),
         other => Err(DecodeError::UnknownKind(other.0)),
     }
+}
+
+fn fs(data: &[u8]) -> Result<FsRecord, DecodeError> {
+    // Sent up to the path's end (the rest of the buffer reads as NULs).
+    let min = std::mem::offset_of!(fs_event, path);
+    let e: fs_event = read(data, ev_kind::EV_FS.0, min)?;
+    let path = cstr(&e.path);
+    Ok(FsRecord {
+        op: OpRecord::from(&e.op),
+        op_id: e.op_id,
+        result: e.result,
+        fd: (e.fd >= 0).then_some(e.fd),
+        path: (!path.is_empty()).then_some(path),
+        path2: (e.has_path2 != 0 && data.len() >= std::mem::size_of::<fs_event>()).then(|| cstr(&e.path2)),
+    })
+}
+
+fn dns(data: &[u8]) -> Result<DnsRecord, DecodeError> {
+    let e: dns_event = read(data, ev_kind::EV_DNS.0, std::mem::size_of::<dns_event>())?;
+    let answers = e.answers[..usize::from(e.n_answers).min(e.answers.len())]
+        .iter()
+        .filter_map(|a| match u32::from(a.family) {
+            f if f == answer_family::FAMILY_INET.0 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
+            f if f == answer_family::FAMILY_INET6.0 => Some(std::net::IpAddr::from(a.addr)),
+            _ => None,
+        })
+        .collect();
+    Ok(DnsRecord { op: OpRecord::from(&e.op), retcode: e.retcode, host: cstr(&e.host), answers })
+}
+
+fn iteration(data: &[u8]) -> Result<LoopRecord, DecodeError> {
+    let e: loop_event = read(data, ev_kind::EV_LOOP.0, std::mem::size_of::<loop_event>())?;
+    let phases = e
+        .phases
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| e.epoll_only == 0 && p.start_ns != 0 && p.end_ns >= p.start_ns)
+        .map(|(i, p)| (i, p.start_ns, p.end_ns))
+        .collect();
+    Ok(LoopRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        start_ns: e.start_ns,
+        wake_ns: nonzero(e.wake_ns),
+        end_ns: e.end_ns,
+        poll_wait_ns: e.poll_wait_ns,
+        skipped: e.skipped,
+        phases,
+        stacks: None,
+    })
+}
+
+fn stack(data: &[u8]) -> Result<StackRecord, DecodeError> {
+    let e: stack_event = read(data, ev_kind::EV_STACK.0, std::mem::size_of::<stack_event>())?;
+    let n = (e.n_frames as usize).min(e.frames.len());
+    Ok(StackRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        iter_start_ns: e.iter_start_ns,
+        req: e.req,
+        ts_ns: e.ts_ns,
+        frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
+    })
+}
+
+fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
+    let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
+    let e: http_event = read(data, ev_kind::EV_HTTP.0, head)?;
+    let what = match e.what {
+        w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
+        w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
+        _ => HttpWhat::Write,
+    };
+    // The captured bytes, straight from the record (one copy).
+    let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
+    let at = std::mem::offset_of!(http_event, data);
+    let bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
+    Ok(HttpRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        ts_ns: e.ts_ns,
+        cause: e.cause,
+        conn: e.conn,
+        what,
+        len: e.len,
+        tls: e.tls != 0,
+        peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
+        local_port: (e.family != 0).then_some(e.local_port),
+        data: bytes,
+    })
+}
+
+/// A fork, exec or exit record (`kind`).
+fn process(data: &[u8], kind: ev_kind) -> Result<Record, DecodeError> {
+    let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
+    let pid = e.hdr.pid;
+    Ok(match kind {
+        ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
+        ev_kind::EV_PROC_EXEC => Record::Exec { pid },
+        _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
+    })
 }
 
 /// A socket address from the kernel's family, address bytes and port.
