@@ -145,6 +145,22 @@ fn bench_trap_only() -> bool {
     on
 }
 
+/// What the kernel side is loaded with.
+fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>) -> Settings {
+    Settings {
+        loop_threshold: cli.loop_threshold,
+        follow_forks: !cli.command.is_empty(),
+        discover: cli.discover(),
+        ring_buffer_size: cli.ring_buffer_size,
+        detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
+        trap_only: bench_trap_only(),
+        sampling: cli.sample_time.is_some_and(|s| s < 1.0),
+        stacks: cli.stacks != StacksMode::Off,
+        stacks_all_ops: cli.stacks == StacksMode::AllOps,
+        pidns,
+    }
+}
+
 /// The export side: runtime, span exporter, health metrics.
 fn start_export(cli: &Cli, file: &FileConfig) -> Result<(tokio::runtime::Runtime, Exporter, Arc<Health>, Option<HealthMetrics>)> {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -270,18 +286,7 @@ impl Agent {
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&cli, &file)?;
         let listener = start_listener(&cli, &file, &rt, &health)?;
-        let loaded = Tracer::load(&Settings {
-            loop_threshold: cli.loop_threshold,
-            follow_forks: !cli.command.is_empty(),
-            discover: discovering,
-            ring_buffer_size: cli.ring_buffer_size,
-            detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
-            trap_only: bench_trap_only(),
-            sampling: cli.sample_time.is_some_and(|s| s < 1.0),
-            stacks: cli.stacks != StacksMode::Off,
-            stacks_all_ops: cli.stacks == StacksMode::AllOps,
-            pidns,
-        });
+        let loaded = Tracer::load(&tracer_settings(&cli, pidns));
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
         for n in tracer.notices() {
