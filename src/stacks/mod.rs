@@ -1,5 +1,5 @@
 //! Who blocked the loop (--stacks): stack samples of a loop thread taken
-//! while an iteration was already slow (bpf/uvspan.bpf.c `loop_sample`)
+//! while an iteration was already slow (bpf/stacks.h `loop_sample`)
 //! are named here while the process still runs — JS frames from V8's heap
 //! ([`v8`], offsets from the binary's postmortem metadata), native frames
 //! from ELF symbols (blazesym), JIT code from the process's perf map when
