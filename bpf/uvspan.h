@@ -156,22 +156,29 @@ struct ev_header {
 	unsigned int _pad;
 };
 
-struct fs_event {
+/* What an fs and a DNS record start with: the libuv request, the thread
+ * that made it, its times, where it ended. */
+struct op_event {
 	struct ev_header hdr;
-	unsigned long long req;
+	unsigned long long req;   /* the request's address in the process */
 	unsigned long long cause; /* the request that caused it (0: none known) */
 	unsigned long long start_ns;
 	unsigned long long work_start_ns; /* 0 = not seen (sync call, or stripped build) */
 	unsigned long long work_end_ns;
 	unsigned long long end_ns;
-	long long result; /* req->result: >= 0 success value, < 0 negative errno */
-	int fd;           /* -1 when the operation takes no fd */
-	unsigned int worker_tid;
-	unsigned char op;  /* catalog operation id */
+	unsigned int worker_tid; /* the threadpool thread that ran it (0: none seen) */
 	unsigned char sync;
 	unsigned char end_kind; /* enum ev_end */
+	unsigned short _pad;
+};
+
+struct fs_event {
+	struct op_event op;
+	long long result; /* req->result: >= 0 success value, < 0 negative errno */
+	int fd;           /* -1 when the operation takes no fd */
+	unsigned short path_len; /* bytes of path with its NUL (0: none; at most UVSPAN_PATH_MAX) */
+	unsigned char op_id;     /* catalog operation id */
 	unsigned char has_path2;
-	unsigned int path_len; /* bytes of path with its NUL (0: none) */
 	/* path, then second path (rename/link/symlink/copyfile): without
 	 * path2 (has_path2 == 0) the record is sent up to the path's NUL, in
 	 * whole 8-byte words. */
@@ -185,19 +192,10 @@ struct dns_answer {
 };
 
 struct dns_event {
-	struct ev_header hdr;
-	unsigned long long req;
-	unsigned long long cause; /* the request that caused it (0: none known) */
-	unsigned long long start_ns;
-	unsigned long long work_start_ns;
-	unsigned long long work_end_ns;
-	unsigned long long end_ns;
+	struct op_event op;
 	int retcode; /* req->retcode: 0 or a UV_EAI_* code */
-	unsigned int worker_tid;
-	unsigned char sync;
 	unsigned char n_answers;
-	unsigned char end_kind;
-	unsigned char _pad[5];
+	unsigned char _pad[3];
 	struct dns_answer answers[UVSPAN_MAX_ANSWERS];
 	char host[UVSPAN_HOST_MAX];
 };

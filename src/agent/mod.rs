@@ -10,6 +10,7 @@
 mod procs;
 mod report;
 mod sampling;
+mod targets;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -23,9 +24,8 @@ use libbpf_rs::RingBuffer;
 
 use crate::cli::{Cli, RequestsMode, StacksMode};
 use crate::config::FileConfig;
-use crate::discover::target::{self, Spawned};
-use crate::discover::watcher::{Found, Trouble, Watcher};
-use crate::discover::{self, Filter};
+use crate::discover::target::Spawned;
+use crate::discover::watcher::Watcher;
 use crate::events::clock::Clock;
 use crate::events::decode::{self, Record};
 use crate::events::sampler::Sampler;
@@ -40,8 +40,9 @@ use crate::probes::catalog::Detail;
 use crate::requests::Requests;
 use crate::stacks::Stacks;
 use crate::symbols::Images;
-use procs::{Origin, Procs};
+use procs::Procs;
 use report::RunStats;
+use targets::resolve_targets;
 
 /// Runs uvspan; returns the process exit code.
 pub fn run(cli: Cli, file: FileConfig) -> Result<i32> {
@@ -87,13 +88,6 @@ struct Timers {
 struct Inbox {
     records: Rc<RefCell<Vec<Record>>>,
     undecodable: Rc<Cell<u64>>,
-}
-
-/// The targets named on the command line, resolved.
-struct Targets {
-    found: Instant,
-    pids: Vec<(u32, Images)>,
-    command_node: Option<Images>,
 }
 
 pub struct Agent {
@@ -152,16 +146,20 @@ fn bench_trap_only() -> bool {
     on
 }
 
-/// Resolves --pid targets and the command's node while BPF loads (reading
-/// a 100 MB node's symbols takes tens of ms without the symbol cache).
-fn resolve_targets(cli: &Cli) -> std::thread::JoinHandle<Result<Targets>> {
-    let (pids, argv0) = (cli.pids.clone(), cli.command.first().cloned());
-    std::thread::spawn(move || {
-        let found = Instant::now();
-        let pids = pids.into_iter().map(|pid| Ok((pid, target::check_pid(pid)?))).collect::<Result<_>>()?;
-        let command_node = argv0.map(|a| target::node_binary_for(&a)).transpose()?;
-        Ok(Targets { found, pids, command_node })
-    })
+/// What the kernel side is loaded with.
+fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>) -> Settings {
+    Settings {
+        loop_threshold: cli.loop_threshold,
+        follow_forks: !cli.command.is_empty(),
+        discover: cli.discover(),
+        ring_buffer_size: cli.ring_buffer_size,
+        detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
+        trap_only: bench_trap_only(),
+        sampling: cli.sample_time.is_some_and(|s| s < 1.0),
+        stacks: cli.stacks != StacksMode::Off,
+        stacks_all_ops: cli.stacks == StacksMode::AllOps,
+        pidns,
+    }
 }
 
 /// What the run exports, from the command line, the `OTEL_*` variables and
@@ -315,18 +313,7 @@ impl Agent {
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&plan, &file)?;
         let listener = start_listener(&cli, &plan, &rt, &health)?;
-        let loaded = Tracer::load(&Settings {
-            loop_threshold: cli.loop_threshold,
-            follow_forks: !cli.command.is_empty(),
-            discover: discovering,
-            ring_buffer_size: cli.ring_buffer_size,
-            detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
-            trap_only: bench_trap_only(),
-            sampling: cli.sample_time.is_some_and(|s| s < 1.0),
-            stacks: cli.stacks != StacksMode::Off,
-            stacks_all_ops: cli.stacks == StacksMode::AllOps,
-            pidns,
-        });
+        let loaded = Tracer::load(&tracer_settings(&cli, pidns));
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
         for n in tracer.notices() {
@@ -404,87 +391,6 @@ impl Agent {
             m.arm();
         }
         Ok(agent)
-    }
-
-    /// One --pid target: its own probes (pid filter), traced, announced.
-    fn attach_target(&mut self, pid: u32, images: &Images, found: Instant) -> Result<()> {
-        let report = self.tracer.attach(images, pid, false)?.report;
-        self.tracer.add_pid(pid, &report)?;
-        report::announce(Some(pid), images, &report, found.elapsed(), true);
-        self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
-        self.start_sampling(pid, images);
-        Ok(())
-    }
-
-    /// --stacks: the process's loop thread sampled during slow iterations.
-    /// A refusal is said and tracing goes on without stacks.
-    fn start_sampling(&mut self, pid: u32, images: &Images) {
-        let Some(stacks) = self.stacks.as_mut() else { return };
-        match self.tracer.sample_loop(pid, stacks.period_ns()) {
-            Ok(()) => stacks.add_process(pid, images.node_version.as_deref()),
-            Err(e) => eprintln!("uvspan: {e:#}"),
-        }
-    }
-
-    /// --all: the processes running now, then every exec the kernel reports.
-    fn start_watching(&mut self) -> Result<()> {
-        let filter = Filter {
-            cgroup: self.cli.cgroup.clone(),
-            container: self.cli.container.clone(),
-            exclude_instrumented: self.cli.exclude_already_instrumented,
-        };
-        self.watcher = Some(Watcher::new(filter, self.waker.clone())?);
-        for pid in discover::all_pids() {
-            self.consider(pid);
-        }
-        // The processes already running: wait (bounded) for their symbols.
-        let until = Instant::now() + Duration::from_secs(5);
-        while self.watcher.as_ref().is_some_and(Watcher::busy) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(5));
-            self.discover();
-        }
-        eprintln!("uvspan: watching for Node.js processes ({} traced now)", self.procs.live());
-        Ok(())
-    }
-
-    /// `-- COMMAND`: started held before exec, attached (every process of the
-    /// binary, the kernel keeps this one and its children), then released.
-    fn start_command(&mut self, images: &Images, found: Instant) -> Result<()> {
-        let w = self.waker.clone();
-        let child = target::spawn_held(&self.cli.command, move || w.wake())?;
-        let report = self.tracer.attach(images, child.pid, true)?.report;
-        self.tracer.add_pid(child.pid, &report)?;
-        self.start_sampling(child.pid, images);
-        report::announce(None, images, &report, found.elapsed(), true);
-        // Its resource is read once it has exec'd (the exec record).
-        self.procs.add(child.pid, Origin::Other, images.node_version.clone(), &self.exporter, false);
-        if let Some(r) = self.report.as_mut() {
-            r.started();
-        }
-        child.release()?;
-        self.command = Some(child);
-        self.command_images = Some(images.clone());
-        Ok(())
-    }
-
-    /// `-- COMMAND`: one of its processes exec'd (node started by a shell or
-    /// a script). The binary's probes cover it already; one whose
-    /// environment turns io_uring on may also need uv_fs_req_cleanup for
-    /// itself (see Tracer::attach). Other programs, and processes that
-    /// leave io_uring alone (nearly all: only their environment is read),
-    /// are left alone.
-    fn command_exec(&mut self, pid: u32) {
-        let Some(cmd) = &self.command_images else { return };
-        if !crate::probes::io_uring::Env::of(pid).turns_on() {
-            return;
-        }
-        let Ok(images) = target::check_pid(pid) else { return };
-        if images.libuv.path != cmd.libuv.path {
-            return;
-        }
-        if let Err(e) = self.tracer.attach(&images, pid, true) {
-            eprintln!("uvspan: process {pid}: {e:#}");
-        }
     }
 
     /// One turn of the crank; false when the run is over.
@@ -589,13 +495,13 @@ impl Agent {
                 }
                 Record::Fs(mut r) => {
                     if let Some(st) = self.stacks.as_mut() {
-                        r.stack = st.take_op(r.pid, r.req);
+                        r.op.stack = st.take_op(r.op.pid, r.op.req);
                     }
                     self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 Record::Dns(mut r) => {
                     if let Some(st) = self.stacks.as_mut() {
-                        r.stack = st.take_op(r.pid, r.req);
+                        r.op.stack = st.take_op(r.op.pid, r.op.req);
                     }
                     self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
@@ -654,78 +560,6 @@ impl Agent {
         }
         self.health.listen.joined.store(j.stats.joined, Ordering::Relaxed);
         self.health.listen.unjoined.store(j.stats.unjoined, Ordering::Relaxed);
-    }
-
-    /// A process for the watcher to look at (--all).
-    fn consider(&mut self, pid: u32) {
-        let Some(w) = self.watcher.as_mut() else { return };
-        if self.procs.contains(pid) {
-            return;
-        }
-        match w.consider(pid, 0) {
-            Ok(Some(found)) => self.start_tracing(found),
-            Ok(None) => {}
-            Err(t) => say_trouble(t),
-        }
-    }
-
-    /// What the watcher found meanwhile.
-    fn discover(&mut self) {
-        let Some(w) = self.watcher.as_mut() else { return };
-        let (found, troubles) = w.poll();
-        troubles.into_iter().for_each(say_trouble);
-        for f in found {
-            if !self.procs.contains(f.pid) {
-                self.start_tracing(f);
-            }
-        }
-    }
-
-    /// A process found by --all: attached (one link per binary for all its
-    /// processes; then a pid is one map update), traced, announced.
-    fn start_tracing(&mut self, f: Found) {
-        let Found { pid, images, since } = f;
-        let attach = match self.tracer.attach(&images, pid, true) {
-            Ok(a) => a,
-            Err(e) => return eprintln!("uvspan: cannot trace process {pid}: {e:#}"),
-        };
-        if let Err(e) = self.tracer.add_pid(pid, &attach.report) {
-            return eprintln!("uvspan: cannot trace process {pid}: {e:#}");
-        }
-        report::announce(Some(pid), &images, &attach.report, since.elapsed(), attach.new);
-        self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
-        self.start_sampling(pid, &images);
-    }
-
-    /// The command's exit code, once it has exited (128+N if killed by N).
-    fn command_exited(&mut self) -> Option<i32> {
-        let status = self.command.as_ref()?.status.try_recv().ok()?;
-        Some(match status {
-            Ok(s) => s.code().unwrap_or_else(|| 128 + std::os::unix::process::ExitStatusExt::signal(&s).unwrap_or(0)),
-            Err(e) => {
-                eprintln!("uvspan: cannot run {}: {e}", self.cli.command[0]);
-                127
-            }
-        })
-    }
-
-    /// SIGINT/SIGTERM: passed on to the command, whose exit (within 10 s)
-    /// ends the run; without a command, the run ends now.
-    fn stop_for_signal(&mut self) -> bool {
-        let sig = self.signal.load(Ordering::SeqCst);
-        if sig == 0 {
-            return false;
-        }
-        match (&self.command, self.forwarded_at) {
-            (Some(child), None) => {
-                // SAFETY: kill(2) with a PID we started and a valid signal number.
-                unsafe { libc::kill(child.pid as i32, sig) };
-                self.forwarded_at = Some(Instant::now());
-                false
-            }
-            (Some(_), Some(at)) => at.elapsed() >= Duration::from_secs(10),
-            (None, _) => true,
-        }
     }
 
     /// Processes gone without an exit record are dropped (their in-flight
@@ -817,8 +651,4 @@ impl Agent {
         drop(tracer);
         Ok(exit_code)
     }
-}
-
-fn say_trouble(t: Trouble) {
-    eprintln!("uvspan: cannot trace process {}: {:#}", t.pid, t.error);
 }

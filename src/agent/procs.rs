@@ -9,7 +9,7 @@ use opentelemetry_sdk::trace::RandomIdGenerator;
 use crate::discover::pidns::Views;
 use crate::enrich::resource::ProcessInfo;
 use crate::events::clock::Clock;
-use crate::events::decode::Record;
+use crate::events::decode::{DnsRecord, FsRecord, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{self, Span, SpanContextSource};
 use crate::export::Exporter;
@@ -104,8 +104,7 @@ pub struct Procs {
 /// namespace below uvspan's).
 fn own_thread_ids(rec: &mut Record, v: &mut Views) {
     let (pid, tid, worker) = match rec {
-        Record::Fs(r) => (r.pid, &mut r.tid, r.worker_tid.as_mut()),
-        Record::Dns(r) => (r.pid, &mut r.tid, r.worker_tid.as_mut()),
+        Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.pid, &mut op.tid, op.worker_tid.as_mut()),
         Record::Loop(r) => (r.pid, &mut r.tid, None),
         Record::Http(r) => (r.pid, &mut r.tid, None),
         _ => return,

@@ -6,13 +6,15 @@
 
 use std::time::{Duration, Instant};
 
+use crate::events::spans::{Family, KeyValue, Span};
+
 /// Writes the share on each span (`uvspan.sample_time`), so counts can be
-/// scaled: loop iterations come from the always-on epoll path (1.0), the
-/// rest from the sampled probes.
-pub fn mark(spans: &mut [crate::events::spans::Span], share: f64) {
+/// scaled: loop iterations and their phases come from the always-on epoll
+/// path (1.0), the rest from the sampled probes.
+pub fn mark(spans: &mut [Span], share: f64) {
     for s in spans {
-        let v = if s.name.starts_with("uv.loop") { 1.0 } else { share };
-        s.attributes.push(crate::events::spans::KeyValue::new("uvspan.sample_time", v));
+        let v = if matches!(s.family, Family::Iteration | Family::Phase) { 1.0 } else { share };
+        s.attributes.push(KeyValue::new("uvspan.sample_time", v));
     }
 }
 
@@ -144,6 +146,21 @@ impl Windows {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The share a span is marked with follows its family, not its name.
+    #[test]
+    fn loop_spans_are_marked_whole_by_their_family() {
+        use crate::events::spans::{Value, DNS, ITERATION};
+        use crate::report::aggregate::tests::span;
+        let whole = [(Family::Iteration, ITERATION), (Family::Phase, "uv.loop.timers"), (Family::Iteration, "renamed")];
+        let sampled = [(Family::Fs("stat"), "fs.stat"), (Family::Dns, DNS), (Family::Http, "GET"), (Family::Other, "uv.loop.iteration")];
+        let mut spans: Vec<Span> = whole.iter().chain(&sampled).map(|&(f, name)| span(f, name, 0.0, 1.0, vec![], None)).collect();
+        mark(&mut spans, 0.25);
+        let marks: Vec<Option<&Value>> = spans.iter().map(|s| s.attr("uvspan.sample_time")).collect();
+        let (one, share) = (Value::F64(1.0), Value::F64(0.25));
+        let want = [&one, &one, &one, &share, &share, &share, &share].map(Some);
+        assert_eq!(marks, want);
+    }
 
     #[test]
     fn a_window_fits_its_period() {

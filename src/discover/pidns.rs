@@ -3,7 +3,7 @@
 //! The kernel side gives every id in uvspan's own PID namespace (the ids its
 //! /proc, `perf_event_open` and the uprobe pid filters use): the kernel's own
 //! ids where uvspan runs in the initial namespace, else translated in BPF
-//! (`current_ids` in bpf/uvspan.bpf.c) from the namespace found here. A
+//! (`current_ids` in bpf/common.h) from the namespace found here. A
 //! traced process may live in a namespace nested below uvspan's (an app
 //! container seen from a DaemonSet): its spans carry the ids it sees itself
 //! (`NSpid`, the last one), as its own OpenTelemetry SDK reports them.

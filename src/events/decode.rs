@@ -2,13 +2,14 @@
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
 use crate::kernel::skel::types::{
-    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, proc_event, stack_event,
+    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, op_event, proc_event, stack_event,
     uvspan_sizes,
 };
 
-/// A finished fs request.
+/// What fs and DNS records share (`struct op_event`): the libuv request,
+/// the thread that made it, its times, where it ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FsRecord {
+pub struct OpRecord {
     pub pid: u32,
     pub tid: u32,
     /// The request's address in the process (pairs it with its submit stack).
@@ -17,17 +18,43 @@ pub struct FsRecord {
     pub stack: Option<String>,
     /// The request that caused it (0: none known).
     pub cause: u64,
-    pub op: u8,
     pub sync: bool,
     pub start_ns: u64,
     pub work_start_ns: Option<u64>,
     pub work_end_ns: Option<u64>,
     pub end_ns: u64,
-    pub result: i64,
-    pub fd: Option<i32>,
     pub worker_tid: Option<u32>,
     /// Where it was seen to end (see [`ended_at`]).
     pub ended_at: Option<&'static str>,
+}
+
+impl From<&op_event> for OpRecord {
+    fn from(e: &op_event) -> OpRecord {
+        OpRecord {
+            pid: e.hdr.pid,
+            tid: e.hdr.tid,
+            req: e.req,
+            stack: None,
+            cause: e.cause,
+            sync: e.sync != 0,
+            start_ns: e.start_ns,
+            work_start_ns: nonzero(e.work_start_ns),
+            work_end_ns: nonzero(e.work_end_ns),
+            end_ns: e.end_ns,
+            worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
+            ended_at: ended_at(e.end_kind),
+        }
+    }
+}
+
+/// A finished fs request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FsRecord {
+    pub op: OpRecord,
+    /// The operation's row in the catalog (`FS_OPS`).
+    pub op_id: u8,
+    pub result: i64,
+    pub fd: Option<i32>,
     pub path: Option<String>,
     pub path2: Option<String>,
 }
@@ -35,22 +62,8 @@ pub struct FsRecord {
 /// A finished getaddrinfo request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DnsRecord {
-    pub pid: u32,
-    pub tid: u32,
-    /// The request's address in the process (pairs it with its submit stack).
-    pub req: u64,
-    /// --stacks all-ops: the stack that submitted it, innermost first, one frame per line.
-    pub stack: Option<String>,
-    /// The request that caused it (0: none known).
-    pub cause: u64,
-    pub sync: bool,
-    pub start_ns: u64,
-    pub work_start_ns: Option<u64>,
-    pub work_end_ns: Option<u64>,
-    pub end_ns: u64,
+    pub op: OpRecord,
     pub retcode: i32,
-    pub worker_tid: Option<u32>,
-    pub ended_at: Option<&'static str>,
     pub host: String,
     pub answers: Vec<std::net::IpAddr>,
 }
@@ -158,8 +171,7 @@ impl Record {
     /// The process the record is of (a fork's: the child).
     pub fn pid(&self) -> u32 {
         match self {
-            Record::Fs(r) => r.pid,
-            Record::Dns(r) => r.pid,
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => op.pid,
             Record::Loop(r) => r.pid,
             Record::Http(r) => r.pid,
             Record::Stack(r) => r.pid,
@@ -239,133 +251,119 @@ pub fn ended_at(end_kind: u8) -> Option<&'static str> {
     }
 }
 
+/// One ring-buffer record, by the kind its header says.
 pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     let hdr: ev_header = read(data, 0, std::mem::size_of::<ev_header>())?;
-    let kind = hdr.kind;
-    match kind {
-        ev_kind::EV_FS => {
-            // Sent up to the path's end (the rest of the buffer reads as NULs).
-            let min = std::mem::offset_of!(fs_event, path);
-            let e: fs_event = read(data, kind.0, min)?;
-            let path = cstr(&e.path);
-            Ok(Record::Fs(FsRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                req: e.req,
-                stack: None,
-                cause: e.cause,
-                op: e.op,
-                sync: e.sync != 0,
-                start_ns: e.start_ns,
-                work_start_ns: nonzero(e.work_start_ns),
-                work_end_ns: nonzero(e.work_end_ns),
-                end_ns: e.end_ns,
-                result: e.result,
-                fd: (e.fd >= 0).then_some(e.fd),
-                worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
-                ended_at: ended_at(e.end_kind),
-                path: (!path.is_empty()).then_some(path),
-                path2: (e.has_path2 != 0 && data.len() >= std::mem::size_of::<fs_event>()).then(|| cstr(&e.path2)),
-            }))
-        }
-        ev_kind::EV_DNS => {
-            let e: dns_event = read(data, kind.0, std::mem::size_of::<dns_event>())?;
-            let answers = e.answers[..usize::from(e.n_answers).min(e.answers.len())]
-                .iter()
-                .filter_map(|a| match u32::from(a.family) {
-                    f if f == answer_family::FAMILY_INET.0 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
-                    f if f == answer_family::FAMILY_INET6.0 => Some(std::net::IpAddr::from(a.addr)),
-                    _ => None,
-                })
-                .collect();
-            Ok(Record::Dns(DnsRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                req: e.req,
-                stack: None,
-                cause: e.cause,
-                sync: e.sync != 0,
-                start_ns: e.start_ns,
-                work_start_ns: nonzero(e.work_start_ns),
-                work_end_ns: nonzero(e.work_end_ns),
-                end_ns: e.end_ns,
-                retcode: e.retcode,
-                worker_tid: (e.worker_tid != 0).then_some(e.worker_tid),
-                ended_at: ended_at(e.end_kind),
-                host: cstr(&e.host),
-                answers,
-            }))
-        }
-        ev_kind::EV_LOOP => {
-            let e: loop_event = read(data, kind.0, std::mem::size_of::<loop_event>())?;
-            let phases = e
-                .phases
-                .iter()
-                .enumerate()
-                .filter(|(_, p)| e.epoll_only == 0 && p.start_ns != 0 && p.end_ns >= p.start_ns)
-                .map(|(i, p)| (i, p.start_ns, p.end_ns))
-                .collect();
-            Ok(Record::Loop(LoopRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                start_ns: e.start_ns,
-                wake_ns: nonzero(e.wake_ns),
-                end_ns: e.end_ns,
-                poll_wait_ns: e.poll_wait_ns,
-                skipped: e.skipped,
-                phases,
-                stacks: None,
-            }))
-        }
-        ev_kind::EV_STACK => {
-            let e: stack_event = read(data, kind.0, std::mem::size_of::<stack_event>())?;
-            let n = (e.n_frames as usize).min(e.frames.len());
-            Ok(Record::Stack(StackRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                iter_start_ns: e.iter_start_ns,
-                req: e.req,
-                ts_ns: e.ts_ns,
-                frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
-            }))
-        }
-        ev_kind::EV_HTTP => {
-            let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
-            let e: http_event = read(data, kind.0, head)?;
-            let what = match e.what {
-                w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
-                w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
-                _ => HttpWhat::Write,
-            };
-            // The captured bytes, straight from the record (one copy).
-            let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
-            let at = std::mem::offset_of!(http_event, data);
-            let bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
-            Ok(Record::Http(HttpRecord {
-                pid: e.hdr.pid,
-                tid: e.hdr.tid,
-                ts_ns: e.ts_ns,
-                cause: e.cause,
-                conn: e.conn,
-                what,
-                len: e.len,
-                tls: e.tls != 0,
-                peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
-                local_port: (e.family != 0).then_some(e.local_port),
-                data: bytes,
-            }))
-        }
-        ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT => {
-            let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
-            let pid = e.hdr.pid;
-            Ok(match kind {
-                ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
-                ev_kind::EV_PROC_EXEC => Record::Exec { pid },
-                _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
-            })
-        }
+    match hdr.kind {
+        ev_kind::EV_FS => fs(data).map(Record::Fs),
+        ev_kind::EV_DNS => dns(data).map(Record::Dns),
+        ev_kind::EV_LOOP => iteration(data).map(Record::Loop),
+        ev_kind::EV_STACK => stack(data).map(Record::Stack),
+        ev_kind::EV_HTTP => http(data).map(Record::Http),
+        kind @ (ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT) => process(data, kind),
         other => Err(DecodeError::UnknownKind(other.0)),
     }
+}
+
+fn fs(data: &[u8]) -> Result<FsRecord, DecodeError> {
+    // Sent up to the path's end (the rest of the buffer reads as NULs).
+    let min = std::mem::offset_of!(fs_event, path);
+    let e: fs_event = read(data, ev_kind::EV_FS.0, min)?;
+    let path = cstr(&e.path);
+    Ok(FsRecord {
+        op: OpRecord::from(&e.op),
+        op_id: e.op_id,
+        result: e.result,
+        fd: (e.fd >= 0).then_some(e.fd),
+        path: (!path.is_empty()).then_some(path),
+        path2: (e.has_path2 != 0 && data.len() >= std::mem::size_of::<fs_event>()).then(|| cstr(&e.path2)),
+    })
+}
+
+fn dns(data: &[u8]) -> Result<DnsRecord, DecodeError> {
+    let e: dns_event = read(data, ev_kind::EV_DNS.0, std::mem::size_of::<dns_event>())?;
+    let answers = e.answers[..usize::from(e.n_answers).min(e.answers.len())]
+        .iter()
+        .filter_map(|a| match u32::from(a.family) {
+            f if f == answer_family::FAMILY_INET.0 => Some(std::net::IpAddr::from([a.addr[0], a.addr[1], a.addr[2], a.addr[3]])),
+            f if f == answer_family::FAMILY_INET6.0 => Some(std::net::IpAddr::from(a.addr)),
+            _ => None,
+        })
+        .collect();
+    Ok(DnsRecord { op: OpRecord::from(&e.op), retcode: e.retcode, host: cstr(&e.host), answers })
+}
+
+fn iteration(data: &[u8]) -> Result<LoopRecord, DecodeError> {
+    let e: loop_event = read(data, ev_kind::EV_LOOP.0, std::mem::size_of::<loop_event>())?;
+    let phases = e
+        .phases
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| e.epoll_only == 0 && p.start_ns != 0 && p.end_ns >= p.start_ns)
+        .map(|(i, p)| (i, p.start_ns, p.end_ns))
+        .collect();
+    Ok(LoopRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        start_ns: e.start_ns,
+        wake_ns: nonzero(e.wake_ns),
+        end_ns: e.end_ns,
+        poll_wait_ns: e.poll_wait_ns,
+        skipped: e.skipped,
+        phases,
+        stacks: None,
+    })
+}
+
+fn stack(data: &[u8]) -> Result<StackRecord, DecodeError> {
+    let e: stack_event = read(data, ev_kind::EV_STACK.0, std::mem::size_of::<stack_event>())?;
+    let n = (e.n_frames as usize).min(e.frames.len());
+    Ok(StackRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        iter_start_ns: e.iter_start_ns,
+        req: e.req,
+        ts_ns: e.ts_ns,
+        frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
+    })
+}
+
+fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
+    let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
+    let e: http_event = read(data, ev_kind::EV_HTTP.0, head)?;
+    let what = match e.what {
+        w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
+        w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
+        _ => HttpWhat::Write,
+    };
+    // The captured bytes, straight from the record (one copy).
+    let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
+    let at = std::mem::offset_of!(http_event, data);
+    let bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
+    Ok(HttpRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        ts_ns: e.ts_ns,
+        cause: e.cause,
+        conn: e.conn,
+        what,
+        len: e.len,
+        tls: e.tls != 0,
+        peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
+        local_port: (e.family != 0).then_some(e.local_port),
+        data: bytes,
+    })
+}
+
+/// A fork, exec or exit record (`kind`).
+fn process(data: &[u8], kind: ev_kind) -> Result<Record, DecodeError> {
+    let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
+    let pid = e.hdr.pid;
+    Ok(match kind {
+        ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
+        ev_kind::EV_PROC_EXEC => Record::Exec { pid },
+        _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
+    })
 }
 
 /// A socket address from the kernel's family, address bytes and port.
@@ -441,8 +439,8 @@ mod tests {
         let head = std::mem::offset_of!(fs_event, path);
         for (len, want) in [(head + 8, Some("/a/b/c")), (head + 16, Some("/a/b/c")), (head, None)] {
             let bytes = record_bytes(len, |e: &mut fs_event| {
-                e.hdr.kind = ev_kind::EV_FS;
-                e.hdr.pid = 10;
+                e.op.hdr.kind = ev_kind::EV_FS;
+                e.op.hdr.pid = 10;
                 e.fd = 3;
                 e.result = 4096;
                 e.path_len = 7;
@@ -452,7 +450,7 @@ mod tests {
             assert_eq!(r.path.as_deref(), want, "{len} bytes");
             assert_eq!((r.fd, r.result), (Some(3), 4096));
         }
-        assert!(decode(&record_bytes(head - 8, |e: &mut fs_event| e.hdr.kind = ev_kind::EV_FS)).is_err(), "shorter than the fixed part");
+        assert!(decode(&record_bytes(head - 8, |e: &mut fs_event| e.op.hdr.kind = ev_kind::EV_FS)).is_err(), "shorter than the fixed part");
     }
 
     /// An HTTP record is sent up to what was captured (in whole words).
@@ -480,15 +478,15 @@ mod tests {
     #[test]
     fn fs_record_without_second_path() {
         let bytes = record_bytes(std::mem::size_of::<fs_event>() - 256, |e: &mut fs_event| {
-            e.hdr.kind = ev_kind::EV_FS;
-            e.hdr.pid = 10;
-            e.hdr.tid = 11;
-            e.op = 0;
-            e.start_ns = 100;
-            e.end_ns = 200;
+            e.op.hdr.kind = ev_kind::EV_FS;
+            e.op.hdr.pid = 10;
+            e.op.hdr.tid = 11;
+            e.op_id = 0;
+            e.op.start_ns = 100;
+            e.op.end_ns = 200;
             e.result = -2;
             e.fd = -1;
-            e.end_kind = ev_end::END_DONE.0 as u8;
+            e.op.end_kind = ev_end::END_DONE.0 as u8;
             set_str(&mut e.path, "/no/such");
         });
         let Record::Fs(r) = decode(&bytes).unwrap() else { panic!("not fs") };
@@ -496,7 +494,51 @@ mod tests {
         assert_eq!(r.path2, None);
         assert_eq!(r.fd, None);
         assert_eq!(r.result, -2);
-        assert_eq!(r.ended_at, Some("libuv_done"));
+        assert_eq!(r.op.ended_at, Some("libuv_done"));
+    }
+
+    /// fs and DNS records start with the same `op_event`, decoded the same.
+    #[test]
+    fn fs_and_dns_records_share_their_first_part() {
+        assert_eq!((std::mem::offset_of!(fs_event, op), std::mem::offset_of!(dns_event, op)), (0, 0));
+        let op = |o: &mut op_event| {
+            o.hdr.pid = 10;
+            o.hdr.tid = 11;
+            o.req = 0x7f00_0000_1000;
+            o.cause = 42;
+            o.start_ns = 100;
+            o.work_start_ns = 150;
+            o.work_end_ns = 0;
+            o.end_ns = 200;
+            o.worker_tid = 12;
+            o.sync = 0;
+            o.end_kind = ev_end::END_CLEANUP.0 as u8;
+        };
+        let fs = record_bytes(usize::MAX, |e: &mut fs_event| {
+            op(&mut e.op);
+            e.op.hdr.kind = ev_kind::EV_FS;
+        });
+        let dns = record_bytes(usize::MAX, |e: &mut dns_event| {
+            op(&mut e.op);
+            e.op.hdr.kind = ev_kind::EV_DNS;
+        });
+        let (Record::Fs(fs), Record::Dns(dns)) = (decode(&fs).unwrap(), decode(&dns).unwrap()) else { panic!("not fs and dns") };
+        assert_eq!(fs.op, dns.op);
+        let want = OpRecord {
+            pid: 10,
+            tid: 11,
+            req: 0x7f00_0000_1000,
+            stack: None,
+            cause: 42,
+            sync: false,
+            start_ns: 100,
+            work_start_ns: Some(150),
+            work_end_ns: None,
+            end_ns: 200,
+            worker_tid: Some(12),
+            ended_at: Some("uv_fs_req_cleanup"),
+        };
+        assert_eq!(fs.op, want);
     }
 
     #[test]
@@ -532,7 +574,7 @@ mod tests {
     #[test]
     fn dns_answers_are_decoded() {
         let bytes = record_bytes(usize::MAX, |e: &mut dns_event| {
-            e.hdr.kind = ev_kind::EV_DNS;
+            e.op.hdr.kind = ev_kind::EV_DNS;
             e.n_answers = 2;
             e.answers[0].family = 2;
             e.answers[0].addr[..4].copy_from_slice(&[127, 0, 0, 1]);
@@ -550,7 +592,7 @@ mod tests {
         assert!(matches!(decode(&[1, 2]), Err(DecodeError::Short { .. })));
         let h = record_bytes(usize::MAX, |h: &mut ev_header| h.kind = ev_kind(99));
         assert_eq!(decode(&h), Err(DecodeError::UnknownKind(99)));
-        let f = record_bytes(40, |f: &mut fs_event| f.hdr.kind = ev_kind::EV_FS);
+        let f = record_bytes(40, |f: &mut fs_event| f.op.hdr.kind = ev_kind::EV_FS);
         assert!(matches!(decode(&f), Err(DecodeError::Short { kind: 1, len: 40 })));
     }
 

@@ -328,35 +328,8 @@ async fn run<S: Sink>(
             while let Some((pid, mut parts)) = batch.pop() {
                 let (resource, label) =
                     procs.get(&pid).cloned().unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
-                let mut sent = 0;
-                let mut retry = None;
-                for r in requests(parts.iter().map(Part::len), cfg.max_batch.max(1)) {
-                    let chunk = &mut parts[r.clone()];
-                    let m: u64 = chunk.iter().map(|p| p.len() as u64).sum();
-                    match sink.export(&resource, &label, chunk).await {
-                        Ok(rejected) => {
-                            let rejected = rejected.min(m);
-                            counters.failed.fetch_add(rejected, Ordering::Relaxed);
-                            counters.exported.fetch_add(m - rejected, Ordering::Relaxed);
-                            backoff.reset();
-                        }
-                        Err(e) => {
-                            if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                                eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
-                            }
-                            if e.retryable {
-                                retry = Some(backoff.wait(&e));
-                                break;
-                            }
-                            counters.failed.fetch_add(m, Ordering::Relaxed);
-                        }
-                    }
-                    // Per chunk: if the flush deadline cuts the export short, what
-                    // was sent is not also counted as not flushed.
-                    counters.queued.fetch_sub(m, Ordering::Relaxed);
-                    sent = r.end;
-                }
-                if let Some(wait) = retry {
+                let unsent = export_parts(&mut sink, &resource, &label, &mut parts, &counters, cfg.max_batch, &mut backoff).await;
+                if let Some((sent, wait)) = unsent {
                     // Back in the queue, in order, with what was not sent
                     // yet; tried again after a wait.
                     let rest = pending.entry(pid).or_default();
@@ -388,6 +361,46 @@ async fn run<S: Sink>(
             return;
         }
     }
+}
+
+/// Exports one process's runs in requests of at most `max_batch` spans,
+/// counting what was exported or failed. `Some(sent)`: a retryable failure
+/// after the first `sent` runs, the rest to be tried again; `None`: every
+/// run was exported or counted as failed.
+async fn export_parts<S: Sink>(
+    sink: &mut S,
+    resource: &Resource,
+    label: &str,
+    parts: &mut [Part],
+    counters: &Counters,
+    max_batch: usize,
+    backoff: &mut client::Backoff,
+) -> Option<(usize, Duration)> {
+    for r in requests(parts.iter().map(Part::len), max_batch.max(1)) {
+        let chunk = &mut parts[r.clone()];
+        let m: u64 = chunk.iter().map(|p| p.len() as u64).sum();
+        match sink.export(resource, label, chunk).await {
+            Ok(rejected) => {
+                let rejected = rejected.min(m);
+                counters.failed.fetch_add(rejected, Ordering::Relaxed);
+                counters.exported.fetch_add(m - rejected, Ordering::Relaxed);
+                backoff.reset();
+            }
+            Err(e) => {
+                if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                    eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
+                }
+                if e.retryable {
+                    return Some((r.start, backoff.wait(&e)));
+                }
+                counters.failed.fetch_add(m, Ordering::Relaxed);
+            }
+        }
+        // Per chunk: if the flush deadline cuts the export short, what
+        // was sent is not also counted as not flushed.
+        counters.queued.fetch_sub(m, Ordering::Relaxed);
+    }
+    None
 }
 
 /// Consecutive runs of `lens` spans grouped into export requests of at most

@@ -16,3 +16,11 @@ unsafe impl plain::Plain for types::http_event {}
 unsafe impl plain::Plain for types::req_key {}
 unsafe impl plain::Plain for types::stack_event {}
 unsafe impl plain::Plain for types::stack_frame {}
+
+/// The BPF sources the skeleton's object is compiled from (bpf/uvspan.bpf.c
+/// and the headers it includes, listed by build.rs), for the tests that
+/// check the Rust side against them.
+#[cfg(test)]
+pub mod sources {
+    include!(concat!(env!("OUT_DIR"), "/bpf_sources.rs"));
+}

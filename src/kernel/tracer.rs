@@ -1,23 +1,28 @@
 //! The kernel side from Rust: load bpf/uvspan.bpf.c, attach the catalog's
-//! probes to a libuv image, manage the set of traced processes, read the
-//! ring buffer and the counters.
+//! probes to a libuv image ([`attach`]), manage the set of traced
+//! processes, read the ring buffer and the counters, detach ([`detach`]).
+
+mod attach;
+mod detach;
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, UprobeMultiOpts, UprobeOpts};
+use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+
+pub use attach::Attach;
+use attach::{Attached, FileId};
+use detach::{detach_all, Detacher};
 
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
-use crate::kernel::skel::types::{cookie_layout, probe_kind, req_key, stat_idx, traced_flags};
+use crate::kernel::skel::types::{req_key, stat_idx, traced_flags};
 use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
-use crate::probes::catalog::{Detail, ImageKind};
-use crate::probes::io_uring;
-use crate::probes::plan::{self, plan, Conditions, ProbeState, ProbeStatus};
-use crate::symbols::{Images, Located};
+use crate::probes::catalog::Detail;
+use crate::probes::plan::{self, ProbeStatus};
 
 /// Settings fixed at load time.
 #[derive(Clone, Debug)]
@@ -59,32 +64,6 @@ pub struct Stats {
     pub stack_samples: u64,
 }
 
-/// (device, inode) of a file.
-type FileId = (u64, u64);
-
-fn file_id(p: &std::path::Path) -> Option<FileId> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
-}
-
-struct Attached {
-    /// Empty while a sampling window is closed.
-    links: Vec<Link>,
-    /// What was attached, to attach it again when a window opens.
-    spec: AttachSpec,
-    /// The statuses of this image's probes when it was attached.
-    report: Vec<ProbeStatus>,
-}
-
-/// The probes attached to one file for one pid filter.
-#[derive(Clone)]
-struct AttachSpec {
-    path: std::path::PathBuf,
-    pid: i32,
-    /// (offset, cookie) of each probe that attached.
-    probes: Vec<(usize, u64)>,
-}
-
 /// How the loop threads' epoll waits are seen (the epoll path: loop
 /// iterations without phase probes). Best first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,14 +90,6 @@ impl Waits {
             Waits::Tracepoints
         }
     }
-}
-
-/// What [`Tracer::attach`] did.
-pub struct Attach {
-    pub report: Vec<ProbeStatus>,
-    /// Whether new probes went into the kernel (false: the files were
-    /// already attached for this pid filter).
-    pub new: bool,
 }
 
 pub struct Tracer {
@@ -330,26 +301,6 @@ impl Tracer {
         Ok(())
     }
 
-    /// [`Waits::LibcUprobes`]: the planned libc epoll probes of process
-    /// `pid`, attached for it alone (a link for every process mapping libc
-    /// would trap every epoll wait on the host). A row that does not attach
-    /// is marked failed; the process then falls back to the tracepoints.
-    fn attach_waits(&mut self, images: &Images, pid: u32, report: &mut [ProbeStatus]) {
-        let Some(libc) = images.libc.as_ref() else { return };
-        if self.wait_links.contains_key(&pid) {
-            return;
-        }
-        let rows: Vec<&mut ProbeStatus> =
-            report.iter_mut().filter(|r| r.kind == probe_kind::PROBE_EPOLL_WAIT && r.state == ProbeState::Usable).collect();
-        if rows.is_empty() {
-            return;
-        }
-        let (links, _) = self.attach_image(libc, pid as i32, rows);
-        if !links.is_empty() {
-            self.wait_links.insert(pid, links);
-        }
-    }
-
     /// Forgets a process that exited: its per-pid links (detached off this
     /// thread, see [`Detacher`]), and the requests it had in flight
     /// (returned: how many were dropped unfinished).
@@ -407,164 +358,6 @@ impl Tracer {
     /// Processes currently in the kernel-side traced set.
     pub fn traced_count(&self) -> usize {
         self.skel.maps.traced.keys().count()
-    }
-
-    /// Attaches the planned probes of process `pid`'s images: for that
-    /// process alone, or with `per_file` for every process mapping the files
-    /// (the kernel-side filter then decides). A file already attached for
-    /// that filter is not attached again (its probes would fire twice); a
-    /// probe this process needs that the file's existing attachment left out
-    /// (uv_fs_req_cleanup, for a process with io_uring turned on) is
-    /// attached for this process alone. Missing symbols are reported, not
-    /// fatal; no probe attached at all is an error.
-    pub fn attach(&mut self, images: &Images, pid: u32, per_file: bool) -> Result<Attach> {
-        // libc's first mapping moves while the dynamic loader relocates it:
-        // for a process found that early, the range named is gone; look again.
-        let again;
-        let images = if images.libc.as_ref().is_some_and(|l| file_id(&l.attach_path).is_none()) {
-            again = Images { libc: crate::symbols::locate_libc(pid), ..images.clone() };
-            &again
-        } else {
-            images
-        };
-        let env = io_uring::Env::of(pid);
-        let mut report = plan(images, self.detail, Conditions::of(self.session, self.waits == Waits::LibcUprobes, images, &env));
-        self.attach_waits(images, pid, &mut report);
-        let filter = if per_file { -1 } else { pid as i32 };
-        let (mut live, mut new) = (0, false);
-        for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
-            let Some(loc) = loc else { continue };
-            let Some(id) = file_id(&loc.attach_path) else {
-                if kind == ImageKind::Libuv {
-                    bail!("{} is gone", loc.path);
-                }
-                // libc only serves fallbacks and the epoll waits: the rest is traced.
-                let here = |r: &ProbeStatus| r.image == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && r.state == ProbeState::Usable;
-                for r in report.iter_mut().filter(|r| here(r)) {
-                    r.state = ProbeState::Failed(format!("{} is gone", loc.path));
-                }
-                continue;
-            };
-            // Attach for `filter` what the plan wants; or, where the file is
-            // attached already, only what this process needs beyond that
-            // attachment (`only`), for this process.
-            let (filter, only) = match self.uprobes.get(&(id, filter)) {
-                None => (filter, None),
-                Some(done) => {
-                    live += done.spec.probes.len();
-                    let mut extra = Vec::new();
-                    for r in report.iter_mut().filter(|r| r.image == kind) {
-                        let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) else { continue };
-                        if per_file && r.state == ProbeState::Usable && was.state == ProbeState::NotNeeded {
-                            extra.push(r.symbol);
-                        } else {
-                            r.state = was.state.clone();
-                        }
-                    }
-                    if extra.is_empty() {
-                        continue;
-                    }
-                    if let Some(own) = self.uprobes.get(&(id, pid as i32)) {
-                        live += own.spec.probes.len();
-                        continue;
-                    }
-                    (pid as i32, Some(extra))
-                }
-            };
-            let wanted = |r: &ProbeStatus| {
-                r.image == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && only.as_ref().is_none_or(|o| o.contains(&r.symbol))
-            };
-            let mine: Vec<&mut ProbeStatus> = report.iter_mut().filter(|r| wanted(r) && r.state == ProbeState::Usable).collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let (mut links, probes) = self.attach_image(loc, filter, mine);
-            live += probes.len();
-            if !probes.is_empty() {
-                new = true;
-                let report = report.iter().filter(|r| wanted(r)).cloned().collect();
-                if self.window_closed {
-                    // Attached to check it can be; live from the next window.
-                    detach_all(std::mem::take(&mut links));
-                }
-                let spec = AttachSpec { path: loc.attach_path.clone(), pid: filter, probes };
-                self.uprobes.insert((id, filter), Attached { links, spec, report });
-            }
-        }
-        if live == 0 {
-            let why = report
-                .iter()
-                .find_map(|r| match &r.state {
-                    ProbeState::Failed(e) => Some(e.clone()),
-                    _ => None,
-                })
-                .unwrap_or_else(|| "no libuv probe symbol found".into());
-            return Err(anyhow!("no probe could be attached to {} ({why})", images.libuv.path));
-        }
-        Ok(Attach { report, new })
-    }
-
-    /// One multi-uprobe link for the image when the kernel has them, else one
-    /// link per probe (so a failure is reported per probe). Returns the links
-    /// and the (offset, cookie) of the probes they hold.
-    fn attach_image(&self, loc: &Located, pid: i32, mut probes: Vec<&mut ProbeStatus>) -> (Vec<Link>, Vec<(usize, u64)>) {
-        let wanted: Vec<(usize, u64)> = probes.iter().map(|r| (r.offset.unwrap_or(0) as usize, r.cookie)).collect();
-        let (links, failed) = self.attach_probes(&loc.attach_path, pid, &wanted);
-        for (i, e) in &failed {
-            probes[*i].state = ProbeState::Failed(format!("attach failed: {e}"));
-        }
-        let live = wanted.into_iter().enumerate().filter(|(i, _)| !failed.iter().any(|(f, _)| f == i)).map(|(_, p)| p).collect();
-        (links, live)
-    }
-
-    /// Attaches (offset, cookie) probes to a file; the indexes that failed
-    /// with their error (multi-uprobe: all or none).
-    fn attach_probes(&self, path: &std::path::Path, pid: i32, probes: &[(usize, u64)]) -> (Vec<Link>, Vec<(usize, String)>) {
-        // A link for one process: the kernel runs it there only, and the
-        // BPF side can skip its traced-set lookup.
-        let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
-        if self.multi {
-            // With session uprobes, the fs submits (and libc's epoll waits)
-            // get their own link.
-            let session = |&(_, cookie): &(usize, u64)| {
-                let kind = cookie >> cookie_layout::COOKIE_KIND_SHIFT.0;
-                self.session && (kind == u64::from(probe_kind::PROBE_FS_SUBMIT.0) || kind == u64::from(probe_kind::PROBE_EPOLL_WAIT.0))
-            };
-            let mut links = Vec::new();
-            for in_session in [false, true] {
-                let part: Vec<&(usize, u64)> = probes.iter().filter(|p| session(p) == in_session).collect();
-                if part.is_empty() {
-                    continue;
-                }
-                let opts = UprobeMultiOpts {
-                    offsets: part.iter().map(|p| p.0).collect(),
-                    cookies: part.iter().map(|p| p.1 | one).collect(),
-                    session: in_session,
-                    ..Default::default()
-                };
-                let prog = if in_session { &self.skel.progs.uv_session } else { &self.skel.progs.uv_multi };
-                match prog.attach_uprobe_multi_with_opts(pid, path, "", opts) {
-                    Ok(link) => links.push(link),
-                    Err(e) => {
-                        // All or none, as with one link: a file that went
-                        // away between the two (its process exited) must not
-                        // stay attached in half.
-                        detach_all(links);
-                        return (Vec::new(), (0..probes.len()).map(|i| (i, e.to_string())).collect());
-                    }
-                }
-            }
-            return (links, Vec::new());
-        }
-        let (mut links, mut failed) = (Vec::new(), Vec::new());
-        for (i, &(offset, cookie)) in probes.iter().enumerate() {
-            let opts = UprobeOpts { cookie: cookie | one, retprobe: false, ..Default::default() };
-            match self.skel.progs.uv_single.attach_uprobe_with_opts(pid, path, offset, opts) {
-                Ok(link) => links.push(link),
-                Err(e) => failed.push((i, e.to_string())),
-            }
-        }
-        (links, failed)
     }
 
     /// --sample-time: the window closes. The uprobes are detached; then the
@@ -667,57 +460,6 @@ fn attach_syscall_tracepoints(skel: &UvspanSkel<'static>) -> std::result::Result
         .into_iter()
         .map(|prog| prog.attach().map_err(|e| (format!("attaching {}", prog.name().to_string_lossy()), e)))
         .collect()
-}
-
-/// One thread, started with the first link to detach, that drops the links
-/// it is given: detaching waits for the kernel's RCU grace periods (tens of
-/// ms), which the thread reading the ring buffer must not. One thread for
-/// the run, not one per exited process: a thread per exit kept glibc's
-/// per-thread heaps and stack caches growing under process churn (+9 MiB
-/// over 30 processes in the churn test).
-#[derive(Default)]
-struct Detacher {
-    tx: Option<std::sync::mpsc::Sender<Vec<Link>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Detacher {
-    fn detach(&mut self, links: Vec<Link>) {
-        if self.tx.is_none() {
-            let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
-            let spawned = std::thread::Builder::new().name("uvspan-detach".into()).spawn(move || rx.into_iter().for_each(drop));
-            match spawned {
-                Ok(t) => (self.tx, self.thread) = (Some(tx), Some(t)),
-                // No thread to be had: detach here, the slow way.
-                Err(_) => return drop(links),
-            }
-        }
-        if let Some(Err(e)) = self.tx.as_ref().map(|tx| tx.send(links)) {
-            drop(e.0);
-        }
-    }
-}
-
-impl Drop for Detacher {
-    /// Whatever was handed over is detached before uvspan goes on exiting.
-    fn drop(&mut self) {
-        self.tx = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Detaches links side by side: each waits for the kernel's RCU grace
-/// periods (~40 ms for a multi-uprobe link), not for each other.
-fn detach_all(links: Vec<Link>) {
-    if links.len() <= 1 {
-        return drop(links);
-    }
-    let threads: Vec<_> = links.into_iter().map(|l| std::thread::spawn(move || drop(l))).collect();
-    for t in threads {
-        let _ = t.join();
-    }
 }
 
 impl Drop for Tracer {

@@ -5,7 +5,7 @@ use proptest::prelude::*;
 
 use super::{Ready, Requests};
 use crate::events::clock::Clock;
-use crate::events::decode::{FsRecord, HttpRecord, HttpWhat, Record};
+use crate::events::decode::{FsRecord, HttpRecord, HttpWhat, OpRecord, Record};
 use crate::events::spans::{SequentialIds, Span, SpanContextSource, Value};
 
 /// A span's attribute.
@@ -33,21 +33,23 @@ pub(super) fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -
 /// An fs record (a stat) of process 7 caused by request `cause`.
 pub(super) fn fs(cause: u64, start: u64, end: u64) -> Record {
     Record::Fs(FsRecord {
-        pid: 7,
-        tid: 7,
-        req: 0,
-        stack: None,
-        cause,
-        op: 4, // uv_fs_stat
-        sync: false,
-        start_ns: start,
-        work_start_ns: None,
-        work_end_ns: None,
-        end_ns: end,
+        op: OpRecord {
+            pid: 7,
+            tid: 7,
+            req: 0,
+            stack: None,
+            cause,
+            sync: false,
+            start_ns: start,
+            work_start_ns: None,
+            work_end_ns: None,
+            end_ns: end,
+            worker_tid: None,
+            ended_at: Some("libuv_done"),
+        },
+        op_id: 4, // uv_fs_stat
         result: 0,
         fd: None,
-        worker_tid: None,
-        ended_at: Some("libuv_done"),
         path: Some("/x".into()),
         path2: None,
     })

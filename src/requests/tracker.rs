@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 
 use super::head::{parse_request, parse_status, parse_traceparent, Head};
 use super::spans::request_spans;
-use crate::events::decode::{HttpRecord, HttpWhat, Record};
+use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{build_in, build_into, Parent, Span, SpanContextSource};
 
@@ -312,8 +312,7 @@ impl Requests {
     /// request is over, or given back (no cause known: its own trace).
     pub fn work(&mut self, rec: Record, src: &SpanContextSource<'_>, ready: &mut Ready) -> Option<Record> {
         let (cause, pid, end) = match &rec {
-            Record::Fs(r) => (r.cause, r.pid, r.end_ns),
-            Record::Dns(r) => (r.cause, r.pid, r.end_ns),
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.cause, op.pid, op.end_ns),
             _ => return Some(rec),
         };
         if cause == 0 {

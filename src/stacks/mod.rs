@@ -1,5 +1,5 @@
 //! Who blocked the loop (--stacks): stack samples of a loop thread taken
-//! while an iteration was already slow (bpf/uvspan.bpf.c `loop_sample`)
+//! while an iteration was already slow (bpf/stacks.h `loop_sample`)
 //! are named here while the process still runs — JS frames from V8's heap
 //! ([`v8`], offsets from the binary's postmortem metadata), native frames
 //! from ELF symbols (blazesym), JIT code from the process's perf map when
@@ -20,7 +20,7 @@ use blazesym::symbolize::source::{Process, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::Pid;
 
-use crate::events::decode::StackRecord;
+use crate::events::decode::{RawFrame, StackRecord};
 use crate::symbols::v8meta::V8Layout;
 use fold::{Blocked, Folder, Frame};
 use perfmap::PerfMapFile;
@@ -275,49 +275,8 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
     // Return addresses point after the call: look up the call itself.
     let lookups: Vec<u64> = r.frames.iter().enumerate().map(|(i, f)| if i == 0 { f.pc } else { f.pc.saturating_sub(1) }).collect();
     let missing: Vec<u64> = lookups.iter().copied().filter(|a| !p.native.contains_key(a)).collect();
-    if !missing.is_empty() {
-        if missing.iter().any(|&a| mapping_of(p, a).is_none()) {
-            refresh_maps(pid, p);
-        }
-        let Some(nz) = std::num::NonZeroU32::new(pid) else { return Vec::new() };
-        let mut src = Process::new(Pid::Pid(nz));
-        src.debug_syms = false;
-        src.map_files = p.map_files;
-        // The perf map is read by uvspan ([`perfmap`]), within bounds and
-        // from where the process wrote it; blazesym would read all of it.
-        src.perf_map = false;
-        let named = sym.symbolize(&Source::Process(src), Input::AbsAddr(&missing)).unwrap_or_default();
-        let now = Instant::now();
-        for (i, &addr) in missing.iter().enumerate() {
-            let frame = match named.get(i) {
-                Some(Symbolized::Sym(s)) => {
-                    let module = s.module.as_deref().map(|m| base_name(Path::new(m)));
-                    (Frame::native(&s.name, module), false)
-                }
-                _ => match mapping_of(p, addr) {
-                    Some(Mapping { path: Some(path), start, offset, .. }) => {
-                        (Frame::native("[unknown]", Some(format!("{}+{:#x}", base_name(path), addr - start + offset))), false)
-                    }
-                    // Not in a file: JIT code, named by the perf map if any.
-                    m => {
-                        let jit = m.is_some();
-                        let named = p.perf_map.as_mut().and_then(|pm| {
-                            let file = pm.file_name();
-                            pm.name(addr, now).map(|n| (n.to_string(), file))
-                        });
-                        match named {
-                            Some((name, file)) => (Frame::native(&name, Some(file)), true),
-                            None if jit => (Frame::native("[jit]", Some(format!("{addr:#x}"))), true),
-                            None => (Frame::native("[unknown]", Some(format!("{addr:#x}"))), false),
-                        }
-                    }
-                },
-            };
-            p.native.insert(addr, frame);
-        }
-        if let Some(notice) = p.perf_map.as_mut().and_then(PerfMapFile::take_notice) {
-            eprintln!("{notice}");
-        }
+    if !missing.is_empty() && name_native(sym, pid, p, &missing).is_none() {
+        return Vec::new();
     }
     let mut out = Vec::with_capacity(r.frames.len());
     for (f, addr) in r.frames.iter().zip(&lookups) {
@@ -326,42 +285,95 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
         // builtins (the interpreter, baseline code; in a stripped node they
         // have no symbol): only there is the frame's function slot asked.
         let maybe_js = jit || native.function == "[unknown]" || native.function.starts_with("Builtins_");
-        let js = match (&p.v8, &p.mem) {
-            // The kernel sends the words at fp-16 and fp-8; a JS frame
-            // keeps its context (a heap object) at fp-8 where typed frames
-            // (entry, exit, internal: not a JS function's own frame) keep a
-            // frame-type marker (a small integer).
-            (Some(Ok(l)), Some(mem)) if maybe_js && fp_slots_match(l) && f.fp_m8 & 1 == 1 => {
-                // The JSFunction's words as the kernel copied them at the
-                // sample (it may have moved since), else as it is now;
-                // names are cached per SharedFunctionInfo (old space).
-                let heap = v8::Heap::new(l, mem, p.node_major);
-                // A function whose map was seen to be a JSFunction map and
-                // whose SharedFunctionInfo is already named needs no read
-                // (nor a live process: samples read after it exited).
-                let shared_word = usize::try_from(l.js_function_shared / 8).ok().and_then(|i| f.obj.get(i)).copied();
-                let known = shared_word.filter(|s| p.fn_maps.contains(&f.obj[0]) && p.js.contains_key(s));
-                match known {
-                    Some(sfi) => p.js.get(&sfi).cloned().flatten(),
-                    None => {
-                        let from_words = heap.shared_info_from(&f.obj);
-                        if from_words.is_some() {
-                            p.fn_maps.insert(f.obj[0]);
-                        }
-                        from_words
-                            .or_else(|| heap.shared_info_of(f.fp_m16))
-                            .and_then(|sfi| p.js.entry(sfi).or_insert_with(|| heap.describe(sfi)).clone())
-                    }
-                }
-            }
-            _ => None,
-        };
-        out.push(match js {
+        out.push(match js_function(p, f, maybe_js) {
             Some(j) => Frame::js(&j.name, js_location(&j)),
             None => native,
         });
     }
     out
+}
+
+/// Names the native code addresses `missing` into `p.native` (and whether
+/// each is JIT code): the ELF symbol, else the file and offset of its
+/// mapping, else the perf map's name for JIT code. None: no such process id.
+fn name_native(sym: &Symbolizer, pid: u32, p: &mut Proc, missing: &[u64]) -> Option<()> {
+    if missing.iter().any(|&a| mapping_of(p, a).is_none()) {
+        refresh_maps(pid, p);
+    }
+    let mut src = Process::new(Pid::Pid(std::num::NonZeroU32::new(pid)?));
+    src.debug_syms = false;
+    src.map_files = p.map_files;
+    // The perf map is read by uvspan ([`perfmap`]), within bounds and
+    // from where the process wrote it; blazesym would read all of it.
+    src.perf_map = false;
+    let named = sym.symbolize(&Source::Process(src), Input::AbsAddr(missing)).unwrap_or_default();
+    let now = Instant::now();
+    for (i, &addr) in missing.iter().enumerate() {
+        let frame = match named.get(i) {
+            Some(Symbolized::Sym(s)) => {
+                let module = s.module.as_deref().map(|m| base_name(Path::new(m)));
+                (Frame::native(&s.name, module), false)
+            }
+            _ => match mapping_of(p, addr) {
+                Some(Mapping { path: Some(path), start, offset, .. }) => {
+                    (Frame::native("[unknown]", Some(format!("{}+{:#x}", base_name(path), addr - start + offset))), false)
+                }
+                // Not in a file: JIT code, named by the perf map if any.
+                m => {
+                    let jit = m.is_some();
+                    let named = p.perf_map.as_mut().and_then(|pm| {
+                        let file = pm.file_name();
+                        pm.name(addr, now).map(|n| (n.to_string(), file))
+                    });
+                    match named {
+                        Some((name, file)) => (Frame::native(&name, Some(file)), true),
+                        None if jit => (Frame::native("[jit]", Some(format!("{addr:#x}"))), true),
+                        None => (Frame::native("[unknown]", Some(format!("{addr:#x}"))), false),
+                    }
+                }
+            },
+        };
+        p.native.insert(addr, frame);
+    }
+    if let Some(notice) = p.perf_map.as_mut().and_then(PerfMapFile::take_notice) {
+        eprintln!("{notice}");
+    }
+    Some(())
+}
+
+/// The JS function of a sampled frame that may be one (`maybe_js`), named
+/// from V8's heap; None for a native frame or one that cannot be named.
+fn js_function(p: &mut Proc, f: &RawFrame, maybe_js: bool) -> Option<v8::JsFunction> {
+    match (&p.v8, &p.mem) {
+        // The kernel sends the words at fp-16 and fp-8; a JS frame
+        // keeps its context (a heap object) at fp-8 where typed frames
+        // (entry, exit, internal: not a JS function's own frame) keep a
+        // frame-type marker (a small integer).
+        (Some(Ok(l)), Some(mem)) if maybe_js && fp_slots_match(l) && f.fp_m8 & 1 == 1 => {
+            // The JSFunction's words as the kernel copied them at the
+            // sample (it may have moved since), else as it is now;
+            // names are cached per SharedFunctionInfo (old space).
+            let heap = v8::Heap::new(l, mem, p.node_major);
+            // A function whose map was seen to be a JSFunction map and
+            // whose SharedFunctionInfo is already named needs no read
+            // (nor a live process: samples read after it exited).
+            let shared_word = usize::try_from(l.js_function_shared / 8).ok().and_then(|i| f.obj.get(i)).copied();
+            let known = shared_word.filter(|s| p.fn_maps.contains(&f.obj[0]) && p.js.contains_key(s));
+            match known {
+                Some(sfi) => p.js.get(&sfi).cloned().flatten(),
+                None => {
+                    let from_words = heap.shared_info_from(&f.obj);
+                    if from_words.is_some() {
+                        p.fn_maps.insert(f.obj[0]);
+                    }
+                    from_words
+                        .or_else(|| heap.shared_info_of(f.fp_m16))
+                        .and_then(|sfi| p.js.entry(sfi).or_insert_with(|| heap.describe(sfi)).clone())
+                }
+            }
+        }
+        _ => None,
+    }
 }
 
 /// The perf map of a process, at the path it wrote it to: its own `/tmp`

@@ -243,52 +243,23 @@ mod tests {
         .concat();
         let rodata = b"\0https://nodejs.org/download/release/v20.20.2/node-v20.20.2-headers.tar.gz\0".to_vec();
         let data: Vec<u8> = [31i32.to_le_bytes(), 1i32.to_le_bytes()].concat();
-        let names = ["uv_version", "uv_run", "uv_fs_open", "v8dbg_SmiShiftSize", "v8dbg_HeapObjectTag"];
-        let mut strtab = vec![0u8];
-        let mut name_at = Vec::new();
-        for n in names {
-            name_at.push(strtab.len() as u32);
-            strtab.extend_from_slice(n.as_bytes());
-            strtab.push(0);
-        }
+        let names = ["", "uv_version", "uv_run", "uv_fs_open", "v8dbg_SmiShiftSize", "v8dbg_HeapObjectTag"];
+        let (strtab, name_at) = string_table(&names);
         let shnames = ["", ".text", ".rodata", ".data", ".symtab", ".strtab", ".shstrtab"];
-        let mut shstrtab = Vec::new();
-        let mut sh_name = Vec::new();
-        for n in shnames {
-            sh_name.push(shstrtab.len() as u32);
-            shstrtab.extend_from_slice(n.as_bytes());
-            shstrtab.push(0);
-        }
+        let (shstrtab, sh_name) = string_table(&shnames);
         // Layout: header, one program header, then the sections' bytes, then the section headers.
         let text_off = 64 + 56;
         let rodata_off = text_off + text.len();
         let data_off = rodata_off + rodata.len();
         let symtab_off = (data_off + data.len()).next_multiple_of(8);
-        let symtab_len = 24 * (names.len() + 1);
+        let symtab_len = 24 * names.len();
         let strtab_off = symtab_off + symtab_len;
         let shstrtab_off = strtab_off + strtab.len();
         let sh_off = (shstrtab_off + shstrtab.len()).next_multiple_of(8);
         let total = sh_off + 64 * shnames.len();
         let addr = |off: usize| BASE + off as u64;
         let mut f = Vec::with_capacity(total);
-        // ELF header: 64-bit, little-endian, ET_DYN, x86-64.
-        f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
-        f.extend_from_slice(&3u16.to_le_bytes());
-        f.extend_from_slice(&62u16.to_le_bytes());
-        f.extend_from_slice(&1u32.to_le_bytes());
-        f.extend_from_slice(&addr(text_off).to_le_bytes());
-        f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
-        f.extend_from_slice(&(sh_off as u64).to_le_bytes());
-        f.extend_from_slice(&0u32.to_le_bytes());
-        for v in [64u16, 56, 1, 64, shnames.len() as u16, (shnames.len() - 1) as u16] {
-            f.extend_from_slice(&v.to_le_bytes());
-        }
-        // PT_LOAD of the whole file, read + execute.
-        f.extend_from_slice(&1u32.to_le_bytes());
-        f.extend_from_slice(&5u32.to_le_bytes());
-        for v in [0, BASE, BASE, total as u64, total as u64, 0x1000] {
-            f.extend_from_slice(&v.to_le_bytes());
-        }
+        elf_header(&mut f, BASE, addr(text_off), sh_off, shnames.len(), total);
         f.extend_from_slice(&text);
         f.extend_from_slice(&rodata);
         f.extend_from_slice(&data);
@@ -296,11 +267,11 @@ mod tests {
         f.extend_from_slice(&[0; 24]);
         // (name, st_info: global FUNC 0x12 / OBJECT 0x11, section, value, size)
         let syms = [
-            (name_at[0], 0x12u8, 1u16, addr(text_off), 6u64),
-            (name_at[1], 0x12, 1, addr(text_off + 8), 6),
-            (name_at[2], 0x12, 1, addr(text_off + 16), 8),
-            (name_at[3], 0x11, 3, addr(data_off), 4),
-            (name_at[4], 0x11, 3, addr(data_off + 4), 4),
+            (name_at[1], 0x12u8, 1u16, addr(text_off), 6u64),
+            (name_at[2], 0x12, 1, addr(text_off + 8), 6),
+            (name_at[3], 0x12, 1, addr(text_off + 16), 8),
+            (name_at[4], 0x11, 3, addr(data_off), 4),
+            (name_at[5], 0x11, 3, addr(data_off + 4), 4),
         ];
         for (name, info, shndx, value, size) in syms {
             f.extend_from_slice(&name.to_le_bytes());
@@ -336,6 +307,42 @@ mod tests {
         }
         assert_eq!(f.len(), total);
         f
+    }
+
+    /// A string table of `names` (the first one empty: index 0 names
+    /// nothing), and where each name starts in it.
+    fn string_table(names: &[&str]) -> (Vec<u8>, Vec<u32>) {
+        let mut table = Vec::new();
+        let mut at = Vec::new();
+        for n in names {
+            at.push(table.len() as u32);
+            table.extend_from_slice(n.as_bytes());
+            table.push(0);
+        }
+        (table, at)
+    }
+
+    /// The ELF header (64-bit, little-endian, ET_DYN, x86-64) and one program
+    /// header: a PT_LOAD at `base` of the whole file (`total` bytes), read +
+    /// execute. `shnum` section headers at `sh_off`, the last one the section
+    /// names.
+    fn elf_header(f: &mut Vec<u8>, base: u64, entry: u64, sh_off: usize, shnum: usize, total: usize) {
+        f.extend_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        f.extend_from_slice(&3u16.to_le_bytes());
+        f.extend_from_slice(&62u16.to_le_bytes());
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&entry.to_le_bytes());
+        f.extend_from_slice(&64u64.to_le_bytes()); // e_phoff
+        f.extend_from_slice(&(sh_off as u64).to_le_bytes());
+        f.extend_from_slice(&0u32.to_le_bytes());
+        for v in [64u16, 56, 1, 64, shnum as u16, (shnum - 1) as u16] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
+        f.extend_from_slice(&1u32.to_le_bytes());
+        f.extend_from_slice(&5u32.to_le_bytes());
+        for v in [0, base, base, total as u64, total as u64, 0x1000] {
+            f.extend_from_slice(&v.to_le_bytes());
+        }
     }
 
     /// What uvspan reads from one file, as `inspect` does it (without its caches).

@@ -5,7 +5,7 @@ use opentelemetry::trace::SpanKind;
 use super::{fail, keys, threadpool, Builder, Family, KeyValue, Span, Value, DNS};
 use crate::events::decode::DnsRecord;
 
-pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
+pub(super) fn span(b: &Builder<'_>, mut r: DnsRecord) -> Span {
     let mut answers: Vec<String> = Vec::new();
     for a in &r.answers {
         let s = a.to_string();
@@ -17,21 +17,21 @@ pub(super) fn span(b: &Builder<'_>, r: DnsRecord) -> Span {
     let mut attrs = Vec::with_capacity(10);
     attrs.extend([
         KeyValue::new(keys::DNS_NAME, r.host),
-        KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
-        KeyValue::new(keys::SYNC, r.sync),
+        KeyValue::new(keys::THREAD_ID, i64::from(r.op.tid)),
+        KeyValue::new(keys::SYNC, r.op.sync),
     ]);
     if !answers.is_empty() {
         attrs.push(KeyValue::new(keys::DNS_ANSWERS, Value::Strings(answers)));
     }
-    if let Some(at) = r.ended_at.filter(|&at| at != "libuv_done") {
+    if let Some(at) = r.op.ended_at.filter(|&at| at != "libuv_done") {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
-    if let Some(st) = r.stack {
+    if let Some(st) = r.op.stack.take() {
         attrs.push(KeyValue::new(keys::STACKTRACE, st));
     }
-    let mut span = b.span(Family::Dns, DNS, b.parent, r.start_ns, r.end_ns, attrs);
+    let mut span = b.span(Family::Dns, DNS, b.parent, r.op.start_ns, r.op.end_ns, attrs);
     span.span_kind = SpanKind::Client;
-    threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
+    threadpool(b, &mut span, &r.op);
     if r.retcode != 0 {
         fail(&mut span, i64::from(r.retcode));
     }
@@ -44,23 +44,25 @@ mod tests {
     use opentelemetry::trace::{SpanKind, Status};
 
     use super::super::testing::{attr, build_one};
-    use crate::events::decode::{DnsRecord, Record};
+    use crate::events::decode::{DnsRecord, OpRecord, Record};
 
     fn rec() -> DnsRecord {
         DnsRecord {
-            pid: 10,
-            req: 0,
-            stack: None,
-            cause: 0,
-            tid: 11,
-            sync: false,
-            start_ns: 100,
-            work_start_ns: None,
-            work_end_ns: None,
-            end_ns: 900,
+            op: OpRecord {
+                pid: 10,
+                tid: 11,
+                req: 0,
+                stack: None,
+                cause: 0,
+                sync: false,
+                start_ns: 100,
+                work_start_ns: None,
+                work_end_ns: None,
+                end_ns: 900,
+                worker_tid: None,
+                ended_at: Some("libuv_done"),
+            },
             retcode: 0,
-            worker_tid: None,
-            ended_at: Some("libuv_done"),
             host: "localhost".into(),
             answers: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap(), "127.0.0.1".parse().unwrap()],
         }
@@ -79,7 +81,8 @@ mod tests {
 
     #[test]
     fn failure_is_an_eai_error_and_the_fallback_end_is_said() {
-        let r = DnsRecord { retcode: -3008, answers: vec![], ended_at: Some("uv_freeaddrinfo"), ..rec() };
+        let mut r = DnsRecord { retcode: -3008, answers: vec![], ..rec() };
+        r.op.ended_at = Some("uv_freeaddrinfo");
         let s = &build_one(&Record::Dns(r))[0];
         assert_eq!(attr(s, "error.type"), Some(&Value::from("EAI_NONAME")));
         assert!(matches!(&s.status, Status::Error { .. }));

@@ -4,19 +4,19 @@ use super::{fail, keys, threadpool, Builder, Family, KeyValue, Span};
 use crate::events::decode::FsRecord;
 use crate::probes::catalog::{self, FsResult};
 
-pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
-    let op = catalog::fs_op(r.op);
-    let name = op.map_or("fs.unknown", |o| o.span);
-    let family = Family::Fs(op.map_or("unknown", |o| o.op()));
+pub(super) fn span(b: &Builder<'_>, mut r: FsRecord) -> Span {
+    let row = catalog::fs_op(r.op_id);
+    let name = row.map_or("fs.unknown", |o| o.span);
+    let family = Family::Fs(row.map_or("unknown", |o| o.op()));
     // Sized for what this span gets: one allocation, no spare.
     let n = 3
         + usize::from(r.path.is_some())
         + usize::from(r.path2.is_some())
         + usize::from(r.fd.is_some())
-        + usize::from(r.stack.is_some())
-        + usize::from(r.ended_at.is_some())
-        + if r.work_start_ns.is_some() { 3 } else { 0 }
-        + usize::from(r.worker_tid.is_some());
+        + usize::from(r.op.stack.is_some())
+        + usize::from(r.op.ended_at.is_some())
+        + if r.op.work_start_ns.is_some() { 3 } else { 0 }
+        + usize::from(r.op.worker_tid.is_some());
     let mut attrs = Vec::with_capacity(n);
     if let Some(p) = r.path {
         attrs.push(KeyValue::new(keys::FILE_PATH, p));
@@ -27,14 +27,14 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     if let Some(fd) = r.fd {
         attrs.push(KeyValue::new(keys::FD, i64::from(fd)));
     }
-    attrs.push(KeyValue::new(keys::THREAD_ID, i64::from(r.tid)));
-    attrs.push(KeyValue::new(keys::SYNC, r.sync));
-    if let Some(st) = r.stack {
+    attrs.push(KeyValue::new(keys::THREAD_ID, i64::from(r.op.tid)));
+    attrs.push(KeyValue::new(keys::SYNC, r.op.sync));
+    if let Some(st) = r.op.stack.take() {
         attrs.push(KeyValue::new(keys::STACKTRACE, st));
     }
     if r.result >= 0 {
         // What the result means is said on the operation's catalog row.
-        let key = match op.map_or(FsResult::Nothing, |o| o.result) {
+        let key = match row.map_or(FsResult::Nothing, |o| o.result) {
             FsResult::Nothing => None,
             FsResult::Bytes => Some(keys::BYTES),
             FsResult::Fd => Some(keys::FD),
@@ -47,12 +47,12 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
     // Said only when the end is not the usual one: sync calls end at their
     // return (or uv_fs_req_cleanup right after it, on kernels without
     // session uprobes), async ones at libuv's completion.
-    let usual = |at| if r.sync { at == "return" || at == "uv_fs_req_cleanup" } else { at == "libuv_done" };
-    if let Some(at) = r.ended_at.filter(|&at| !usual(at)) {
+    let usual = |at| if r.op.sync { at == "return" || at == "uv_fs_req_cleanup" } else { at == "libuv_done" };
+    if let Some(at) = r.op.ended_at.filter(|&at| !usual(at)) {
         attrs.push(KeyValue::new(keys::ENDED_AT, at));
     }
-    let mut span = b.span(family, name, b.parent, r.start_ns, r.end_ns, attrs);
-    threadpool(b, &mut span, (r.start_ns, r.end_ns), r.work_start_ns, r.work_end_ns, r.worker_tid);
+    let mut span = b.span(family, name, b.parent, r.op.start_ns, r.op.end_ns, attrs);
+    threadpool(b, &mut span, &r.op);
     if r.result < 0 {
         fail(&mut span, r.result);
     }
@@ -63,42 +63,45 @@ pub(super) fn span(b: &Builder<'_>, r: FsRecord) -> Span {
 mod tests {
     use super::super::testing::{attr, build_one};
     use super::super::Value;
-    use crate::events::decode::{FsRecord, Record};
+    use crate::events::decode::{FsRecord, OpRecord, Record};
     use crate::probes::catalog::FS_OPS;
     use opentelemetry::trace::Status;
 
     fn rec(symbol: &str) -> FsRecord {
         FsRecord {
-            pid: 10,
-            req: 0,
-            stack: None,
-            cause: 0,
-            tid: 11,
-            op: FS_OPS.iter().position(|o| o.symbol == symbol).unwrap() as u8,
-            sync: false,
-            start_ns: 1_000,
-            work_start_ns: None,
-            work_end_ns: None,
-            end_ns: 5_000,
+            op: OpRecord {
+                pid: 10,
+                tid: 11,
+                req: 0,
+                stack: None,
+                cause: 0,
+                sync: false,
+                start_ns: 1_000,
+                work_start_ns: None,
+                work_end_ns: None,
+                end_ns: 5_000,
+                worker_tid: None,
+                ended_at: Some("libuv_done"),
+            },
+            op_id: FS_OPS.iter().position(|o| o.symbol == symbol).unwrap() as u8,
             result: 0,
             fd: None,
-            worker_tid: None,
-            ended_at: Some("libuv_done"),
             path: None,
             path2: None,
         }
     }
 
+    /// `rec(symbol)`, sync or not, ended at `at`.
+    fn ended(symbol: &str, sync: bool, at: &'static str) -> FsRecord {
+        let mut r = rec(symbol);
+        (r.op.sync, r.op.ended_at) = (sync, Some(at));
+        r
+    }
+
     #[test]
     fn async_read_with_threadpool_split() {
-        let r = FsRecord {
-            result: 4096,
-            fd: Some(7),
-            work_start_ns: Some(2_000),
-            work_end_ns: Some(3_000),
-            worker_tid: Some(12),
-            ..rec("uv_fs_read")
-        };
+        let mut r = FsRecord { result: 4096, fd: Some(7), ..rec("uv_fs_read") };
+        (r.op.work_start_ns, r.op.work_end_ns, r.op.worker_tid) = (Some(2_000), Some(3_000), Some(12));
         let spans = build_one(&Record::Fs(r));
         assert_eq!(spans.len(), 1);
         let s = &spans[0];
@@ -132,22 +135,20 @@ mod tests {
     #[test]
     fn a_sync_call_ending_at_its_return_or_cleanup_is_the_usual_end() {
         for at in ["return", "uv_fs_req_cleanup"] {
-            let s = &build_one(&Record::Fs(FsRecord { sync: true, ended_at: Some(at), ..rec("uv_fs_stat") }))[0];
+            let s = &build_one(&Record::Fs(ended("uv_fs_stat", true, at)))[0];
             assert_eq!(attr(s, "uvspan.ended_at"), None, "{at}");
         }
-        let s = &build_one(&Record::Fs(FsRecord { sync: false, ended_at: Some("uv_fs_req_cleanup"), ..rec("uv_fs_stat") }))[0];
+        let s = &build_one(&Record::Fs(ended("uv_fs_stat", false, "uv_fs_req_cleanup")))[0];
         assert_eq!(attr(s, "uvspan.ended_at"), Some(&Value::from("uv_fs_req_cleanup")), "an async request's late end is said");
     }
 
     #[test]
     fn sync_failure_with_two_paths() {
         let r = FsRecord {
-            sync: true,
             result: -2,
             path: Some("/from".into()),
             path2: Some("/to".into()),
-            ended_at: Some("next_libuv_call"),
-            ..rec("uv_fs_rename")
+            ..ended("uv_fs_rename", true, "next_libuv_call")
         };
         let s = &build_one(&Record::Fs(r))[0];
         assert_eq!(s.name, "fs.rename");

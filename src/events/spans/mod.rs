@@ -17,7 +17,7 @@ use opentelemetry::InstrumentationScope;
 use opentelemetry_sdk::trace::IdGenerator;
 
 use crate::events::clock::Clock;
-use crate::events::decode::Record;
+use crate::events::decode::{OpRecord, Record};
 use crate::events::errno;
 
 /// Attribute keys not covered by OpenTelemetry semantic conventions.
@@ -180,25 +180,20 @@ pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Pare
     true
 }
 
-/// Queue wait / run / callback wait of a threadpool job, as attributes and events.
-pub(crate) fn threadpool(
-    b: &Builder<'_>,
-    span: &mut Span,
-    (start, end): (u64, u64),
-    work_start: Option<u64>,
-    work_end: Option<u64>,
-    worker: Option<u32>,
-) {
-    if let Some(ws) = work_start {
+/// Queue wait / run / callback wait of an fs or DNS request's threadpool
+/// job, as attributes and events.
+pub(crate) fn threadpool(b: &Builder<'_>, span: &mut Span, op: &OpRecord) {
+    let (start, end) = (op.start_ns, op.end_ns);
+    if let Some(ws) = op.work_start_ns {
         span.attributes.push(KeyValue::new(keys::QUEUE_WAIT, ms(ws.saturating_sub(start))));
         span.events.push(Event { name: "threadpool.start", time_ns: b.wall(ws), attributes: Vec::new() });
-        if let Some(we) = work_end.filter(|&we| we >= ws) {
+        if let Some(we) = op.work_end_ns.filter(|&we| we >= ws) {
             span.attributes.push(KeyValue::new(keys::RUN, ms(we - ws)));
             span.attributes.push(KeyValue::new(keys::CALLBACK_WAIT, ms(end.saturating_sub(we))));
             span.events.push(Event { name: "threadpool.end", time_ns: b.wall(we), attributes: Vec::new() });
         }
     }
-    if let Some(w) = worker {
+    if let Some(w) = op.worker_tid {
         span.attributes.push(KeyValue::new(keys::WORKER, i64::from(w)));
     }
 }

@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * DNS lookups (uv_getaddrinfo): one record per finished lookup, with the
+ * addresses it returned. The request waits in inflight_dns as the record
+ * it becomes.
+ */
+#ifndef UVSPAN_DNS_H
+#define UVSPAN_DNS_H
+
+#include "ops.h"
+#include "stacks.h"
+
+/* uv_getaddrinfo(loop, req, cb, node, service, hints) */
+static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 id = current_ids();
+	__u32 pid = id >> 32;
+	struct scratch *s = get_scratch();
+	if (!s)
+		return 0;
+	if (stacks_all_ops)
+		op_stack(ctx, PT_REGS_PARM2(ctx));
+	struct dns_event *e = &s->dns;
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HOST_MAX);
+	e->op.hdr.kind = EV_DNS;
+	e->op.hdr.pid = pid;
+	e->op.hdr.tid = (__u32)id;
+	e->op.req = PT_REGS_PARM2(ctx);
+	e->op.cause = current_cause();
+	e->op.start_ns = bpf_ktime_get_ns();
+	e->op.sync = PT_REGS_PARM3(ctx) == 0;
+	e->host[0] = 0;
+	bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
+	struct req_key key = { .pid = pid, .req = e->op.req };
+	if (bpf_map_update_elem(&inflight_dns, &key, e, BPF_NOEXIST)) {
+		stat_inc(STAT_INFLIGHT_REPLACED);
+		bpf_map_update_elem(&inflight_dns, &key, e, BPF_ANY);
+	}
+	return 0;
+}
+
+/* uv__getaddrinfo_work(struct uv__work *w) */
+static __always_inline int dns_work(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 id = current_ids();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF }, .kind = EV_DNS };
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
+	if (!e || e->op.sync)
+		return 0;
+	e->op.work_start_ns = bpf_ktime_get_ns();
+	e->op.worker_tid = tid;
+	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
+	return 0;
+}
+
+/* struct addrinfo (glibc, x86_64) */
+#define AI_FAMILY_OFF 4
+#define AI_ADDR_OFF 24
+#define AI_NEXT_OFF 40
+
+/* uv__getaddrinfo_done(struct uv__work *w, int status) */
+/* Ends a DNS request: result code, the addresses it returned, one record. */
+static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_kind)
+{
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, key);
+	if (!e) {
+		if (sampling && end_kind == END_DONE)
+			stat_inc(STAT_STRADDLED); /* started before this window */
+		return 0;
+	}
+	__u64 req = key->req;
+	e->op.end_ns = bpf_ktime_get_ns();
+	e->op.end_kind = end_kind;
+	/* addrinfo and retcode in one read */
+	__u64 r[(GAI_RETCODE_OFF - GAI_ADDRINFO_OFF) / 8 + 1] = {};
+	bpf_probe_read_user(r, sizeof(r), (void *)(req + GAI_ADDRINFO_OFF));
+	e->retcode = (int)r[(GAI_RETCODE_OFF - GAI_ADDRINFO_OFF) / 8];
+	if (status == -125 /* UV_ECANCELED */)
+		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
+
+	__u64 ai = r[0];
+	/* The count lives in the record, not in a local: read back from map
+	 * memory it is a value the verifier does not follow, so the paths
+	 * through the loop (an answer kept or not, at each step) meet again
+	 * instead of being verified once per count (this loop was ~40% of
+	 * the uprobe program's verification, and of uvspan's start-up). */
+	e->n_answers = 0;
+	for (int i = 0; i < UVSPAN_MAX_ANSWERS; i++) {
+		if (!ai)
+			break;
+		/* struct addrinfo in one read: family, addr, next */
+		__u64 w[AI_NEXT_OFF / 8 + 1] = {};
+		bpf_probe_read_user(w, sizeof(w), (void *)ai);
+		int family = (int)(w[AI_FAMILY_OFF / 8] >> ((AI_FAMILY_OFF % 8) * 8));
+		__u64 sa = w[AI_ADDR_OFF / 8];
+		if (sa && (family == FAMILY_INET || family == FAMILY_INET6)) {
+			__u8 n = e->n_answers;
+			struct dns_answer *a = &e->answers[n & (UVSPAN_MAX_ANSWERS - 1)];
+			a->family = family;
+			if (family == FAMILY_INET)
+				bpf_probe_read_user(a->addr, 4, (void *)(sa + 4));
+			else
+				bpf_probe_read_user(a->addr, 16, (void *)(sa + 8));
+			e->n_answers = n + 1;
+		}
+		ai = w[AI_NEXT_OFF / 8];
+	}
+	/* uv__getaddrinfo_done runs the callback next, for the same request. */
+	if (end_kind == END_DONE)
+		set_cause(e->op.cause);
+	emit(e, sizeof(*e));
+	bpf_map_delete_elem(&inflight_dns, key);
+	return 0;
+}
+
+/* uv__getaddrinfo_done(struct uv__work *w, int status) */
+static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
+{
+	struct req_key key = { .pid = current_ids() >> 32, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF };
+	return dns_finish(&key, (int)PT_REGS_PARM2(ctx), END_DONE);
+}
+
+/* Fallback for builds without uv__getaddrinfo_work (stripped): libc's
+ * getaddrinfo(node, service, hints, &req->addrinfo) on the pool thread. */
+static __always_inline int dns_work_libc(struct pt_regs *ctx, __u64 cookie)
+{
+	__u64 id = current_ids();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	struct worker_job job = { .key = { .pid = pid, .req = PT_REGS_PARM4(ctx) - GAI_ADDRINFO_OFF }, .kind = EV_DNS };
+	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, &job.key);
+	if (!e || e->op.sync || e->op.work_start_ns)
+		return 0; /* not a libuv request (another getaddrinfo caller) */
+	e->op.work_start_ns = bpf_ktime_get_ns();
+	e->op.worker_tid = tid;
+	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
+	return 0;
+}
+
+struct bpf_map;
+
+struct gai_match {
+	__u64 ai;
+	__u64 best;
+	struct req_key key;
+	__u32 pid;
+	__u32 found;
+};
+
+static long match_gai(struct bpf_map *map, struct req_key *key, struct dns_event *e, struct gai_match *m)
+{
+	if (key->pid != m->pid)
+		return 0;
+	__u64 ai = 1;
+	bpf_probe_read_user(&ai, sizeof(ai), (void *)(key->req + GAI_ADDRINFO_OFF));
+	if (ai != m->ai)
+		return 0;
+	/* Results reach the loop in the order the pool finished them. */
+	__u64 when = e->op.work_end_ns ? e->op.work_end_ns : ~0ULL - 1;
+	if (!m->found || when < m->best) {
+		m->found = 1;
+		m->best = when;
+		m->key = *key;
+	}
+	return 0;
+}
+
+/* Fallback for builds without uv__getaddrinfo_done (stripped): Node frees the
+ * result with uv_freeaddrinfo(req->addrinfo) once its callback has run (also
+ * on failure, with NULL). Find the request whose result this is. */
+static __always_inline int dns_free(struct pt_regs *ctx, __u64 cookie)
+{
+	struct gai_match m = { .ai = PT_REGS_PARM1(ctx), .pid = current_ids() >> 32 };
+	bpf_for_each_map_elem(&inflight_dns, match_gai, &m, 0);
+	if (!m.found)
+		return 0;
+	struct req_key key = m.key;
+	return dns_finish(&key, 0, END_FREE);
+}
+
+#endif /* UVSPAN_DNS_H */

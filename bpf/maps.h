@@ -1,0 +1,209 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Every map of the BPF side and what its entries hold: the state the
+ * programs keep between probes (per request, per thread, per loop thread,
+ * per connection), the ring buffer, the counters and per-CPU scratch space.
+ * One place because several families share them (a threadpool job's end
+ * touches fs and DNS requests; the stack sampler reads the loop's state) and
+ * user space reads and cleans some of them by name (src/kernel/tracer.rs).
+ */
+#ifndef UVSPAN_MAPS_H
+#define UVSPAN_MAPS_H
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "uvspan.h"
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 * 1024 * 1024);
+} events SEC(".maps");
+
+/* Processes being traced (tgid -> flags: TRACED_*). Every program checks it first. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+struct req_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 req;
+};
+
+/* An async fs request between submit and completion (what the request
+ * itself no longer says by then). */
+struct fs_async {
+	__u64 start_ns;
+	__u64 cause;
+	__u64 work_start_ns; /* --detail threadpool */
+	__u64 work_end_ns;
+	__u32 tid;
+	__u32 worker_tid;
+	__u8 op_id;
+	__u8 has_path;
+	__u8 has_path2;
+	__u8 has_fd;
+	__u32 _pad;
+};
+
+/* A plain (preallocated) hash, not LRU: cheaper per operation. Entries of
+ * processes that exit are removed by user space; a full table counts the
+ * spans it cannot hold as lost. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct req_key);
+	__type(value, struct fs_async);
+} inflight_fs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct req_key);
+	__type(value, struct dns_event);
+} inflight_dns SEC(".maps");
+
+/* Threadpool thread -> the job it is running (so uv_async_send can end it). */
+struct worker_job {
+	struct req_key key;
+	__u32 kind; /* EV_FS or EV_DNS */
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct worker_job);
+} worker_jobs SEC(".maps");
+
+/* Per thread: its sync fs call in progress (req != 0). Some Node code
+ * (ReadFileUtf8: module loading, readFileSync(path, 'utf8')) reuses one
+ * request for several sync calls without uv_fs_req_cleanup between them;
+ * the thread's next libuv call (or loop poll) ends it then, since a sync
+ * call has returned by the time its thread does anything else. */
+struct sync_slot {
+	__u64 req;
+	__u64 gen; /* window_gen at its start (--sample-time) */
+	struct fs_event ev;
+};
+
+/* Per thread: the request (cause) whose callback runs now, and the stream
+ * whose I/O callback runs (request context, --requests). */
+struct thread_ctx {
+	__u64 cause;
+	__u64 stream;
+};
+
+/* Everything uvspan keeps per thread, in one task-local storage: an fs
+ * submit needs both the sync slot and the cause, and each lookup is a
+ * cache miss on a busy machine. */
+struct thread_state {
+	struct sync_slot sync; /* first: a slot pointer is the state's own (no
+				* arithmetic on a maybe-NULL pointer for the verifier) */
+	struct thread_ctx ctx;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+/* The request in progress on a server parser (keep-alive connections get a
+ * new one per request), and the cause of a stream's last write (its
+ * replies belong to it: an outgoing call's response, a database answer). */
+struct conn_key {
+	__u32 pid;
+	__u32 _pad;
+	__u64 ptr;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} parser_cause SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} stream_cause SEC(".maps");
+
+/* Per loop thread: the iteration in progress. */
+struct loop_state {
+	struct loop_event ev;
+	__u64 phase_start;
+	__u64 epoll_enter;
+	__u32 cur_phase; /* UVSPAN_PHASES = none yet */
+	__u32 epoll_only; /* no phase probes: epoll waits delimit iterations */
+	__u32 wake_frozen; /* an epoll wait in this poll phase returned events */
+	__u8 poll_timeout_zero; /* epoll-only: the current wait has timeout 0 */
+	__u8 last_poll_empty;   /* epoll-only: the last wait had timeout 0 and no events */
+	__u16 _pad;
+	__u64 last_exit_ns; /* when the last epoll wait returned */
+	__u32 samples;          /* --stacks: stack samples sent in this iteration */
+	__u32 _pad2;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct loop_state);
+} loops SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Scratch space: records are larger than the 512-byte BPF stack. */
+struct scratch {
+	union {
+		struct fs_event fs;
+		struct dns_event dns;
+		struct loop_state loop;
+		struct proc_event proc; /* listed so the skeleton generates its type */
+		struct http_event http;
+		struct stack_event stack; /* listed so the skeleton generates its type */
+		struct {
+			enum probe_kind probe;
+			enum ev_end end;
+			enum loop_phase phase;
+			enum stat_idx stat;
+			enum uvspan_sizes sizes;
+			enum cookie_layout cookie;
+			enum traced_flags traced;
+			enum answer_family family;
+			enum libuv_layout layout;
+			enum http_what http;
+		} enums; /* likewise, for the enums */
+	};
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch_buf SEC(".maps");
+
+/* Bytes this CPU sent since it last looked at the ring buffer's fill. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} sent_bytes SEC(".maps");
+
+#endif /* UVSPAN_MAPS_H */

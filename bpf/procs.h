@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Process lifecycle: forks of traced processes (followed for `-- COMMAND`:
+ * its descendants), execs (of traced processes; of any process with --all),
+ * exits.
+ */
+#ifndef UVSPAN_PROCS_H
+#define UVSPAN_PROCS_H
+
+#include "fs.h" /* end_pending_sync */
+
+static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast)
+{
+	struct proc_event ev = {};
+	ev.hdr.kind = kind;
+	ev.hdr.pid = pid;
+	ev.hdr.tid = tid;
+	ev.ppid = ppid;
+	ev.fast_iterations = fast;
+	ev.ts_ns = bpf_ktime_get_ns();
+	emit_flags(&ev, sizeof(ev), BPF_RB_FORCE_WAKEUP);
+}
+
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
+{
+	if (!follow_forks)
+		return 0;
+	__u32 ppid = task_ids(parent) >> 32;
+	__u64 child_ids = task_ids(child);
+	__u32 cpid = child_ids >> 32;
+	if (ppid == cpid || !cpid || !is_traced(ppid))
+		return 0;
+	/* the child inherits how its parent is traced, but not its parent's
+	 * libc uprobes (attached for the parent alone) */
+	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
+	__u8 f = (flags ? *flags : TRACED) & ~TRACED_WAITS_BY_UPROBE;
+	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
+	emit_proc(EV_PROC_FORK, cpid, (__u32)child_ids, ppid, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(proc_exec, struct task_struct *p)
+{
+	__u64 id = current_ids();
+	__u32 pid = id >> 32;
+	/* pid 0: a process uvspan's PID namespace does not see */
+	if (!pid || (!discover && !is_traced(pid)))
+		return 0;
+	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0);
+	return 0;
+}
+
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(proc_exit, struct task_struct *p)
+{
+	__u64 id = current_ids();
+	__u32 pid = id >> 32, tid = (__u32)id;
+	/* A sync call still waiting for the thread's next libuv call (END_NEXT)
+	 * has returned: end it now, before its storage goes with the thread. */
+	end_pending_sync();
+	/* The main thread's fast iterations after its last record, for the exit
+	 * record (uvspan run's per-process iteration count). */
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	__u32 fast = st ? (__u32)st->ev.skipped : 0;
+	/* Per-thread state goes whatever the order of exits: in exit_group the
+	 * main thread may exit (and leave the traced set) before the others. */
+	bpf_map_delete_elem(&loops, &tid);
+	bpf_map_delete_elem(&worker_jobs, &tid);
+	if (pid != tid || !is_traced(pid))
+		return 0;
+	bpf_map_delete_elem(&traced, &pid);
+	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast);
+	return 0;
+}
+
+#endif /* UVSPAN_PROCS_H */

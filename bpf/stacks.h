@@ -1,0 +1,129 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * --stacks: user stacks walked along the frame-pointer chain. The loop
+ * thread's stack while an iteration is slow (a perf-event program), and
+ * with --stacks all-ops the stack of each fs/DNS submit.
+ */
+#ifndef UVSPAN_STACKS_H
+#define UVSPAN_STACKS_H
+
+#include <linux/bpf_perf_event.h>
+#include "common.h"
+
+/* Walks the frame-pointer chain of the user stack from (pc, fp) into
+ * e->frames. */
+static __always_inline void walk_user_stack(struct stack_event *e, __u64 pc, __u64 fp)
+{
+	__u32 n = 0;
+	for (int i = 0; i < UVSPAN_STACK_FRAMES; i++) {
+		/* fp-16, fp-8, saved fp, return address */
+		__u64 w[4] = {};
+		e->frames[i].pc = pc;
+		n = i + 1;
+		/* No frame pointer, or a failed read (which leaves zeros): a
+		 * frame with nothing above it, the chain's end. */
+		if (fp)
+			bpf_probe_read_user(w, sizeof(w), (void *)(fp - 16));
+		e->frames[i].fp_m16 = w[0];
+		e->frames[i].fp_m8 = w[1];
+		/* A JS frame: a heap object (tag 01) at fp-16, a context (also a
+		 * heap object) at fp-8 where typed frames keep a small marker. */
+		if ((w[0] & 3) == 1 && (w[1] & 1) == 1)
+			bpf_probe_read_user(e->frames[i].obj, sizeof(e->frames[i].obj), (void *)(w[0] - 1));
+		else
+			__builtin_memset(e->frames[i].obj, 0, sizeof(e->frames[i].obj));
+		/* The caller's frame is higher on the stack; anything else ends the chain. */
+		if (w[2] <= fp || !w[3])
+			break;
+		pc = w[3];
+		fp = w[2];
+	}
+	e->n_frames = n;
+}
+
+/* --stacks all-ops: the stack of the thread submitting fs/DNS request
+ * `req`, sent before the request's own record. */
+static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
+{
+	struct stack_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(STAT_RINGBUF_LOST);
+		return;
+	}
+	__u64 id = current_ids();
+	e->hdr.kind = EV_STACK;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->hdr._pad = 0;
+	e->iter_start_ns = 0;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->sp = PT_REGS_SP(ctx);
+	e->req = req;
+	e->_pad = 0;
+	walk_user_stack(e, PT_REGS_IP(ctx), PT_REGS_FP(ctx));
+	bpf_ringbuf_submit(e, wake_flags_after(sizeof(*e)));
+}
+
+/* The loop thread's stack while an iteration is slow.
+ * A CPU-clock perf event per CPU (user space opens them with the first
+ * traced process) runs this at ~1 kHz on whatever runs there. A sample is
+ * kept only on a traced loop thread whose iteration in progress has already
+ * been busy for the loop threshold: otherwise one map lookup and out. The frame-pointer chain is
+ * walked here (V8's JIT code keeps frame pointers); user space names the
+ * frames (ELF symbols, V8 heap objects) while the process still runs. */
+struct pt_regs___s {
+	unsigned long ip;
+	unsigned long sp;
+	unsigned long bp;
+} __attribute__((preserve_access_index));
+
+SEC("perf_event")
+int loop_sample(struct bpf_perf_event_data *ctx)
+{
+	__u64 id = current_ids();
+	__u32 tid = (__u32)id;
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	/* The event is per CPU: whatever runs here. Loop threads of traced
+	 * processes only (a stale entry's tid may belong to another process). */
+	if (!st || !st->ev.start_ns || !is_traced(id >> 32))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 idle = st->ev.poll_wait_ns;
+	if (st->epoll_enter)
+		idle += now - st->epoll_enter;
+	__u64 total = now - st->ev.start_ns;
+	if (total < idle + loop_threshold_ns)
+		return 0;
+	if (st->samples >= UVSPAN_STACK_SAMPLES_MAX)
+		return 0;
+	/* The user registers, also when the sample hit kernel code (a syscall,
+	 * a page fault): the ones saved at kernel entry. */
+	struct pt_regs___s *regs = (struct pt_regs___s *)bpf_task_pt_regs(bpf_get_current_task_btf());
+	if (!regs)
+		return 0;
+	struct stack_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		stat_inc(STAT_RINGBUF_LOST);
+		return 0;
+	}
+	st->samples++;
+	e->hdr.kind = EV_STACK;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = tid;
+	e->hdr._pad = 0;
+	e->iter_start_ns = st->ev.start_ns;
+	e->ts_ns = now;
+	e->sp = BPF_CORE_READ(regs, sp);
+	e->req = 0;
+	e->_pad = 0;
+	walk_user_stack(e, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, bp));
+	stat_inc(STAT_STACK_SAMPLES);
+	/* The frames are named from the live process (V8's heap, its maps):
+	 * wake the reader at the first sample of a slow iteration and every 32
+	 * after, while the loop is still blocked, not at its next tick — a
+	 * process that exits right after would leave them unnamed. */
+	bpf_ringbuf_submit(e, (st->samples & 31) == 1 ? BPF_RB_FORCE_WAKEUP : wake_flags_after(sizeof(*e)));
+	return 0;
+}
+
+#endif /* UVSPAN_STACKS_H */
