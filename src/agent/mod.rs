@@ -171,6 +171,19 @@ fn export_plan(cli: &Cli, file: &FileConfig) -> Result<Plan> {
     settings::plan(&src).map_err(|e| usage(format!("{e:#}")))
 }
 
+/// Whether uvspan discovers its targets (--all, --cgroup, --container); an
+/// error when the command line names none, or a command with discovery.
+fn check_targets(cli: &Cli) -> Result<bool> {
+    let discovering = cli.discover();
+    if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
+        bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
+    }
+    if discovering && !cli.command.is_empty() {
+        bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
+    }
+    Ok(discovering)
+}
+
 /// Why spans are not exported at all, if they are not.
 fn traces_off(plan: &Plan) -> Option<&'static str> {
     if plan.traces != Output::Off {
@@ -286,15 +299,7 @@ impl Agent {
     /// Everything up to the first tick: BPF loaded, targets attached, the
     /// command started, discovery watching.
     pub fn setup(cli: Cli, file: FileConfig) -> Result<Agent> {
-        let discovering = cli.discover();
-        if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
-            bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
-        }
-        if discovering && !cli.command.is_empty() {
-            bail!(
-                "--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command"
-            );
-        }
+        let discovering = check_targets(&cli)?;
         let report = match &cli.sub {
             // config::cli_with_file made sure it has a command and no --pid/--all.
             Some(crate::cli::Sub::Run(opts)) => Some(crate::report::Collector::new(opts.clone())?),
