@@ -402,3 +402,38 @@ fn the_otlp_listen_forwarder_goes_over_tls_too() {
         assert_eq!(after - before, 1, "{p:?}: the app's span forwarded over TLS\n{}", out.context());
     }
 }
+
+// ---------------------------------------------------------------------------
+// Topologies
+// ---------------------------------------------------------------------------
+
+/// TLS export where users run uvspan: uvspan and the app in one PID+mount
+/// namespace of their own (a sidecar, a CI job container), and the app alone
+/// in its own (uvspan on the host, the app started in a new namespace).
+#[test]
+fn tls_export_from_non_host_pid_and_mount_namespaces() {
+    require_root();
+    require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
+    let pki = Pki::new("tls-ns");
+    let server = pki.server(&["127.0.0.1"], false);
+    let col = Collector::start(Listen::Tls { server: &server, clients: None });
+    let ep = format!("https://127.0.0.1:{}", col.port());
+    let ns = ["--pid", "--fork", "--mount", "--mount-proc"];
+    let uvspan = [uvspan_bin(), "--status-interval", "0", "--loop-threshold", "10m"];
+    // Both inside: unshare … uvspan … -- node; the app alone: uvspan … -- unshare … node.
+    let both: Vec<&str> = ns.iter().chain(&uvspan).chain(&["--", "node", "-e", APP]).copied().collect();
+    let app_alone: Vec<&str> = uvspan[1..].iter().chain(&["--", "unshare"]).chain(&ns).chain(&["node", "-e", APP]).copied().collect();
+    for (name, program, args) in [("both in one namespace", "unshare", both), ("the app alone", uvspan_bin(), app_alone)] {
+        let before = col.spans().len();
+        let mut c = std::process::Command::new(program);
+        scrub_env(&mut c);
+        c.args(&args).stdin(std::process::Stdio::null());
+        c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_EXPORTER_OTLP_CERTIFICATE", pki.ca_file.as_str())]);
+        let out = run(c);
+        assert_eq!(out.code(), Some(0), "{name}\n{}", out.context());
+        let got = col.spans().len() - before;
+        check_summary(&out, got);
+        let fs = col.spans()[before..].iter().filter(|s| s.name.starts_with("fs.")).count();
+        assert!(fs >= 6, "{name}: the app's fs spans over TLS ({fs})\n{}", out.context());
+    }
+}
