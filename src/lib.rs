@@ -17,6 +17,7 @@ pub mod events;
 pub mod export;
 pub mod kernel;
 pub mod listen;
+pub mod metrics;
 pub mod probes;
 pub mod report;
 pub mod requests;

@@ -437,3 +437,72 @@ fn tls_export_from_non_host_pid_and_mount_namespaces() {
         assert!(fs >= 6, "{name}: the app's fs spans over TLS ({fs})\n{}", out.context());
     }
 }
+
+// ---------------------------------------------------------------------------
+// Metrics of everything uvspan sees
+// ---------------------------------------------------------------------------
+
+/// Every data point of `name` in the metrics requests received (delta
+/// temporality: their counts add up), with its attributes and resource.
+type Attrs = BTreeMap<String, String>;
+
+fn histogram_points(col: &Collector, name: &str) -> Vec<(Attrs, u64, Attrs)> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let text = |kv: &[opentelemetry_proto::tonic::common::v1::KeyValue]| -> Attrs {
+        kv.iter().map(|a| (a.key.clone(), format!("{:?}", a.value.as_ref().and_then(|v| v.value.clone())))).collect()
+    };
+    let mut out = Vec::new();
+    for g in col.requests().iter().filter(|g| g.is_metrics()) {
+        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
+        for rm in req.resource_metrics {
+            let res = text(&rm.resource.map(|r| r.attributes).unwrap_or_default());
+            for m in rm.scope_metrics.into_iter().flat_map(|s| s.metrics).filter(|m| m.name == name) {
+                let Some(Data::Histogram(h)) = m.data else { panic!("{name} is a histogram") };
+                assert_eq!(h.aggregation_temporality, 1, "delta, as asked");
+                for p in h.data_points {
+                    assert_eq!(p.bucket_counts.iter().sum::<u64>(), p.count, "{name}: buckets add up");
+                    out.push((text(&p.attributes), p.count, res.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn metrics_count_every_request_and_operation_whatever_the_sampler() {
+    require_root();
+    let col = Collector::start(Listen::Plain);
+    let dir = TempDir::new("metrics");
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let args = ["--loop-threshold", "10m", "--status-interval", "0", "--", "node", &fixture("requests_server.js"), &dir.str(), "200", "8"];
+    let mut c = uvspan_cmd(args);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_TRACES_SAMPLER", "always_off"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+    ]);
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(col.spans().is_empty(), "always_off: no span");
+    let count = |name: &str, want: &[(&str, &str)]| -> u64 {
+        histogram_points(&col, name)
+            .iter()
+            .filter(|(a, _, _)| want.iter().all(|(k, v)| a.get(*k).is_some_and(|x| x.contains(v))))
+            .map(|(_, n, _)| n)
+            .sum()
+    };
+    let ok = [("http.request.method", "GET"), ("http.response.status_code", "200"), ("url.scheme", "http")];
+    assert_eq!(count("http.server.request.duration", &ok), N as u64, "every request, none sampled\n{}", out.context());
+    assert_eq!(count("http.server.request.duration", &[]), N as u64);
+    assert_eq!(count("dns.lookup.duration", &[]), N as u64, "one lookup per request");
+    assert_eq!(count("uvspan.fs.duration", &[("uvspan.fs.operation", "fs.access")]), N as u64, "one fs.access per request");
+    // One fs.statSync per request, and node's own while it loads the script.
+    let sync_stats = count("uvspan.fs.duration", &[("uvspan.fs.operation", "fs.stat"), ("uvspan.fs.sync", "true")]);
+    assert!((N as u64..=N as u64 + 3).contains(&sync_stats), "{sync_stats} sync fs.stat for {N} requests");
+    let points = histogram_points(&col, "http.server.request.duration");
+    assert!(points.iter().all(|(_, _, r)| r.contains_key("process.pid") && r.contains_key("service.name")), "the process's resource");
+    assert!(points.len() > 1 || N <= 1, "exported more than once (every 300 ms, as deltas)");
+}

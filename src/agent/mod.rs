@@ -103,6 +103,8 @@ pub struct Agent {
     exporter: Exporter,
     health: Arc<Health>,
     health_metrics: Option<HealthMetrics>,
+    /// The metrics of what uvspan sees, sent periodically.
+    op_metrics: Option<crate::export::metrics::Periodic>,
     procs: Procs,
     /// Request context (None with --requests off).
     requests: Option<Requests>,
@@ -169,6 +171,18 @@ fn export_plan(cli: &Cli, file: &FileConfig) -> Result<Plan> {
     let src =
         Sources { env: &env, file: file.otlp.as_ref(), flag_endpoint: cli.otlp_endpoint.as_deref(), flag_protocol: cli.otlp_protocol };
     settings::plan(&src).map_err(|e| usage(format!("{e:#}")))
+}
+
+/// The metrics of every operation and request (see [`crate::metrics`]):
+/// their aggregates, and the task that exports them.
+type OpMetrics = (Arc<std::sync::Mutex<crate::metrics::Metrics>>, crate::export::metrics::Periodic);
+
+fn start_op_metrics(plan: &Plan, rt: &tokio::runtime::Runtime) -> Result<Option<OpMetrics>> {
+    use crate::export::metrics::{interval, temporality, Periodic};
+    let shared = Arc::new(std::sync::Mutex::new(crate::metrics::Metrics::default()));
+    let t = temporality(std::env::var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE").ok().as_deref())?;
+    let _guard = rt.enter();
+    Ok(Periodic::start(&plan.metrics, shared.clone(), interval(), t)?.map(|p| (shared, p)))
 }
 
 /// Whether uvspan discovers its targets (--all, --cgroup, --container); an
@@ -332,6 +346,8 @@ impl Agent {
         let share = cli.sample_time.filter(|&s| s < 1.0);
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
         let mut procs = Procs::new(cli.service_name.clone(), sampler);
+        let op_metrics = start_op_metrics(&plan, &rt)?;
+        procs.metrics = op_metrics.as_ref().map(|(m, _)| m.clone());
         if report.is_some() {
             procs.commands = Some(HashMap::new());
         }
@@ -342,8 +358,12 @@ impl Agent {
                 if listener.is_some() {
                     r.hold_for_join();
                 }
+                if op_metrics.is_some() {
+                    r.finished = Some(Vec::new());
+                }
                 r
             }),
+            op_metrics: op_metrics.map(|(_, p)| p),
             stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
             joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window)),
             listener,
@@ -540,6 +560,12 @@ impl Agent {
             self.procs.give_back(spans);
         }
         self.exporter.tick();
+        if let (Some(r), Some(m)) = (self.requests.as_mut(), self.procs.metrics.as_ref()) {
+            if let Some(done) = r.finished.as_mut().filter(|d| !d.is_empty()) {
+                let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+                done.drain(..).for_each(|f| m.request(&f));
+            }
+        }
     }
 
     /// --otlp-listen: the app's SERVER spans that came through the listener
@@ -607,11 +633,16 @@ impl Agent {
             s.1 = self.procs.unsampled;
         }
         report::update_health(&self.health, 0, &k, &self.stats);
-        let Agent { exporter, health_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, .. } = self;
+        let Agent {
+            exporter, health_metrics, op_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, ..
+        } = self;
         if let Some(l) = listener {
             l.finish(cli.flush_timeout);
         }
         let sum = exporter.finish(cli.flush_timeout);
+        if let Some(m) = op_metrics {
+            m.finish(Duration::from_secs(2));
+        }
         if let Some(m) = health_metrics {
             // The last values, within a short deadline: the collector may be gone.
             let (tx, rx) = std::sync::mpsc::channel();

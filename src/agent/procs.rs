@@ -75,6 +75,8 @@ pub type Out = Ready;
 pub struct Procs {
     /// OTEL_TRACES_SAMPLER, decided where each trace starts.
     sampler: Sampler,
+    /// The metrics of every operation (before the sampler), when exported.
+    pub metrics: Option<std::sync::Arc<std::sync::Mutex<crate::metrics::Metrics>>>,
     /// Operations and loop iterations outside requests whose trace the
     /// sampler dropped.
     pub unsampled: u64,
@@ -124,6 +126,7 @@ impl Procs {
     pub fn new(service_name: Option<String>, sampler: Sampler) -> Procs {
         Procs {
             sampler,
+            metrics: None,
             unsampled: 0,
             procs: Default::default(),
             service_name,
@@ -180,7 +183,11 @@ impl Procs {
         }
         let flag = self.service_name.as_deref();
         let name = info.service_name(flag);
-        exporter.process(pid, info.resource(flag, &self.host), format!("{name}[{pid}]"));
+        let resource = info.resource(flag, &self.host);
+        if let Some(m) = &self.metrics {
+            m.lock().unwrap_or_else(|e| e.into_inner()).resource(pid, &resource);
+        }
+        exporter.process(pid, resource, format!("{name}[{pid}]"));
         p.registered = true;
         if let Some(c) = self.commands.as_mut() {
             c.insert(pid, info.argv.clone());
@@ -218,6 +225,9 @@ impl Procs {
             }
             Record::Exit { pid, .. } => {
                 self.mark_exited(*pid);
+                if let Some(m) = &self.metrics {
+                    m.lock().unwrap_or_else(|e| e.into_inner()).exited(*pid);
+                }
                 if let Some(r) = requests {
                     r.exited(*pid, &src, out);
                 }
@@ -231,6 +241,14 @@ impl Procs {
         let mut rec = rec;
         if let Some(v) = self.procs.get_mut(&pid).and_then(|p| p.views.as_mut()) {
             own_thread_ids(&mut rec, v);
+        }
+        if let Some(m) = &self.metrics {
+            let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+            match &rec {
+                Record::Fs(r) => m.fs(r),
+                Record::Dns(r) => m.dns(r),
+                _ => {}
+            }
         }
         // The process's list in this batch, sized for it up front (the
         // request tracker builds into it too).

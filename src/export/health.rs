@@ -4,7 +4,6 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use opentelemetry::metrics::MeterProvider as _;
@@ -57,10 +56,7 @@ impl HealthMetrics {
             Output::Otlp(s) => Push::otlp(s, temporality).context("cannot set up the OTLP metrics exporter")?,
         };
         let armed = exporter.armed();
-        let interval = std::env::var("OTEL_METRIC_EXPORT_INTERVAL")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(Duration::from_secs(60), |ms| Duration::from_millis(ms.max(100)));
+        let interval = super::metrics::interval();
         let reader = PeriodicReader::builder(exporter, opentelemetry_sdk::runtime::Tokio).with_interval(interval).build();
         let resource = Resource::builder_empty()
             .with_attributes([

@@ -15,6 +15,7 @@ use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
 use opentelemetry_sdk::metrics::Temporality;
 use prost::Message;
 
+use super::client::settings::Output;
 use super::client::{Backoff, Body, Client, Settings};
 
 /// How many times one collection is tried before it is given up (the next
@@ -51,6 +52,14 @@ impl Push {
     pub fn armed(&self) -> Arc<AtomicBool> {
         self.armed.clone()
     }
+}
+
+/// `OTEL_METRIC_EXPORT_INTERVAL` (ms, at least 100), default 60 s.
+pub fn interval() -> Duration {
+    std::env::var("OTEL_METRIC_EXPORT_INTERVAL")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(Duration::from_secs(60), |ms| Duration::from_millis(ms.max(100)))
 }
 
 /// `OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE`: cumulative (the
@@ -164,6 +173,86 @@ fn attrs(kv: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> String {
         })
         .collect();
     format!("{{{}}}", items.join(","))
+}
+
+/// The metrics of what uvspan sees ([`crate::metrics`]), collected and
+/// sent every `interval` by a task of the runtime, and once more at the end.
+pub struct Periodic {
+    shared: Arc<std::sync::Mutex<crate::metrics::Metrics>>,
+    sink: Arc<Sink>,
+    delta: bool,
+    start_ns: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+    rt: tokio::runtime::Handle,
+}
+
+impl Periodic {
+    /// Inside the runtime. `temporality`: Delta and LowMemory send deltas.
+    pub fn start(
+        out: &Output,
+        shared: Arc<std::sync::Mutex<crate::metrics::Metrics>>,
+        interval: Duration,
+        temporality: Temporality,
+    ) -> Result<Option<Periodic>> {
+        let sink = Arc::new(match out {
+            Output::Off => return Ok(None),
+            Output::Console => Sink::Console,
+            Output::Otlp(s) => Sink::Otlp(Client::new(s)?),
+        });
+        let delta = temporality != Temporality::Cumulative;
+        let start_ns = Arc::new(std::sync::atomic::AtomicU64::new(wall_ns()));
+        let (m, s, st) = (shared.clone(), sink.clone(), start_ns.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            let said = AtomicBool::new(false);
+            loop {
+                tick.tick().await;
+                send_once(&m, &s, delta, &st, &said).await;
+            }
+        });
+        Ok(Some(Periodic { shared, sink, delta, start_ns, task, rt: tokio::runtime::Handle::current() }))
+    }
+
+    /// The last collection, sent within `deadline`.
+    pub fn finish(self, deadline: Duration) {
+        self.task.abort();
+        let said = AtomicBool::new(false);
+        let send = send_once(&self.shared, &self.sink, self.delta, &self.start_ns, &said);
+        let _ = self.rt.block_on(async { tokio::time::timeout(deadline, send).await });
+    }
+}
+
+fn wall_ns() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+async fn send_once(
+    shared: &std::sync::Mutex<crate::metrics::Metrics>,
+    sink: &Sink,
+    delta: bool,
+    start_ns: &std::sync::atomic::AtomicU64,
+    said: &AtomicBool,
+) {
+    let now = wall_ns();
+    let collected = shared.lock().unwrap_or_else(|e| e.into_inner()).collect(delta);
+    let start = if delta { start_ns.swap(now, Ordering::Relaxed) } else { start_ns.load(Ordering::Relaxed) };
+    if collected.is_empty() {
+        return;
+    }
+    let req = crate::metrics::encode::request(collected, &crate::metrics::encode::Window { start_ns: start, now_ns: now, delta });
+    match sink {
+        Sink::Console => eprint!("{}", console_lines(&req)),
+        Sink::Otlp(c) => {
+            let body = Body::from(bytes::Bytes::from(req.encode_to_vec()));
+            if let Err(f) = c.send(body).await {
+                if !said.swap(true, Ordering::Relaxed) {
+                    eprintln!("uvspan: exporting metrics: {} (said once)", f.message);
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -148,6 +148,64 @@ pub struct Requests {
     join: bool,
     pub joinable: Vec<(RequestKey, Vec<Span>)>,
     pub stats: RequestStats,
+    /// Every finished request, sampled or not (for the metrics; taken by
+    /// the caller), when asked for.
+    pub finished: Option<Vec<Finished>>,
+}
+
+/// A finished request as the metrics see it (sampled or not).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Finished {
+    pub pid: u32,
+    pub method: String,
+    pub status: Option<u16>,
+    pub tls: bool,
+    pub version: &'static str,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub calls: Vec<FinishedCall>,
+}
+
+/// An outgoing call of a finished request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FinishedCall {
+    pub method: String,
+    pub status: Option<u16>,
+    pub tls: bool,
+    /// From its Host header.
+    pub server: Option<(String, u16)>,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+impl Finished {
+    fn of(req: &Request) -> Finished {
+        let calls = req
+            .calls
+            .iter()
+            .map(|c| FinishedCall {
+                method: c.head.method.to_string(),
+                status: c.status,
+                tls: c.tls,
+                server: c.head.header("host").map(|h| {
+                    let (name, port) = super::head::host_port(h, if c.tls { 443 } else { 80 });
+                    (name.to_string(), port)
+                }),
+                start_ns: c.start_ns,
+                end_ns: c.end_ns.unwrap_or(req.last_ns.max(c.start_ns)),
+            })
+            .collect();
+        Finished {
+            pid: req.pid,
+            method: req.head.method.to_string(),
+            status: req.status,
+            tls: req.tls,
+            version: req.head.version,
+            start_ns: req.start_ns,
+            end_ns: req.last_ns,
+            calls,
+        }
+    }
 }
 
 /// Spans ready to send, per process (a batch's: spans are built straight
@@ -166,6 +224,7 @@ impl Requests {
             join: false,
             joinable: Vec::new(),
             stats: RequestStats::default(),
+            finished: None,
         }
     }
 
@@ -381,6 +440,9 @@ impl Requests {
         let Some(mut req) = self.open.remove(&cause) else { return };
         if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
             self.by_conn.remove(&(req.pid, req.conn));
+        }
+        if let Some(f) = self.finished.as_mut() {
+            f.push(Finished::of(&req));
         }
         let parent = req.parent();
         let sampled = req.sampled(&src.sampler);

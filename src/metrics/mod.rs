@@ -1,0 +1,216 @@
+//! OTLP metrics of everything uvspan sees, per traced process (its resource
+//! is the spans'): HTTP server and client request durations, DNS lookups,
+//! fs operations. Every record passes here before the trace sampler, so the
+//! counts are exact whatever is sampled. Aggregated in memory as explicit
+//! bucket histograms with bounded attribute sets (pure; [`encode`] writes
+//! the OTLP message).
+
+pub mod encode;
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use opentelemetry_sdk::Resource;
+use rustc_hash::FxHashMap;
+
+use crate::events::decode::{DnsRecord, FsRecord};
+use crate::requests::Finished;
+
+/// The metrics uvspan makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Metric {
+    HttpServer,
+    HttpClient,
+    Dns,
+    Fs,
+}
+
+/// The semantic conventions' advice for HTTP and DNS durations (s).
+const REQUEST_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+/// fs operations take microseconds to seconds.
+const FS_BOUNDS: [f64; 16] =
+    [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+impl Metric {
+    pub fn name(self) -> &'static str {
+        match self {
+            Metric::HttpServer => "http.server.request.duration",
+            Metric::HttpClient => "http.client.request.duration",
+            Metric::Dns => "dns.lookup.duration",
+            Metric::Fs => "uvspan.fs.duration",
+        }
+    }
+
+    pub fn description(self) -> &'static str {
+        match self {
+            Metric::HttpServer => "Duration of HTTP server requests",
+            Metric::HttpClient => "Duration of HTTP client requests",
+            Metric::Dns => "Duration of DNS lookups (getaddrinfo)",
+            Metric::Fs => "Duration of fs operations (libuv uv_fs_*), async from submit to callback, sync as the call",
+        }
+    }
+
+    pub fn bounds(self) -> &'static [f64] {
+        match self {
+            Metric::Fs => &FS_BOUNDS,
+            _ => &REQUEST_BOUNDS,
+        }
+    }
+}
+
+/// An attribute value (ordered, so a series is a map key).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Val {
+    Str(Cow<'static, str>),
+    Int(i64),
+    Bool(bool),
+}
+
+/// One series: a metric and its attributes.
+pub type Key = (Metric, Vec<(&'static str, Val)>);
+
+/// An explicit-bucket histogram.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Hist {
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Hist {
+    fn new(bounds: &[f64]) -> Hist {
+        Hist { buckets: vec![0; bounds.len() + 1], count: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY }
+    }
+
+    fn record(&mut self, bounds: &[f64], v: f64) {
+        // A value on a bound falls in the bucket it closes (OTLP: upper bound inclusive).
+        let i = bounds.partition_point(|b| *b < v);
+        self.buckets[i] += 1;
+        self.count += 1;
+        self.sum += v;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+    }
+}
+
+#[derive(Default)]
+struct Process {
+    resource: Option<Resource>,
+    series: BTreeMap<Key, Hist>,
+    exited: bool,
+}
+
+/// Everything aggregated since the start (cumulative) or the last
+/// collection (delta).
+#[derive(Default)]
+pub struct Metrics {
+    procs: FxHashMap<u32, Process>,
+}
+
+/// The HTTP methods the conventions name; any other is `_OTHER` (the
+/// attribute stays bounded whatever a client sends).
+fn method(m: &str) -> &'static str {
+    const KNOWN: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
+    KNOWN.iter().find(|k| **k == m).copied().unwrap_or("_OTHER")
+}
+
+fn secs(start_ns: u64, end_ns: u64) -> f64 {
+    end_ns.saturating_sub(start_ns) as f64 / 1e9
+}
+
+impl Metrics {
+    fn add(&mut self, pid: u32, metric: Metric, attrs: Vec<(&'static str, Val)>, v: f64) {
+        let p = self.procs.entry(pid).or_default();
+        p.series.entry((metric, attrs)).or_insert_with(|| Hist::new(metric.bounds())).record(metric.bounds(), v);
+    }
+
+    /// The process's resource (the same as its spans').
+    pub fn resource(&mut self, pid: u32, r: &Resource) {
+        let p = self.procs.entry(pid).or_default();
+        p.resource = Some(r.clone());
+        p.exited = false;
+    }
+
+    /// The process is gone: its series go out once more, then are dropped.
+    pub fn exited(&mut self, pid: u32) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.exited = true;
+        }
+    }
+
+    pub fn fs(&mut self, r: &FsRecord) {
+        let name = crate::probes::catalog::fs_op(r.op_id).map_or("fs.unknown", |o| o.span);
+        let mut attrs = vec![("uvspan.fs.operation", Val::Str(Cow::Borrowed(name))), ("uvspan.fs.sync", Val::Bool(r.op.sync))];
+        if r.result < 0 {
+            attrs.push(("error.type", Val::Str(crate::events::errno::error_type(r.result).into())));
+        }
+        self.add(r.op.pid, Metric::Fs, attrs, secs(r.op.start_ns, r.op.end_ns));
+    }
+
+    pub fn dns(&mut self, r: &DnsRecord) {
+        let attrs = if r.retcode != 0 {
+            vec![("error.type", Val::Str(crate::events::errno::error_type(i64::from(r.retcode)).into()))]
+        } else {
+            vec![]
+        };
+        self.add(r.op.pid, Metric::Dns, attrs, secs(r.op.start_ns, r.op.end_ns));
+    }
+
+    /// A finished HTTP request (its SERVER span's attributes that are
+    /// bounded), and the calls it made.
+    pub fn request(&mut self, f: &Finished) {
+        let mut attrs = vec![
+            ("http.request.method", Val::Str(Cow::Borrowed(method(&f.method)))),
+            ("url.scheme", Val::Str(Cow::Borrowed(if f.tls { "https" } else { "http" }))),
+            ("network.protocol.version", Val::Str(Cow::Borrowed(f.version))),
+        ];
+        if let Some(code) = f.status {
+            attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
+            if code >= 500 {
+                attrs.push(("error.type", Val::Str(code.to_string().into())));
+            }
+        }
+        attrs.sort();
+        self.add(f.pid, Metric::HttpServer, attrs, secs(f.start_ns, f.end_ns));
+        for c in &f.calls {
+            let mut attrs = vec![
+                ("http.request.method", Val::Str(Cow::Borrowed(method(&c.method)))),
+                ("url.scheme", Val::Str(Cow::Borrowed(if c.tls { "https" } else { "http" }))),
+            ];
+            if let Some((host, port)) = &c.server {
+                attrs.push(("server.address", Val::Str(host.clone().into())));
+                attrs.push(("server.port", Val::Int(i64::from(*port))));
+            }
+            if let Some(code) = c.status {
+                attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
+                if code >= 400 {
+                    attrs.push(("error.type", Val::Str(code.to_string().into())));
+                }
+            }
+            attrs.sort();
+            self.add(f.pid, Metric::HttpClient, attrs, secs(c.start_ns, c.end_ns));
+        }
+    }
+
+    /// What there is to export: per process with a resource, its series.
+    /// `delta`: the series are reset after (and exited processes dropped
+    /// either way).
+    pub fn collect(&mut self, delta: bool) -> Vec<(Resource, Vec<(Key, Hist)>)> {
+        let mut out = Vec::new();
+        for p in self.procs.values_mut() {
+            let Some(r) = &p.resource else { continue };
+            if p.series.is_empty() {
+                continue;
+            }
+            let series = if delta { std::mem::take(&mut p.series).into_iter().collect() } else { p.series.clone().into_iter().collect() };
+            out.push((r.clone(), series));
+        }
+        self.procs.retain(|_, p| !(p.exited && p.resource.is_some()));
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+use super::*;
+use crate::events::decode::OpRecord;
+use crate::requests::FinishedCall;
+use opentelemetry::KeyValue;
+
+fn op(pid: u32, start: u64, end: u64, sync: bool) -> OpRecord {
+    OpRecord {
+        pid,
+        tid: pid,
+        req: 1,
+        stack: None,
+        cause: 0,
+        sync,
+        start_ns: start,
+        work_start_ns: None,
+        work_end_ns: None,
+        end_ns: end,
+        worker_tid: None,
+        ended_at: None,
+    }
+}
+
+fn fs(pid: u32, dur_ns: u64, result: i64, sync: bool) -> FsRecord {
+    let stat = (0..=255u8).find(|i| crate::probes::catalog::fs_op(*i).is_some_and(|o| o.span == "fs.stat")).expect("fs.stat");
+    FsRecord { op: op(pid, 1_000, 1_000 + dur_ns, sync), op_id: stat, result, fd: None, path: None, path2: None }
+}
+
+fn resource(pid: u32) -> Resource {
+    Resource::builder_empty().with_attributes([KeyValue::new("process.pid", i64::from(pid))]).build()
+}
+
+#[test]
+fn buckets_take_a_value_on_their_upper_bound_and_count_everything() {
+    let mut h = Hist::new(&REQUEST_BOUNDS);
+    for v in [0.001, 0.005, 0.0051, 10.0, 99.0] {
+        h.record(&REQUEST_BOUNDS, v);
+    }
+    assert_eq!(h.buckets[0], 2, "0.001 and 0.005 (inclusive upper bound)");
+    assert_eq!(h.buckets[1], 1);
+    assert_eq!(h.buckets[13], 1, "10.0 closes the last bounded bucket");
+    assert_eq!(h.buckets[14], 1, "above every bound");
+    assert_eq!((h.count, h.min, h.max), (5, 0.001, 99.0));
+    assert_eq!(h.buckets.iter().sum::<u64>(), h.count);
+}
+
+#[test]
+fn series_per_process_with_bounded_attributes() {
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    m.fs(&fs(7, 20_000, 0, false));
+    m.fs(&fs(7, 30_000, 0, false));
+    m.fs(&fs(7, 10_000, -2, true));
+    let f = Finished {
+        pid: 7,
+        method: "BREW".into(),
+        status: Some(503),
+        tls: true,
+        version: "1.1",
+        start_ns: 0,
+        end_ns: 2_000_000,
+        calls: vec![FinishedCall {
+            method: "GET".into(),
+            status: Some(200),
+            tls: false,
+            server: Some(("api".into(), 8080)),
+            start_ns: 10,
+            end_ns: 1_000_010,
+        }],
+    };
+    m.request(&f);
+    m.request(&Finished { status: Some(200), method: "GET".into(), ..f.clone() });
+    // A process without its resource yet is not exported.
+    m.fs(&fs(8, 1, 0, false));
+    let got = m.collect(false);
+    assert_eq!(got.len(), 1, "only the process with a resource");
+    let series = &got[0].1;
+    let fs_ok = series.iter().find(|((m, a), _)| *m == Metric::Fs && !a.iter().any(|(k, _)| *k == "error.type")).expect("fs ok");
+    assert_eq!(fs_ok.1.count, 2);
+    assert!((fs_ok.1.sum - 0.00005).abs() < 1e-12);
+    let fs_err =
+        series.iter().find(|((m, a), _)| *m == Metric::Fs && a.contains(&("error.type", Val::Str("ENOENT".into())))).expect("ENOENT");
+    assert!(fs_err.0 .1.contains(&("uvspan.fs.sync", Val::Bool(true))));
+    let servers: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).collect();
+    assert_eq!(servers.len(), 2, "503 and 200 are two series");
+    assert!(servers.iter().any(|((_, a), _)| a.contains(&("http.request.method", Val::Str("_OTHER".into())))
+        && a.contains(&("error.type", Val::Str("503".into())))));
+    let clients = series.iter().filter(|((m, _), _)| *m == Metric::HttpClient).map(|(_, h)| h.count).sum::<u64>();
+    assert_eq!(clients, 2);
+    // Cumulative: the same again; delta: reset.
+    assert_eq!(m.collect(false)[0].1, *series);
+    assert_eq!(m.collect(true)[0].1, *series);
+    assert!(m.collect(true).is_empty());
+    // An exited process goes out once more, then is gone.
+    m.fs(&fs(7, 5, 0, false));
+    m.exited(7);
+    assert_eq!(m.collect(false).len(), 1);
+    assert!(m.collect(false).is_empty());
+}
+
+#[test]
+fn encoded_as_otlp_histograms_under_each_process_resource() {
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    m.dns(&DnsRecord { op: op(7, 0, 3_000_000, false), retcode: 0, host: "h".into(), answers: vec![] });
+    m.dns(&DnsRecord { op: op(7, 0, 1_000_000, false), retcode: -3008, host: "h".into(), answers: vec![] });
+    let w = encode::Window { start_ns: 5, now_ns: 9, delta: false };
+    let req = encode::request(m.collect(false), &w);
+    assert_eq!(req.resource_metrics.len(), 1);
+    let rm = &req.resource_metrics[0];
+    assert_eq!(rm.resource.as_ref().unwrap().attributes[0].key, "process.pid");
+    let metrics = &rm.scope_metrics[0].metrics;
+    assert_eq!(metrics.len(), 1, "one metric, two data points");
+    assert_eq!((metrics[0].name.as_str(), metrics[0].unit.as_str()), ("dns.lookup.duration", "s"));
+    let Some(opentelemetry_proto::tonic::metrics::v1::metric::Data::Histogram(h)) = &metrics[0].data else { panic!("a histogram") };
+    assert_eq!(h.aggregation_temporality, 2, "cumulative");
+    assert_eq!(h.data_points.len(), 2);
+    for p in &h.data_points {
+        assert_eq!((p.start_time_unix_nano, p.time_unix_nano, p.count), (5, 9, 1));
+        assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
+    }
+    assert!(h.data_points.iter().any(|p| p.attributes.iter().any(|a| a.key == "error.type")));
+}
