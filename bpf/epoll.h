@@ -46,6 +46,7 @@ static __always_inline void wait_done(struct loop_state *st, __u64 now, long ret
 	/* The I/O callbacks that follow set their own cause (or none). */
 	set_cause(0);
 	st->ev.poll_wait_ns += now - st->epoll_enter;
+	st->time.idle_ns += now - st->epoll_enter;
 	st->last_poll_empty = st->poll_timeout_zero && (!known || ret == 0);
 	st->last_exit_ns = now;
 	if (!st->wake_frozen) {

@@ -40,6 +40,7 @@ static __always_inline struct loop_state *loop_state_of(__u32 pid, __u32 tid)
 		return NULL;
 	__builtin_memset(&s->loop, 0, sizeof(s->loop));
 	s->loop.cur_phase = UVSPAN_PHASES;
+	s->loop.time.since_ns = bpf_ktime_get_ns();
 	s->loop.ev.hdr.kind = EV_LOOP;
 	s->loop.ev.hdr.pid = pid;
 	s->loop.ev.hdr.tid = tid;

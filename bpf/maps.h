@@ -151,6 +151,7 @@ struct loop_state {
 	__u64 last_exit_ns; /* when the last epoll wait returned */
 	__u32 samples;          /* --stacks: stack samples sent in this iteration */
 	__u32 _pad2;
+	struct loop_time time;
 };
 
 struct {

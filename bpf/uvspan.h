@@ -205,6 +205,14 @@ struct phase_span {
 	unsigned long long end_ns;
 };
 
+/* A loop thread's time since uvspan first saw it: all of it, and the part
+ * blocked in epoll waits (idle), as Node's event-loop utilization counts
+ * it. Kept in its `loops` entry; user space reads it from there. */
+struct loop_time {
+	__u64 since_ns;
+	__u64 idle_ns;
+};
+
 struct loop_event {
 	struct ev_header hdr;
 	unsigned long long start_ns;      /* uv__io_poll entry */

@@ -453,6 +453,7 @@ impl Agent {
             }
         }
         if self.timers.health.due() {
+            self.read_loop_times();
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
             if let Some(s) = self.stats.sampler.as_mut() {
                 s.1 = self.procs.unsampled;
@@ -568,6 +569,18 @@ impl Agent {
         }
     }
 
+    /// With metrics: each live process's loop time, as the kernel counts it
+    /// (`nodejs.eventloop.*`), read now.
+    fn read_loop_times(&mut self) {
+        let Some(m) = &self.procs.metrics else { return };
+        let now_ns = crate::events::clock::monotonic_ns();
+        let times: Vec<_> = self.procs.live_pids().into_iter().filter_map(|pid| Some((pid, self.tracer.loop_time(pid, now_ns)?))).collect();
+        let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+        for (pid, (since_ns, idle_ns)) in times {
+            m.loop_time(pid, crate::metrics::LoopTime { since_ns, idle_ns, now_ns });
+        }
+    }
+
     /// --otlp-listen: the app's SERVER spans that came through the listener
     /// meet uvspan's spans of their requests; what is joined, or waited for
     /// long enough, goes to `out` (everything held with `all`).
@@ -625,6 +638,7 @@ impl Agent {
     pub fn shutdown(mut self) -> Result<i32> {
         let _ = self.rb.consume();
         self.handle_records(true);
+        self.read_loop_times();
         let k = self.tracer.stats();
         self.stats.undecodable = self.inbox.undecodable.get();
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);

@@ -151,6 +151,11 @@ impl Procs {
         self.procs.values().filter(|p| !p.exited).count()
     }
 
+    /// The processes traced that have not exited.
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.procs.iter().filter(|(_, p)| !p.exited).map(|(pid, _)| *pid).collect()
+    }
+
     /// Every process traced in the run.
     pub fn seen(&self) -> u64 {
         self.forgotten + self.procs.len() as u64

@@ -355,6 +355,21 @@ impl Tracer {
         self.skel.maps.loops.lookup(&tid.to_ne_bytes(), MapFlags::ANY).ok().flatten().is_some()
     }
 
+    /// A loop thread's time as the kernel counts it: (since when, kernel
+    /// ns; how long blocked in epoll waits since then, a wait in progress
+    /// counted up to `now_ns`). None: no loop seen.
+    pub fn loop_time(&self, tid: u32, now_ns: u64) -> Option<(u64, u64)> {
+        let bytes = self.skel.maps.loops.lookup(&tid.to_ne_bytes(), MapFlags::ANY).ok().flatten()?;
+        use crate::kernel::skel::types::{loop_state, loop_time};
+        let at = std::mem::offset_of!(loop_state, time);
+        let mut t = loop_time::default();
+        plain::copy_from_bytes(&mut t, bytes.get(at..at + std::mem::size_of::<loop_time>())?).ok()?;
+        let at = std::mem::offset_of!(loop_state, epoll_enter);
+        let waiting_since = u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
+        let waiting = if waiting_since > 0 { now_ns.saturating_sub(waiting_since) } else { 0 };
+        Some((t.since_ns, t.idle_ns + waiting))
+    }
+
     /// Processes currently in the kernel-side traced set.
     pub fn traced_count(&self) -> usize {
         self.skel.maps.traced.keys().count()

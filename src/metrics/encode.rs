@@ -4,12 +4,13 @@
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, InstrumentationScope, KeyValue};
 use opentelemetry_proto::tonic::metrics::v1::{
-    metric, AggregationTemporality, Histogram, HistogramDataPoint, Metric as PbMetric, ResourceMetrics, ScopeMetrics,
+    metric, number_data_point, AggregationTemporality, Gauge, Histogram, HistogramDataPoint, Metric as PbMetric, NumberDataPoint,
+    ResourceMetrics, ScopeMetrics, Sum,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource as PbResource;
 use opentelemetry_sdk::Resource;
 
-use super::{Hist, Key, Metric, Val};
+use super::{Collected, EventLoop, Hist, Key, Metric, Val};
 
 /// When the aggregation started and now (wall-clock ns), and whether the
 /// series are deltas since `start_ns`.
@@ -19,18 +20,22 @@ pub struct Window {
     pub delta: bool,
 }
 
-pub fn request(collected: Vec<(Resource, Vec<(Key, Hist)>)>, w: &Window) -> ExportMetricsServiceRequest {
+pub fn request(collected: Vec<Collected>, w: &Window) -> ExportMetricsServiceRequest {
     let resource_metrics = collected
         .into_iter()
-        .map(|(r, series)| ResourceMetrics {
-            resource: Some(resource(&r)),
+        .map(|c| ResourceMetrics {
+            resource: Some(resource(&c.resource)),
             scope_metrics: vec![ScopeMetrics {
                 scope: Some(InstrumentationScope {
                     name: crate::events::spans::SCOPE_NAME.into(),
                     version: crate::events::spans::SCOPE_VERSION.into(),
                     ..Default::default()
                 }),
-                metrics: metrics(series, w),
+                metrics: {
+                    let mut m = metrics(c.series, w);
+                    m.extend(c.eventloop.map(|e| eventloop(&e, w)).into_iter().flatten());
+                    m
+                },
                 schema_url: String::new(),
             }],
             schema_url: String::new(),
@@ -61,6 +66,38 @@ fn metrics(series: Vec<(Key, Hist)>, w: &Window) -> Vec<PbMetric> {
         }
     }
     out
+}
+
+/// `nodejs.eventloop.time` by state, and `nodejs.eventloop.utilization`.
+fn eventloop(e: &EventLoop, w: &Window) -> [PbMetric; 2] {
+    let temporality = if w.delta { AggregationTemporality::Delta } else { AggregationTemporality::Cumulative };
+    let point = |v: f64, state: Option<&'static str>, start: u64| NumberDataPoint {
+        attributes: state.map(|s| kv("nodejs.eventloop.state", Val::Str(s.into()))).into_iter().collect(),
+        start_time_unix_nano: start,
+        time_unix_nano: w.now_ns,
+        value: Some(number_data_point::Value::AsDouble(v)),
+        ..Default::default()
+    };
+    [
+        PbMetric {
+            name: "nodejs.eventloop.time".into(),
+            description: "Time the event loop spent in each state (idle: blocked waiting for I/O)".into(),
+            unit: "s".into(),
+            data: Some(metric::Data::Sum(Sum {
+                data_points: vec![point(e.active_s, Some("active"), w.start_ns), point(e.idle_s, Some("idle"), w.start_ns)],
+                aggregation_temporality: temporality as i32,
+                is_monotonic: true,
+            })),
+            ..Default::default()
+        },
+        PbMetric {
+            name: "nodejs.eventloop.utilization".into(),
+            description: "Share of the time the event loop was active, since the last export".into(),
+            unit: "1".into(),
+            data: Some(metric::Data::Gauge(Gauge { data_points: vec![point(e.utilization, None, 0)] })),
+            ..Default::default()
+        },
+    ]
 }
 
 fn new_metric(m: Metric, point: HistogramDataPoint, t: AggregationTemporality) -> PbMetric {

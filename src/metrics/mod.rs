@@ -1,6 +1,6 @@
 //! OTLP metrics of everything uvspan sees, per traced process (its resource
 //! is the spans'): HTTP server and client request durations, DNS lookups,
-//! fs operations. Every record passes here before the trace sampler, so the
+//! fs operations, the event loop's active and idle time. Every record passes here before the trace sampler, so the
 //! counts are exact whatever is sampled. Aggregated in memory as explicit
 //! bucket histograms with bounded attribute sets (pure; [`encode`] writes
 //! the OTLP message).
@@ -100,6 +100,54 @@ struct Process {
     resource: Option<Resource>,
     series: BTreeMap<Key, Hist>,
     exited: bool,
+    /// The loop thread's time, latest, and as of the last collection.
+    loop_now: Option<LoopTime>,
+    loop_reported: Option<LoopTime>,
+}
+
+/// A loop thread's time as the kernel counts it (kernel ns): since when,
+/// how long of it blocked in epoll waits, as of `now_ns`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoopTime {
+    pub since_ns: u64,
+    pub idle_ns: u64,
+    pub now_ns: u64,
+}
+
+/// `nodejs.eventloop.time` (active, idle; s) and
+/// `nodejs.eventloop.utilization` (of the time since the last collection).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EventLoop {
+    pub active_s: f64,
+    pub idle_s: f64,
+    pub utilization: f64,
+}
+
+/// One process's metrics, collected.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Collected {
+    pub resource: Resource,
+    pub series: Vec<(Key, Hist)>,
+    pub eventloop: Option<EventLoop>,
+}
+
+impl EventLoop {
+    /// From the loop's time at the last collection (`from`; None: none yet)
+    /// to `to`: the time in each state (since the start when cumulative),
+    /// and the utilization over the interval.
+    fn between(from: Option<LoopTime>, to: LoopTime, delta: bool) -> Option<EventLoop> {
+        let base =
+            from.filter(|f| f.since_ns == to.since_ns).unwrap_or(LoopTime { since_ns: to.since_ns, idle_ns: 0, now_ns: to.since_ns });
+        let elapsed = to.now_ns.checked_sub(base.now_ns)?;
+        let idle = to.idle_ns.saturating_sub(base.idle_ns).min(elapsed);
+        if elapsed == 0 {
+            return None;
+        }
+        let utilization = (elapsed - idle) as f64 / elapsed as f64;
+        let (all, all_idle) = if delta { (elapsed, idle) } else { (to.now_ns.saturating_sub(to.since_ns), to.idle_ns) };
+        let all_idle = all_idle.min(all);
+        Some(EventLoop { active_s: (all - all_idle) as f64 / 1e9, idle_s: all_idle as f64 / 1e9, utilization })
+    }
 }
 
 /// Everything aggregated since the start (cumulative) or the last
@@ -131,6 +179,11 @@ impl Metrics {
         let p = self.procs.entry(pid).or_default();
         p.resource = Some(r.clone());
         p.exited = false;
+    }
+
+    /// The process's loop thread as the kernel counted it.
+    pub fn loop_time(&mut self, pid: u32, t: LoopTime) {
+        self.procs.entry(pid).or_default().loop_now = Some(t);
     }
 
     /// The process is gone: its series go out once more, then are dropped.
@@ -197,15 +250,19 @@ impl Metrics {
     /// What there is to export: per process with a resource, its series.
     /// `delta`: the series are reset after (and exited processes dropped
     /// either way).
-    pub fn collect(&mut self, delta: bool) -> Vec<(Resource, Vec<(Key, Hist)>)> {
+    pub fn collect(&mut self, delta: bool) -> Vec<Collected> {
         let mut out = Vec::new();
         for p in self.procs.values_mut() {
             let Some(r) = &p.resource else { continue };
-            if p.series.is_empty() {
+            let eventloop = p.loop_now.and_then(|now| EventLoop::between(p.loop_reported, now, delta));
+            if p.series.is_empty() && eventloop.is_none() {
                 continue;
             }
+            if eventloop.is_some() {
+                p.loop_reported = p.loop_now;
+            }
             let series = if delta { std::mem::take(&mut p.series).into_iter().collect() } else { p.series.clone().into_iter().collect() };
-            out.push((r.clone(), series));
+            out.push(Collected { resource: r.clone(), series, eventloop });
         }
         self.procs.retain(|_, p| !(p.exited && p.resource.is_some()));
         out

@@ -73,7 +73,7 @@ fn series_per_process_with_bounded_attributes() {
     m.fs(&fs(8, 1, 0, false));
     let got = m.collect(false);
     assert_eq!(got.len(), 1, "only the process with a resource");
-    let series = &got[0].1;
+    let series = &got[0].series;
     let fs_ok = series.iter().find(|((m, a), _)| *m == Metric::Fs && !a.iter().any(|(k, _)| *k == "error.type")).expect("fs ok");
     assert_eq!(fs_ok.1.count, 2);
     assert!((fs_ok.1.sum - 0.00005).abs() < 1e-12);
@@ -87,8 +87,8 @@ fn series_per_process_with_bounded_attributes() {
     let clients = series.iter().filter(|((m, _), _)| *m == Metric::HttpClient).map(|(_, h)| h.count).sum::<u64>();
     assert_eq!(clients, 2);
     // Cumulative: the same again; delta: reset.
-    assert_eq!(m.collect(false)[0].1, *series);
-    assert_eq!(m.collect(true)[0].1, *series);
+    assert_eq!(m.collect(false)[0].series, *series);
+    assert_eq!(m.collect(true)[0].series, *series);
     assert!(m.collect(true).is_empty());
     // An exited process goes out once more, then is gone.
     m.fs(&fs(7, 5, 0, false));
@@ -119,4 +119,23 @@ fn encoded_as_otlp_histograms_under_each_process_resource() {
         assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
     }
     assert!(h.data_points.iter().any(|p| p.attributes.iter().any(|a| a.key == "error.type")));
+}
+
+#[test]
+fn event_loop_time_cumulative_and_delta_utilization_per_interval() {
+    let t = |now: u64, idle: u64| LoopTime { since_ns: 1_000, idle_ns: idle, now_ns: 1_000 + now };
+    // First collection: 1 s, 0.25 s of it idle.
+    let e = EventLoop::between(None, t(1_000_000_000, 250_000_000), false).unwrap();
+    assert_eq!((e.active_s, e.idle_s, e.utilization), (0.75, 0.25, 0.75));
+    // Next second all idle: cumulative totals, utilization of that second.
+    let e = EventLoop::between(Some(t(1_000_000_000, 250_000_000)), t(2_000_000_000, 1_250_000_000), false).unwrap();
+    assert_eq!((e.active_s, e.idle_s, e.utilization), (0.75, 1.25, 0.0));
+    let d = EventLoop::between(Some(t(1_000_000_000, 250_000_000)), t(2_000_000_000, 1_250_000_000), true).unwrap();
+    assert_eq!((d.active_s, d.idle_s), (0.0, 1.0), "delta: that second only");
+    // Nothing new: nothing to say; a new loop (another since): from its start.
+    assert_eq!(EventLoop::between(Some(t(5, 1)), t(5, 1), false), None);
+    let other = LoopTime { since_ns: 9, idle_ns: 0, now_ns: 9 + 1_000 };
+    assert_eq!(EventLoop::between(Some(t(5, 1)), other, false).unwrap().utilization, 1.0);
+    // Idle never over elapsed (a wait counted up to a later "now").
+    assert!(EventLoop::between(None, LoopTime { since_ns: 0, idle_ns: 50, now_ns: 10 }, false).unwrap().idle_s <= 10e-9);
 }
