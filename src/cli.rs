@@ -87,6 +87,16 @@ pub struct Cli {
     /// Spans carry the share (`uvspan.sample_time`) so counts can be scaled.
     #[arg(long, value_name = "PERCENT", env = "UVSPAN_SAMPLE_TIME", value_parser = parse_percent)]
     pub sample_time: Option<f64>,
+
+    /// Export a request the trace sampler dropped anyway, with all of its
+    /// work, when it failed (HTTP 5xx).
+    #[arg(long)]
+    pub keep_errors: bool,
+
+    /// Export a request the trace sampler dropped anyway, with all of its
+    /// work, when it took longer than this.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub keep_slower_than: Option<Duration>,
     /// Who blocked the loop: `slow-iterations` samples the loop thread's
     /// stack (~1 kHz of its CPU time, kept only while an iteration is
     /// already over --loop-threshold) and puts the JS and native frames on

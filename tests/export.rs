@@ -504,7 +504,6 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
     assert!((N as u64..=N as u64 + 3).contains(&sync_stats), "{sync_stats} sync fs.stat for {N} requests");
     let points = histogram_points(&col, "http.server.request.duration");
     assert!(points.iter().all(|(_, _, r)| r.contains_key("process.pid") && r.contains_key("service.name")), "the process's resource");
-    assert!(points.len() > 1 || N <= 1, "exported more than once (every 300 ms, as deltas)");
 }
 
 /// The last value of a `nodejs.eventloop.*` data point (cumulative), by state.
@@ -568,4 +567,46 @@ fn event_loop_utilization_agrees_with_nodes_own() {
         assert!(if busy { u > 0.8 } else { u < 0.2 }, "busy={busy}: {u:.3}");
         assert!((0.0..=1.0).contains(&v["utilization"]));
     }
+}
+
+/// Tail exceptions: under always_off, the failed requests (--keep-errors)
+/// or the slow ones (--keep-slower-than) are exported whole anyway.
+#[test]
+fn failed_and_slow_requests_are_kept_whatever_the_sampler() {
+    require_root();
+    let run_with = |tag: &str, flags: &[&str]| -> (Output, Vec<Span>, BTreeMap<usize, Option<String>>) {
+        let col = Collector::start(Listen::Plain);
+        let dir = TempDir::new(tag);
+        let ep = format!("http://127.0.0.1:{}", col.port());
+        let mut args = vec!["--loop-threshold", "10m", "--status-interval", "0"];
+        args.extend(flags);
+        let (script, d) = (fixture("requests_server.js"), dir.str());
+        args.extend(["--", "node", &script, &d, "200", "8"]);
+        let mut c = uvspan_cmd(&args);
+        c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_TRACES_SAMPLER", "always_off"), ("FIXTURE_FAIL_EVERY", "5")]);
+        let out = run(c);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        let spans = col.spans();
+        check_summary(&out, spans.len());
+        let sent = out
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("{\"marker\":\"req\""))
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("req marker");
+                (v["i"].as_u64().expect("i") as usize, v["traceparent"].as_str().map(str::to_string))
+            })
+            .collect();
+        (out, spans, sent)
+    };
+    let (out, spans, sent) = run_with("tail-errors", &["--keep-errors"]);
+    let kept = kept_requests(&spans, &sent);
+    let failed: BTreeSet<usize> = (0..N).filter(|i| i % 5 == 0).collect();
+    assert_eq!(kept, failed, "exactly the failed requests, whole\n{}", out.context());
+    assert!(out.stderr.contains(&format!("{} not sampled but kept", failed.len())), "{}", out.context());
+    // Slower than 0: every request; slower than ten minutes: none.
+    let (out, spans, sent) = run_with("tail-slow", &["--keep-slower-than", "0"]);
+    assert_eq!(kept_requests(&spans, &sent).len(), N, "{}", out.context());
+    let (out, spans, _) = run_with("tail-none", &["--keep-slower-than", "10m"]);
+    assert!(spans.is_empty(), "{}", out.context());
 }

@@ -361,6 +361,10 @@ impl Agent {
                 if op_metrics.is_some() {
                     r.finished = Some(Vec::new());
                 }
+                r.tail = crate::requests::Tail {
+                    errors: cli.keep_errors,
+                    slower_than_ns: cli.keep_slower_than.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+                };
                 r
             }),
             op_metrics: op_metrics.map(|(_, p)| p),
@@ -561,6 +565,11 @@ impl Agent {
             self.procs.give_back(spans);
         }
         self.exporter.tick();
+        if let (Some(p), Some(m)) = (&self.op_metrics, &self.procs.metrics) {
+            if m.lock().unwrap_or_else(|e| e.into_inner()).has_exited() {
+                p.exited();
+            }
+        }
         if let (Some(r), Some(m)) = (self.requests.as_mut(), self.procs.metrics.as_ref()) {
             if let Some(done) = r.finished.as_mut().filter(|d| !d.is_empty()) {
                 let mut m = m.lock().unwrap_or_else(|e| e.into_inner());

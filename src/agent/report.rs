@@ -67,8 +67,16 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     let fast = k.loop_iterations.saturating_sub(k.loop_emitted);
     let requests = run.requests.map_or_else(String::new, |r| {
         format!(
-            "; {} HTTP requests ({} with a malformed traceparent, ignored; {} not sampled, not exported)",
-            r.requests, r.bad_traceparent, r.unsampled
+            "; {} HTTP requests ({} with a malformed traceparent, ignored; {} not sampled, not exported{})",
+            r.requests,
+            r.bad_traceparent,
+            r.unsampled,
+            if r.tail_kept > 0 { format!("; {} not sampled but kept: errors or slow", r.tail_kept) } else { String::new() }
+                + &if r.not_held > 0 {
+                    format!("; {} operations over what a request holds, sent alone (dropped when not sampled)", r.not_held)
+                } else {
+                    String::new()
+                }
         )
     });
     let stacks = if k.stack_samples > 0 { format!("; {} loop-thread stack samples", k.stack_samples) } else { String::new() };

@@ -179,6 +179,9 @@ fn attrs(kv: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> String {
 /// sent every `interval` by a task of the runtime, and once more at the end.
 pub struct Periodic {
     shared: Arc<std::sync::Mutex<crate::metrics::Metrics>>,
+    /// Rung when processes exited: their last values go out within a
+    /// second, and their resources are not held until the next interval.
+    soon: Arc<tokio::sync::Notify>,
     sink: Arc<Sink>,
     delta: bool,
     start_ns: Arc<std::sync::atomic::AtomicU64>,
@@ -202,17 +205,30 @@ impl Periodic {
         let delta = temporality != Temporality::Cumulative;
         let start_ns = Arc::new(std::sync::atomic::AtomicU64::new(wall_ns()));
         let (m, s, st) = (shared.clone(), sink.clone(), start_ns.clone());
+        let soon = Arc::new(tokio::sync::Notify::new());
+        let rung = soon.clone();
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             tick.tick().await;
             let said = AtomicBool::new(false);
             loop {
-                tick.tick().await;
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    _ = rung.notified() => {
+                        // At most one early export a second, whatever the churn.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                }
                 send_once(&m, &s, delta, &st, &said).await;
             }
         });
-        Ok(Some(Periodic { shared, sink, delta, start_ns, task, rt: tokio::runtime::Handle::current() }))
+        Ok(Some(Periodic { shared, soon, sink, delta, start_ns, task, rt: tokio::runtime::Handle::current() }))
+    }
+
+    /// Processes exited: export within a second (and forget them).
+    pub fn exited(&self) {
+        self.soon.notify_one();
     }
 
     /// The last collection, sent within `deadline`.

@@ -169,8 +169,10 @@ fn secs(start_ns: u64, end_ns: u64) -> f64 {
 }
 
 impl Metrics {
+    /// One value, for a process whose resource is known (a record of a
+    /// process already forgotten is not kept).
     fn add(&mut self, pid: u32, metric: Metric, attrs: Vec<(&'static str, Val)>, v: f64) {
-        let p = self.procs.entry(pid).or_default();
+        let Some(p) = self.procs.get_mut(&pid) else { return };
         p.series.entry((metric, attrs)).or_insert_with(|| Hist::new(metric.bounds())).record(metric.bounds(), v);
     }
 
@@ -183,14 +185,22 @@ impl Metrics {
 
     /// The process's loop thread as the kernel counted it.
     pub fn loop_time(&mut self, pid: u32, t: LoopTime) {
-        self.procs.entry(pid).or_default().loop_now = Some(t);
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.loop_now = Some(t);
+        }
     }
 
-    /// The process is gone: its series go out once more, then are dropped.
+    /// The process is gone: its series go out once more (soon: see
+    /// [`Metrics::has_exited`]), then are dropped with its resource.
     pub fn exited(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.exited = true;
         }
+    }
+
+    /// Whether a process that exited waits for its last collection.
+    pub fn has_exited(&self) -> bool {
+        self.procs.values().any(|p| p.exited)
     }
 
     pub fn fs(&mut self, r: &FsRecord) {
@@ -264,7 +274,7 @@ impl Metrics {
             let series = if delta { std::mem::take(&mut p.series).into_iter().collect() } else { p.series.clone().into_iter().collect() };
             out.push(Collected { resource: r.clone(), series, eventloop });
         }
-        self.procs.retain(|_, p| !(p.exited && p.resource.is_some()));
+        self.procs.retain(|_, p| !p.exited);
         out
     }
 }

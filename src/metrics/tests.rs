@@ -69,7 +69,7 @@ fn series_per_process_with_bounded_attributes() {
     };
     m.request(&f);
     m.request(&Finished { status: Some(200), method: "GET".into(), ..f.clone() });
-    // A process without its resource yet is not exported.
+    // A process whose resource is not known is not kept.
     m.fs(&fs(8, 1, 0, false));
     let got = m.collect(false);
     assert_eq!(got.len(), 1, "only the process with a resource");

@@ -17,4 +17,4 @@ mod tracker;
 #[cfg(test)]
 mod testing;
 
-pub use tracker::{Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests};
+pub use tracker::{Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

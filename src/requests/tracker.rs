@@ -62,6 +62,9 @@ pub struct RequestStats {
     /// Requests the sampler dropped (by default: those their caller did not
     /// sample): their spans are not exported.
     pub unsampled: u64,
+    /// Requests the sampler dropped, kept by --keep-errors or
+    /// --keep-slower-than.
+    pub tail_kept: u64,
     /// Operations sent as they came because their request held too many,
     /// or too many requests were open.
     pub not_held: u64,
@@ -151,6 +154,23 @@ pub struct Requests {
     /// Every finished request, sampled or not (for the metrics; taken by
     /// the caller), when asked for.
     pub finished: Option<Vec<Finished>>,
+    /// Requests the sampler dropped that are kept anyway.
+    pub tail: Tail,
+}
+
+/// Tail exceptions to the trace sampler (`--keep-errors`,
+/// `--keep-slower-than`): decided when a request ends, from what it held.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tail {
+    pub errors: bool,
+    pub slower_than_ns: Option<u64>,
+}
+
+impl Tail {
+    fn keeps(&self, req: &Request) -> bool {
+        (self.errors && req.status.is_some_and(|s| s >= 500))
+            || self.slower_than_ns.is_some_and(|t| req.last_ns.saturating_sub(req.start_ns) > t)
+    }
 }
 
 /// A finished request as the metrics see it (sampled or not).
@@ -225,6 +245,7 @@ impl Requests {
             joinable: Vec::new(),
             stats: RequestStats::default(),
             finished: None,
+            tail: Tail::default(),
         }
     }
 
@@ -445,7 +466,11 @@ impl Requests {
             f.push(Finished::of(&req));
         }
         let parent = req.parent();
-        let sampled = req.sampled(&src.sampler);
+        let mut sampled = req.sampled(&src.sampler);
+        if !sampled && self.tail.keeps(&req) {
+            sampled = true;
+            self.stats.tail_kept += 1;
+        }
         if !sampled {
             self.stats.unsampled += 1;
         }
