@@ -196,6 +196,11 @@ fn check_fs_ops(spans: &[Span], dir: &TempDir, m: &Markers, pid: i64, detail: bo
                 assert_eq!(s.status, StatusCode::Unset, "{ctx}");
                 assert_eq!(s.str("error.type"), None, "{ctx}");
             }
+            // An existence check's ENOENT is an answer: error.type, no ERROR status.
+            Some("ENOENT") if ["fs.stat", "fs.lstat", "fs.access"].contains(&w.name) => {
+                assert_eq!(s.status, StatusCode::Unset, "{ctx}");
+                assert_eq!(s.str("error.type"), Some("ENOENT"), "{ctx}");
+            }
             Some(e) => {
                 assert_eq!(s.status, StatusCode::Error, "{ctx}");
                 assert_eq!(s.status_message, format!("{e}: {}", errno_message(e)), "{ctx}");
@@ -623,6 +628,40 @@ fn attach_to_running_process_by_pid() {
 // ===========================================================================
 // Console output
 // ===========================================================================
+
+/// ENOENT of an existence check (`existsSync`, `throwIfNoEntry: false`,
+/// an access or lstat callback) is not an ERROR span; a missing file that
+/// `readFile` tries to open is.
+#[test]
+fn enoent_is_an_error_only_where_it_reaches_the_app_as_one() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let dir = TempDir::new("enoent");
+    let m = dir.join("missing");
+    let app = format!(
+        "const fs=require('fs');const m={m:?};fs.existsSync(m);fs.statSync(m,{{throwIfNoEntry:false}});\
+         fs.lstat(m,()=>fs.access(m,()=>fs.readFile(m,e=>{{if(!e)process.exit(3)}})))"
+    );
+    let out = run(uvspan_cmd(["--otlp-endpoint", &rx.endpoint(), "--status-interval", "0", "--", "node", "-e", &app]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans: Vec<Span> = rx.spans().into_iter().filter(|s| s.str("file.path") == Some(m.as_str())).collect();
+    let by =
+        |name: &str, sync: bool| -> Vec<&Span> { spans.iter().filter(|s| s.name == name && s.bool("uvspan.sync") == Some(sync)).collect() };
+    for (name, sync, error) in [
+        ("fs.access", true, false),
+        ("fs.stat", true, false),
+        ("fs.lstat", false, false),
+        ("fs.access", false, false),
+        ("fs.open", false, true),
+    ] {
+        let found = by(name, sync);
+        assert_eq!(found.len(), 1, "one {name} (sync {sync}) of the missing path\n{}", out.context());
+        let s = found[0];
+        assert_eq!(s.str("error.type"), Some("ENOENT"), "{}", s.brief());
+        let want = if error { StatusCode::Error } else { StatusCode::Unset };
+        assert_eq!(s.status, want, "{name} (sync {sync}): {}", s.brief());
+    }
+}
 
 #[test]
 fn console_output_without_endpoint() {

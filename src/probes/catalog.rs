@@ -176,10 +176,14 @@ pub struct FsOp {
     pub path2: Option<u8>,
     pub fd: Option<u8>,
     pub result: FsResult,
+    /// An existence check (`existsSync`, `throwIfNoEntry: false`, module
+    /// resolution): ENOENT is an answer, not a failure: the span keeps
+    /// `error.type` but not the ERROR status.
+    pub missing_ok: bool,
 }
 
 const fn op(symbol: &'static str, span: &'static str, cb: u8, path: Option<u8>, path2: Option<u8>, fd: Option<u8>) -> FsOp {
-    FsOp { symbol, span, cb, path, path2, fd, result: FsResult::Nothing }
+    FsOp { symbol, span, cb, path, path2, fd, result: FsResult::Nothing, missing_ok: false }
 }
 
 impl FsOp {
@@ -190,6 +194,10 @@ impl FsOp {
 
     const fn gives(self, result: FsResult) -> FsOp {
         FsOp { result, ..self }
+    }
+
+    const fn checks_existence(self) -> FsOp {
+        FsOp { missing_ok: true, ..self }
     }
 }
 
@@ -204,9 +212,9 @@ pub const FS_OPS: &[FsOp] = &[
     op("uv_fs_close", "fs.close", 3, N, N, P),
     op("uv_fs_read", "fs.read", 6, N, N, P).gives(Bytes),
     op("uv_fs_write", "fs.write", 6, N, N, P).gives(Bytes),
-    op("uv_fs_stat", "fs.stat", 3, P, N, N),
+    op("uv_fs_stat", "fs.stat", 3, P, N, N).checks_existence(),
     op("uv_fs_fstat", "fs.fstat", 3, N, N, P),
-    op("uv_fs_lstat", "fs.lstat", 3, P, N, N),
+    op("uv_fs_lstat", "fs.lstat", 3, P, N, N).checks_existence(),
     op("uv_fs_statfs", "fs.statfs", 3, P, N, N),
     op("uv_fs_unlink", "fs.unlink", 3, P, N, N),
     op("uv_fs_rename", "fs.rename", 4, P, Some(3), N),
@@ -220,7 +228,7 @@ pub const FS_OPS: &[FsOp] = &[
     op("uv_fs_closedir", "fs.closedir", 3, N, N, N),
     op("uv_fs_realpath", "fs.realpath", 3, P, N, N),
     op("uv_fs_readlink", "fs.readlink", 3, P, N, N),
-    op("uv_fs_access", "fs.access", 4, P, N, N),
+    op("uv_fs_access", "fs.access", 4, P, N, N).checks_existence(),
     op("uv_fs_chmod", "fs.chmod", 4, P, N, N),
     op("uv_fs_fchmod", "fs.fchmod", 4, N, N, P),
     op("uv_fs_chown", "fs.chown", 5, P, N, N),

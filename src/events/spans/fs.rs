@@ -54,7 +54,11 @@ pub(super) fn span(b: &Builder<'_>, mut r: FsRecord) -> Span {
     let mut span = b.span(family, name, b.parent, r.op.start_ns, r.op.end_ns, attrs);
     threadpool(b, &mut span, &r.op);
     if r.result < 0 {
-        fail(&mut span, r.result);
+        if row.is_some_and(|o| o.missing_ok) && r.result == -i64::from(libc::ENOENT) {
+            span.attributes.push(KeyValue::new(keys::ERROR_TYPE, "ENOENT"));
+        } else {
+            fail(&mut span, r.result);
+        }
     }
     span
 }
@@ -157,5 +161,23 @@ mod tests {
         assert_eq!(s.status, Status::error("ENOENT: no such file or directory"));
         assert_eq!(attr(s, "uvspan.ended_at"), Some(&Value::from("next_libuv_call")));
         assert_eq!(s.parent_span_id, opentelemetry::trace::SpanId::INVALID);
+    }
+
+    #[test]
+    fn enoent_of_an_existence_check_is_an_answer_not_an_error() {
+        use crate::probes::catalog::FS_OPS;
+        // Every op: ENOENT is an ERROR span unless its catalog row says it checks existence.
+        for o in FS_OPS {
+            let r = FsRecord { result: -2, ..ended(o.symbol, true, "return") };
+            let s = &build_one(&Record::Fs(r))[0];
+            assert_eq!(attr(s, "error.type"), Some(&Value::from("ENOENT")), "{}", o.span);
+            let want = if o.missing_ok { Status::Unset } else { Status::error("ENOENT: no such file or directory") };
+            assert_eq!(s.status, want, "{}", o.span);
+        }
+        let rows: Vec<&str> = FS_OPS.iter().filter(|o| o.missing_ok).map(|o| o.span).collect();
+        assert_eq!(rows, ["fs.stat", "fs.lstat", "fs.access"]);
+        // Another failure of a check stays an error.
+        let r = FsRecord { result: -13, ..ended("uv_fs_stat", true, "return") };
+        assert!(matches!(build_one(&Record::Fs(r))[0].status, Status::Error { .. }), "EACCES");
     }
 }
