@@ -88,6 +88,11 @@ pub struct Cli {
     #[arg(long, value_name = "PERCENT", env = "UVSPAN_SAMPLE_TIME", value_parser = parse_percent)]
     pub sample_time: Option<f64>,
 
+    /// Background noise: fs and DNS operations outside requests shorter
+    /// than this are not exported (counted; the metrics still count them).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub min_duration: Option<Duration>,
+
     /// Export a request the trace sampler dropped anyway, with all of its
     /// work, when it failed (HTTP 5xx).
     #[arg(long)]

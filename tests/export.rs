@@ -610,3 +610,29 @@ fn failed_and_slow_requests_are_kept_whatever_the_sampler() {
     let (out, spans, _) = run_with("tail-none", &["--keep-slower-than", "10m"]);
     assert!(spans.is_empty(), "{}", out.context());
 }
+
+/// --min-duration: fs and DNS operations outside requests shorter than it
+/// are not exported but counted, in the summary and still in the metrics.
+#[test]
+fn min_duration_drops_short_background_operations_and_counts_them() {
+    require_root();
+    let col = Collector::start(Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let mut c = uvspan_cmd(["--status-interval", "0", "--loop-threshold", "10m", "--min-duration", "10m", "--", "node", "-e", APP]);
+    c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")]);
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = col.spans();
+    assert!(spans.iter().all(|s| !s.name.starts_with("fs.") && !s.name.starts_with("dns.")), "none exported\n{}", out.context());
+    let short = summary_number(&out.stderr, " operations outside requests shorter than --min-duration not exported");
+    let counted: u64 =
+        ["uvspan.fs.duration", "dns.lookup.duration"].iter().flat_map(|m| histogram_points(&col, m)).map(|(_, n, _)| n).sum();
+    assert!(short >= 7, "the app's 5 statSync, its stat and its lookup at least: {short}\n{}", out.context());
+    assert_eq!(short, counted, "what was dropped, the metrics still count");
+    // Without it, they are exported.
+    let col = Collector::start(Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let out = traced(&[("OTEL_EXPORTER_OTLP_ENDPOINT", &ep)]);
+    assert!(!out.stderr.contains("--min-duration"), "{}", out.context());
+    assert!(col.spans().iter().filter(|s| s.name.starts_with("fs.") || s.name.starts_with("dns.")).count() >= 7);
+}

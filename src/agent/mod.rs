@@ -348,6 +348,7 @@ impl Agent {
         let mut procs = Procs::new(cli.service_name.clone(), sampler);
         let op_metrics = start_op_metrics(&plan, &rt)?;
         procs.metrics = op_metrics.as_ref().map(|(m, _)| m.clone());
+        procs.min_duration_ns = cli.min_duration.map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         if report.is_some() {
             procs.commands = Some(HashMap::new());
         }
@@ -462,6 +463,7 @@ impl Agent {
             if let Some(s) = self.stats.sampler.as_mut() {
                 s.1 = self.procs.unsampled;
             }
+            self.stats.short = self.procs.short;
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
         if self.timers.clock.due() {
@@ -655,6 +657,7 @@ impl Agent {
         if let Some(s) = self.stats.sampler.as_mut() {
             s.1 = self.procs.unsampled;
         }
+        self.stats.short = self.procs.short;
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent {
             exporter, health_metrics, op_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, ..

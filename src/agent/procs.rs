@@ -80,6 +80,10 @@ pub struct Procs {
     /// Operations and loop iterations outside requests whose trace the
     /// sampler dropped.
     pub unsampled: u64,
+    /// --min-duration: fs/DNS operations outside requests shorter than
+    /// this are not exported, and counted.
+    pub min_duration_ns: u64,
+    pub short: u64,
     procs: rustc_hash::FxHashMap<u32, Proc>,
     service_name: Option<String>,
     host: String,
@@ -128,6 +132,8 @@ impl Procs {
             sampler,
             metrics: None,
             unsampled: 0,
+            min_duration_ns: 0,
+            short: 0,
             procs: Default::default(),
             service_name,
             host: crate::enrich::resource::host_name(),
@@ -268,6 +274,15 @@ impl Procs {
             (Some(r), rec) => r.work(rec, &src, out),
             (None, rec) => Some(rec),
         };
+        let rec = rec.filter(|r| {
+            let short = match r {
+                Record::Fs(f) => f.op.end_ns.saturating_sub(f.op.start_ns) < self.min_duration_ns,
+                Record::Dns(d) => d.op.end_ns.saturating_sub(d.op.start_ns) < self.min_duration_ns,
+                _ => false,
+            };
+            self.short += u64::from(short);
+            !short
+        });
         if let Some(rec) = rec {
             if !spans::build_into(rec, &src, None, out.entry(pid).or_default()) {
                 self.unsampled += 1;

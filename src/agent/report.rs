@@ -29,6 +29,8 @@ pub struct RunStats {
     pub sampler: Option<(String, u64)>,
     /// Why spans were not exported at all (OTEL_TRACES_EXPORTER=none, …).
     pub traces_off: Option<&'static str>,
+    /// --min-duration: operations outside requests too short to export.
+    pub short: u64,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -91,11 +93,16 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     let sampler = run.sampler.as_ref().map_or_else(String::new, |(name, n)| {
         format!("; sampler {name}: {n} operations and loop iterations outside requests not sampled, not exported")
     });
+    let short = if run.short > 0 {
+        format!("; {} operations outside requests shorter than --min-duration not exported", run.short)
+    } else {
+        String::new()
+    };
     let off = run.traces_off.map_or_else(String::new, |why| format!("; no span is sent anywhere ({why})"));
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{sampler}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{sampler}{short}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }
@@ -108,6 +115,7 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
     health.straddled.store(k.straddled, Ordering::Relaxed);
     health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1), Ordering::Relaxed);
+    health.operations_short.store(run.short, Ordering::Relaxed);
     if let Some(r) = run.requests {
         health.requests.store(r.requests, Ordering::Relaxed);
         health.requests_bad_traceparent.store(r.bad_traceparent, Ordering::Relaxed);

@@ -31,6 +31,8 @@ pub struct Health {
     pub requests_unsampled: AtomicU64,
     /// Operations and loop iterations outside requests it dropped.
     pub operations_unsampled: AtomicU64,
+    /// --min-duration: operations outside requests too short to export.
+    pub operations_short: AtomicU64,
     /// --sample-time: operations dropped because they crossed a window edge.
     pub straddled: AtomicU64,
     /// --sample-time share in millionths (1_000_000 = probes always live).
@@ -79,7 +81,7 @@ impl HealthMetrics {
             let h = h.clone();
             Box::new(move || f(&h).load(Ordering::Relaxed))
         };
-        let counters: [(&'static str, &'static str, Read); 12] = [
+        let counters: [(&'static str, &'static str, Read); 13] = [
             ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
             ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
@@ -98,6 +100,11 @@ impl HealthMetrics {
                 "uvspan.operations.unsampled",
                 "Operations and loop iterations outside requests the trace sampler dropped",
                 read_h(|h| &h.operations_unsampled),
+            ),
+            (
+                "uvspan.operations.short",
+                "fs and DNS operations outside requests shorter than --min-duration (not exported)",
+                read_h(|h| &h.operations_short),
             ),
             ("uvspan.operations.straddled", "Operations dropped: they crossed a --sample-time window edge", read_h(|h| &h.straddled)),
         ];
