@@ -266,15 +266,26 @@ const N: usize = 200;
 /// request i has no traceparent when i % 4 == 0, else one flagged sampled —
 /// or, with `odd_unsampled`, flagged not sampled when i is odd.
 fn sampled_run(tag: &str, sampler: &str, arg: &str, odd_unsampled: bool) -> (Output, Vec<Span>, BTreeMap<usize, Option<String>>) {
+    let mut env = vec![("OTEL_TRACES_SAMPLER", sampler), ("OTEL_TRACES_SAMPLER_ARG", arg)];
+    if odd_unsampled {
+        env.push(("FIXTURE_UNSAMPLED_ODD", "1"));
+    }
+    requests_run(tag, &[], &env)
+}
+
+/// The requests fixture (N requests) under uvspan with these flags and
+/// variables, exporting to a collector of its own: the output, the spans,
+/// and each request's traceparent as the fixture sent it.
+fn requests_run(tag: &str, flags: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Span>, BTreeMap<usize, Option<String>>) {
     let col = Collector::start(Listen::Plain);
     let dir = TempDir::new(tag);
     let ep = format!("http://127.0.0.1:{}", col.port());
-    let args = ["--loop-threshold", "10m", "--status-interval", "0", "--", "node", &fixture("requests_server.js"), &dir.str(), "200", "8"];
-    let mut c = uvspan_cmd(args);
-    c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_TRACES_SAMPLER", sampler), ("OTEL_TRACES_SAMPLER_ARG", arg)]);
-    if odd_unsampled {
-        c.env("FIXTURE_UNSAMPLED_ODD", "1");
-    }
+    let (script, d, n) = (fixture("requests_server.js"), dir.str(), N.to_string());
+    let mut args = vec!["--loop-threshold", "10m", "--status-interval", "0"];
+    args.extend(flags);
+    args.extend(["--", "node", &script, &d, &n, "8"]);
+    let mut c = uvspan_cmd(&args);
+    c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &ep).envs(env.iter().copied());
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let spans = col.spans();
@@ -574,31 +585,8 @@ fn event_loop_utilization_agrees_with_nodes_own() {
 #[test]
 fn failed_and_slow_requests_are_kept_whatever_the_sampler() {
     require_root();
-    let run_with = |tag: &str, flags: &[&str]| -> (Output, Vec<Span>, BTreeMap<usize, Option<String>>) {
-        let col = Collector::start(Listen::Plain);
-        let dir = TempDir::new(tag);
-        let ep = format!("http://127.0.0.1:{}", col.port());
-        let mut args = vec!["--loop-threshold", "10m", "--status-interval", "0"];
-        args.extend(flags);
-        let (script, d) = (fixture("requests_server.js"), dir.str());
-        args.extend(["--", "node", &script, &d, "200", "8"]);
-        let mut c = uvspan_cmd(&args);
-        c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_TRACES_SAMPLER", "always_off"), ("FIXTURE_FAIL_EVERY", "5")]);
-        let out = run(c);
-        assert_eq!(out.code(), Some(0), "{}", out.context());
-        let spans = col.spans();
-        check_summary(&out, spans.len());
-        let sent = out
-            .stdout
-            .lines()
-            .filter(|l| l.starts_with("{\"marker\":\"req\""))
-            .map(|l| {
-                let v: serde_json::Value = serde_json::from_str(l).expect("req marker");
-                (v["i"].as_u64().expect("i") as usize, v["traceparent"].as_str().map(str::to_string))
-            })
-            .collect();
-        (out, spans, sent)
-    };
+    let env = [("OTEL_TRACES_SAMPLER", "always_off"), ("FIXTURE_FAIL_EVERY", "5")];
+    let run_with = |tag: &str, flags: &[&str]| requests_run(tag, flags, &env);
     let (out, spans, sent) = run_with("tail-errors", &["--keep-errors"]);
     let kept = kept_requests(&spans, &sent);
     let failed: BTreeSet<usize> = (0..N).filter(|i| i % 5 == 0).collect();

@@ -28,6 +28,28 @@ pub struct OpRecord {
     pub ended_at: Option<&'static str>,
 }
 
+#[cfg(test)]
+impl OpRecord {
+    /// An async operation of `pid` (its loop thread `tid`) from `start_ns` to
+    /// `end_ns`, ended by libuv's completion (for the tests of what reads records).
+    pub(crate) fn test(pid: u32, tid: u32, start_ns: u64, end_ns: u64) -> OpRecord {
+        OpRecord {
+            pid,
+            tid,
+            req: 0,
+            stack: None,
+            cause: 0,
+            sync: false,
+            start_ns,
+            work_start_ns: None,
+            work_end_ns: None,
+            end_ns,
+            worker_tid: None,
+            ended_at: Some("libuv_done"),
+        }
+    }
+}
+
 impl From<&op_event> for OpRecord {
     fn from(e: &op_event) -> OpRecord {
         OpRecord {

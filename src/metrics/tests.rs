@@ -4,20 +4,7 @@ use crate::requests::FinishedCall;
 use opentelemetry::KeyValue;
 
 fn op(pid: u32, start: u64, end: u64, sync: bool) -> OpRecord {
-    OpRecord {
-        pid,
-        tid: pid,
-        req: 1,
-        stack: None,
-        cause: 0,
-        sync,
-        start_ns: start,
-        work_start_ns: None,
-        work_end_ns: None,
-        end_ns: end,
-        worker_tid: None,
-        ended_at: None,
-    }
+    OpRecord { sync, ..OpRecord::test(pid, pid, start, end) }
 }
 
 fn fs(pid: u32, dur_ns: u64, result: i64, sync: bool) -> FsRecord {

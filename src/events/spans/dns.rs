@@ -48,20 +48,7 @@ mod tests {
 
     fn rec() -> DnsRecord {
         DnsRecord {
-            op: OpRecord {
-                pid: 10,
-                tid: 11,
-                req: 0,
-                stack: None,
-                cause: 0,
-                sync: false,
-                start_ns: 100,
-                work_start_ns: None,
-                work_end_ns: None,
-                end_ns: 900,
-                worker_tid: None,
-                ended_at: Some("libuv_done"),
-            },
+            op: OpRecord::test(10, 11, 100, 900),
             retcode: 0,
             host: "localhost".into(),
             answers: vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap(), "127.0.0.1".parse().unwrap()],

@@ -73,20 +73,7 @@ mod tests {
 
     fn rec(symbol: &str) -> FsRecord {
         FsRecord {
-            op: OpRecord {
-                pid: 10,
-                tid: 11,
-                req: 0,
-                stack: None,
-                cause: 0,
-                sync: false,
-                start_ns: 1_000,
-                work_start_ns: None,
-                work_end_ns: None,
-                end_ns: 5_000,
-                worker_tid: None,
-                ended_at: Some("libuv_done"),
-            },
+            op: OpRecord::test(10, 11, 1_000, 5_000),
             op_id: FS_OPS.iter().position(|o| o.symbol == symbol).unwrap() as u8,
             result: 0,
             fd: None,
