@@ -180,7 +180,8 @@ fn attrs(kv: &[opentelemetry_proto::tonic::common::v1::KeyValue]) -> String {
 pub struct Periodic {
     shared: Arc<std::sync::Mutex<crate::metrics::Metrics>>,
     /// Rung when processes exited: their last values go out within a
-    /// second, and their resources are not held until the next interval.
+    /// quarter of a second, and their resources are not held until the
+    /// next interval.
     soon: Arc<tokio::sync::Notify>,
     sink: Arc<Sink>,
     delta: bool,
@@ -216,8 +217,8 @@ impl Periodic {
                 tokio::select! {
                     _ = tick.tick() => {}
                     _ = rung.notified() => {
-                        // At most one early export a second, whatever the churn.
-                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        // At most four early exports a second, whatever the churn.
+                        tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                 }
                 send_once(&m, &s, delta, &st, &said).await;
@@ -226,7 +227,7 @@ impl Periodic {
         Ok(Some(Periodic { shared, soon, sink, delta, start_ns, task, rt: tokio::runtime::Handle::current() }))
     }
 
-    /// Processes exited: export within a second (and forget them).
+    /// Processes exited: export soon (and forget them).
     pub fn exited(&self) {
         self.soon.notify_one();
     }
@@ -252,7 +253,30 @@ async fn send_once(
     said: &AtomicBool,
 ) {
     let now = wall_ns();
-    let collected = shared.lock().unwrap_or_else(|e| e.into_inner()).collect(delta);
+    let (collected, forgot) = {
+        let mut m = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let exited = m.has_exited();
+        (m.collect(delta), exited)
+    };
+    send_collected(collected, sink, delta, start_ns, now, said).await;
+    if forgot {
+        // The exited processes' resources (their command lines), dropped
+        // with what was sent, go back to the system, not kept by the
+        // allocator.
+        // SAFETY: malloc_trim only walks and releases the allocator's free
+        // memory; it takes no pointers of ours.
+        unsafe { libc::malloc_trim(0) };
+    }
+}
+
+async fn send_collected(
+    collected: Vec<crate::metrics::Collected>,
+    sink: &Sink,
+    delta: bool,
+    start_ns: &std::sync::atomic::AtomicU64,
+    now: u64,
+    said: &AtomicBool,
+) {
     let start = if delta { start_ns.swap(now, Ordering::Relaxed) } else { start_ns.load(Ordering::Relaxed) };
     if collected.is_empty() {
         return;
