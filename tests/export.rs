@@ -1,8 +1,9 @@
 //! Export to the backends people use: TLS with a private CA, mutual TLS,
 //! certificate problems named, gzip on the wire, per-signal endpoints,
-//! OTEL_TRACES_EXPORTER=none, the standard samplers, and the --otlp-listen
-//! forwarder over TLS — against a collector of the test's own that speaks
-//! OTLP over rustls (tests/common/collector.rs).
+//! OTEL_TRACES_EXPORTER=none, the standard samplers and their tail
+//! exceptions, --min-duration, the metrics of everything uvspan sees, and
+//! the --otlp-listen forwarder over TLS — against a collector of the test's
+//! own that speaks OTLP over rustls (tests/common/collector.rs).
 
 mod common;
 
