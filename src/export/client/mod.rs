@@ -150,7 +150,8 @@ impl Client {
             tcp.enforce_http(false);
             tcp.set_nodelay(true);
             tcp.set_connect_timeout(Some(s.timeout));
-            let tls = tls::client_config(&s.tls)?;
+            // Roots and certificates are read only for an https:// endpoint.
+            let tls = if s.is_tls() { tls::client_config(&s.tls)? } else { tls::plain_config()? };
             let b = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http();
             Ok(if h2 { b.enable_http2().wrap_connector(tcp) } else { b.enable_http1().wrap_connector(tcp) })
         };

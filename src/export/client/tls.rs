@@ -62,14 +62,30 @@ fn pem_error(e: &rustls::pki_types::pem::Error) -> String {
     }
 }
 
+/// The system's trusted roots, read once (parsing them takes milliseconds;
+/// every client of the run shares them).
 fn system_roots() -> RootCertStore {
-    let mut roots = RootCertStore::empty();
-    let found = rustls_native_certs::load_native_certs();
-    let (added, _) = roots.add_parsable_certificates(found.certs);
-    if added == 0 {
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    }
-    roots
+    static ROOTS: std::sync::OnceLock<RootCertStore> = std::sync::OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let mut roots = RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+            }
+            roots
+        })
+        .clone()
+}
+
+/// A configuration that trusts nothing, for a plain-text endpoint's
+/// connector (which never makes a TLS connection).
+pub fn plain_config() -> Result<ClientConfig> {
+    let b = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .context("TLS set-up")?;
+    Ok(b.with_root_certificates(RootCertStore::empty()).with_no_client_auth())
 }
 
 /// A TLS problem with `url` that a handshake of uvspan's own shows (and a
