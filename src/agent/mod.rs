@@ -515,6 +515,10 @@ impl Agent {
                         r.exited(pid, fast_iterations);
                     }
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                    // Its last metrics go out soon, and its resource with them.
+                    if let Some(m) = &self.op_metrics {
+                        m.exited();
+                    }
                     self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
                     if let Some(s) = self.stacks.as_mut() {
                         s.forget(pid);
@@ -567,11 +571,6 @@ impl Agent {
             self.procs.give_back(spans);
         }
         self.exporter.tick();
-        if let (Some(p), Some(m)) = (&self.op_metrics, &self.procs.metrics) {
-            if m.lock().unwrap_or_else(|e| e.into_inner()).has_exited() {
-                p.exited();
-            }
-        }
         if let (Some(r), Some(m)) = (self.requests.as_mut(), self.procs.metrics.as_ref()) {
             if let Some(done) = r.finished.as_mut().filter(|d| !d.is_empty()) {
                 let mut m = m.lock().unwrap_or_else(|e| e.into_inner());

@@ -190,8 +190,8 @@ impl Metrics {
         }
     }
 
-    /// The process is gone: its series go out once more (soon: see
-    /// [`Metrics::has_exited`]), then are dropped with its resource.
+    /// The process is gone: its series go out once more (the exporter is
+    /// told to collect soon), then are dropped with its resource.
     pub fn exited(&mut self, pid: u32) {
         if let Some(p) = self.procs.get_mut(&pid) {
             p.exited = true;
