@@ -8,7 +8,11 @@ fn main() {
                 // One line, like every other uvspan error.
                 let text = e.to_string();
                 let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
-                eprintln!("uvspan: {first} (see uvspan --help)");
+                let valid = match e.get(clap::error::ContextKind::ValidValue) {
+                    Some(clap::error::ContextValue::Strings(v)) => format!(": one of {}", v.join(", ")),
+                    _ => String::new(),
+                };
+                eprintln!("uvspan: {first}{valid} (see uvspan --help)");
                 std::process::exit(2);
             }
             Err(e) => {
