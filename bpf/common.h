@@ -53,6 +53,7 @@ struct task_struct {
 	struct files_struct *files;
 	struct pid *thread_pid;
 	struct task_struct *group_leader;
+	int exit_code;
 } __attribute__((preserve_access_index));
 
 struct ns_common {

@@ -43,8 +43,9 @@ struct pt_regs___k {
  * whose return was not trapped, taken as returning when it started). */
 static __always_inline void wait_done(struct loop_state *st, __u64 now, long ret, int known)
 {
-	/* The I/O callbacks that follow set their own cause (or none). */
-	set_cause(0);
+	/* The I/O callbacks that follow set their own cause, or are a task
+	 * of this wait's (a socket no request owns, a worker's message). */
+	set_cause(cause_at(now, CAUSE_IO));
 	st->ev.poll_wait_ns += now - st->epoll_enter;
 	st->time.idle_ns += now - st->epoll_enter;
 	st->last_poll_empty = st->poll_timeout_zero && (!known || ret == 0);

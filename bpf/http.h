@@ -35,12 +35,6 @@ static __always_inline int is_request(const char *h)
 	return 0;
 }
 
-/* A new cause: unique per request on this host (time, then CPU). */
-static __always_inline __u64 new_cause(void)
-{
-	return (bpf_ktime_get_ns() << 8) | (bpf_get_smp_processor_id() & 0xFF);
-}
-
 /* The peer and local address of the socket behind a stream's fd. */
 static __always_inline void peer_of(struct http_event *e, __u64 stream)
 {
@@ -141,11 +135,13 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
 	if (is_response(head)) {
 		/* the stream's writer's cause, restored by uv__stream_io */
+		if (is_task(t->ctx.cause))
+			return 0;
 		emit_http(HTTP_RESPONSE, t->ctx.cause, t->ctx.stream, data, len, len, 1, 0);
 		return 0;
 	}
 	if (is_request(head)) {
-		__u64 cause = new_cause();
+		__u64 cause = new_cause(CAUSE_REQUEST);
 		bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
 		t->ctx.cause = cause;
 		emit_http(HTTP_REQUEST, cause, t->ctx.stream, data, len, len, 1, 0);
@@ -158,7 +154,9 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 }
 
 /* uv__stream_io(loop, w, events): a stream's callback is about to run; it
- * belongs to the cause of the stream's last write (or to none). */
+ * belongs to the cause of the stream's last write, or is a task of its own
+ * (an I/O callback no request caused: a request line parsed in it makes the
+ * request its cause instead). */
 static __always_inline int stream_io(struct pt_regs *ctx)
 {
 	__u64 stream = PT_REGS_PARM2(ctx) - STREAM_IO_OFF;
@@ -168,7 +166,7 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 	if (!t)
 		return 0;
 	t->ctx.stream = stream;
-	t->ctx.cause = c ? *c : 0;
+	t->ctx.cause = c ? *c : new_cause(CAUSE_IO);
 	return 0;
 }
 
@@ -191,6 +189,8 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	}
 	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
+	if (is_task(cause))
+		return 0;
 	/* struct uv_buf_t { char *base; size_t len; } */
 	__u64 total = 0, first = 0, first_len = 0;
 	for (int b = 0; b < UVSPAN_WRITE_BUFS; b++) {
@@ -229,7 +229,7 @@ static __always_inline int stream_connect(struct pt_regs *ctx)
 static __always_inline int tls_write(struct pt_regs *ctx)
 {
 	__u64 cause = current_cause();
-	if (!cause)
+	if (!cause || is_task(cause))
 		return 0;
 	__u64 buf = PT_REGS_PARM2(ctx);
 	__u64 len = (int)PT_REGS_PARM3(ctx);
@@ -241,12 +241,15 @@ static __always_inline int tls_write(struct pt_regs *ctx)
 
 /* node's timers and immediates run (Environment::RunTimers,
  * CheckImmediate): all due JS timers in one scope, so none of them can be
- * told apart per request: they belong to no cause. */
-static __always_inline int cause_clear(struct pt_regs *ctx)
+ * told apart per request. The batch is a task (the cookie: its enum
+ * cause_kind); user space sees it only if it does traced work. */
+static __always_inline int task_start(struct pt_regs *ctx, __u64 cookie)
 {
-	struct thread_state *t = thread_state_of(0);
+	if (!requests)
+		return 0;
+	struct thread_state *t = thread_state_of(1);
 	if (t) {
-		t->ctx.cause = 0;
+		t->ctx.cause = new_cause(cookie & CAUSE_KIND_MASK);
 		t->ctx.stream = 0;
 	}
 	return 0;

@@ -188,6 +188,7 @@ struct scratch {
 			enum answer_family family;
 			enum libuv_layout layout;
 			enum http_what http;
+			enum cause_kind cause;
 		} enums; /* likewise, for the enums */
 	};
 };

@@ -18,10 +18,13 @@ static __always_inline struct thread_state *thread_state_of(int create)
 
 /* The request context.
  * A cause is a request uvspan saw start (llhttp_execute on a server
- * parser). Each thread has a current cause; fs and DNS requests submitted
- * while it is set carry it, and their completion callbacks restore it, so
- * chains of callbacks (and the promise continuations Node drains before
- * returning to libuv) keep their request. Timers and immediates clear it. */
+ * parser) or a task (a callback no request caused: a batch of timers or
+ * immediates, the I/O callbacks after an epoll wait). Each thread has a
+ * current cause; fs and DNS requests submitted while it is set carry it,
+ * and their completion callbacks restore it, so chains of callbacks (and
+ * the promise continuations Node drains before returning to libuv) keep
+ * their request or task. None (0) before the loop's first wait: the
+ * start-up. */
 static __always_inline __u64 current_cause(void)
 {
 	if (!requests)
@@ -37,6 +40,25 @@ static __always_inline void set_cause(__u64 cause)
 	struct thread_state *t = thread_state_of(cause != 0);
 	if (t)
 		t->ctx.cause = cause;
+}
+
+/* A new cause of `kind` (enum cause_kind): unique per request or task in
+ * a process (time, then kind and CPU). */
+static __always_inline __u64 cause_at(__u64 now, __u64 kind)
+{
+	return (now << 8) | (kind << CAUSE_KIND_SHIFT) | (bpf_get_smp_processor_id() & CAUSE_CPU_MASK);
+}
+
+static __always_inline __u64 new_cause(__u64 kind)
+{
+	return cause_at(bpf_ktime_get_ns(), kind);
+}
+
+/* A task's cause (not a request's): its writes are not sent up (no
+ * CLIENT spans under tasks yet), only remembered for the replies. */
+static __always_inline int is_task(__u64 cause)
+{
+	return (cause >> CAUSE_KIND_SHIFT) & CAUSE_KIND_MASK;
 }
 
 /* A threadpool job ends: the worker wakes the loop (uv_async_send) right

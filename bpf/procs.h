@@ -9,9 +9,10 @@
 
 #include "fs.h" /* end_pending_sync */
 
-static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast)
+static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast, int code)
 {
 	struct proc_event ev = {};
+	ev.exit_code = code;
 	ev.hdr.kind = kind;
 	ev.hdr.pid = pid;
 	ev.hdr.tid = tid;
@@ -36,7 +37,7 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
 	__u8 f = (flags ? *flags : TRACED) & ~TRACED_WAITS_BY_UPROBE;
 	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
-	emit_proc(EV_PROC_FORK, cpid, (__u32)child_ids, ppid, 0);
+	emit_proc(EV_PROC_FORK, cpid, (__u32)child_ids, ppid, 0, 0);
 	return 0;
 }
 
@@ -48,7 +49,7 @@ int BPF_PROG(proc_exec, struct task_struct *p)
 	/* pid 0: a process uvspan's PID namespace does not see */
 	if (!pid || (!discover && !is_traced(pid)))
 		return 0;
-	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0);
+	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0, 0);
 	return 0;
 }
 
@@ -71,7 +72,7 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	if (pid != tid || !is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);
-	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast);
+	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast, BPF_CORE_READ(p, exit_code));
 	return 0;
 }
 

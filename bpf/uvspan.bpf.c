@@ -81,7 +81,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_STREAM_IO: return stream_io(ctx);
 	case PROBE_STREAM_WRITE: return stream_write(ctx, cookie);
 	case PROBE_TLS_WRITE: return tls_write(ctx);
-	case PROBE_CAUSE_CLEAR: return cause_clear(ctx);
+	case PROBE_CAUSE_CLEAR: return task_start(ctx, cookie);
 	case PROBE_STREAM_CONNECT: return stream_connect(ctx);
 	}
 	return 0;

@@ -103,7 +103,7 @@ enum probe_kind {
 	PROBE_STREAM_IO = 14,     /* uv__stream_io: a stream's callback is about to run */
 	PROBE_STREAM_WRITE = 15,  /* uv_try_write / uv_write2; low bits: see stream_write */
 	PROBE_TLS_WRITE = 16,     /* SSL_write: plaintext of a TLS write */
-	PROBE_CAUSE_CLEAR = 17,   /* node's timers / immediates run: no request caused them */
+	PROBE_CAUSE_CLEAR = 17,   /* node's timers / immediates run: a task (cookie: enum cause_kind) */
 	PROBE_STREAM_CONNECT = 18, /* uv_tcp_connect: the stream's callbacks belong to the connecting cause */
 	/* libc's epoll_wait / epoll_pwait, session uprobe: the loop's waits
 	 * where the kernel refuses fentry; low bit: the timeout is a struct
@@ -116,6 +116,21 @@ enum http_what {
 	HTTP_REQUEST = 1,  /* a request's first bytes reached a server parser: a new cause */
 	HTTP_RESPONSE = 2, /* a response's first bytes reached a client parser */
 	HTTP_WRITE = 3,    /* bytes written while a cause was current */
+};
+
+/* What caused an operation: the bits of a cause under its time (a cause is
+ * ktime << 8 | kind << CAUSE_KIND_SHIFT | CPU). A request (HTTP) starts a
+ * trace of its own; a task is a callback no request caused that started
+ * traced work: a batch of JS timers, of immediates, a socket's I/O callback
+ * (a queue consumer, a database reply). */
+enum cause_kind {
+	CAUSE_REQUEST = 0,
+	CAUSE_TIMERS = 1,
+	CAUSE_IMMEDIATE = 2,
+	CAUSE_IO = 3,
+	CAUSE_KIND_SHIFT = 5,
+	CAUSE_KIND_MASK = 7,
+	CAUSE_CPU_MASK = 0x1F,
 };
 
 /* Where an operation was seen to finish. */
@@ -277,6 +292,8 @@ struct proc_event {
 	unsigned int ppid;
 	unsigned int fast_iterations; /* exit: the main thread's fast loop iterations since its last record */
 	unsigned long long ts_ns;
+	int exit_code; /* exit: the task's exit_code (status << 8, or the signal) */
+	unsigned int _pad;
 };
 
 #endif /* UVSPAN_H */

@@ -93,6 +93,15 @@ pub struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub min_duration: Option<Duration>,
 
+    /// What a trace is for work no request caused: `process` (each traced
+    /// process one trace: its life, start-up and tasks under its root span;
+    /// the default for `-- COMMAND` and `uvspan run`) or `task` (each timer
+    /// batch, immediate batch or I/O callback that did traced work its own
+    /// trace; the default for --pid and --all). Requests keep their own
+    /// traces either way.
+    #[arg(long, value_name = "UNIT", value_enum)]
+    pub trace_per: Option<crate::tasks::TracePer>,
+
     /// Export a request the trace sampler dropped anyway, with all of its
     /// work, when it failed (HTTP 5xx).
     #[arg(long)]

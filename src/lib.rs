@@ -23,3 +23,4 @@ pub mod report;
 pub mod requests;
 pub mod stacks;
 pub mod symbols;
+pub mod tasks;

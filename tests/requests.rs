@@ -131,7 +131,7 @@ fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> 
     let request_traces: std::collections::BTreeSet<&str> = servers.values().map(|s| s.trace_id.as_str()).collect();
     let bg: Vec<&Span> = spans.iter().filter(|s| s.str("file.path") == Some(dir.join("bg").as_str())).collect();
     assert!(bg.len() >= 3, "the interval ran: {} stats", bg.len());
-    let joined_bg = bg.iter().filter(|s| request_traces.contains(s.trace_id.as_str()) || !s.parent_span_id.is_empty()).count();
+    let joined_bg = bg.iter().filter(|s| request_traces.contains(s.trace_id.as_str()) || !outside_requests(spans, s)).count();
     eprintln!("requests ({scheme}): background interval stats joined to a request: {joined_bg} of {}", bg.len());
     assert_eq!(joined_bg, 0, "background work put into a request's trace");
     servers
@@ -169,7 +169,8 @@ fn https_requests_too() {
 #[test]
 fn requests_off_leaves_every_operation_its_own_trace() {
     require_root();
-    let (dir, _out, spans) = run_server("req-off", &["--requests", "off"], &[]);
+    // A trace per task: without request context no task is tagged either.
+    let (dir, _out, spans) = run_server("req-off", &["--requests", "off", "--trace-per", "task"], &[]);
     assert!(spans.iter().all(|s| s.kind != 2), "no SERVER span with --requests off");
     let steps: Vec<&Span> = spans.iter().filter(|s| s.str("file.path").is_some_and(|p| p.starts_with(&dir.join("1-")))).collect();
     assert_eq!(steps.len(), N);
@@ -459,10 +460,12 @@ fn documented_limits_timers_pipelining_workers_http2() {
     assert_eq!(by_path("in-handler").parent_span_id, timer_req.span_id, "work in the handler is the request's");
     let in_timer = by_path("in-timer");
     assert!(
-        in_timer.parent_span_id.is_empty() && in_timer.trace_id != timer_req.trace_id,
+        outside_requests(&spans, in_timer) && in_timer.trace_id != timer_req.trace_id,
         "work started from a timer joins no request: {}",
         in_timer.brief()
     );
+    let parent_name = |s: &Span| spans.iter().find(|p| p.span_id == s.parent_span_id).map(|p| p.name.clone()).unwrap_or_default();
+    assert_eq!(parent_name(in_timer), "timers", "it is its timer batch's task's: {}", in_timer.brief());
     let pipelined: Vec<&Span> =
         spans.iter().filter(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/pipe/"))).collect();
     assert_eq!(pipelined.len(), 1, "pipelined requests in one read: one SERVER span (the first)\n{}", dump(&pipelined));
@@ -473,7 +476,7 @@ fn documented_limits_timers_pipelining_workers_http2() {
     let worker_req = spans.iter().find(|s| s.kind == 2 && s.str("url.path") == Some("/worker")).expect("SERVER span of /worker");
     let in_worker = by_path("in-worker");
     assert!(
-        in_worker.parent_span_id.is_empty() && in_worker.trace_id != worker_req.trace_id,
+        outside_requests(&spans, in_worker) && in_worker.trace_id != worker_req.trace_id,
         "worker thread work joins no request: {}",
         in_worker.brief()
     );
@@ -484,17 +487,18 @@ fn documented_limits_timers_pipelining_workers_http2() {
     assert_eq!(imm.len(), 2, "a SERVER span per /imm request\n{}", dump(&imm));
     for x in ["a", "b"] {
         let w = by_path(&format!("imm-{x}"));
+        assert_eq!(parent_name(w), "immediate", "its immediates' task's: {}", w.brief());
         assert!(
-            w.parent_span_id.is_empty() && imm.iter().all(|r| r.trace_id != w.trace_id),
+            outside_requests(&spans, w) && imm.iter().all(|r| r.trace_id != w.trace_id),
             "work started from setImmediate joins no request: {}\n{}",
             w.brief(),
             dump(&imm)
         );
     }
     let in_h2 = by_path("in-h2");
-    assert!(in_h2.parent_span_id.is_empty(), "HTTP/2 request work joins no request: {}", in_h2.brief());
+    assert!(outside_requests(&spans, in_h2), "HTTP/2 request work joins no request: {}", in_h2.brief());
     assert!(!spans.iter().any(|s| s.kind == 2 && s.str("url.path") == Some("/h2")), "no SERVER span for HTTP/2");
-    eprintln!("requests limits: timer and immediate work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work; worker thread work joined no request; HTTP/2: no SERVER span, its work a root");
+    eprintln!("requests limits: timer and immediate work joined no request; 2 pipelined requests -> 1 SERVER span with both handlers' work; worker thread work joined no request; HTTP/2: no SERVER span, its work in no request");
 }
 
 /// Debian's nodejs keeps llhttp_execute in libnode.so, beside a stripped

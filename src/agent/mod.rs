@@ -10,6 +10,7 @@
 mod procs;
 mod report;
 mod sampling;
+mod setup;
 mod targets;
 
 use std::cell::{Cell, RefCell};
@@ -40,8 +41,10 @@ use crate::probes::catalog::Detail;
 use crate::requests::Requests;
 use crate::stacks::Stacks;
 use crate::symbols::Images;
+use crate::tasks::{Tasks, TracePer};
 use procs::Procs;
 use report::RunStats;
+use setup::*;
 use targets::resolve_targets;
 
 /// Runs uvspan; returns the process exit code.
@@ -137,178 +140,6 @@ pub struct Agent {
     _rt: tokio::runtime::Runtime,
 }
 
-/// Benchmark mode (scripts/bench.sh): uprobes and epoll programs attach and
-/// fire, but return at once, so a run measures what the kernel charges for
-/// the probes alone.
-fn bench_trap_only() -> bool {
-    let on = std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1");
-    if on {
-        eprintln!("uvspan: UVSPAN_BENCH_TRAP_ONLY=1: probes fire but record nothing (benchmark mode, no spans)");
-    }
-    on
-}
-
-/// What the kernel side is loaded with.
-fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>) -> Settings {
-    Settings {
-        loop_threshold: cli.loop_threshold,
-        follow_forks: !cli.command.is_empty(),
-        discover: cli.discover(),
-        ring_buffer_size: cli.ring_buffer_size,
-        detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
-        trap_only: bench_trap_only(),
-        sampling: cli.sample_time.is_some_and(|s| s < 1.0),
-        stacks: cli.stacks != StacksMode::Off,
-        stacks_all_ops: cli.stacks == StacksMode::AllOps,
-        pidns,
-    }
-}
-
-/// What the run exports, from the command line, the `OTEL_*` variables and
-/// the config file.
-fn export_plan(cli: &Cli, file: &FileConfig) -> Result<Plan> {
-    let env = |k: &str| std::env::var(k).ok();
-    let src =
-        Sources { env: &env, file: file.otlp.as_ref(), flag_endpoint: cli.otlp_endpoint.as_deref(), flag_protocol: cli.otlp_protocol };
-    settings::plan(&src).map_err(|e| usage(format!("{e:#}")))
-}
-
-/// The metrics of every operation and request (see [`crate::metrics`]):
-/// their aggregates, and the task that exports them.
-type OpMetrics = (Arc<std::sync::Mutex<crate::metrics::Metrics>>, crate::export::metrics::Periodic);
-
-fn start_op_metrics(plan: &Plan, rt: &tokio::runtime::Runtime) -> Result<Option<OpMetrics>> {
-    use crate::export::metrics::{interval, temporality, Periodic};
-    let shared = Arc::new(std::sync::Mutex::new(crate::metrics::Metrics::default()));
-    let t = temporality(std::env::var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE").ok().as_deref())?;
-    let _guard = rt.enter();
-    Ok(Periodic::start(&plan.metrics, shared.clone(), interval(), t)?.map(|p| (shared, p)))
-}
-
-/// Whether uvspan discovers its targets (--all, --cgroup, --container); an
-/// error when the command line names none, or a command with discovery.
-fn check_targets(cli: &Cli) -> Result<bool> {
-    let discovering = cli.discover();
-    if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
-        bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
-    }
-    if discovering && !cli.command.is_empty() {
-        bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
-    }
-    Ok(discovering)
-}
-
-/// Why spans are not exported at all, if they are not.
-fn traces_off(plan: &Plan) -> Option<&'static str> {
-    if plan.traces != Output::Off {
-        return None;
-    }
-    let sdk_off = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
-    Some(if sdk_off { "OTEL_SDK_DISABLED=true" } else { "OTEL_TRACES_EXPORTER=none" })
-}
-
-fn usage(msg: String) -> anyhow::Error {
-    anyhow::Error::new(crate::discover::target::ExitCodeError { code: 2, msg })
-}
-
-/// The export side: runtime, span exporter, health metrics.
-fn start_export(plan: &Plan, file: &FileConfig) -> Result<(tokio::runtime::Runtime, Exporter, Arc<Health>, Option<HealthMetrics>)> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("uvspan-export")
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let dest = match &plan.traces {
-        Output::Otlp(s) => Destination::Otlp(s.clone()),
-        Output::Console | Output::Off => Destination::Console,
-    };
-    let exporter = Exporter::start(&dest, file.batch()?, &rt)?;
-    let health = Arc::new(Health::default());
-    let metrics = {
-        let _guard = rt.enter();
-        HealthMetrics::start(&plan.metrics, health.clone(), exporter.counters())?
-    };
-    Ok((rt, exporter, health, metrics))
-}
-
-/// --otlp-listen: the app's OTLP served on its addresses (bound now: a bad
-/// address stops uvspan before anything is traced) and forwarded to uvspan's
-/// endpoint.
-fn start_listener(cli: &Cli, plan: &Plan, rt: &tokio::runtime::Runtime, health: &Health) -> Result<Option<Listener>> {
-    if cli.otlp_listen.is_empty() {
-        return Ok(None);
-    }
-    let Some(traces) = &plan.forward[0] else {
-        return Err(usage(
-            "--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL \
-             (or OTEL_EXPORTER_OTLP_ENDPOINT)"
-                .into(),
-        ));
-    };
-    // The endpoint being one of our own addresses would send everything round in a circle.
-    for s in plan.forward.iter().flatten() {
-        let hostport = s.url.split("://").nth(1).unwrap_or(&s.url).split('/').next().unwrap_or("");
-        if let Ok(a) = hostport.parse::<std::net::SocketAddr>() {
-            if cli.otlp_listen.contains(&a) {
-                return Err(usage(format!(
-                    "the OTLP endpoint {} is uvspan's own --otlp-listen address: give uvspan the collector's address \
-                     (--otlp-endpoint) and the app the listen address (its OTEL_EXPORTER_OTLP_ENDPOINT)",
-                    traces.url
-                )));
-            }
-        }
-    }
-    let cfg =
-        ListenConfig { addrs: cli.otlp_listen.clone(), upstream: plan.forward.clone(), queue_bytes: u64::from(cli.otlp_listen_queue) };
-    match Listener::start(&cfg, rt, health.listen.clone()) {
-        Ok(l) => Ok(Some(l)),
-        Err(e) => match e.downcast::<BindError>() {
-            Ok(b) => Err(usage(b.to_string())),
-            Err(e) => Err(e),
-        },
-    }
-}
-
-/// SIGINT/SIGTERM: stored in the returned flag, and the waker rung.
-fn watch_signals(rt: &tokio::runtime::Runtime, waker: Waker) -> Arc<AtomicI32> {
-    let signal = Arc::new(AtomicI32::new(0));
-    let flag = signal.clone();
-    rt.spawn(async move {
-        use tokio::signal::unix::{signal as sig, SignalKind};
-        let (Ok(mut int), Ok(mut term)) = (sig(SignalKind::interrupt()), sig(SignalKind::terminate())) else { return };
-        loop {
-            let n = tokio::select! { _ = int.recv() => libc::SIGINT, _ = term.recv() => libc::SIGTERM };
-            flag.store(n, Ordering::SeqCst);
-            waker.wake();
-        }
-    });
-    signal
-}
-
-/// The ring buffer reader: records decoded into the inbox (and, with
-/// UVSPAN_RECORD=<file>, kept raw for golden tests: tests/golden/).
-fn open_ring(tracer: &Tracer) -> Result<(RingBuffer<'static>, Inbox)> {
-    let inbox = Inbox::default();
-    let mut recording = match std::env::var_os("UVSPAN_RECORD") {
-        Some(p) => {
-            Some(std::io::BufWriter::new(std::fs::File::create(&p).with_context(|| format!("cannot create UVSPAN_RECORD file {p:?}"))?))
-        }
-        None => None,
-    };
-    let sink = inbox.clone();
-    let rb = tracer.ring_buffer(move |data| {
-        if let Some(w) = recording.as_mut() {
-            let _ = decode::write_recorded(w, data).and_then(|_| std::io::Write::flush(w));
-        }
-        match decode::decode(data) {
-            Ok(r) => sink.records.borrow_mut().push(r),
-            Err(_) => sink.undecodable.set(sink.undecodable.get() + 1),
-        }
-    })?;
-    Ok((rb, inbox))
-}
-
 impl Agent {
     /// Everything up to the first tick: BPF loaded, targets attached, the
     /// command started, discovery watching.
@@ -352,6 +183,8 @@ impl Agent {
         if report.is_some() {
             procs.commands = Some(HashMap::new());
         }
+        let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
+        procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off);
         let mut agent = Agent {
             procs,
             requests: (cli.requests != RequestsMode::Off).then(|| {
@@ -460,6 +293,7 @@ impl Agent {
         if self.timers.health.due() {
             self.read_loop_times();
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+            self.stats.tasks = self.procs.tasks.stats;
             if let Some(s) = self.stats.sampler.as_mut() {
                 s.1 = self.procs.unsampled;
             }
@@ -471,6 +305,7 @@ impl Agent {
         }
         if self.timers.status.due() {
             self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+            self.stats.tasks = self.procs.tasks.stats;
             let mut line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
             if self.listener.is_some() {
                 line.push_str("; ");
@@ -502,15 +337,13 @@ impl Agent {
         let mut recs = std::mem::replace(&mut *self.inbox.records.borrow_mut(), spare);
         let mut out = procs::Out::default();
         self.procs.begin_batch(recs.len());
-        if let Some(r) = self.requests.as_mut() {
-            if shutdown || self.timers.requests.due() {
-                self.procs.expire(r, self.clock, crate::events::clock::monotonic_ns(), shutdown, &mut out);
-            }
+        if !shutdown && self.timers.requests.due() {
+            self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), false, &mut out);
         }
         for rec in recs.drain(..) {
             match rec {
-                Record::Exec { pid } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
-                Record::Exit { pid, fast_iterations } => {
+                Record::Exec { pid, .. } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
+                Record::Exit { pid, fast_iterations, .. } => {
                     if let Some(r) = self.report.as_mut() {
                         r.exited(pid, fast_iterations);
                     }
@@ -547,7 +380,7 @@ impl Agent {
                     }
                     self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
-                Record::Exec { pid } if self.command_images.is_some() => {
+                Record::Exec { pid, .. } if self.command_images.is_some() => {
                     self.command_exec(pid);
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
@@ -556,6 +389,11 @@ impl Agent {
         }
         if recs.capacity() <= 65_536 {
             self.spare_records = recs;
+        }
+        // Stopping: what is still open ends after the last records (a
+        // process's exit among them ends its trace with its exit code).
+        if shutdown {
+            self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), true, &mut out);
         }
         self.join(shutdown, &mut out);
         for (pid, mut spans) in out {
@@ -652,6 +490,7 @@ impl Agent {
         let k = self.tracer.stats();
         self.stats.undecodable = self.inbox.undecodable.get();
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+        self.stats.tasks = self.procs.tasks.stats;
         self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
         if let Some(s) = self.stats.sampler.as_mut() {
             s.1 = self.procs.unsampled;

@@ -14,6 +14,7 @@ use crate::events::sampler::Sampler;
 use crate::events::spans::{self, Span, SpanContextSource};
 use crate::export::Exporter;
 use crate::requests::{Ready, Requests};
+use crate::tasks::{Tasks, TracePer};
 
 /// One traced process.
 struct Proc {
@@ -104,6 +105,9 @@ pub struct Procs {
     batch_hint: usize,
     /// Span lists used before, emptied (see [`Procs::give_back`]).
     spare: Vec<Vec<Span>>,
+    /// Work no request caused: its tasks, and each process's trace with
+    /// `--trace-per process`.
+    pub tasks: Tasks,
 }
 
 /// A record's thread ids as its process sees them (a process in a PID
@@ -119,6 +123,13 @@ fn own_thread_ids(rec: &mut Record, v: &mut Views) {
     if let Some(w) = worker {
         *w = v.tid(pid, *w);
     }
+}
+
+/// When a process started (kernel monotonic ns, from /proc: clock ticks
+/// since boot), for one whose fork or exec was not seen.
+fn started_ns(pid: u32) -> u64 {
+    let ticks = procfs::process::Process::new(pid as i32).and_then(|p| p.stat()).map_or(0, |s| s.starttime);
+    ticks.saturating_mul(1_000_000_000) / procfs::ticks_per_second().max(1)
 }
 
 /// Whether a process is still running (not gone, not a zombie).
@@ -145,6 +156,7 @@ impl Procs {
             unseen: Vec::new(),
             batch_hint: 0,
             spare: Vec::new(),
+            tasks: Tasks::new(TracePer::Task, false),
         }
     }
 
@@ -200,6 +212,7 @@ impl Procs {
         }
         exporter.process(pid, resource, format!("{name}[{pid}]"));
         p.registered = true;
+        self.tasks.process(pid, &info.argv, started_ns(pid), &*self.ids, self.sampler);
         if let Some(c) = self.commands.as_mut() {
             c.insert(pid, info.argv.clone());
         }
@@ -220,22 +233,25 @@ impl Procs {
             p.records += 1;
         }
         let pid = match &rec {
-            Record::Fork { pid, ppid } => {
+            Record::Fork { pid, ppid, ts_ns } => {
+                self.tasks.started(*pid, *ts_ns);
                 let nv = self.procs.get(ppid).and_then(|p| p.node_version.clone());
                 let mut child = Proc::new(false, nv);
                 child.records = 1; // its fork is the kernel's word of it
                 self.procs.insert(*pid, child);
                 return;
             }
-            Record::Exec { pid } => {
+            Record::Exec { pid, ts_ns } => {
+                self.tasks.started(*pid, *ts_ns);
                 if let Some(p) = self.procs.get_mut(pid) {
                     p.registered = false; // a new program: read its resource again
                 }
                 self.register(*pid, exporter);
                 return;
             }
-            Record::Exit { pid, .. } => {
+            Record::Exit { pid, ts_ns, code, .. } => {
                 self.mark_exited(*pid);
+                self.tasks.exited(*pid, *ts_ns, Some(*code), &src, out);
                 if let Some(m) = &self.metrics {
                     m.lock().unwrap_or_else(|e| e.into_inner()).exited(*pid);
                 }
@@ -283,6 +299,7 @@ impl Procs {
             self.short += u64::from(short);
             !short
         });
+        let rec = rec.and_then(|r| self.tasks.work(r, &src, out));
         if let Some(rec) = rec {
             if !spans::build_into(rec, &src, None, out.entry(pid).or_default()) {
                 self.unsampled += 1;
@@ -310,13 +327,19 @@ impl Procs {
         self.procs.get(&pid).and_then(|p| p.views.as_ref()).map_or(pid, |v| v.pid)
     }
 
-    /// Requests over by `now_ns` (kernel time), or all of them (`all`).
-    pub fn expire(&self, requests: &mut Requests, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
+    /// Requests and tasks over by `now_ns` (kernel time), or all of them
+    /// (`all`: uvspan is stopping).
+    pub fn expire(&mut self, requests: Option<&mut Requests>, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
         let src = SpanContextSource { clock, ids: &*self.ids, sampler: self.sampler };
+        match (requests, all) {
+            (Some(r), true) => r.finish_all(&src, out),
+            (Some(r), false) => r.expire(now_ns, &src, out),
+            (None, _) => {}
+        }
         if all {
-            requests.finish_all(&src, out);
+            self.tasks.finish_all(now_ns, &src, out);
         } else {
-            requests.expire(now_ns, &src, out);
+            self.tasks.expire(now_ns, &src, out);
         }
     }
 

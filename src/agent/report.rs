@@ -31,6 +31,8 @@ pub struct RunStats {
     pub traces_off: Option<&'static str>,
     /// --min-duration: operations outside requests too short to export.
     pub short: u64,
+    /// Background tasks and process traces.
+    pub tasks: crate::tasks::TaskStats,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -99,10 +101,22 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         String::new()
     };
     let off = run.traces_off.map_or_else(String::new, |why| format!("; no span is sent anywhere ({why})"));
+    let t = &run.tasks;
+    let tasks = if t.tasks > 0 || t.processes > 0 {
+        format!(
+            "; {} background tasks, {} process traces ({} not sampled, not exported{})",
+            t.tasks,
+            t.processes,
+            t.unsampled,
+            if t.not_held > 0 { format!("; {} operations over what a task holds, sent alone", t.not_held) } else { String::new() }
+        )
+    } else {
+        String::new()
+    };
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{sampler}{short}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{tasks}{sampler}{short}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }

@@ -177,15 +177,20 @@ pub enum Record {
     Fork {
         pid: u32,
         ppid: u32,
+        ts_ns: u64,
     },
     Exec {
         pid: u32,
+        ts_ns: u64,
     },
     /// `fast_iterations`: the main thread's loop iterations under the
-    /// threshold since its last reported one.
+    /// threshold since its last reported one. `code`: the kernel's exit
+    /// code (the status << 8, or the signal that ended it).
     Exit {
         pid: u32,
         fast_iterations: u64,
+        ts_ns: u64,
+        code: i32,
     },
 }
 
@@ -197,7 +202,7 @@ impl Record {
             Record::Loop(r) => r.pid,
             Record::Http(r) => r.pid,
             Record::Stack(r) => r.pid,
-            Record::Fork { pid, .. } | Record::Exec { pid } | Record::Exit { pid, .. } => *pid,
+            Record::Fork { pid, .. } | Record::Exec { pid, .. } | Record::Exit { pid, .. } => *pid,
         }
     }
 }
@@ -379,12 +384,13 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
 
 /// A fork, exec or exit record (`kind`).
 fn process(data: &[u8], kind: ev_kind) -> Result<Record, DecodeError> {
-    let e: proc_event = read(data, kind.0, std::mem::size_of::<proc_event>())?;
-    let pid = e.hdr.pid;
+    // Recordings made before the exit code was sent end at its time.
+    let e: proc_event = read(data, kind.0, std::mem::offset_of!(proc_event, exit_code))?;
+    let (pid, ts_ns) = (e.hdr.pid, e.ts_ns);
     Ok(match kind {
-        ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid },
-        ev_kind::EV_PROC_EXEC => Record::Exec { pid },
-        _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations) },
+        ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid, ts_ns },
+        ev_kind::EV_PROC_EXEC => Record::Exec { pid, ts_ns },
+        _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations), ts_ns, code: e.exit_code },
     })
 }
 

@@ -4,7 +4,7 @@
 //! row in [`OTHER`] (its handler is a case of `enum probe_kind` in
 //! bpf/uvspan.h, dispatched in bpf/uvspan.bpf.c).
 
-use crate::kernel::skel::types::{cookie_layout as cookie, loop_phase, probe_kind};
+use crate::kernel::skel::types::{cause_kind, cookie_layout as cookie, loop_phase, probe_kind};
 
 /// Which file a probe's symbol lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -419,7 +419,8 @@ pub const OTHER: &[Probe] = &[
     Probe {
         symbol: "_ZN4node11Environment9RunTimersEP10uv_timer_s",
         kind: probe_kind::PROBE_CAUSE_CLEAR,
-        if_missing: "work started by JS timers can be joined to the request whose callback ran just before",
+        cookie: cause_kind::CAUSE_TIMERS.0 as u64,
+        if_missing: "work started by JS timers is no task of its own and can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some("llhttp_execute"),
         ..Probe::ROW
@@ -433,8 +434,8 @@ pub const OTHER: &[Probe] = &[
     Probe {
         symbol: "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
         kind: probe_kind::PROBE_CAUSE_CLEAR,
-        cookie: 1,
-        if_missing: "work started by setImmediate can be joined to the request whose callback ran just before",
+        cookie: cause_kind::CAUSE_IMMEDIATE.0 as u64,
+        if_missing: "work started by setImmediate is no task of its own and can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some("llhttp_execute"),
         ..Probe::ROW

@@ -179,7 +179,7 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
             let tid = int(keys::THREAD_ID).unwrap_or(i64::from(pid));
             return Some((Item::Iteration { tid, stack: text(STACKTRACE) }, busy, failed));
         }
-        Family::Phase | Family::Http | Family::Other => return None,
+        Family::Phase | Family::Http | Family::Task | Family::Process | Family::Other => return None,
     };
     Some((item, ms, failed))
 }

@@ -63,3 +63,18 @@ pub fn check_threadpool_split(s: &Span, pid: i64) -> i64 {
     close(cbw, s.end_unix_nano - t2, "callback_wait_ms");
     worker
 }
+
+/// Whether `s` is work no request caused: a root, or under its process's
+/// start-up span, a task's span or its process's root span (with
+/// `--trace-per process`, the default for `-- COMMAND`), never under a
+/// request's span.
+pub fn outside_requests(spans: &[Span], s: &Span) -> bool {
+    if s.parent_span_id.is_empty() {
+        return true;
+    }
+    spans.iter().any(|p| {
+        p.span_id == s.parent_span_id
+            && p.kind == 1
+            && (matches!(p.name.as_str(), "startup" | "timers" | "immediate" | "io") || p.str("process.command_line").is_some())
+    })
+}

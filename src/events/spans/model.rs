@@ -147,6 +147,10 @@ pub enum Family {
     Phase,
     /// A request's SERVER span or an outgoing call's CLIENT span.
     Http,
+    /// A background task's root span, or a process's start-up span.
+    Task,
+    /// A process's root span (`--trace-per process`).
+    Process,
     /// None of uvspan's families (spans made in tests).
     Other,
 }

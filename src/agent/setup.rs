@@ -1,0 +1,179 @@
+//! What the agent sets up before its first tick: the tracer's settings,
+//! the export plan and its runtime, the listener, signals, the ring buffer.
+
+use super::*;
+
+/// Benchmark mode (scripts/bench.sh): uprobes and epoll programs attach and
+/// fire, but return at once, so a run measures what the kernel charges for
+/// the probes alone.
+pub(super) fn bench_trap_only() -> bool {
+    let on = std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1");
+    if on {
+        eprintln!("uvspan: UVSPAN_BENCH_TRAP_ONLY=1: probes fire but record nothing (benchmark mode, no spans)");
+    }
+    on
+}
+
+/// What the kernel side is loaded with.
+pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>) -> Settings {
+    Settings {
+        loop_threshold: cli.loop_threshold,
+        follow_forks: !cli.command.is_empty(),
+        discover: cli.discover(),
+        ring_buffer_size: cli.ring_buffer_size,
+        detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
+        trap_only: bench_trap_only(),
+        sampling: cli.sample_time.is_some_and(|s| s < 1.0),
+        stacks: cli.stacks != StacksMode::Off,
+        stacks_all_ops: cli.stacks == StacksMode::AllOps,
+        pidns,
+    }
+}
+
+/// What the run exports, from the command line, the `OTEL_*` variables and
+/// the config file.
+pub(super) fn export_plan(cli: &Cli, file: &FileConfig) -> Result<Plan> {
+    let env = |k: &str| std::env::var(k).ok();
+    let src =
+        Sources { env: &env, file: file.otlp.as_ref(), flag_endpoint: cli.otlp_endpoint.as_deref(), flag_protocol: cli.otlp_protocol };
+    settings::plan(&src).map_err(|e| usage(format!("{e:#}")))
+}
+
+/// The metrics of every operation and request (see [`crate::metrics`]):
+/// their aggregates, and the task that exports them.
+pub(super) type OpMetrics = (Arc<std::sync::Mutex<crate::metrics::Metrics>>, crate::export::metrics::Periodic);
+
+pub(super) fn start_op_metrics(plan: &Plan, rt: &tokio::runtime::Runtime) -> Result<Option<OpMetrics>> {
+    use crate::export::metrics::{interval, temporality, Periodic};
+    let shared = Arc::new(std::sync::Mutex::new(crate::metrics::Metrics::default()));
+    let t = temporality(std::env::var("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE").ok().as_deref())?;
+    let _guard = rt.enter();
+    Ok(Periodic::start(&plan.metrics, shared.clone(), interval(), t)?.map(|p| (shared, p)))
+}
+
+/// Whether uvspan discovers its targets (--all, --cgroup, --container); an
+/// error when the command line names none, or a command with discovery.
+pub(super) fn check_targets(cli: &Cli) -> Result<bool> {
+    let discovering = cli.discover();
+    if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
+        bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
+    }
+    if discovering && !cli.command.is_empty() {
+        bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");
+    }
+    Ok(discovering)
+}
+
+/// Why spans are not exported at all, if they are not.
+pub(super) fn traces_off(plan: &Plan) -> Option<&'static str> {
+    if plan.traces != Output::Off {
+        return None;
+    }
+    let sdk_off = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim().eq_ignore_ascii_case("true"));
+    Some(if sdk_off { "OTEL_SDK_DISABLED=true" } else { "OTEL_TRACES_EXPORTER=none" })
+}
+
+pub(super) fn usage(msg: String) -> anyhow::Error {
+    anyhow::Error::new(crate::discover::target::ExitCodeError { code: 2, msg })
+}
+
+/// The export side: runtime, span exporter, health metrics.
+pub(super) fn start_export(
+    plan: &Plan,
+    file: &FileConfig,
+) -> Result<(tokio::runtime::Runtime, Exporter, Arc<Health>, Option<HealthMetrics>)> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("uvspan-export")
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let dest = match &plan.traces {
+        Output::Otlp(s) => Destination::Otlp(s.clone()),
+        Output::Console | Output::Off => Destination::Console,
+    };
+    let exporter = Exporter::start(&dest, file.batch()?, &rt)?;
+    let health = Arc::new(Health::default());
+    let metrics = {
+        let _guard = rt.enter();
+        HealthMetrics::start(&plan.metrics, health.clone(), exporter.counters())?
+    };
+    Ok((rt, exporter, health, metrics))
+}
+
+/// --otlp-listen: the app's OTLP served on its addresses (bound now: a bad
+/// address stops uvspan before anything is traced) and forwarded to uvspan's
+/// endpoint.
+pub(super) fn start_listener(cli: &Cli, plan: &Plan, rt: &tokio::runtime::Runtime, health: &Health) -> Result<Option<Listener>> {
+    if cli.otlp_listen.is_empty() {
+        return Ok(None);
+    }
+    let Some(traces) = &plan.forward[0] else {
+        return Err(usage(
+            "--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL \
+             (or OTEL_EXPORTER_OTLP_ENDPOINT)"
+                .into(),
+        ));
+    };
+    // The endpoint being one of our own addresses would send everything round in a circle.
+    for s in plan.forward.iter().flatten() {
+        let hostport = s.url.split("://").nth(1).unwrap_or(&s.url).split('/').next().unwrap_or("");
+        if let Ok(a) = hostport.parse::<std::net::SocketAddr>() {
+            if cli.otlp_listen.contains(&a) {
+                return Err(usage(format!(
+                    "the OTLP endpoint {} is uvspan's own --otlp-listen address: give uvspan the collector's address \
+                     (--otlp-endpoint) and the app the listen address (its OTEL_EXPORTER_OTLP_ENDPOINT)",
+                    traces.url
+                )));
+            }
+        }
+    }
+    let cfg =
+        ListenConfig { addrs: cli.otlp_listen.clone(), upstream: plan.forward.clone(), queue_bytes: u64::from(cli.otlp_listen_queue) };
+    match Listener::start(&cfg, rt, health.listen.clone()) {
+        Ok(l) => Ok(Some(l)),
+        Err(e) => match e.downcast::<BindError>() {
+            Ok(b) => Err(usage(b.to_string())),
+            Err(e) => Err(e),
+        },
+    }
+}
+
+/// SIGINT/SIGTERM: stored in the returned flag, and the waker rung.
+pub(super) fn watch_signals(rt: &tokio::runtime::Runtime, waker: Waker) -> Arc<AtomicI32> {
+    let signal = Arc::new(AtomicI32::new(0));
+    let flag = signal.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal as sig, SignalKind};
+        let (Ok(mut int), Ok(mut term)) = (sig(SignalKind::interrupt()), sig(SignalKind::terminate())) else { return };
+        loop {
+            let n = tokio::select! { _ = int.recv() => libc::SIGINT, _ = term.recv() => libc::SIGTERM };
+            flag.store(n, Ordering::SeqCst);
+            waker.wake();
+        }
+    });
+    signal
+}
+
+/// The ring buffer reader: records decoded into the inbox (and, with
+/// UVSPAN_RECORD=<file>, kept raw for golden tests: tests/golden/).
+pub(super) fn open_ring(tracer: &Tracer) -> Result<(RingBuffer<'static>, Inbox)> {
+    let inbox = Inbox::default();
+    let mut recording = match std::env::var_os("UVSPAN_RECORD") {
+        Some(p) => {
+            Some(std::io::BufWriter::new(std::fs::File::create(&p).with_context(|| format!("cannot create UVSPAN_RECORD file {p:?}"))?))
+        }
+        None => None,
+    };
+    let sink = inbox.clone();
+    let rb = tracer.ring_buffer(move |data| {
+        if let Some(w) = recording.as_mut() {
+            let _ = decode::write_recorded(w, data).and_then(|_| std::io::Write::flush(w));
+        }
+        match decode::decode(data) {
+            Ok(r) => sink.records.borrow_mut().push(r),
+            Err(_) => sink.undecodable.set(sink.undecodable.get() + 1),
+        }
+    })?;
+    Ok((rb, inbox))
+}

@@ -1,0 +1,91 @@
+//! The spans of work no request caused: a task's root span, a process's
+//! root span and its start-up span. Pure.
+
+use std::borrow::Cow;
+
+use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceState};
+
+use super::tracker::{Life, Startup, Task};
+use crate::events::spans::{keys, Family, KeyValue, Parent, Span, SpanContextSource};
+
+/// Attribute keys of these spans (no semantic convention covers a task).
+pub mod task_keys {
+    pub const KIND: &str = "uvspan.task.kind";
+    pub const OPERATIONS: &str = "uvspan.task.operations";
+    pub const TASKS: &str = "uvspan.process.tasks";
+    pub const SIGNAL: &str = "uvspan.process.signal";
+}
+
+#[allow(clippy::too_many_arguments)]
+fn span(
+    src: &SpanContextSource<'_>,
+    parent: &Parent,
+    span_id: SpanId,
+    name: Cow<'static, str>,
+    family: Family,
+    (start, end): (u64, u64),
+    attributes: Vec<KeyValue>,
+) -> Span {
+    Span {
+        span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, TraceState::NONE),
+        parent_span_id: parent.span_id,
+        parent_span_is_remote: false,
+        span_kind: SpanKind::Internal,
+        name,
+        start_ns: src.clock.to_wall_ns(start),
+        end_ns: src.clock.to_wall_ns(end.max(start)),
+        attributes,
+        events: Vec::new(),
+        status: Status::Unset,
+        family,
+    }
+}
+
+/// A task's root span (under its process's with `--trace-per process`):
+/// from its callback's start to its last operation's end.
+pub(super) fn task_span(t: &Task, parent: &Parent, src: &SpanContextSource<'_>) -> Span {
+    let attrs = vec![
+        KeyValue::new(task_keys::KIND, t.kind.name()),
+        KeyValue::new(keys::THREAD_ID, i64::from(t.tid)),
+        KeyValue::new(task_keys::OPERATIONS, i64::from(t.ops)),
+    ];
+    span(src, parent, t.span_id, t.kind.name().into(), Family::Task, (t.start_ns, t.last_ns), attrs)
+}
+
+/// A process's root span: exec (or fork) to exit, its command line and how
+/// it ended (`code`: the kernel's exit code; None: still running).
+pub(super) fn process_span(l: &Life, end_ns: u64, code: Option<i32>, src: &SpanContextSource<'_>) -> Span {
+    let root = Parent { trace_id: l.trace_id, span_id: SpanId::INVALID, remote: false, state: TraceState::NONE };
+    let exe = l.argv.first().map(|a| a.rsplit('/').next().unwrap_or(a).to_string()).filter(|e| !e.is_empty());
+    let mut attrs = vec![KeyValue::new("process.command_line", l.argv.join(" ")), KeyValue::new(task_keys::TASKS, i64::from(l.tasks))];
+    if let Some(e) = &exe {
+        attrs.push(KeyValue::new("process.executable.name", e.clone()));
+    }
+    let name: Cow<'static, str> = exe.map_or(Cow::Borrowed("process"), Cow::Owned);
+    let mut s = span(src, &root, l.span_id, name, Family::Process, (l.start_ns, end_ns), attrs);
+    match code {
+        // Killed by a signal: the low 7 bits.
+        Some(c) if c & 0x7f != 0 => {
+            s.attributes.push(KeyValue::new(task_keys::SIGNAL, i64::from(c & 0x7f)));
+            s.status = Status::error(format!("killed by signal {}", c & 0x7f));
+        }
+        Some(c) => {
+            let status = (c >> 8) & 0xff;
+            s.attributes.push(KeyValue::new("process.exit.code", i64::from(status)));
+            if status != 0 {
+                s.status = Status::error(format!("exit code {status}"));
+            }
+        }
+        None => {}
+    }
+    s
+}
+
+/// A process's start-up span: from its start to the end of the last
+/// operation no task or request caused (the main module's run and what it
+/// started).
+pub(super) fn startup_span(l: &Life, s: &Startup, src: &SpanContextSource<'_>) -> Span {
+    let parent = Parent { trace_id: l.trace_id, span_id: l.span_id, remote: false, state: TraceState::NONE };
+    let attrs = vec![KeyValue::new(task_keys::OPERATIONS, i64::from(s.ops))];
+    span(src, &parent, s.span_id, "startup".into(), Family::Task, (l.start_ns, s.end_ns), attrs)
+}

@@ -1,0 +1,162 @@
+use opentelemetry::trace::{SpanId, Status};
+
+use super::*;
+use crate::events::clock::Clock;
+use crate::events::decode::OpRecord;
+use crate::events::spans::{Family, SequentialIds, Value};
+use crate::tasks::cause::make;
+
+/// A stat of process 7 (thread 7) with `cause`.
+fn stat(cause: u64, start: u64, end: u64) -> Record {
+    Record::Fs(FsRecord {
+        op: OpRecord { cause, ..OpRecord::test(7, 7, start, end) },
+        op_id: 4,
+        result: 0,
+        fd: None,
+        path: Some("/x".into()),
+        path2: None,
+    })
+}
+
+/// `steps` on a tracker: the spans they made ready, in order.
+fn run(per: TracePer, sampler: Sampler, steps: impl FnOnce(&mut Tasks, &SpanContextSource<'_>, &mut Ready)) -> (Vec<Span>, TaskStats) {
+    let ids = SequentialIds::default();
+    let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, sampler };
+    let mut t = Tasks::new(per, true);
+    let mut ready = Ready::default();
+    steps(&mut t, &src, &mut ready);
+    (ready.into_values().flatten().collect(), t.stats)
+}
+
+fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+fn ms(n: u64) -> u64 {
+    n * 1_000_000
+}
+
+#[test]
+fn each_tick_is_a_trace_with_its_chain_under_it() {
+    let (spans, stats) = run(TracePer::Task, Sampler::default(), |t, src, ready| {
+        for tick in 0..3u64 {
+            let at = ms(1_000 + tick * 150);
+            let c = make(TaskKind::Timers, at, 1);
+            // The tick's stat, then the readFile its callback started.
+            assert!(t.work(stat(c, at + 10, at + 20), src, ready).is_none());
+            assert!(t.work(stat(c, at + 30, at + 40), src, ready).is_none());
+        }
+        assert_eq!(t.open(), 3);
+        t.expire(ms(1_300) + QUIET_NS, src, ready);
+        assert_eq!(t.open(), 1, "the last tick is not quiet yet");
+        t.finish_all(ms(5_000), src, ready);
+    });
+    let roots = named(&spans, "timers");
+    assert_eq!(roots.len(), 3);
+    assert_eq!(stats.tasks, 3);
+    for r in &roots {
+        assert_eq!(r.parent_span_id, SpanId::INVALID);
+        assert_eq!(r.family, Family::Task);
+        assert_eq!(r.attr("uvspan.task.operations"), Some(&Value::I64(2)));
+        let kids: Vec<_> = spans.iter().filter(|s| s.parent_span_id == r.span_context.span_id()).collect();
+        assert_eq!(kids.len(), 2);
+        assert!(kids.iter().all(|k| k.span_context.trace_id() == r.span_context.trace_id()));
+        assert!(kids.iter().all(|k| k.start_ns >= r.start_ns && k.end_ns <= r.end_ns), "the task spans its work");
+    }
+    let traces: std::collections::HashSet<_> = roots.iter().map(|r| r.span_context.trace_id()).collect();
+    assert_eq!(traces.len(), 3, "ticks in separate traces");
+}
+
+#[test]
+fn work_outside_tasks_is_given_back_per_task_and_late_work_joins() {
+    let (spans, _) = run(TracePer::Task, Sampler::default(), |t, src, ready| {
+        assert!(t.work(stat(0, 10, 20), src, ready).is_some(), "no cause, no process trace: its own trace");
+        let c = make(TaskKind::Io, 100, 3);
+        t.work(stat(c, 110, 120), src, ready);
+        t.expire(120 + QUIET_NS, src, ready);
+        assert!(t.work(stat(c, 130 + QUIET_NS, 140 + QUIET_NS), src, ready).is_none(), "late work of a finished task");
+    });
+    assert_eq!(spans.len(), 3);
+    let io = named(&spans, "io")[0];
+    assert_eq!(spans.iter().filter(|s| s.parent_span_id == io.span_context.span_id()).count(), 2);
+}
+
+#[test]
+fn unsampled_tasks_send_nothing_and_are_counted() {
+    let (spans, stats) = run(
+        TracePer::Task,
+        Sampler::from_env(&|k| (k == "OTEL_TRACES_SAMPLER").then(|| "always_off".to_string())).unwrap(),
+        |t, src, ready| {
+            let c = make(TaskKind::Immediate, 100, 0);
+            t.work(stat(c, 110, 120), src, ready);
+            t.finish_all(1_000, src, ready);
+            assert!(t.work(stat(c, 130, 140), src, ready).is_none(), "its late work is not sent either");
+        },
+    );
+    assert!(spans.is_empty());
+    assert_eq!((stats.tasks, stats.unsampled), (1, 1));
+}
+
+#[test]
+fn a_process_is_one_trace_with_startup_and_tasks_under_it() {
+    let (spans, stats) = run(TracePer::Process, Sampler::default(), |t, src, ready| {
+        t.started(7, 5);
+        t.process(7, &["/usr/bin/node".into(), "cli.js".into()], 1, src.ids, src.sampler);
+        for i in 0..50 {
+            assert!(t.work(stat(0, 10 + i * 10, 15 + i * 10), src, ready).is_none());
+        }
+        for tick in 0..3u64 {
+            let c = make(TaskKind::Timers, ms(10 + tick), 0);
+            t.work(stat(c, ms(10 + tick) + 5, ms(10 + tick) + 9), src, ready);
+        }
+        t.expire(ms(20) + QUIET_NS, src, ready);
+        assert!(ready.values().all(Vec::is_empty), "held until the process exits");
+        t.exited(7, ms(700), Some(1 << 8), src, ready);
+    });
+    assert_eq!(stats.processes, 1);
+    let trace = spans[0].span_context.trace_id();
+    assert!(spans.iter().all(|s| s.span_context.trace_id() == trace), "one trace");
+    let root = named(&spans, "node")[0];
+    assert_eq!(root.parent_span_id, SpanId::INVALID);
+    assert_eq!(root.attr("process.command_line"), Some(&Value::String("/usr/bin/node cli.js".into())));
+    assert_eq!(root.attr("process.exit.code"), Some(&Value::I64(1)));
+    assert_eq!(root.attr("uvspan.process.tasks"), Some(&Value::I64(3)));
+    assert!(matches!(root.status, Status::Error { .. }));
+    assert_eq!(root.start_ns, 5, "from its exec");
+    let startup = named(&spans, "startup")[0];
+    assert_eq!(startup.parent_span_id, root.span_context.span_id());
+    assert_eq!(spans.iter().filter(|s| s.parent_span_id == startup.span_context.span_id()).count(), 50);
+    let ticks = named(&spans, "timers");
+    assert_eq!(ticks.len(), 3);
+    assert!(ticks.iter().all(|s| s.parent_span_id == root.span_context.span_id()));
+    let ids: Vec<SpanId> = spans.iter().map(|s| s.span_context.span_id()).collect();
+    assert!(spans.iter().all(|s| s.parent_span_id == SpanId::INVALID || ids.contains(&s.parent_span_id)), "every parent exported");
+    assert_eq!(spans.len(), 1 + 1 + 50 + 3 * 2);
+}
+
+#[test]
+fn a_process_that_did_nothing_traced_leaves_no_trace_and_a_signal_is_an_error() {
+    let (spans, _) = run(TracePer::Process, Sampler::default(), |t, src, ready| {
+        t.process(8, &["sh".into()], 1, src.ids, src.sampler);
+        t.exited(8, 100, Some(0), src, ready);
+        t.process(7, &["node".into()], 1, src.ids, src.sampler);
+        t.work(stat(0, 10, 20), src, ready);
+        t.exited(7, 100, Some(9), src, ready);
+    });
+    assert_eq!(spans.len(), 3, "node's root, start-up, stat; nothing of sh");
+    let root = named(&spans, "node")[0];
+    assert_eq!(root.attr("uvspan.process.signal"), Some(&Value::I64(9)));
+    assert!(matches!(root.status, Status::Error { .. }));
+}
+
+#[test]
+fn a_long_lived_process_sends_what_it_held_after_a_while() {
+    let (spans, _) = run(TracePer::Process, Sampler::default(), |t, src, ready| {
+        t.process(7, &["node".into()], 1, src.ids, src.sampler);
+        t.work(stat(0, 10, 20), src, ready);
+        t.expire(20 + PROCESS_HELD_NS, src, ready);
+        assert_eq!(ready.values().map(Vec::len).sum::<usize>(), 1, "the stat went out, its parents come at exit");
+        t.finish_all(ms(10_000), src, ready);
+    });
+    assert_eq!(spans.len(), 3);
+}

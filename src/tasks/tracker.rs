@@ -1,0 +1,378 @@
+//! The task tracker: the work of each background task held until the task
+//! is quiet, then built under its root span; with `--trace-per process`,
+//! each process's spans under its root span, held until it exits (within
+//! bounds). Pure: no kernel, no clock of its own (times are the records').
+
+use std::collections::VecDeque;
+
+use opentelemetry::trace::{SpanId, TraceId, TraceState};
+use opentelemetry_sdk::trace::IdGenerator;
+use rustc_hash::FxHashMap;
+
+use super::cause::{started_ns, task_of, TaskKind};
+use super::spans::{process_span, startup_span, task_span};
+use crate::events::decode::{DnsRecord, FsRecord, Record};
+use crate::events::sampler::Sampler;
+use crate::events::spans::{build_into, Parent, Span, SpanContextSource};
+use crate::requests::Ready;
+
+/// Operations held per task before they are sent as they come.
+const HELD_MAX: usize = 512;
+/// Tasks open at once before the oldest is sent as it is.
+const OPEN_MAX: usize = 8192;
+/// Finished tasks remembered for work that arrives late.
+const RECENT_MAX: usize = 8192;
+/// A task with no new work for this long is over.
+pub(super) const QUIET_NS: u64 = 500_000_000;
+/// A process's spans held (for one tree at its exit) before they go out as
+/// they come: at most this many, for at most this long.
+const PROCESS_HELD_MAX: usize = 8192;
+const PROCESS_HELD_NS: u64 = 5_000_000_000;
+
+/// What a trace is made of, for work no request caused.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum TracePer {
+    /// Each task is a trace (its root span: the task); the start-up's and
+    /// other work outside tasks: a trace per operation.
+    #[default]
+    Task,
+    /// Each process is a trace: its root span (exec → exit), its start-up
+    /// and its tasks under it.
+    Process,
+}
+
+/// Counters of the task tracker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TaskStats {
+    /// Tasks that did traced work (sampled or not).
+    pub tasks: u64,
+    /// Process traces made (`--trace-per process`).
+    pub processes: u64,
+    /// Tasks (or, per process, operations) the sampler dropped.
+    pub unsampled: u64,
+    /// Operations sent as they came because their task held too many, or
+    /// too many tasks were open.
+    pub not_held: u64,
+}
+
+/// A task in progress (what the span builder reads is `pub(super)`).
+#[derive(Debug)]
+pub(super) struct Task {
+    pub(super) pid: u32,
+    pub(super) tid: u32,
+    pub(super) kind: TaskKind,
+    pub(super) start_ns: u64,
+    pub(super) last_ns: u64,
+    pub(super) span_id: SpanId,
+    trace_id: TraceId,
+    held: Vec<Record>,
+    pub(super) ops: u32,
+}
+
+/// A process's trace (`--trace-per process`).
+#[derive(Debug)]
+pub(super) struct Life {
+    pub(super) trace_id: TraceId,
+    pub(super) span_id: SpanId,
+    sampled: bool,
+    pub(super) start_ns: u64,
+    pub(super) last_ns: u64,
+    pub(super) argv: Vec<String>,
+    /// The work outside tasks and requests: the main module's run and what
+    /// it started (with request context; without it, all work is here).
+    pub(super) startup: Option<Startup>,
+    pub(super) tasks: u32,
+    /// Spans built, waiting for the process's exit or the hold's bounds.
+    held: Vec<Span>,
+    held_since: Option<u64>,
+    /// Spans of it that went out (its root span goes at its exit if any did).
+    spans: u64,
+}
+
+#[derive(Debug)]
+pub(super) struct Startup {
+    pub(super) span_id: SpanId,
+    pub(super) end_ns: u64,
+    pub(super) ops: u32,
+}
+
+impl Life {
+    fn parent(&self, span_id: SpanId) -> Parent {
+        Parent { trace_id: self.trace_id, span_id, remote: false, state: TraceState::NONE }
+    }
+}
+
+pub struct Tasks {
+    per: TracePer,
+    /// Work outside tasks goes under a start-up span (the kernel tags
+    /// tasks: request context is on).
+    startup: bool,
+    open: FxHashMap<(u32, u64), Task>,
+    order: VecDeque<(u32, u64)>,
+    /// Finished tasks: where their late work goes (an INVALID trace: not
+    /// sampled, not sent).
+    recent: FxHashMap<(u32, u64), Parent>,
+    recent_order: VecDeque<(u32, u64)>,
+    lives: FxHashMap<u32, Life>,
+    /// When processes started (their fork or exec), before their trace is made.
+    starts: FxHashMap<u32, u64>,
+    pub stats: TaskStats,
+}
+
+/// Where a process's spans go now: held for its tree, or out.
+fn sink<'a>(lives: &'a mut FxHashMap<u32, Life>, ready: &'a mut Ready, pid: u32, now_ns: u64) -> &'a mut Vec<Span> {
+    match lives.get_mut(&pid) {
+        Some(l) => {
+            l.held_since.get_or_insert(now_ns);
+            &mut l.held
+        }
+        None => ready.entry(pid).or_default(),
+    }
+}
+
+impl Tasks {
+    /// `tasks_tagged`: the kernel tags work with its task (request context
+    /// is on); otherwise every operation is outside tasks.
+    pub fn new(per: TracePer, tasks_tagged: bool) -> Tasks {
+        Tasks {
+            per,
+            startup: tasks_tagged,
+            open: FxHashMap::default(),
+            order: VecDeque::new(),
+            recent: FxHashMap::default(),
+            recent_order: VecDeque::new(),
+            lives: FxHashMap::default(),
+            starts: FxHashMap::default(),
+            stats: TaskStats::default(),
+        }
+    }
+
+    pub fn per(&self) -> TracePer {
+        self.per
+    }
+
+    /// Tasks open now.
+    pub fn open(&self) -> usize {
+        self.open.len()
+    }
+
+    /// A process started (its fork or exec, kernel ns).
+    pub fn started(&mut self, pid: u32, ts_ns: u64) {
+        if self.per == TracePer::Process && !self.lives.contains_key(&pid) {
+            self.starts.insert(pid, ts_ns);
+        }
+    }
+
+    /// A process is traced (or exec'd a new program): its trace, with
+    /// `--trace-per process`. `start_ns`: when it started, if its fork or
+    /// exec was not seen.
+    pub fn process(&mut self, pid: u32, argv: &[String], start_ns: u64, ids: &dyn IdGenerator, sampler: Sampler) {
+        if self.per != TracePer::Process {
+            return;
+        }
+        if let Some(l) = self.lives.get_mut(&pid) {
+            l.argv = argv.to_vec();
+            return;
+        }
+        let start_ns = self.starts.remove(&pid).unwrap_or(start_ns);
+        let trace_id = ids.new_trace_id();
+        self.stats.processes += 1;
+        self.lives.insert(
+            pid,
+            Life {
+                trace_id,
+                span_id: ids.new_span_id(),
+                sampled: sampler.keeps(None, trace_id),
+                start_ns,
+                last_ns: start_ns,
+                argv: argv.to_vec(),
+                startup: None,
+                tasks: 0,
+                held: Vec::new(),
+                held_since: None,
+                spans: 0,
+            },
+        );
+    }
+
+    /// A record the request tracker gave back (no request caused it): held
+    /// with its task, or built under its process's trace, or given back
+    /// (its own trace).
+    pub fn work(&mut self, rec: Record, src: &SpanContextSource<'_>, ready: &mut Ready) -> Option<Record> {
+        let (cause, pid, end) = match &rec {
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.cause, op.pid, op.end_ns),
+            Record::Loop(r) => (0, r.pid, r.end_ns),
+            _ => return Some(rec),
+        };
+        if let Some(kind) = task_of(cause) {
+            self.task_work(rec, (pid, cause), kind, end, src, ready);
+            return None;
+        }
+        let Some(life) = self.lives.get_mut(&pid) else { return Some(rec) };
+        if !life.sampled {
+            self.stats.unsampled += 1;
+            return None;
+        }
+        life.last_ns = life.last_ns.max(end);
+        let under = match (&rec, self.startup) {
+            (Record::Loop(_), _) | (_, false) => life.span_id,
+            _ => {
+                let s = life.startup.get_or_insert_with(|| Startup { span_id: src.ids.new_span_id(), end_ns: end, ops: 0 });
+                s.end_ns = s.end_ns.max(end);
+                s.ops += 1;
+                s.span_id
+            }
+        };
+        let parent = life.parent(under);
+        life.held_since.get_or_insert(end);
+        build_into(rec, src, Some(&parent), &mut life.held);
+        None
+    }
+
+    fn task_work(&mut self, rec: Record, key: (u32, u64), kind: TaskKind, end: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        if let Some(t) = self.open.get_mut(&key) {
+            t.last_ns = t.last_ns.max(end);
+            t.ops += 1;
+            if t.held.len() < HELD_MAX {
+                t.held.push(rec);
+                return;
+            }
+            self.stats.not_held += 1;
+            let parent = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
+            if self.keeps(key.0, parent.trace_id, src) {
+                build_into(rec, src, Some(&parent), sink(&mut self.lives, ready, key.0, end));
+            }
+            return;
+        }
+        if let Some(parent) = self.recent.get(&key) {
+            if parent.trace_id != TraceId::INVALID {
+                let parent = parent.clone();
+                build_into(rec, src, Some(&parent), sink(&mut self.lives, ready, key.0, end));
+            }
+            return;
+        }
+        let (pid, tid) = match &rec {
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.pid, op.tid),
+            _ => (key.0, 0),
+        };
+        let trace_id = self.lives.get(&pid).map_or_else(|| src.ids.new_trace_id(), |l| l.trace_id);
+        let start_ns = started_ns(key.1).min(end);
+        let task = Task { pid, tid, kind, start_ns, last_ns: end, span_id: src.ids.new_span_id(), trace_id, held: vec![rec], ops: 1 };
+        self.open.insert(key, task);
+        self.order.push_back(key);
+        while self.open.len() > OPEN_MAX {
+            let Some(oldest) = self.order.pop_front() else { break };
+            if self.open.contains_key(&oldest) {
+                self.stats.not_held += 1;
+                self.finish(oldest, src, ready);
+            }
+        }
+    }
+
+    /// Whether a task's trace is kept: its process's decision, or its own.
+    fn keeps(&self, pid: u32, trace_id: TraceId, src: &SpanContextSource<'_>) -> bool {
+        match self.lives.get(&pid) {
+            Some(l) => l.sampled,
+            None => src.sampler.keeps(None, trace_id),
+        }
+    }
+
+    /// A task is over: its spans (into its process's hold, or out), and its
+    /// context kept for late work.
+    fn finish(&mut self, key: (u32, u64), src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let Some(mut t) = self.open.remove(&key) else { return };
+        self.stats.tasks += 1;
+        let sampled = self.keeps(t.pid, t.trace_id, src);
+        let under = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
+        self.recent.insert(key, if sampled { under.clone() } else { Parent { trace_id: TraceId::INVALID, ..under.clone() } });
+        self.recent_order.push_back(key);
+        while self.recent_order.len() > RECENT_MAX {
+            if let Some(old) = self.recent_order.pop_front() {
+                self.recent.remove(&old);
+            }
+        }
+        if !sampled {
+            self.stats.unsampled += 1;
+            return;
+        }
+        let root = match self.lives.get_mut(&t.pid) {
+            Some(l) => {
+                l.tasks += 1;
+                l.last_ns = l.last_ns.max(t.last_ns);
+                l.parent(l.span_id)
+            }
+            None => Parent { trace_id: t.trace_id, span_id: SpanId::INVALID, remote: false, state: TraceState::NONE },
+        };
+        let out = sink(&mut self.lives, ready, t.pid, t.last_ns);
+        out.reserve(t.held.len() + 1);
+        out.push(task_span(&t, &root, src));
+        for rec in std::mem::take(&mut t.held) {
+            build_into(rec, src, Some(&under), out);
+        }
+    }
+
+    /// Tasks over by now (`now_ns`, kernel time), and process holds past
+    /// their bounds: their spans.
+    pub fn expire(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let over: Vec<(u32, u64)> =
+            self.open.iter().filter(|(_, t)| now_ns.saturating_sub(t.last_ns) >= QUIET_NS).map(|(k, _)| *k).collect();
+        for k in over {
+            self.finish(k, src, ready);
+        }
+        for (pid, l) in &mut self.lives {
+            let full = l.held.len() >= PROCESS_HELD_MAX || l.held_since.is_some_and(|t| now_ns.saturating_sub(t) >= PROCESS_HELD_NS);
+            if full && !l.held.is_empty() {
+                l.spans += l.held.len() as u64;
+                ready.entry(*pid).or_default().append(&mut l.held);
+                l.held_since = None;
+            }
+        }
+    }
+
+    /// A process exited (kernel time, its exit code): its tasks are over,
+    /// and its trace ends.
+    pub fn exited(&mut self, pid: u32, ts_ns: u64, code: Option<i32>, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let mine: Vec<(u32, u64)> = self.open.keys().filter(|k| k.0 == pid).copied().collect();
+        for k in mine {
+            self.finish(k, src, ready);
+        }
+        self.starts.remove(&pid);
+        if let Some(l) = self.lives.remove(&pid) {
+            self.end_life(pid, l, ts_ns, code, src, ready);
+        }
+    }
+
+    /// Everything still open (uvspan is stopping, `now_ns`): processes
+    /// still running end their trace now.
+    pub fn finish_all(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let all: Vec<(u32, u64)> = self.open.keys().copied().collect();
+        for k in all {
+            self.finish(k, src, ready);
+        }
+        let pids: Vec<u32> = self.lives.keys().copied().collect();
+        for pid in pids {
+            if let Some(l) = self.lives.remove(&pid) {
+                self.end_life(pid, l, now_ns, None, src, ready);
+            }
+        }
+    }
+
+    /// A process's trace ends: its start-up span, its root span and what
+    /// was held, out (nothing for a process that did no traced work).
+    fn end_life(&mut self, pid: u32, mut l: Life, end_ns: u64, code: Option<i32>, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        if !l.sampled || (l.held.is_empty() && l.spans == 0 && l.startup.is_none()) {
+            return;
+        }
+        let out = ready.entry(pid).or_default();
+        out.reserve(l.held.len() + 2);
+        out.push(process_span(&l, end_ns.max(l.last_ns), code, src));
+        if let Some(s) = &l.startup {
+            out.push(startup_span(&l, s, src));
+        }
+        out.append(&mut l.held);
+    }
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
