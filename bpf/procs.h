@@ -9,10 +9,11 @@
 
 #include "fs.h" /* end_pending_sync */
 
-static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast, int code)
+static __always_inline void emit_proc(__u32 kind, __u32 pid, __u32 tid, __u32 ppid, __u32 fast, int code, __u64 since)
 {
 	struct proc_event ev = {};
 	ev.exit_code = code;
+	ev.loop_since_ns = since;
 	ev.hdr.kind = kind;
 	ev.hdr.pid = pid;
 	ev.hdr.tid = tid;
@@ -37,7 +38,7 @@ int BPF_PROG(proc_fork, struct task_struct *parent, struct task_struct *child)
 	__u8 *flags = bpf_map_lookup_elem(&traced, &ppid);
 	__u8 f = (flags ? *flags : TRACED) & ~TRACED_WAITS_BY_UPROBE;
 	bpf_map_update_elem(&traced, &cpid, &f, BPF_ANY);
-	emit_proc(EV_PROC_FORK, cpid, (__u32)child_ids, ppid, 0, 0);
+	emit_proc(EV_PROC_FORK, cpid, (__u32)child_ids, ppid, 0, 0, 0);
 	return 0;
 }
 
@@ -49,7 +50,7 @@ int BPF_PROG(proc_exec, struct task_struct *p)
 	/* pid 0: a process uvspan's PID namespace does not see */
 	if (!pid || (!discover && !is_traced(pid)))
 		return 0;
-	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0, 0);
+	emit_proc(EV_PROC_EXEC, pid, (__u32)id, 0, 0, 0, 0);
 	return 0;
 }
 
@@ -65,6 +66,7 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	 * record (uvspan run's per-process iteration count). */
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	__u32 fast = st ? (__u32)st->ev.skipped : 0;
+	__u64 since = st ? st->time.since_ns : 0;
 	/* Per-thread state goes whatever the order of exits: in exit_group the
 	 * main thread may exit (and leave the traced set) before the others. */
 	bpf_map_delete_elem(&loops, &tid);
@@ -72,7 +74,7 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	if (pid != tid || !is_traced(pid))
 		return 0;
 	bpf_map_delete_elem(&traced, &pid);
-	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast, BPF_CORE_READ(p, exit_code));
+	emit_proc(EV_PROC_EXIT, pid, tid, 0, fast, BPF_CORE_READ(p, exit_code), since);
 	return 0;
 }
 

@@ -294,6 +294,7 @@ struct proc_event {
 	unsigned long long ts_ns;
 	int exit_code; /* exit: the task's exit_code (status << 8, or the signal) */
 	unsigned int _pad;
+	unsigned long long loop_since_ns; /* exit: when its main thread's loop first ran (0: never seen) */
 };
 
 #endif /* UVSPAN_H */

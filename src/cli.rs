@@ -102,6 +102,13 @@ pub struct Cli {
     #[arg(long, value_name = "UNIT", value_enum)]
     pub trace_per: Option<crate::tasks::TracePer>,
 
+    /// With a trace per process: what its start-up span holds of its
+    /// synchronous fs calls (module loading, top-level `*Sync` calls):
+    /// `summary` (their count, time, failures and the slowest, as
+    /// attributes; the metrics still count each) or `spans` (a span each).
+    #[arg(long, value_name = "WHAT", value_enum, default_value = "summary")]
+    pub startup_ops: crate::tasks::StartupOps,
+
     /// Export a request the trace sampler dropped anyway, with all of its
     /// work, when it failed (HTTP 5xx).
     #[arg(long)]

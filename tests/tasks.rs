@@ -181,8 +181,9 @@ fn a_commands_background_ticks_go_under_its_process() {
 }
 
 /// The CLI run: one trace for its process; the root's exit code, the
-/// start-up's 50 stats, 3 timer tasks under the root.
-fn check_cli_run(out: &Output, spans: &[Span], dir: &TempDir, pid: Option<i64>, ctx: &str) {
+/// start-up's 50 stats (spans, or counted on it: `summary`), 3 timer tasks
+/// under the root.
+fn check_cli_run(out: &Output, spans: &[Span], dir: &TempDir, pid: Option<i64>, summary: bool, ctx: &str) {
     assert_eq!(out.code(), Some(3), "the command's exit code\n{ctx}");
     let traces: BTreeSet<&str> = spans.iter().map(|s| s.trace_id.as_str()).collect();
     assert_eq!(traces.len(), 1, "one trace for the one process\n{}\n{ctx}", dump_all(spans));
@@ -203,7 +204,16 @@ fn check_cli_run(out: &Output, spans: &[Span], dir: &TempDir, pid: Option<i64>, 
         .iter()
         .filter(|s| s.parent_span_id == startup[0].span_id && s.str("file.path").is_some_and(|p| p.starts_with(&dir.join("s-"))))
         .count();
-    assert_eq!(stats, 50, "the top-level statSync calls under the start-up\n{ctx}");
+    let counted = startup[0].int("uvspan.sync_fs.count").unwrap_or(0);
+    if summary {
+        assert_eq!(stats, 0, "summarised, not sent\n{ctx}");
+        // Module loading (the script, package.json lookups) and the 50.
+        assert!(counted >= 50, "the top-level statSync calls counted on the start-up: {}\n{ctx}", startup[0].brief());
+        assert!(startup[0].int("uvspan.sync_fs.errors").is_some_and(|e| e >= 50), "{}", startup[0].brief());
+    } else {
+        assert_eq!(stats, 50, "the top-level statSync calls under the start-up\n{ctx}");
+        assert_eq!(counted, 0, "{ctx}");
+    }
     let timers: Vec<&Span> = spans.iter().filter(|s| s.name == "timers").collect();
     assert_eq!(timers.len(), 3, "{}\n{ctx}", dump(&timers));
     for t in &timers {
@@ -222,7 +232,11 @@ fn cli_run_in(topology: Topology) {
     let script = fixture("cli_run.js");
     let (out, spans) = traced(topology, &[], &["node", &script, &dir.str()]);
     let ctx = format!("{topology:?}\n{}", out.context());
-    check_cli_run(&out, &spans, &dir, (topology == Topology::AppAlone).then_some(1), &ctx);
+    check_cli_run(&out, &spans, &dir, (topology == Topology::AppAlone).then_some(1), true, &ctx);
+    if topology == Topology::Host {
+        let (out, spans) = traced(topology, &["--startup-ops", "spans"], &["node", &script, &dir.str()]);
+        check_cli_run(&out, &spans, &dir, None, false, &out.context());
+    }
 }
 
 #[test]
@@ -307,7 +321,14 @@ fn npm_install_leaves_no_more_traces_than_processes() {
     let processes: BTreeSet<i64> = spans.iter().filter_map(|s| s.res_int("process.pid")).collect();
     let traces: BTreeSet<&str> = spans.iter().map(|s| s.trace_id.as_str()).collect();
     let tasks = spans.iter().filter(|s| matches!(s.name.as_str(), "timers" | "immediate" | "io")).count();
-    println!("npm install: {} spans, {} processes, {} tasks, {} traces", spans.len(), processes.len(), tasks, traces.len());
+    let counted: i64 = spans.iter().filter_map(|s| s.int("uvspan.sync_fs.count")).sum();
+    println!(
+        "npm install: {} spans, {} processes, {} tasks, {} traces; {counted} sync fs calls counted on start-up/main spans",
+        spans.len(),
+        processes.len(),
+        tasks,
+        traces.len()
+    );
     assert!(!processes.is_empty() && spans.len() > 100, "npm's work was traced\n{ctx}");
     assert!(traces.len() <= processes.len(), "{} traces for {} processes\n{ctx}", traces.len(), processes.len());
     parents_exported(&spans, &ctx);

@@ -184,7 +184,7 @@ impl Agent {
             procs.commands = Some(HashMap::new());
         }
         let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
-        procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off);
+        procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off).startup_ops(cli.startup_ops);
         let mut agent = Agent {
             procs,
             requests: (cli.requests != RequestsMode::Off).then(|| {
@@ -338,6 +338,12 @@ impl Agent {
         let mut out = procs::Out::default();
         self.procs.begin_batch(recs.len());
         if !shutdown && self.timers.requests.due() {
+            let now = crate::events::clock::monotonic_ns();
+            for pid in self.procs.tasks.loop_start_unknown() {
+                if let Some((since, _)) = self.tracer.loop_time(pid, now) {
+                    self.procs.tasks.loop_started(pid, since);
+                }
+            }
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), false, &mut out);
         }
         for rec in recs.drain(..) {

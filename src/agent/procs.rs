@@ -249,8 +249,11 @@ impl Procs {
                 self.register(*pid, exporter);
                 return;
             }
-            Record::Exit { pid, ts_ns, code, .. } => {
+            Record::Exit { pid, ts_ns, code, loop_since_ns, .. } => {
                 self.mark_exited(*pid);
+                if let Some(l) = loop_since_ns {
+                    self.tasks.loop_started(*pid, *l);
+                }
                 self.tasks.exited(*pid, *ts_ns, Some(*code), &src, out);
                 if let Some(m) = &self.metrics {
                     m.lock().unwrap_or_else(|e| e.into_inner()).exited(*pid);

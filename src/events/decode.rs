@@ -185,12 +185,14 @@ pub enum Record {
     },
     /// `fast_iterations`: the main thread's loop iterations under the
     /// threshold since its last reported one. `code`: the kernel's exit
-    /// code (the status << 8, or the signal that ended it).
+    /// code (the status << 8, or the signal that ended it). `loop_since_ns`:
+    /// when its main thread's loop first ran, if it was seen.
     Exit {
         pid: u32,
         fast_iterations: u64,
         ts_ns: u64,
         code: i32,
+        loop_since_ns: Option<u64>,
     },
 }
 
@@ -390,7 +392,13 @@ fn process(data: &[u8], kind: ev_kind) -> Result<Record, DecodeError> {
     Ok(match kind {
         ev_kind::EV_PROC_FORK => Record::Fork { pid, ppid: e.ppid, ts_ns },
         ev_kind::EV_PROC_EXEC => Record::Exec { pid, ts_ns },
-        _ => Record::Exit { pid, fast_iterations: u64::from(e.fast_iterations), ts_ns, code: e.exit_code },
+        _ => Record::Exit {
+            pid,
+            fast_iterations: u64::from(e.fast_iterations),
+            ts_ns,
+            code: e.exit_code,
+            loop_since_ns: nonzero(e.loop_since_ns),
+        },
     })
 }
 

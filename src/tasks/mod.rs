@@ -15,4 +15,4 @@ mod spans;
 mod tracker;
 
 pub use cause::TaskKind;
-pub use tracker::{TaskStats, Tasks, TracePer};
+pub use tracker::{StartupOps, TaskStats, Tasks, TracePer};

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceState};
 
 use super::tracker::{Life, Startup, Task};
-use crate::events::spans::{keys, Family, KeyValue, Parent, Span, SpanContextSource};
+use crate::events::spans::{keys, Family, KeyValue, Parent, Span, SpanContextSource, Value};
 
 /// Attribute keys of these spans (no semantic convention covers a task).
 pub mod task_keys {
@@ -14,6 +14,10 @@ pub mod task_keys {
     pub const OPERATIONS: &str = "uvspan.task.operations";
     pub const TASKS: &str = "uvspan.process.tasks";
     pub const SIGNAL: &str = "uvspan.process.signal";
+    pub const SYNC_FS: &str = "uvspan.sync_fs.count";
+    pub const SYNC_FS_MS: &str = "uvspan.sync_fs.ms";
+    pub const SYNC_FS_ERRORS: &str = "uvspan.sync_fs.errors";
+    pub const SYNC_FS_SLOWEST: &str = "uvspan.sync_fs.slowest";
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -81,11 +85,21 @@ pub(super) fn process_span(l: &Life, end_ns: u64, code: Option<i32>, src: &SpanC
     s
 }
 
-/// A process's start-up span: from its start to the end of the last
-/// operation no task or request caused (the main module's run and what it
-/// started).
-pub(super) fn startup_span(l: &Life, s: &Startup, src: &SpanContextSource<'_>) -> Span {
+/// A process's `startup` span (its main module's run, from the process's
+/// start until the loop first ran: module loading, top-level code) or its
+/// `main` span (the callbacks and promise chains that run started), over
+/// their operations, with the sync fs calls counted when summarised.
+pub(super) fn startup_span(l: &Life, s: &Startup, name: &'static str, src: &SpanContextSource<'_>) -> Span {
     let parent = Parent { trace_id: l.trace_id, span_id: l.span_id, remote: false, state: TraceState::NONE };
-    let attrs = vec![KeyValue::new(task_keys::OPERATIONS, i64::from(s.ops))];
-    span(src, &parent, s.span_id, "startup".into(), Family::Task, (l.start_ns, s.end_ns), attrs)
+    let mut attrs = vec![KeyValue::new(task_keys::OPERATIONS, i64::from(s.ops))];
+    if s.sync_fs > 0 {
+        let slowest = s.slowest.iter().map(|(ns, what)| format!("{:.3}ms {what}", *ns as f64 / 1e6)).collect();
+        attrs.extend([
+            KeyValue::new(task_keys::SYNC_FS, i64::from(s.sync_fs)),
+            KeyValue::new(task_keys::SYNC_FS_MS, s.sync_fs_ns as f64 / 1e6),
+            KeyValue::new(task_keys::SYNC_FS_ERRORS, i64::from(s.sync_fs_errors)),
+            KeyValue::new(task_keys::SYNC_FS_SLOWEST, Value::Strings(slowest)),
+        ]);
+    }
+    span(src, &parent, s.span_id, name.into(), Family::Task, (s.start_ns, s.end_ns), attrs)
 }

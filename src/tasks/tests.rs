@@ -20,9 +20,18 @@ fn stat(cause: u64, start: u64, end: u64) -> Record {
 
 /// `steps` on a tracker: the spans they made ready, in order.
 fn run(per: TracePer, sampler: Sampler, steps: impl FnOnce(&mut Tasks, &SpanContextSource<'_>, &mut Ready)) -> (Vec<Span>, TaskStats) {
+    run_with(per, sampler, StartupOps::Spans, steps)
+}
+
+fn run_with(
+    per: TracePer,
+    sampler: Sampler,
+    ops: StartupOps,
+    steps: impl FnOnce(&mut Tasks, &SpanContextSource<'_>, &mut Ready),
+) -> (Vec<Span>, TaskStats) {
     let ids = SequentialIds::default();
     let src = SpanContextSource { clock: Clock::with_offset(0), ids: &ids, sampler };
-    let mut t = Tasks::new(per, true);
+    let mut t = Tasks::new(per, true).startup_ops(ops);
     let mut ready = Ready::default();
     steps(&mut t, &src, &mut ready);
     (ready.into_values().flatten().collect(), t.stats)
@@ -159,4 +168,47 @@ fn a_long_lived_process_sends_what_it_held_after_a_while() {
         t.finish_all(ms(10_000), src, ready);
     });
     assert_eq!(spans.len(), 3);
+}
+
+#[test]
+fn work_before_the_loop_ran_is_the_startup_and_after_it_main_with_sync_fs_summarised() {
+    let (spans, stats) = run_with(TracePer::Process, Sampler::default(), StartupOps::Summary, |t, src, ready| {
+        t.process(7, &["node".into()], 1, src.ids, src.sampler);
+        for i in 0..10u64 {
+            t.work(sync_stat(10 + i * 10, 15 + i * 10 + i, &format!("/m/{i}"), if i % 2 == 0 { -2 } else { 0 }), src, ready);
+        }
+        // Async work started before the loop ran (its callback after).
+        t.work(stat(0, 150, 900), src, ready);
+        // The loop first ran at 500: what starts after is main's.
+        t.work(stat(0, 600, 700), src, ready);
+        t.work(sync_stat(800, 850, "/lazy", 0), src, ready);
+        t.loop_started(7, 500);
+        t.exited(7, 1_000, Some(0), src, ready);
+    });
+    assert_eq!(stats.summarised, 11);
+    let startup = named(&spans, "startup")[0];
+    let main = named(&spans, "main")[0];
+    assert_eq!(startup.attr("uvspan.task.operations"), Some(&Value::I64(11)));
+    assert_eq!(startup.attr("uvspan.sync_fs.count"), Some(&Value::I64(10)));
+    assert_eq!(startup.attr("uvspan.sync_fs.errors"), Some(&Value::I64(5)));
+    let Some(Value::Strings(slowest)) = startup.attr("uvspan.sync_fs.slowest") else { panic!("slowest") };
+    assert_eq!(slowest.len(), 5);
+    assert!(slowest[0].ends_with("fs.stat /m/9") && slowest[4].ends_with("fs.stat /m/5"), "{slowest:?}");
+    assert_eq!((startup.start_ns, startup.end_ns), (1, 900), "from the process's start over its work");
+    assert_eq!(main.attr("uvspan.sync_fs.count"), Some(&Value::I64(1)));
+    assert_eq!(main.start_ns, 600);
+    let under = |p: &Span| spans.iter().filter(|s| s.parent_span_id == p.span_context.span_id()).count();
+    assert_eq!((under(startup), under(main)), (1, 1), "the async stats are spans");
+}
+
+/// A sync stat of `path` with `result`.
+fn sync_stat(start: u64, end: u64, path: &str, result: i64) -> Record {
+    Record::Fs(FsRecord {
+        op: OpRecord { sync: true, ..OpRecord::test(7, 7, start, end) },
+        op_id: 4,
+        result,
+        fd: None,
+        path: Some(path.into()),
+        path2: None,
+    })
 }

@@ -41,6 +41,21 @@ pub enum TracePer {
     Process,
 }
 
+/// What the start-up span holds of its synchronous fs calls (module
+/// loading: `require` resolving and reading files, top-level `*Sync` calls).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum StartupOps {
+    /// Counted on the start-up span (how many, their time, the slowest),
+    /// not one span each.
+    #[default]
+    Summary,
+    /// A span each.
+    Spans,
+}
+
+/// The slowest sync fs calls a start-up summary names.
+const STARTUP_SLOWEST: usize = 5;
+
 /// Counters of the task tracker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TaskStats {
@@ -53,6 +68,8 @@ pub struct TaskStats {
     /// Operations sent as they came because their task held too many, or
     /// too many tasks were open.
     pub not_held: u64,
+    /// Sync fs calls of start-ups counted on their start-up span, not sent.
+    pub summarised: u64,
 }
 
 /// A task in progress (what the span builder reads is `pub(super)`).
@@ -78,9 +95,16 @@ pub(super) struct Life {
     pub(super) start_ns: u64,
     pub(super) last_ns: u64,
     pub(super) argv: Vec<String>,
-    /// The work outside tasks and requests: the main module's run and what
-    /// it started (with request context; without it, all work is here).
+    /// The work outside tasks and requests (with request context; without
+    /// it, all work is directly under the root span): before the loop
+    /// first ran (`startup`: the main module's run, module loading), and
+    /// the callbacks and promise chains that run started (`main`).
     pub(super) startup: Option<Startup>,
+    pub(super) main: Option<Startup>,
+    /// That work, held until it is known which of the two it is.
+    pending: Vec<Record>,
+    /// When its loop first ran (kernel ns), once known.
+    loop_since: Option<u64>,
     pub(super) tasks: u32,
     /// Spans built, waiting for the process's exit or the hold's bounds.
     held: Vec<Span>,
@@ -92,8 +116,42 @@ pub(super) struct Life {
 #[derive(Debug)]
 pub(super) struct Startup {
     pub(super) span_id: SpanId,
+    pub(super) start_ns: u64,
     pub(super) end_ns: u64,
     pub(super) ops: u32,
+    /// Sync fs calls summarised: how many, their time, their failures, and
+    /// the slowest (duration, "name path"), slowest first.
+    pub(super) sync_fs: u32,
+    pub(super) sync_fs_ns: u64,
+    pub(super) sync_fs_errors: u32,
+    pub(super) slowest: Vec<(u64, String)>,
+}
+
+impl Startup {
+    fn new(span_id: SpanId, start_ns: u64, end_ns: u64) -> Startup {
+        Startup { span_id, start_ns, end_ns, ops: 0, sync_fs: 0, sync_fs_ns: 0, sync_fs_errors: 0, slowest: Vec::new() }
+    }
+
+    /// A sync fs call counted, not sent: true when it was (a sync fs
+    /// record), false to send it as a span.
+    fn summarise(&mut self, rec: &Record) -> bool {
+        let Record::Fs(f) = rec else { return false };
+        if !f.op.sync {
+            return false;
+        }
+        let took = f.op.end_ns.saturating_sub(f.op.start_ns);
+        self.sync_fs += 1;
+        self.sync_fs_ns += took;
+        self.sync_fs_errors += u32::from(f.result < 0);
+        if self.slowest.len() < STARTUP_SLOWEST || self.slowest.last().is_some_and(|l| l.0 < took) {
+            let what =
+                format!("{} {}", crate::probes::catalog::fs_op(f.op_id).map_or("fs.unknown", |o| o.span), f.path.as_deref().unwrap_or(""));
+            let at = self.slowest.partition_point(|s| s.0 >= took);
+            self.slowest.insert(at, (took, what.trim_end().to_string()));
+            self.slowest.truncate(STARTUP_SLOWEST);
+        }
+        true
+    }
 }
 
 impl Life {
@@ -104,6 +162,7 @@ impl Life {
 
 pub struct Tasks {
     per: TracePer,
+    startup_ops: StartupOps,
     /// Work outside tasks goes under a start-up span (the kernel tags
     /// tasks: request context is on).
     startup: bool,
@@ -136,6 +195,7 @@ impl Tasks {
     pub fn new(per: TracePer, tasks_tagged: bool) -> Tasks {
         Tasks {
             per,
+            startup_ops: StartupOps::default(),
             startup: tasks_tagged,
             open: FxHashMap::default(),
             order: VecDeque::new(),
@@ -149,6 +209,12 @@ impl Tasks {
 
     pub fn per(&self) -> TracePer {
         self.per
+    }
+
+    /// What start-up spans hold of their sync fs calls.
+    pub fn startup_ops(mut self, ops: StartupOps) -> Tasks {
+        self.startup_ops = ops;
+        self
     }
 
     /// Tasks open now.
@@ -187,6 +253,9 @@ impl Tasks {
                 last_ns: start_ns,
                 argv: argv.to_vec(),
                 startup: None,
+                main: None,
+                pending: Vec::new(),
+                loop_since: None,
                 tasks: 0,
                 held: Vec::new(),
                 held_since: None,
@@ -214,19 +283,33 @@ impl Tasks {
             return None;
         }
         life.last_ns = life.last_ns.max(end);
-        let under = match (&rec, self.startup) {
-            (Record::Loop(_), _) | (_, false) => life.span_id,
-            _ => {
-                let s = life.startup.get_or_insert_with(|| Startup { span_id: src.ids.new_span_id(), end_ns: end, ops: 0 });
-                s.end_ns = s.end_ns.max(end);
-                s.ops += 1;
-                s.span_id
-            }
-        };
-        let parent = life.parent(under);
         life.held_since.get_or_insert(end);
-        build_into(rec, src, Some(&parent), &mut life.held);
+        match (&rec, self.startup) {
+            (Record::Loop(_), _) | (_, false) => {
+                let parent = life.parent(life.span_id);
+                build_into(rec, src, Some(&parent), &mut life.held);
+            }
+            _ => {
+                life.pending.push(rec);
+                if life.pending.len() >= PROCESS_HELD_MAX {
+                    self.stats.summarised += settle(life, self.startup_ops, src);
+                }
+            }
+        }
         None
+    }
+
+    /// When a process's loop first ran (kernel ns): its work outside tasks
+    /// that started before is its start-up's.
+    pub fn loop_started(&mut self, pid: u32, since_ns: u64) {
+        if let Some(l) = self.lives.get_mut(&pid) {
+            l.loop_since.get_or_insert(since_ns);
+        }
+    }
+
+    /// Processes with a trace whose loop start is not known yet.
+    pub fn loop_start_unknown(&self) -> Vec<u32> {
+        self.lives.iter().filter(|(_, l)| l.loop_since.is_none()).map(|(p, _)| *p).collect()
     }
 
     fn task_work(&mut self, rec: Record, key: (u32, u64), kind: TaskKind, end: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
@@ -321,6 +404,9 @@ impl Tasks {
         }
         for (pid, l) in &mut self.lives {
             let full = l.held.len() >= PROCESS_HELD_MAX || l.held_since.is_some_and(|t| now_ns.saturating_sub(t) >= PROCESS_HELD_NS);
+            if full {
+                self.stats.summarised += settle(l, self.startup_ops, src);
+            }
             if full && !l.held.is_empty() {
                 l.spans += l.held.len() as u64;
                 ready.entry(*pid).or_default().append(&mut l.held);
@@ -360,17 +446,47 @@ impl Tasks {
     /// A process's trace ends: its start-up span, its root span and what
     /// was held, out (nothing for a process that did no traced work).
     fn end_life(&mut self, pid: u32, mut l: Life, end_ns: u64, code: Option<i32>, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        if !l.sampled || (l.held.is_empty() && l.spans == 0 && l.startup.is_none()) {
+        self.stats.summarised += settle(&mut l, self.startup_ops, src);
+        if !l.sampled || (l.held.is_empty() && l.spans == 0 && l.startup.is_none() && l.main.is_none()) {
             return;
         }
         let out = ready.entry(pid).or_default();
-        out.reserve(l.held.len() + 2);
+        out.reserve(l.held.len() + 3);
         out.push(process_span(&l, end_ns.max(l.last_ns), code, src));
-        if let Some(s) = &l.startup {
-            out.push(startup_span(&l, s, src));
+        for (part, name) in [(&l.startup, "startup"), (&l.main, "main")] {
+            if let Some(s) = part {
+                out.push(startup_span(&l, s, name, src));
+            }
         }
         out.append(&mut l.held);
     }
+}
+
+/// A process's pending work outside tasks goes under its start-up span
+/// (started before its loop first ran, or when that is not known) or its
+/// main span (after), built into its hold, or counted on that span
+/// (`StartupOps::Summary`: sync fs calls). Returns how many were counted.
+fn settle(l: &mut Life, ops: StartupOps, src: &SpanContextSource<'_>) -> u64 {
+    let mut counted = 0;
+    for rec in std::mem::take(&mut l.pending) {
+        let (start, end) = match &rec {
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.start_ns, op.end_ns),
+            _ => continue,
+        };
+        let after_loop = l.loop_since.is_some_and(|since| start >= since);
+        let (slot, from) = if after_loop { (&mut l.main, start) } else { (&mut l.startup, l.start_ns) };
+        let part = slot.get_or_insert_with(|| Startup::new(src.ids.new_span_id(), from.min(start), end));
+        part.start_ns = part.start_ns.min(start);
+        part.end_ns = part.end_ns.max(end);
+        part.ops += 1;
+        if ops == StartupOps::Summary && part.summarise(&rec) {
+            counted += 1;
+            continue;
+        }
+        let parent = Parent { trace_id: l.trace_id, span_id: part.span_id, remote: false, state: TraceState::NONE };
+        build_into(rec, src, Some(&parent), &mut l.held);
+    }
+    counted
 }
 
 #[cfg(test)]
