@@ -141,7 +141,7 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
 	if (is_response(head)) {
 		/* the stream's writer's cause, restored by uv__stream_io */
-		emit_http(HTTP_RESPONSE, t->ctx.cause, t->ctx.stream, data, len, len, 1, 0);
+		emit_http(HTTP_RESPONSE, fresh_cause(t->ctx.cause), t->ctx.stream, data, len, len, 1, 0);
 		return 0;
 	}
 	if (is_request(head)) {
