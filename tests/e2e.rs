@@ -1345,8 +1345,8 @@ fn sample_time_samples_operations_but_sees_every_slow_iteration() {
 /// requests and operations exported follows the live share the summary
 /// states (counts only). It stays below it by the app's slowdown while the
 /// probes are live (their traps, and uvspan and this test's receiver on the
-/// same cores: measured 0.68× the live share here), so the bound is half of
-/// it; before the share counted detach time as live it was 0.19×.
+/// same cores: measured 0.68× the live share at 20% here), so the bound is
+/// half of it; while the share counted detach time as live it was 0.12×.
 #[test]
 fn sample_time_exports_the_live_share_of_a_saturated_load() {
     require_root();
@@ -1366,7 +1366,7 @@ fn sample_time_exports_the_live_share_of_a_saturated_load() {
     });
     let load_stdin = load.child.stdin.take().expect("the load's stdin");
     let (ep, pid) = (rx.endpoint(), server.pid.to_string());
-    let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid, "--sample-time", "20%", "--otlp-endpoint", &ep]));
+    let mut uv = Running::spawn(uvspan_cmd(["--pid", &pid, "--sample-time", "10%", "--otlp-endpoint", &ep]));
     wait_traced(&mut uv, server.pid);
     // Requests answered so far, from the server (its n-th answer to SIGUSR2).
     let served = |server: &mut Running, n: usize| -> u64 {
@@ -1408,11 +1408,8 @@ fn sample_time_exports_the_live_share_of_a_saturated_load() {
         *per.entry(mine.iter().filter(|s| is_op(s) && s.parent_span_id == r.span_id).count()).or_default() += 1;
     }
     let per_request = per.iter().max_by_key(|(_, n)| **n).map_or(0, |(k, _)| *k as u64);
-    let cut = summary_number(&out.stderr, " requests crossing one)");
-    let straddled = summary_number(&out.stderr, " operations crossing a window edge dropped");
     let what = format!(
-        "{n} served, {} requests exported, {cut} cut by a window's close; {ops} operations exported ({per_request} a request), \
-         {straddled} crossing an edge; probes live {:.1}%\n{}",
+        "{n} served, {} requests exported, {ops} operations exported ({per_request} a request); probes live {:.1}%\n{}",
         requests.len(),
         live * 100.0,
         out.context()
@@ -1421,6 +1418,9 @@ fn sample_time_exports_the_live_share_of_a_saturated_load() {
     assert!(within(requests.len() as u64, n), "requests exported are not the live share: {what}");
     assert!(per_request >= 2, "a request reads a file and resolves a name: {what}");
     assert!(within(ops, n * per_request), "operations exported are not the live share: {what}");
+    let cut = summary_number(&out.stderr, " requests crossing one)");
+    let straddled = summary_number(&out.stderr, " operations crossing a window edge dropped");
+    let what = format!("{cut} requests cut by a window's close, {straddled} operations crossing an edge; {what}");
     // Every request seen is exported or counted.
     assert_eq!(requests.len() as u64 + cut, summary_number(&out.stderr, " HTTP requests"), "{what}");
     // With 16 requests in flight at every close, some are cut: counted.
