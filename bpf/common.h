@@ -29,12 +29,19 @@ const volatile unsigned int trap_only = 0;
 /* Request context (--requests): off, the hot paths skip the thread's cause. */
 const volatile unsigned int requests = 0;
 /* --sample-time: user space attaches the uprobes only during sampling
- * windows. It sets window_closed before detaching and bumps window_gen
- * before attaching again, so an operation that crosses a window edge is
- * dropped and counted (STAT_STRADDLED), never paired with a wrong end. */
+ * windows. The window's edges are these flags, not the attach and detach
+ * (which take milliseconds to tens of ms, and during which some probes fire
+ * and others not): user space sets window_closed before detaching, and
+ * attaches with it set, then writes window_open_ns, bumps window_gen and
+ * clears it. The programs do nothing while it is set, so the probes are
+ * live exactly while it is clear, the time user space reports. An operation
+ * that crosses an edge is dropped and counted (STAT_STRADDLED), never
+ * paired with a wrong end; a cause (request) made before the window opened
+ * is not carried by work in it (its request was not seen whole). */
 const volatile unsigned int sampling = 0;
 volatile __u32 window_closed = 0;
 volatile __u32 window_gen = 0;
+volatile __u64 window_open_ns = 0;
 /* --stacks all-ops: the user stack at each fs/DNS submit. */
 const volatile unsigned int stacks_all_ops = 0;
 /* uvspan's own PID namespace (nsfs device and inode of /proc/self/ns/pid)

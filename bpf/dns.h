@@ -65,8 +65,10 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 {
 	struct dns_event *e = bpf_map_lookup_elem(&inflight_dns, key);
 	if (!e) {
-		if (sampling && end_kind == END_DONE)
+		if (sampling && end_kind == END_DONE) {
 			stat_inc(STAT_STRADDLED); /* started before this window */
+			set_cause(0);             /* its callback's request is not known */
+		}
 		return 0;
 	}
 	__u64 req = key->req;

@@ -87,8 +87,11 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 		/* Its start fell before this sampling window. (Without
 		 * uv__fs_done, uv_fs_req_cleanup ends async requests and also
 		 * sees every sync one: not counted there.) */
-		if (sampling && end_kind == END_DONE)
+		if (sampling && end_kind == END_DONE) {
 			stat_inc(STAT_STRADDLED);
+			/* Its callback runs next, for a request not known. */
+			set_cause(0);
+		}
 		return 0;
 	}
 	struct scratch *s = get_scratch();
@@ -155,7 +158,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	/* One lookup for the pending sync call and the cause. */
 	struct thread_state *ts = thread_state_of(sync);
 	struct sync_slot *slot = (struct sync_slot *)ts;
-	__u64 cause = requests && ts ? ts->ctx.cause : 0;
+	__u64 cause = requests && ts ? fresh_cause(ts->ctx.cause) : 0;
 	if (slot && slot->req)
 		sync_end(slot, END_NEXT);
 

@@ -135,9 +135,10 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
 	if (is_response(head)) {
 		/* the stream's writer's cause, restored by uv__stream_io */
-		if (is_task(t->ctx.cause))
+		__u64 cause = fresh_cause(t->ctx.cause);
+		if (is_task(cause))
 			return 0;
-		emit_http(HTTP_RESPONSE, t->ctx.cause, t->ctx.stream, data, len, len, 1, 0);
+		emit_http(HTTP_RESPONSE, cause, t->ctx.stream, data, len, len, 1, 0);
 		return 0;
 	}
 	if (is_request(head)) {

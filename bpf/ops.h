@@ -25,12 +25,20 @@ static __always_inline struct thread_state *thread_state_of(int create)
  * the promise continuations Node drains before returning to libuv) keep
  * their request or task. None (0) before the loop's first wait: the
  * start-up. */
+/* --sample-time: a cause made before this window opened (its ktime is in
+ * its top bits, see cause_at) is stale: the thread's or a stream's cause
+ * left from an earlier window, whose request uvspan dropped at that edge. */
+static __always_inline __u64 fresh_cause(__u64 cause)
+{
+	return sampling && (cause >> 8) < window_open_ns ? 0 : cause;
+}
+
 static __always_inline __u64 current_cause(void)
 {
 	if (!requests)
 		return 0;
 	struct thread_state *t = thread_state_of(0);
-	return t ? t->ctx.cause : 0;
+	return t ? fresh_cause(t->ctx.cause) : 0;
 }
 
 static __always_inline void set_cause(__u64 cause)

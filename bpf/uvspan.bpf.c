@@ -61,6 +61,10 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 {
 	if (trap_only)
 		return 0;
+	/* --sample-time: attached, but the window is not open (yet, or any
+	 * more): see window_closed. */
+	if (sampling && window_closed)
+		return 0;
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	if (!for_traced(cookie))
 		return 0;
@@ -114,7 +118,7 @@ int uv_session(struct pt_regs *ctx)
 		return 1;
 	if (bpf_session_is_return())
 		return fs_sync_return(*req);
-	if (!for_traced(cookie) || !fs_submit(ctx, cookie))
+	if ((sampling && window_closed) || !for_traced(cookie) || !fs_submit(ctx, cookie))
 		return 1;
 	*req = PT_REGS_PARM2(ctx);
 	return 0;

@@ -104,9 +104,9 @@ pub struct Cli {
 
     /// With a trace per process: what its start-up span holds of its
     /// synchronous fs calls (module loading, top-level `*Sync` calls):
-    /// `summary` (their count, time, failures and the slowest, as
-    /// attributes; the metrics still count each) or `spans` (a span each).
-    #[arg(long, value_name = "WHAT", value_enum, default_value = "summary")]
+    /// `spans` (a span each) or `summary` (their count, time, failures and
+    /// the slowest, as attributes; the metrics still count each).
+    #[arg(long, value_name = "WHAT", value_enum, default_value = "spans")]
     pub startup_ops: crate::tasks::StartupOps,
 
     /// Export a request the trace sampler dropped anyway, with all of its

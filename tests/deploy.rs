@@ -167,7 +167,8 @@ fn count_under(spans: &[Span], prefix: &str) -> usize {
 /// exported, dropped (queue full), failed to export or not flushed.
 fn accounted(out: &Output) -> u64 {
     let s = summary(&out.stderr);
-    s.exported + s.dropped + s.failed + s.unflushed
+    // The operations' spans: not their tasks' root spans.
+    (s.exported + s.dropped + s.failed + s.unflushed).saturating_sub(task_spans(&out.stderr))
 }
 
 /// uvspan's BPF maps (by name) and link types, from /proc/PID/fdinfo (no

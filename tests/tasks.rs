@@ -232,10 +232,10 @@ fn cli_run_in(topology: Topology) {
     let script = fixture("cli_run.js");
     let (out, spans) = traced(topology, &[], &["node", &script, &dir.str()]);
     let ctx = format!("{topology:?}\n{}", out.context());
-    check_cli_run(&out, &spans, &dir, (topology == Topology::AppAlone).then_some(1), true, &ctx);
+    check_cli_run(&out, &spans, &dir, (topology == Topology::AppAlone).then_some(1), false, &ctx);
     if topology == Topology::Host {
-        let (out, spans) = traced(topology, &["--startup-ops", "spans"], &["node", &script, &dir.str()]);
-        check_cli_run(&out, &spans, &dir, None, false, &out.context());
+        let (out, spans) = traced(topology, &["--startup-ops", "summary"], &["node", &script, &dir.str()]);
+        check_cli_run(&out, &spans, &dir, None, true, &out.context());
     }
 }
 
@@ -310,7 +310,7 @@ fn npm_install_leaves_no_more_traces_than_processes() {
     let dir = TempDir::new("tasks-npm");
     let app = npm_project(&dir);
     let rx = Receiver::start(Protocol::Grpc);
-    let mut c = uvspan_cmd(["--status-interval", "0", "--loop-threshold", "10m", "--otlp-endpoint", &rx.endpoint()]);
+    let mut c = uvspan_cmd(["--status-interval", "0", "--loop-threshold", "10m", "--startup-ops", "summary", "--otlp-endpoint", &rx.endpoint()]);
     c.args(["--", "npm", "install", "--offline", "--no-audit", "--no-fund", "--no-update-notifier"]).current_dir(&app);
     let out = run(c);
     let spans = rx.spans();

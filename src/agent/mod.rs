@@ -316,23 +316,9 @@ impl Agent {
         Ok(true)
     }
 
-    /// --sample-time: opens or closes the window when due.
-    fn sample_window(&mut self) {
-        let Some(w) = self.windows.as_mut() else { return };
-        match w.step(Instant::now()) {
-            Some(sampling::Edge::Close) => {
-                let t = Instant::now();
-                self.tracer.close_window();
-                w.detached_after(t.elapsed());
-            }
-            Some(sampling::Edge::Open) => self.tracer.open_window(),
-            None => {}
-        }
-    }
-
     /// Decoded records → process table and spans → exporter; requests
     /// that are over (all of them at `shutdown`) go out too.
-    fn handle_records(&mut self, shutdown: bool) {
+    pub(super) fn handle_records(&mut self, shutdown: bool) {
         let spare = std::mem::take(&mut self.spare_records);
         let mut recs = std::mem::replace(&mut *self.inbox.records.borrow_mut(), spare);
         let mut out = procs::Out::default();

@@ -85,11 +85,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     });
     let stacks = if k.stack_samples > 0 { format!("; {} loop-thread stack samples", k.stack_samples) } else { String::new() };
     let sampling = run.sampling.map_or_else(String::new, |(share, live)| {
+        let cut = run.requests.unwrap_or_default();
         format!(
-            "; --sample-time {}%: probes live {:.1}% of the time, {} operations crossing a window edge dropped",
+            "; --sample-time {}%: probes live {:.1}% of the time, {} operations crossing a window edge dropped \
+             ({} of them held by the {} requests crossing one)",
             share * 100.0,
             live * 100.0,
-            k.straddled
+            straddled(k, run),
+            cut.straddled_ops,
+            cut.straddled
         )
     });
     let sampler = run.sampler.as_ref().map_or_else(String::new, |(name, n)| {
@@ -127,12 +131,19 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.records_lost.store(k.records_lost, Ordering::Relaxed);
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
-    health.straddled.store(k.straddled, Ordering::Relaxed);
+    health.straddled.store(straddled(k, run), Ordering::Relaxed);
     health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1), Ordering::Relaxed);
     health.operations_short.store(run.short, Ordering::Relaxed);
     if let Some(r) = run.requests {
         health.requests.store(r.requests, Ordering::Relaxed);
         health.requests_bad_traceparent.store(r.bad_traceparent, Ordering::Relaxed);
         health.requests_unsampled.store(r.unsampled, Ordering::Relaxed);
+        health.requests_straddled.store(r.straddled, Ordering::Relaxed);
     }
+}
+
+/// --sample-time: operations dropped at a window edge, in flight there
+/// (kernel) or held by a request whose end fell past it.
+fn straddled(k: &Stats, run: &RunStats) -> u64 {
+    k.straddled + run.requests.map_or(0, |r| r.straddled_ops)
 }

@@ -2,7 +2,10 @@
 //! one window of `share × period`, at a random offset inside it, so a
 //! periodic job in the app is not always in (or always out of) the window.
 //! The tracer detaches the probes outside the windows (see
-//! `Tracer::close_window`); the loop thread's epoll path stays on.
+//! `Tracer::close_window`); the loop thread's epoll path stays on. A
+//! window's length is the time the probes are live: counted from when the
+//! tracer made them live (after attaching) to when it stopped them (before
+//! detaching), so the share stated is the share of the time they were.
 
 use std::time::{Duration, Instant};
 
@@ -69,9 +72,6 @@ pub struct Windows {
     opened_at: Option<Instant>,
     live: Duration,
     started: Instant,
-    /// How long detaching takes (moving average): the probes stay live
-    /// meanwhile, so windows are cut short by as much.
-    detach: Duration,
 }
 
 impl Windows {
@@ -88,7 +88,6 @@ impl Windows {
             opened_at: Some(now),
             live: Duration::ZERO,
             started: now,
-            detach: Duration::ZERO,
         }
     }
 
@@ -97,39 +96,35 @@ impl Windows {
         self.next.1.saturating_duration_since(now)
     }
 
-    /// The edge due now, if any; the caller carries it out.
-    pub fn step(&mut self, now: Instant) -> Option<Edge> {
+    /// The edge due now, if any; the caller carries it out and says when
+    /// the probes stopped ([`Windows::closed`]) or went live
+    /// ([`Windows::opened`]).
+    pub fn step(&self, now: Instant) -> Option<Edge> {
         let (edge, at) = self.next;
-        if now < at {
-            return None;
-        }
-        match edge {
-            Edge::Close => {
-                if let Some(t) = self.opened_at.take() {
-                    self.live += now - t;
-                }
-                // The next period's window; a late tick skips periods.
-                let mut start = self.period_start + PERIOD;
-                while start + PERIOD <= now {
-                    start += PERIOD;
-                }
-                let w = window(self.share, PERIOD, self.rng.next_unit());
-                self.period_start = start;
-                self.next = (Edge::Open, (start + w.offset).max(now));
-                self.pending_len = w.len;
-            }
-            Edge::Open => {
-                self.opened_at = Some(now);
-                self.next = (Edge::Close, now + self.pending_len.saturating_sub(self.detach));
-            }
-        }
-        Some(edge)
+        (now >= at).then_some(edge)
     }
 
-    /// The probes took `d` to detach after the close edge: live meanwhile.
-    pub fn detached_after(&mut self, d: Duration) {
-        self.live += d;
-        self.detach = if self.detach.is_zero() { d } else { (self.detach * 3 + d) / 4 };
+    /// The probes stopped at `at`: the next period's window is placed (a
+    /// late tick skips periods).
+    pub fn closed(&mut self, at: Instant) {
+        if let Some(t) = self.opened_at.take() {
+            self.live += at.saturating_duration_since(t);
+        }
+        let mut start = self.period_start + PERIOD;
+        while start + PERIOD <= at {
+            start += PERIOD;
+        }
+        let w = window(self.share, PERIOD, self.rng.next_unit());
+        self.period_start = start;
+        self.next = (Edge::Open, (start + w.offset).max(at));
+        self.pending_len = w.len;
+    }
+
+    /// The probes went live at `at` (attached, then let run): the window
+    /// closes its length after that.
+    pub fn opened(&mut self, at: Instant) {
+        self.opened_at = Some(at);
+        self.next = (Edge::Close, at + self.pending_len);
     }
 
     /// Share of the time the probes were live so far.
@@ -140,6 +135,28 @@ impl Windows {
             return self.share;
         }
         live.as_secs_f64() / all.as_secs_f64()
+    }
+}
+
+impl super::Agent {
+    /// --sample-time: opens or closes the window when due. At a close, the
+    /// window's records (all in the ring buffer once the probes are
+    /// detached) are handled, then the requests the edge cut are dropped
+    /// and counted (see `Requests::window_closed`).
+    pub(super) fn sample_window(&mut self) {
+        let Some(w) = self.windows.as_mut() else { return };
+        match w.step(Instant::now()) {
+            Some(Edge::Close) => {
+                w.closed(self.tracer.close_window());
+                let _ = self.rb.consume();
+                self.handle_records(false);
+                if let Some(r) = self.requests.as_mut() {
+                    r.window_closed();
+                }
+            }
+            Some(Edge::Open) => w.opened(self.tracer.open_window()),
+            None => {}
+        }
     }
 }
 
@@ -185,8 +202,12 @@ mod tests {
             t += Duration::from_millis(1);
             if let Some(e) = w.step(t) {
                 edges.push(e);
-                if e == Edge::Open {
-                    opens.push(t - t0);
+                match e {
+                    Edge::Open => {
+                        opens.push(t - t0);
+                        w.opened(t);
+                    }
+                    Edge::Close => w.closed(t),
                 }
             }
         }
@@ -202,12 +223,40 @@ mod tests {
         assert!((0.095..=0.105).contains(&m), "{m}");
     }
 
+    /// The time to attach and to detach is not live: the share counts from
+    /// when the probes went live to when they stopped.
+    #[test]
+    fn live_time_runs_from_live_to_stopped() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut w = Windows::new(0.1, t0);
+        w.closed(t0 + ms(100));
+        let mut t = t0 + ms(100);
+        for _ in 0..9 {
+            t += w.until_next(t);
+            assert_eq!(w.step(t), Some(Edge::Open));
+            // Attaching took 15 ms; the window is 100 ms from then.
+            w.opened(t + ms(15));
+            t += ms(15);
+            assert_eq!(w.until_next(t), ms(100));
+            t += ms(100);
+            assert_eq!(w.step(t), Some(Edge::Close));
+            w.closed(t);
+            // Detaching takes 60 ms.
+            t += ms(60);
+        }
+        let live = 10.0 * 0.1;
+        let all = (t - t0).as_secs_f64();
+        assert!((w.measured(t) - live / all).abs() < 1e-9, "{} vs {}", w.measured(t), live / all);
+    }
+
     #[test]
     fn a_late_tick_skips_periods_instead_of_catching_up() {
         let t0 = Instant::now();
         let mut w = Windows::new(0.5, t0);
         let late = t0 + Duration::from_millis(3500);
         assert_eq!(w.step(late), Some(Edge::Close));
+        w.closed(late);
         // The next window is in the period that holds `late`, or after.
         assert!(w.until_next(late) < Duration::from_millis(1000));
     }

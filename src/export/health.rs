@@ -33,8 +33,12 @@ pub struct Health {
     pub operations_unsampled: AtomicU64,
     /// --min-duration: operations outside requests too short to export.
     pub operations_short: AtomicU64,
-    /// --sample-time: operations dropped because they crossed a window edge.
+    /// --sample-time: operations dropped because they crossed a window edge
+    /// (or their request did).
     pub straddled: AtomicU64,
+    /// --sample-time: requests dropped because their end fell past a
+    /// window's close.
+    pub requests_straddled: AtomicU64,
     /// --sample-time share in millionths (1_000_000 = probes always live).
     pub sample_time_ppm: AtomicU64,
     /// --otlp-listen: the app's OTLP forwarded, and the joins.
@@ -81,7 +85,7 @@ impl HealthMetrics {
             let h = h.clone();
             Box::new(move || f(&h).load(Ordering::Relaxed))
         };
-        let counters: [(&'static str, &'static str, Read); 13] = [
+        let counters: [(&'static str, &'static str, Read); 14] = [
             ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
             ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
@@ -106,7 +110,16 @@ impl HealthMetrics {
                 "fs and DNS operations outside requests shorter than --min-duration (not exported)",
                 read_h(|h| &h.operations_short),
             ),
-            ("uvspan.operations.straddled", "Operations dropped: they crossed a --sample-time window edge", read_h(|h| &h.straddled)),
+            (
+                "uvspan.operations.straddled",
+                "Operations dropped: they (or the request holding them) crossed a --sample-time window edge",
+                read_h(|h| &h.straddled),
+            ),
+            (
+                "uvspan.requests.straddled",
+                "Requests dropped with their operations: their end fell past a --sample-time window's close",
+                read_h(|h| &h.requests_straddled),
+            ),
         ];
         for (name, desc, read) in counters {
             // The callback stays registered with the provider; the handle is not needed.

@@ -7,7 +7,7 @@ mod detach;
 
 use std::collections::HashMap;
 use std::mem::MaybeUninit;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
@@ -375,35 +375,35 @@ impl Tracer {
         self.skel.maps.traced.keys().count()
     }
 
-    /// --sample-time: the window closes. The uprobes are detached; then the
-    /// BPF side drops sync calls still open (their end probe is gone) and
-    /// async operations still in flight are removed, both counted: their
-    /// end will not be seen.
-    pub fn close_window(&mut self) {
+    /// --sample-time: the window closes, returning when: the BPF side's
+    /// flag is set first (the programs do nothing from then on, every probe
+    /// at once), then the uprobes are detached (which takes tens of ms, most
+    /// of it waiting for RCU grace periods), then the async operations still
+    /// in flight are removed, counted: their end will not be seen. The BPF
+    /// side drops and counts sync calls still open when their end comes.
+    pub fn close_window(&mut self) -> Instant {
+        let now = Instant::now();
         if self.window_closed {
-            return;
+            return now;
         }
         self.window_closed = true;
-        let links: Vec<Link> = self.uprobes.values_mut().flat_map(|a| std::mem::take(&mut a.links)).collect();
-        detach_all(links);
-        // Only now: operations that end while the probes are being removed
-        // (tens of ms) are still whole.
         if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
             bss.window_closed = 1;
         }
+        let links: Vec<Link> = self.uprobes.values_mut().flat_map(|a| std::mem::take(&mut a.links)).collect();
+        detach_all(links);
         self.swept += self.sweep_inflight(|_| true);
+        now
     }
 
-    /// --sample-time: the window opens; the probes of every attached file
-    /// go live again. A file that cannot be attached any more (its
-    /// processes are gone) is forgotten.
-    pub fn open_window(&mut self) {
+    /// --sample-time: the window opens, returning when. The probes of every
+    /// attached file are attached again with the BPF side's flag still set
+    /// (attaching takes milliseconds, probe by probe); then the flag is
+    /// cleared, so every probe goes live at that moment. A file that cannot
+    /// be attached any more (its processes are gone) is forgotten.
+    pub fn open_window(&mut self) -> Instant {
         if !self.window_closed {
-            return;
-        }
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            bss.window_gen = bss.window_gen.wrapping_add(1);
-            bss.window_closed = 0;
+            return Instant::now();
         }
         self.window_closed = false;
         let keys: Vec<(FileId, i32)> = self.uprobes.keys().copied().collect();
@@ -416,6 +416,16 @@ impl Tracer {
                 a.links = links;
             }
         }
+        let now = Instant::now();
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            // Causes made before now are stale (see fresh_cause); the
+            // generation and the start written before the flag clears.
+            bss.window_open_ns = crate::events::clock::monotonic_ns();
+            bss.window_gen = bss.window_gen.wrapping_add(1);
+            std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+            bss.window_closed = 0;
+        }
+        now
     }
 
     /// Removes in-flight async operations whose pid matches; how many.

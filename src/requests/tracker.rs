@@ -68,6 +68,10 @@ pub struct RequestStats {
     /// Operations sent as they came because their request held too many,
     /// or too many requests were open.
     pub not_held: u64,
+    /// --sample-time: requests whose end fell past a window's close (not
+    /// answered whole by then), dropped, and the operations they held.
+    pub straddled: u64,
+    pub straddled_ops: u64,
 }
 
 /// An outgoing HTTP call a request made.
@@ -448,6 +452,23 @@ impl Requests {
         self.by_conn.retain(|(p, _), _| *p != pid);
     }
 
+    /// --sample-time: the probes stopped (every record of the window is
+    /// handled). A request not answered whole by then has its end past the
+    /// edge: dropped with the work it held, counted. One whose response
+    /// started without saying its length stays, to be over after a quiet
+    /// period (ended by its last write seen).
+    pub fn window_closed(&mut self) {
+        let cut: Vec<u64> = self.open.iter().filter(|(_, r)| r.status.is_none() || r.response_total.is_some()).map(|(c, _)| *c).collect();
+        for c in cut {
+            let Some(req) = self.open.remove(&c) else { continue };
+            if self.by_conn.get(&(req.pid, req.conn)) == Some(&c) {
+                self.by_conn.remove(&(req.pid, req.conn));
+            }
+            self.stats.straddled += 1;
+            self.stats.straddled_ops += req.held.len() as u64;
+        }
+    }
+
     /// Everything still open (uvspan is stopping).
     pub fn finish_all(&mut self, src: &SpanContextSource<'_>, ready: &mut Ready) {
         let all: Vec<u64> = self.open.keys().copied().collect();
@@ -578,6 +599,28 @@ mod tests {
         assert_eq!(spans.len(), 1);
         assert_eq!(spans[0].parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
         assert!(spans[0].parent_span_is_remote);
+    }
+
+    /// At a sampling window's close, a request not answered whole is
+    /// dropped with its work, counted; an answer of unsaid length ends
+    /// after a quiet period, as it would have.
+    #[test]
+    fn a_window_close_drops_requests_not_answered_whole() {
+        let spans = run(|r, src, ready| {
+            for (cause, conn) in [(1, 100), (2, 200), (3, 300)] {
+                r.http(&http(HttpWhat::Request, cause, conn, 1_000, "GET / HTTP/1.1\r\n\r\n"), false, src, ready);
+                r.work(fs(cause, 1_100, 1_200), src, ready);
+            }
+            r.http(&http(HttpWhat::Write, 2, 200, 2_000, "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nok"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 3, 300, 2_000, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"), false, src, ready);
+            r.window_closed();
+            assert_eq!(r.open(), 1, "request 3 stays");
+            assert_eq!((r.stats.straddled, r.stats.straddled_ops), (2, 2), "requests 1 (no answer) and 2 (answer cut)");
+            // Their late work is not under a request that was not sent.
+            assert!(r.work(fs(1, 3_000, 3_100), src, ready).is_some());
+            r.expire(2_000 + QUIET_NS, src, ready);
+        });
+        assert_eq!(spans.len(), 2, "request 3 and its stat");
     }
 
     /// Any order of records, any head in them: no panic, and no more

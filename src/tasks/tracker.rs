@@ -45,12 +45,12 @@ pub enum TracePer {
 /// loading: `require` resolving and reading files, top-level `*Sync` calls).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum StartupOps {
+    /// A span each.
+    #[default]
+    Spans,
     /// Counted on the start-up span (how many, their time, the slowest),
     /// not one span each.
-    #[default]
     Summary,
-    /// A span each.
-    Spans,
 }
 
 /// The slowest sync fs calls a start-up summary names.

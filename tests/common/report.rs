@@ -58,6 +58,17 @@ pub fn summary_number(stderr: &str, what: &str) -> u64 {
     number_before(summary_line(stderr), what)
 }
 
+/// The root spans of background tasks uvspan made (its summary's
+/// "N background tasks"; 0 when it made none), for tests that count spans
+/// per operation.
+pub fn task_spans(stderr: &str) -> u64 {
+    let line = summary_line(stderr);
+    if !line.contains(" background tasks") {
+        return 0;
+    }
+    number_before(line, " background tasks")
+}
+
 // ---------------------------------------------------------------------------
 // Status lines
 // ---------------------------------------------------------------------------
