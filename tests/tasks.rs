@@ -310,7 +310,8 @@ fn npm_install_leaves_no_more_traces_than_processes() {
     let dir = TempDir::new("tasks-npm");
     let app = npm_project(&dir);
     let rx = Receiver::start(Protocol::Grpc);
-    let mut c = uvspan_cmd(["--status-interval", "0", "--loop-threshold", "10m", "--startup-ops", "summary", "--otlp-endpoint", &rx.endpoint()]);
+    let mut c =
+        uvspan_cmd(["--status-interval", "0", "--loop-threshold", "10m", "--startup-ops", "summary", "--otlp-endpoint", &rx.endpoint()]);
     c.args(["--", "npm", "install", "--offline", "--no-audit", "--no-fund", "--no-update-notifier"]).current_dir(&app);
     let out = run(c);
     let spans = rx.spans();
