@@ -379,3 +379,67 @@ fn an_unwritable_report_is_said_and_fails_a_passing_run() {
     let out = run_cmd(uvspan_cmd(["run", "--report", "/nonexistent-dir/report.json", "--", "node", "-e", "process.exit(5)"]));
     assert_eq!(out.code(), Some(5), "{}", out.context());
 }
+
+/// `uvspan run` of a CLI (tests/fixtures/cli_run.js: 50 top-level
+/// `statSync`, 3 timer ticks with a `fs.stat` each, exit 3): its trace is a
+/// tree in the JSON report and on the HTML page.
+#[test]
+fn the_process_trace_is_a_tree_in_the_report_and_the_page() {
+    require_root();
+    let dir = TempDir::new("run-tree");
+    let work = dir.join("work");
+    std::fs::create_dir_all(&work).unwrap();
+    let (json, html) = (dir.join("report.json"), dir.join("report.html"));
+    let out = run_cmd(uvspan_cmd(["run", "--html", &html, "--report", &json, "--", "node", &fixture("cli_run.js"), &work]));
+    assert_eq!(out.code(), Some(3), "{}", out.context());
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let p = j["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["command"].as_str().is_some_and(|c| c.contains("cli_run.js")))
+        .unwrap_or_else(|| panic!("no process of cli_run.js: {j:#}"));
+    let t = &p["trace"];
+    let root = &t["root"];
+    assert_eq!(
+        (root["name"].as_str(), root["exit_code"].as_i64(), root["error"].as_str()),
+        (Some("node"), Some(3), Some("exit code 3")),
+        "{t:#}"
+    );
+    assert!(root["command_line"].as_str().unwrap().ends_with(&format!("cli_run.js {work}")), "{root}");
+    let startup = &t["startup"];
+    assert!(n(&startup["operations"]) >= 50, "the 50 statSync calls and module loading: {startup}");
+    assert_eq!(startup["ops"].as_array().unwrap().len() as u64 + n(&startup["more_ops"]), n(&startup["operations"]), "{startup}");
+    assert!(startup["ops"].as_array().unwrap().len() <= 50, "at most 50 operations listed");
+    let timers: Vec<&Value> = t["children"].as_array().unwrap().iter().filter(|c| c["kind"] == "timers").collect();
+    assert_eq!(timers.len(), 3, "{t:#}");
+    assert_eq!((n(&t["tasks"]), n(&t["more_tasks"])), (3, 0));
+    for (i, task) in timers.iter().enumerate() {
+        assert_eq!(n(&task["operations"]), 1, "{task}");
+        let stat = &task["ops"][0];
+        assert_eq!(stat["name"], "fs.stat", "{task}");
+        assert_eq!(stat["target"].as_str(), Some(format!("{work}/t-{i}").as_str()), "the ticks in order: {task}");
+        assert_eq!((stat["error"].as_str(), stat["failed"].as_bool()), (Some("ENOENT"), Some(false)), "an existence check: {stat}");
+    }
+    assert!(t["requests"].as_array().unwrap().is_empty());
+
+    // The page, in a real browser: the tree's rows are drawn.
+    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| on_path(c)).expect("chromium is not on PATH");
+    let mut c = Command::new(chromium);
+    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "--virtual-time-budget=5000"])
+        .arg(format!("--user-data-dir={}", dir.join("chromium-profile")))
+        .arg(format!("file://{html}"));
+    let dom = run_cmd(c);
+    assert!(dom.status.success(), "chromium failed: {}", dom.context());
+    let d = &dom.stdout;
+    assert!(d.contains("data-rendered=\"ok\""), "the page's script did not finish cleanly:\n{}", error_box(d));
+    let card = d.split(&format!("<div class=\"trace\" data-pid=\"{}\">", p["pid"])).nth(1).expect("a tree for the process");
+    let card = card.split("<div class=\"trace\"").next().unwrap();
+    assert_eq!(card.matches("data-kind=\"process\"").count(), 1, "{card}");
+    assert_eq!(card.matches("data-kind=\"startup\"").count(), 1, "{card}");
+    assert_eq!(card.matches("data-kind=\"timers\"").count(), 3, "{card}");
+    assert!(card.contains(">exit code 3<"), "the root's exit code: {card}");
+    for i in 0..3 {
+        assert!(card.contains(&format!("{work}/t-{i}")), "tick {i}'s fs.stat under its task: {card}");
+    }
+}

@@ -43,6 +43,9 @@ pub struct ProcessReport {
     pub command: String,
     #[serde(flatten)]
     pub sections: Sections,
+    /// Its trace as a tree (`--trace-per process`; see [`super::trees`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<super::trees::ProcessTrace>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -384,7 +387,7 @@ impl Aggregate {
             .map(|(&pid, acc)| {
                 let trailing = self.trailing_fast.get(&pid).copied().unwrap_or(0);
                 let command = facts.commands.get(&pid).map(|a| a.join(" ")).unwrap_or_default();
-                ProcessReport { pid, command, sections: acc.sections(acc.iterations + trailing) }
+                ProcessReport { pid, command, sections: acc.sections(acc.iterations + trailing), trace: None }
             })
             .collect();
         Report {

@@ -2,13 +2,15 @@
 //! (pure: [`aggregate`]), and at the end the run's numbers are checked
 //! against budgets ([`budget`]) and written out: a summary on the console and
 //! in `$GITHUB_STEP_SUMMARY` ([`summary`]), JSON, JUnit ([`junit`]) and a
-//! self-contained HTML page ([`html`]).
+//! self-contained HTML page ([`html`]). Each process's trace is also kept as
+//! a bounded tree (pure: [`trees`]), made when the report is written.
 
 pub mod aggregate;
 pub mod budget;
 pub mod html;
 pub mod junit;
 pub mod summary;
+pub mod trees;
 
 use std::path::Path;
 use std::time::{Instant, SystemTime};
@@ -78,6 +80,7 @@ pub struct Collector {
     ended: Option<Instant>,
     agg: Aggregate,
     timeline: html::Timeline,
+    trees: trees::Trees,
 }
 
 impl Collector {
@@ -92,6 +95,7 @@ impl Collector {
             ended: None,
             agg: Aggregate::default(),
             timeline: html::Timeline::new(html::MAX_BARS),
+            trees: trees::Trees::default(),
         })
     }
 
@@ -105,6 +109,7 @@ impl Collector {
         for s in spans {
             self.agg.add(pid, s, self.start);
             self.timeline.add(pid, s, self.start);
+            self.trees.add(pid, s, self.start);
         }
     }
 
@@ -124,6 +129,9 @@ impl Collector {
     pub fn finish(self, mut facts: RunFacts) -> i32 {
         facts.wall_ms = self.ended.unwrap_or_else(Instant::now).duration_since(self.started).as_secs_f64() * 1e3;
         let mut report = self.agg.report(&facts);
+        for p in &mut report.processes {
+            p.trace = self.trees.trace(p.pid, self.start);
+        }
         budget::evaluate(&mut report, &self.budgets);
         eprint!("{}", summary::text(&report));
         let mut code = exit_status(&report);

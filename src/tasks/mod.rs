@@ -15,4 +15,5 @@ mod spans;
 mod tracker;
 
 pub use cause::TaskKind;
+pub use spans::task_keys;
 pub use tracker::{StartupOps, TaskStats, Tasks, TracePer};
