@@ -75,6 +75,6 @@ pub fn outside_requests(spans: &[Span], s: &Span) -> bool {
     spans.iter().any(|p| {
         p.span_id == s.parent_span_id
             && p.kind == 1
-            && (matches!(p.name.as_str(), "startup" | "timers" | "immediate" | "io") || p.str("process.command_line").is_some())
+            && (matches!(p.name.as_str(), "startup" | "main" | "timers" | "immediate" | "io") || p.str("process.command_line").is_some())
     })
 }
