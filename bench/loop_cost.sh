@@ -6,7 +6,9 @@
 # their run_time_ns and run_cnt (bpftool) give ns per program run, and their
 # sum over the iterations the ns each iteration pays in the kernel's BPF.
 #
-#   sudo bench/loop_cost.sh [UVSPAN_BINARY] [extra uvspan options...]
+#   sudo [BENCH_MODE=paced] bench/loop_cost.sh [UVSPAN_BINARY] [extra uvspan options...]
+# BENCH_MODE: saturated (default; no iteration sleeps) or paced (each
+# iteration sleeps ~1 ms in epoll and wakes up), see loop_cost.js.
 # Needs bpftool and jq. Not part of bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")"
