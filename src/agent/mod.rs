@@ -157,7 +157,6 @@ fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>) -> S
         ring_buffer_size: cli.ring_buffer_size,
         detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
         trap_only: bench_trap_only(),
-        sched_raw: std::env::var_os("UVSPAN_BENCH_SCHED_RAW").is_some_and(|v| v == "1"),
         sampling: cli.sample_time.is_some_and(|s| s < 1.0),
         stacks: cli.stacks != StacksMode::Off,
         stacks_all_ops: cli.stacks == StacksMode::AllOps,
@@ -588,8 +587,7 @@ impl Agent {
         let times: Vec<_> = self.procs.live_pids().into_iter().filter_map(|pid| Some((pid, self.tracer.loop_time(pid, now_ns)?))).collect();
         let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
         for (pid, t) in times {
-            let split = crate::metrics::BusySplit { busy_ns: t.busy_ns, on_cpu_ns: t.on_cpu_ns, runqueue_ns: t.runqueue_ns };
-            m.loop_time(pid, crate::metrics::LoopTime { since_ns: t.since_ns, idle_ns: t.idle_ns, now_ns, split });
+            m.loop_time(pid, crate::metrics::LoopTime::of(&t, now_ns));
         }
     }
 

@@ -38,9 +38,6 @@ pub struct Settings {
     pub detail: Detail,
     /// Benchmark only: probe programs return at once (UVSPAN_BENCH_TRAP_ONLY=1).
     pub trap_only: bool,
-    /// Benchmark only: the loop split reads the thread's CPU time as the
-    /// scheduler last updated it, without the catch-up (UVSPAN_BENCH_SCHED_RAW=1).
-    pub sched_raw: bool,
     /// --sample-time: uprobes live only in sampling windows
     /// ([`Tracer::close_window`], [`Tracer::open_window`]).
     pub sampling: bool,
@@ -240,7 +237,9 @@ impl Tracer {
             ro.follow_forks = u32::from(settings.follow_forks);
             ro.discover = u32::from(settings.discover);
             ro.trap_only = u32::from(settings.trap_only);
-            ro.sched_catchup = u32::from(!settings.sched_raw);
+            // Benchmark only: the loop split reads the thread's CPU time as the
+            // scheduler last updated it, without the catch-up (bpf/loop.h).
+            ro.sched_catchup = u32::from(std::env::var_os("UVSPAN_BENCH_SCHED_RAW").is_none_or(|v| v != "1"));
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);

@@ -117,6 +117,14 @@ pub struct LoopTime {
     pub split: BusySplit,
 }
 
+impl LoopTime {
+    /// The kernel's count (`Tracer::loop_time`) as of `now_ns`.
+    pub fn of(t: &crate::kernel::skel::types::loop_time, now_ns: u64) -> LoopTime {
+        let split = BusySplit { busy_ns: t.busy_ns, on_cpu_ns: t.on_cpu_ns, runqueue_ns: t.runqueue_ns };
+        LoopTime { since_ns: t.since_ns, idle_ns: t.idle_ns, now_ns, split }
+    }
+}
+
 /// The loop thread's busy parts already ended (kernel ns) and, of them, the
 /// time on a CPU and runnable waiting for one (bpf/loop.h).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
