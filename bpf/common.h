@@ -51,9 +51,38 @@ const volatile unsigned int stacks_all_ops = 0;
 const volatile __u64 pidns_dev = 0;
 const volatile __u64 pidns_ino = 0;
 
+/* The loop split (loop.h): the on-CPU time the scheduler has not yet added
+ * to sum_exec_runtime (it does at ticks and switches) is added from
+ * se.exec_start. Benchmark only: 0 (UVSPAN_BENCH_SCHED_RAW=1) reads the
+ * counter as it is, to see what the catch-up changes. */
+const volatile unsigned int sched_catchup = 1;
+
 /* Kernel types (CO-RE: only the fields used). */
 struct files_struct;
 struct pid;
+
+/* A task's scheduler accounting (the loop split, loop.h): its CPU time and
+ * when that was last brought up to date (rq_clock_task), its time runnable
+ * but waiting for a CPU (CONFIG_SCHED_INFO), its cgroup's CFS bandwidth. */
+struct sched_entity {
+	unsigned long long exec_start;
+	unsigned long long sum_exec_runtime;
+} __attribute__((preserve_access_index));
+
+struct sched_info {
+	unsigned long long run_delay;
+} __attribute__((preserve_access_index));
+
+struct cfs_bandwidth {
+	unsigned long long quota;
+	unsigned long long throttled_time;
+} __attribute__((preserve_access_index));
+
+struct task_group {
+	struct task_group *parent;
+	struct cfs_bandwidth cfs_bandwidth;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	int pid;
 	int tgid;
@@ -61,6 +90,10 @@ struct task_struct {
 	struct pid *thread_pid;
 	struct task_struct *group_leader;
 	int exit_code;
+	struct sched_entity se;
+	struct sched_info sched_info;
+	unsigned long nvcsw;
+	struct task_group *sched_task_group;
 } __attribute__((preserve_access_index));
 
 struct ns_common {

@@ -97,12 +97,13 @@ static __always_inline int epoll_enter(int timeout_zero, int by_uprobe)
 	st->epoll_enter = now;
 	if (by_uprobe && timeout_zero) {
 		/* A wait that cannot block is not worth its return trap: it ends
-		 * as it starts (its few microseconds count as busy). Whether it
-		 * found events is told by what follows: a blocking wait within
-		 * the gap means it found none. */
+		 * as it starts (its few microseconds count as busy, and its busy
+		 * part goes on). Whether it found events is told by what
+		 * follows: a blocking wait within the gap means it found none. */
 		wait_done(st, now, 0, 0);
 		return 0;
 	}
+	sched_wait_start(st, now);
 	return 1;
 }
 
@@ -121,7 +122,9 @@ static __always_inline int epoll_exit(long ret, int by_uprobe)
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
 	if (!st || !st->epoll_enter || st->cur_phase != PHASE_POLL)
 		return 0;
-	wait_done(st, bpf_ktime_get_ns(), ret, 1);
+	__u64 now = bpf_ktime_get_ns();
+	wait_done(st, now, ret, 1);
+	sched_wait_end(st, now);
 	return 0;
 }
 

@@ -10,6 +10,131 @@
 
 #include "fs.h" /* end_pending_sync */
 
+/*
+ * The split of an iteration's busy time (the time outside its epoll waits):
+ * on a CPU, runnable waiting for one (run queue), and the rest off-CPU
+ * (sleeping or blocked: a sync read, a lock, a page fault from disk). Read
+ * from the loop thread's own scheduler accounting at the bounds of each busy
+ * part, which uvspan probes anyway: a wait's end opens one, the next wait's
+ * start (or the iteration's end) closes it. No scheduler tracepoint: the
+ * current task's counters are plain loads through its BTF pointer.
+ * - sum_exec_runtime is brought up to date at ticks and switches only: the
+ *   time since (se.exec_start, on the scheduler's clock) is added, the
+ *   scheduler's clock being ktime minus an offset measured at the thread's
+ *   last wake-up (exec_start is the switch's time then).
+ * - run_delay is complete whenever the task runs (it grows when the task
+ *   gets a CPU).
+ * - throttled_time is the cgroup's (the nearest with a CFS quota, up to
+ *   THROTTLE_LEVELS up), as its cpu.stat shows it: summed over its CPUs,
+ *   added when a throttled run queue is let go; read at the iteration's
+ *   bounds only.
+ */
+#define CATCHUP_MAX_NS 50000000ULL /* more: the offset is wrong, none added */
+#define THROTTLE_LEVELS 8
+#define RUNTIME_INF (~0ULL)
+
+/* The nearest task group with a CFS quota, from the task's own. */
+static __always_inline struct task_group *quota_group(struct task_struct *t)
+{
+	if (!bpf_core_field_exists(t->sched_task_group))
+		return NULL;
+	struct task_group *g = t->sched_task_group;
+	for (int i = 0; i < THROTTLE_LEVELS && g; i++) {
+		if (g->cfs_bandwidth.quota != RUNTIME_INF)
+			return g;
+		g = g->parent;
+	}
+	return NULL;
+}
+
+/* The loop thread's counters now (`now`: ktime; `t`: the current task). */
+static __always_inline void sched_read(struct task_struct *t, struct loop_state *st, __u64 now, struct loop_sched *out)
+{
+	__u64 on = t->se.sum_exec_runtime;
+	__u64 off = st->sched.clk_off;
+	if (sched_catchup && off) {
+		__u64 since = t->se.exec_start + off;
+		if (now > since && now - since < CATCHUP_MAX_NS)
+			on += now - since;
+	}
+	out->on_cpu = on;
+	out->run_delay = t->sched_info.run_delay;
+}
+
+/* A busy part starts now, at counters `s`. */
+static __always_inline void sched_open(struct loop_state *st, __u64 now, struct loop_sched *s)
+{
+	st->sched.at = now;
+	st->sched.on_cpu = s->on_cpu;
+	st->sched.run_delay = s->run_delay;
+}
+
+/* The busy part open ends now, at counters `s`: its counters go to the
+ * iteration and the thread's totals. None open: the iteration's split
+ * misses a part. */
+static __always_inline void sched_close(struct loop_state *st, __u64 now, struct loop_sched *s)
+{
+	if (!st->sched.at) {
+		st->ev.split &= ~SPLIT_MEASURED;
+		return;
+	}
+	__u64 on = s->on_cpu > st->sched.on_cpu ? s->on_cpu - st->sched.on_cpu : 0;
+	__u64 rq = s->run_delay > st->sched.run_delay ? s->run_delay - st->sched.run_delay : 0;
+	st->ev.on_cpu_ns += on;
+	st->ev.runqueue_ns += rq;
+	st->time.busy_ns += now - st->sched.at;
+	st->time.on_cpu_ns += on;
+	st->time.runqueue_ns += rq;
+	st->sched.at = 0;
+}
+
+/* An iteration ends and the next starts (`ended`: one was in progress): its
+ * last busy part closes, the next one's opens, at one reading. The cgroup's
+ * throttled time is read here only (its walk up the task groups is the
+ * dearest read): an iteration's covers its waits too. */
+static __always_inline void sched_iteration(struct loop_state *st, __u64 now, int ended)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct loop_sched s = {};
+	sched_read(t, st, now, &s);
+	struct task_group *g = quota_group(t);
+	__u64 throttled = g ? g->cfs_bandwidth.throttled_time : 0;
+	if (ended) {
+		sched_close(st, now, &s);
+		if (g) {
+			st->ev.split |= SPLIT_THROTTLE;
+			st->ev.throttled_ns = throttled > st->sched.throttled ? throttled - st->sched.throttled : 0;
+		}
+	}
+	st->sched.throttled = throttled;
+	sched_open(st, now, &s);
+}
+
+/* A wait starts: the busy part ends; whether the wait slept is told by
+ * the voluntary switches at its end. */
+static __always_inline void sched_wait_start(struct loop_state *st, __u64 now)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	struct loop_sched s = {};
+	sched_read(t, st, now, &s);
+	sched_close(st, now, &s);
+	st->sched.nvcsw = t->nvcsw;
+}
+
+/* A wait ended: a busy part starts. After a wait that slept the task was
+ * switched in just now, at se.exec_start on the scheduler's clock: the
+ * offset to ktime, within the few microseconds since. */
+static __always_inline void sched_wait_end(struct loop_state *st, __u64 now)
+{
+	struct task_struct *t = bpf_get_current_task_btf();
+	__u64 start = t->se.exec_start;
+	if (t->nvcsw != st->sched.nvcsw && now > start)
+		st->sched.clk_off = now - start;
+	struct loop_sched s = {};
+	sched_read(t, st, now, &s);
+	sched_open(st, now, &s);
+}
+
 static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 now)
 {
 	struct loop_event *ev = &st->ev;
@@ -59,9 +184,15 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 	if (cur < UVSPAN_PHASES)
 		st->ev.phases[cur].end_ns = now;
 	if (phase == PHASE_POLL) {
-		if (st->ev.start_ns)
+		int ended = st->ev.start_ns != 0;
+		sched_iteration(st, now, ended);
+		if (ended)
 			loop_finish_iteration(st, now);
 		st->ev.start_ns = now;
+		st->ev.split = SPLIT_MEASURED; /* until a part is missed */
+		st->ev.on_cpu_ns = 0;
+		st->ev.runqueue_ns = 0;
+		st->ev.throttled_ns = 0;
 		st->ev.wake_ns = 0;
 		st->ev.end_ns = 0;
 		st->ev.poll_wait_ns = 0;

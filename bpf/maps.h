@@ -137,6 +137,17 @@ struct {
 	__type(value, __u64);
 } stream_cause SEC(".maps");
 
+/* Per loop thread: the scheduler's counters where the current busy part
+ * (outside epoll waits) started (loop.h). */
+struct loop_sched {
+	__u64 at;          /* when (0: no busy part open) */
+	__u64 on_cpu;      /* se.sum_exec_runtime, caught up */
+	__u64 run_delay;   /* sched_info.run_delay */
+	__u64 throttled;   /* the cgroup's cfs_bandwidth.throttled_time */
+	__u64 clk_off;     /* ktime - rq_clock_task, measured at a wake-up (0: not yet) */
+	__u64 nvcsw;       /* voluntary switches when the current wait started */
+};
+
 /* Per loop thread: the iteration in progress. */
 struct loop_state {
 	struct loop_event ev;
@@ -152,6 +163,7 @@ struct loop_state {
 	__u32 samples;          /* --stacks: stack samples sent in this iteration */
 	__u32 _pad2;
 	struct loop_time time;
+	struct loop_sched sched;
 };
 
 struct {
@@ -189,6 +201,7 @@ struct scratch {
 			enum libuv_layout layout;
 			enum http_what http;
 			enum cause_kind cause;
+			enum loop_split split;
 		} enums; /* likewise, for the enums */
 	};
 };

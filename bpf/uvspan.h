@@ -151,6 +151,16 @@ enum loop_phase {
 	PHASE_PREPARE = 4,
 };
 
+/* What a loop record's split says (loop_event.split, bits). */
+enum loop_split {
+	/* on_cpu_ns and runqueue_ns cover every busy part of the iteration
+	 * (none of its epoll waits' ends was missed) */
+	SPLIT_MEASURED = 1,
+	/* the process's cgroup (or the nearest ancestor with one) has a CFS
+	 * quota: throttled_ns is its throttled time over the busy parts */
+	SPLIT_THROTTLE = 2,
+};
+
 /* Counters in the `stats` per-CPU array. */
 enum stat_idx {
 	STAT_RINGBUF_LOST = 0,      /* records dropped: ring buffer full */
@@ -222,10 +232,15 @@ struct phase_span {
 
 /* A loop thread's time since uvspan first saw it: all of it, and the part
  * blocked in epoll waits (idle), as Node's event-loop utilization counts
- * it. Kept in its `loops` entry; user space reads it from there. */
+ * it; and of its busy parts already ended (busy_ns), the time on a CPU and
+ * runnable waiting for one (the rest was off-CPU). Kept in its `loops`
+ * entry; user space reads it from there. */
 struct loop_time {
 	__u64 since_ns;
 	__u64 idle_ns;
+	__u64 busy_ns;
+	__u64 on_cpu_ns;
+	__u64 runqueue_ns;
 };
 
 struct loop_event {
@@ -236,8 +251,13 @@ struct loop_event {
 	unsigned long long poll_wait_ns;  /* time blocked in epoll during the poll phase */
 	unsigned long long skipped;       /* fast iterations on this thread since the last record */
 	unsigned int epoll_only;          /* no phase probes: bounds from epoll waits, no phases */
-	unsigned int _pad;
+	unsigned int split;               /* enum loop_split bits (0: no split, as in records of older versions) */
 	struct phase_span phases[UVSPAN_PHASES];
+	/* The split of the busy time (outside epoll waits), from the loop
+	 * thread's scheduler accounting (loop.h); the rest was off-CPU. */
+	unsigned long long on_cpu_ns;
+	unsigned long long runqueue_ns;
+	unsigned long long throttled_ns;  /* SPLIT_THROTTLE: its cgroup's, see loop_split */
 };
 
 /* HTTP bytes seen at a parser or written, with the cause they belong to. */

@@ -151,6 +151,7 @@ fn report_numbers_summary_junit_and_budgets_held() {
     let worst = &j["loop"]["blocked"]["worst"];
     assert_eq!(worst["pid"].as_i64(), Some(parent), "{worst}");
     assert_eq!(worst["thread_id"].as_i64(), Some(parent), "{worst}");
+    check_worst(&r, worst, lp);
 
     // Totals are the processes' sums (iterations: the kernel's count).
     let procs = j["processes"].as_array().unwrap();
@@ -193,6 +194,29 @@ fn report_numbers_summary_junit_and_budgets_held() {
     check_html(&r, parent, child);
 }
 
+/// The worst iteration's culprit: the user's JS function (the busy callback
+/// spins on performance.now(): the innermost frames are mostly the clock's,
+/// native), the native top staying in the stack; its busy time split, and
+/// the blocked iterations' per process (`lp`).
+fn check_worst(r: &Run, worst: &Value, lp: &Value) {
+    let culprit = worst["culprit"].as_str().unwrap_or_else(|| panic!("no culprit: {worst}"));
+    assert!(culprit.contains("ci_job.js:"), "the culprit is a frame of the fixture's JS, not {culprit:?}: {worst}");
+    let stack = worst["stacktrace"].as_str().unwrap_or_else(|| panic!("no stack: {worst}"));
+    // (Native frames are above it when the heaviest stack was sampled in
+    // the clock, as it mostly is; not asserted: the sampling decides.)
+    assert!(stack.lines().any(|l| l == culprit), "the culprit is a frame of the stack:\n{stack}");
+    assert!(r.out.stderr.contains(&format!("): {culprit}")), "the summary names it: {}", r.out.stderr);
+    // Its busy time split, and the blocked iterations' per process: a
+    // busy loop, mostly on a CPU or waiting for one, never mostly off it.
+    let split = &worst["split"];
+    let (on, off, rq) = (f(&split["on_cpu_ms"]), f(&split["off_cpu_ms"]), f(&split["runqueue_ms"]));
+    let busy = f(&worst["busy_ms"]);
+    assert!((on + off + rq - busy).abs() <= 0.03 * busy, "on {on} + off {off} + run queue {rq} = busy {busy}: {worst}");
+    assert!(off < 0.5 * busy, "{worst}");
+    assert!(f(&lp["on_cpu"]["total_ms"]) >= on && f(&lp["on_cpu"]["max_ms"]) > 0.0, "{lp}");
+    assert!(r.out.stderr.contains("ms on-CPU, ") && r.out.stderr.contains("ms waiting for a CPU"), "{}", r.out.stderr);
+}
+
 /// Loads the page in headless chromium: its script ran without errors and
 /// drew the timeline, the histograms and the tables. Leaves a screenshot
 /// in the temp dir (printed) for a person to look at.
@@ -229,6 +253,10 @@ fn check_html(r: &Run, parent: i64, child: i64) {
     assert!(d.matches("class=\"histogram\"").count() >= 3, "histograms per op");
     assert!(d.contains(">nonexistent.invalid<") && d.contains(&format!(">{parent} ")) && d.contains(&format!(">{child} ")), "tables");
     assert!(d.contains(">fs.by_op.access.count==32<") && d.contains(">held<"), "budgets");
+    // The busy time split: a stacked bar per process, the total, and the worst iteration.
+    assert!(d.matches("class=\"split-cell\"").count() >= 4, "split bars per process, total and worst");
+    assert!(d.contains("class=\"split split-wide\""), "the worst iteration's split is drawn");
+    assert!(d.contains("background:var(--oncpu)"), "its on-CPU part is drawn");
     // The path with markup in it is text (in the bar's tooltip), not an element.
     assert!(!d.contains("<b id=\"injected\">"), "markup from a path became an element");
     assert!(d.contains("/nonexistent/&lt;b id=\"injected\"&gt;&amp;'quoted'&lt;/b&gt;.json"), "the path is shown as text");

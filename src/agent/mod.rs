@@ -326,8 +326,8 @@ impl Agent {
         if !shutdown && self.timers.requests.due() {
             let now = crate::events::clock::monotonic_ns();
             for pid in self.procs.tasks.loop_start_unknown() {
-                if let Some((since, _)) = self.tracer.loop_time(pid, now) {
-                    self.procs.tasks.loop_started(pid, since);
+                if let Some(t) = self.tracer.loop_time(pid, now) {
+                    self.procs.tasks.loop_started(pid, t.since_ns);
                 }
             }
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), false, &mut out);
@@ -416,8 +416,8 @@ impl Agent {
         let now_ns = crate::events::clock::monotonic_ns();
         let times: Vec<_> = self.procs.live_pids().into_iter().filter_map(|pid| Some((pid, self.tracer.loop_time(pid, now_ns)?))).collect();
         let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
-        for (pid, (since_ns, idle_ns)) in times {
-            m.loop_time(pid, crate::metrics::LoopTime { since_ns, idle_ns, now_ns });
+        for (pid, t) in times {
+            m.loop_time(pid, crate::metrics::LoopTime::of(&t, now_ns));
         }
     }
 

@@ -96,13 +96,18 @@ impl Agent {
     }
 
     /// `-- COMMAND`: one of its processes exec'd (node started by a shell or
-    /// a script). The binary's probes cover it already; one whose
+    /// a script): its stacks are named too. The binary's probes cover it already; one whose
     /// environment turns io_uring on may also need uv_fs_req_cleanup for
     /// itself (see Tracer::attach). Other programs, and processes that
     /// leave io_uring alone (nearly all: only their environment is read),
     /// are left alone.
     pub(super) fn command_exec(&mut self, pid: u32) {
         let Some(cmd) = &self.command_images else { return };
+        // --stacks: its loop thread's samples (the sampler covers every CPU;
+        // only the processes added are named). A new image: its caches go.
+        if let Some(st) = self.stacks.as_mut() {
+            st.add_process(pid, cmd.node_version.as_deref());
+        }
         if !crate::probes::io_uring::Env::of(pid).turns_on() {
             return;
         }

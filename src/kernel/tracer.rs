@@ -237,6 +237,9 @@ impl Tracer {
             ro.follow_forks = u32::from(settings.follow_forks);
             ro.discover = u32::from(settings.discover);
             ro.trap_only = u32::from(settings.trap_only);
+            // Benchmark only: the loop split reads the thread's CPU time as the
+            // scheduler last updated it, without the catch-up (bpf/loop.h).
+            ro.sched_catchup = u32::from(std::env::var_os("UVSPAN_BENCH_SCHED_RAW").is_none_or(|v| v != "1"));
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
@@ -355,10 +358,11 @@ impl Tracer {
         self.skel.maps.loops.lookup(&tid.to_ne_bytes(), MapFlags::ANY).ok().flatten().is_some()
     }
 
-    /// A loop thread's time as the kernel counts it: (since when, kernel
+    /// A loop thread's time as the kernel counts it (since when, kernel
     /// ns; how long blocked in epoll waits since then, a wait in progress
-    /// counted up to `now_ns`). None: no loop seen.
-    pub fn loop_time(&self, tid: u32, now_ns: u64) -> Option<(u64, u64)> {
+    /// counted up to `now_ns`; the split of its busy parts already ended).
+    /// None: no loop seen.
+    pub fn loop_time(&self, tid: u32, now_ns: u64) -> Option<crate::kernel::skel::types::loop_time> {
         let bytes = self.skel.maps.loops.lookup(&tid.to_ne_bytes(), MapFlags::ANY).ok().flatten()?;
         use crate::kernel::skel::types::{loop_state, loop_time};
         let at = std::mem::offset_of!(loop_state, time);
@@ -366,8 +370,10 @@ impl Tracer {
         plain::copy_from_bytes(&mut t, bytes.get(at..at + std::mem::size_of::<loop_time>())?).ok()?;
         let at = std::mem::offset_of!(loop_state, epoll_enter);
         let waiting_since = u64::from_ne_bytes(bytes.get(at..at + 8)?.try_into().ok()?);
-        let waiting = if waiting_since > 0 { now_ns.saturating_sub(waiting_since) } else { 0 };
-        Some((t.since_ns, t.idle_ns + waiting))
+        if waiting_since > 0 {
+            t.idle_ns += now_ns.saturating_sub(waiting_since);
+        }
+        Some(t)
     }
 
     /// Processes currently in the kernel-side traced set.

@@ -68,8 +68,11 @@ fn metrics(series: Vec<(Key, Hist)>, w: &Window) -> Vec<PbMetric> {
     out
 }
 
-/// `nodejs.eventloop.time` by state, and `nodejs.eventloop.utilization`.
-fn eventloop(e: &EventLoop, w: &Window) -> [PbMetric; 2] {
+/// `nodejs.eventloop.time` by state, `nodejs.eventloop.utilization`, and
+/// `uvspan.eventloop.time`: the active time by what the loop thread did
+/// (a metric of its own: the conventions' `nodejs.eventloop.state` has
+/// active and idle only, which these add up to the first of).
+fn eventloop(e: &EventLoop, w: &Window) -> [PbMetric; 3] {
     let temporality = if w.delta { AggregationTemporality::Delta } else { AggregationTemporality::Cumulative };
     let point = |v: f64, state: Option<&'static str>, start: u64| NumberDataPoint {
         attributes: state.map(|s| kv("nodejs.eventloop.state", Val::Str(s.into()))).into_iter().collect(),
@@ -95,6 +98,25 @@ fn eventloop(e: &EventLoop, w: &Window) -> [PbMetric; 2] {
             description: "Share of the time the event loop was active, since the last export".into(),
             unit: "1".into(),
             data: Some(metric::Data::Gauge(Gauge { data_points: vec![point(e.utilization, None, 0)] })),
+            ..Default::default()
+        },
+        PbMetric {
+            name: "uvspan.eventloop.time".into(),
+            description: "Active time of the event loop by what its thread did: on_cpu (running), runqueue (runnable, waiting for a CPU), \
+                          off_cpu (sleeping or blocked outside the loop's epoll waits)"
+                .into(),
+            unit: "s".into(),
+            data: Some(metric::Data::Sum(Sum {
+                data_points: [("on_cpu", e.on_cpu_s), ("off_cpu", e.off_cpu_s), ("runqueue", e.runqueue_s)]
+                    .into_iter()
+                    .map(|(state, v)| NumberDataPoint {
+                        attributes: vec![kv("uvspan.eventloop.state", Val::Str(state.into()))],
+                        ..point(v, None, w.start_ns)
+                    })
+                    .collect(),
+                aggregation_temporality: temporality as i32,
+                is_monotonic: true,
+            })),
             ..Default::default()
         },
     ]

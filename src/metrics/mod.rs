@@ -1,6 +1,7 @@
 //! OTLP metrics of everything uvspan sees, per traced process (its resource
 //! is the spans'): HTTP server and client request durations, DNS lookups,
-//! fs operations, the event loop's active and idle time. Every record passes here before the trace sampler, so the
+//! fs operations, the event loop's active and idle time and its active
+//! time's split (on-CPU, off-CPU, run queue). Every record passes here before the trace sampler, so the
 //! counts are exact whatever is sampled. Aggregated in memory as explicit
 //! bucket histograms with bounded attribute sets (pure; [`encode`] writes
 //! the OTLP message).
@@ -106,21 +107,44 @@ struct Process {
 }
 
 /// A loop thread's time as the kernel counts it (kernel ns): since when,
-/// how long of it blocked in epoll waits, as of `now_ns`.
+/// how long of it blocked in epoll waits, as of `now_ns`; the split of its
+/// busy parts already ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LoopTime {
     pub since_ns: u64,
     pub idle_ns: u64,
     pub now_ns: u64,
+    pub split: BusySplit,
+}
+
+impl LoopTime {
+    /// The kernel's count (`Tracer::loop_time`) as of `now_ns`.
+    pub fn of(t: &crate::kernel::skel::types::loop_time, now_ns: u64) -> LoopTime {
+        let split = BusySplit { busy_ns: t.busy_ns, on_cpu_ns: t.on_cpu_ns, runqueue_ns: t.runqueue_ns };
+        LoopTime { since_ns: t.since_ns, idle_ns: t.idle_ns, now_ns, split }
+    }
+}
+
+/// The loop thread's busy parts already ended (kernel ns) and, of them, the
+/// time on a CPU and runnable waiting for one (bpf/loop.h).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BusySplit {
+    pub busy_ns: u64,
+    pub on_cpu_ns: u64,
+    pub runqueue_ns: u64,
 }
 
 /// `nodejs.eventloop.time` (active, idle; s) and
-/// `nodejs.eventloop.utilization` (of the time since the last collection).
+/// `nodejs.eventloop.utilization` (of the time since the last collection);
+/// `uvspan.eventloop.time`: the active time split (s; busy parts ended).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EventLoop {
     pub active_s: f64,
     pub idle_s: f64,
     pub utilization: f64,
+    pub on_cpu_s: f64,
+    pub off_cpu_s: f64,
+    pub runqueue_s: f64,
 }
 
 /// One process's metrics, collected.
@@ -136,8 +160,12 @@ impl EventLoop {
     /// to `to`: the time in each state (since the start when cumulative),
     /// and the utilization over the interval.
     fn between(from: Option<LoopTime>, to: LoopTime, delta: bool) -> Option<EventLoop> {
-        let base =
-            from.filter(|f| f.since_ns == to.since_ns).unwrap_or(LoopTime { since_ns: to.since_ns, idle_ns: 0, now_ns: to.since_ns });
+        let base = from.filter(|f| f.since_ns == to.since_ns).unwrap_or(LoopTime {
+            since_ns: to.since_ns,
+            idle_ns: 0,
+            now_ns: to.since_ns,
+            split: BusySplit::default(),
+        });
         let elapsed = to.now_ns.checked_sub(base.now_ns)?;
         let idle = to.idle_ns.saturating_sub(base.idle_ns).min(elapsed);
         if elapsed == 0 {
@@ -146,7 +174,19 @@ impl EventLoop {
         let utilization = (elapsed - idle) as f64 / elapsed as f64;
         let (all, all_idle) = if delta { (elapsed, idle) } else { (to.now_ns.saturating_sub(to.since_ns), to.idle_ns) };
         let all_idle = all_idle.min(all);
-        Some(EventLoop { active_s: (all - all_idle) as f64 / 1e9, idle_s: all_idle as f64 / 1e9, utilization })
+        let from_split = if delta { base.split } else { BusySplit::default() };
+        let busy = to.split.busy_ns.saturating_sub(from_split.busy_ns);
+        let on = to.split.on_cpu_ns.saturating_sub(from_split.on_cpu_ns);
+        let rq = to.split.runqueue_ns.saturating_sub(from_split.runqueue_ns);
+        let s = |ns: u64| ns as f64 / 1e9;
+        Some(EventLoop {
+            active_s: s(all - all_idle),
+            idle_s: s(all_idle),
+            utilization,
+            on_cpu_s: s(on),
+            off_cpu_s: s(busy.saturating_sub(on.saturating_add(rq))),
+            runqueue_s: s(rq),
+        })
     }
 }
 

@@ -110,7 +110,7 @@ fn encoded_as_otlp_histograms_under_each_process_resource() {
 
 #[test]
 fn event_loop_time_cumulative_and_delta_utilization_per_interval() {
-    let t = |now: u64, idle: u64| LoopTime { since_ns: 1_000, idle_ns: idle, now_ns: 1_000 + now };
+    let t = |now: u64, idle: u64| LoopTime { since_ns: 1_000, idle_ns: idle, now_ns: 1_000 + now, split: BusySplit::default() };
     // First collection: 1 s, 0.25 s of it idle.
     let e = EventLoop::between(None, t(1_000_000_000, 250_000_000), false).unwrap();
     assert_eq!((e.active_s, e.idle_s, e.utilization), (0.75, 0.25, 0.75));
@@ -121,8 +121,49 @@ fn event_loop_time_cumulative_and_delta_utilization_per_interval() {
     assert_eq!((d.active_s, d.idle_s), (0.0, 1.0), "delta: that second only");
     // Nothing new: nothing to say; a new loop (another since): from its start.
     assert_eq!(EventLoop::between(Some(t(5, 1)), t(5, 1), false), None);
-    let other = LoopTime { since_ns: 9, idle_ns: 0, now_ns: 9 + 1_000 };
+    let other = LoopTime { since_ns: 9, idle_ns: 0, now_ns: 9 + 1_000, split: BusySplit::default() };
     assert_eq!(EventLoop::between(Some(t(5, 1)), other, false).unwrap().utilization, 1.0);
     // Idle never over elapsed (a wait counted up to a later "now").
-    assert!(EventLoop::between(None, LoopTime { since_ns: 0, idle_ns: 50, now_ns: 10 }, false).unwrap().idle_s <= 10e-9);
+    assert!(
+        EventLoop::between(None, LoopTime { since_ns: 0, idle_ns: 50, now_ns: 10, split: BusySplit::default() }, false).unwrap().idle_s
+            <= 10e-9
+    );
+}
+
+#[test]
+fn the_active_time_splits_into_on_off_cpu_and_run_queue() {
+    let t = |now: u64, busy: u64, on: u64, rq: u64| LoopTime {
+        since_ns: 0,
+        idle_ns: now - busy,
+        now_ns: now,
+        split: BusySplit { busy_ns: busy, on_cpu_ns: on, runqueue_ns: rq },
+    };
+    let s = 1_000_000_000;
+    // First second: 0.5 s busy, 0.3 on a CPU, 0.05 waiting for one.
+    let e = EventLoop::between(None, t(s, s / 2, 3 * s / 10, s / 20), false).unwrap();
+    assert_eq!((e.on_cpu_s, e.runqueue_s), (0.3, 0.05));
+    assert!((e.off_cpu_s - 0.15).abs() < 1e-12, "{}", e.off_cpu_s);
+    // Next second: 0.2 s more busy, all on a CPU.
+    let (a, b) = (t(s, s / 2, 3 * s / 10, s / 20), t(2 * s, 7 * s / 10, s / 2, s / 20));
+    let c = EventLoop::between(Some(a), b, false).unwrap();
+    assert_eq!((c.on_cpu_s, c.runqueue_s), (0.5, 0.05), "cumulative");
+    let d = EventLoop::between(Some(a), b, true).unwrap();
+    assert_eq!((d.on_cpu_s, d.off_cpu_s, d.runqueue_s), (0.2, 0.0, 0.0), "delta");
+    // The request carries the split as its own metric, by state.
+    let w = encode::Window { start_ns: 1, now_ns: 2, delta: false };
+    let c = Collected { resource: resource(1), series: vec![], eventloop: Some(e) };
+    let req = encode::request(vec![c], &w);
+    let m = &req.resource_metrics[0].scope_metrics[0].metrics;
+    let split = m.iter().find(|m| m.name == "uvspan.eventloop.time").expect("uvspan.eventloop.time");
+    let Some(opentelemetry_proto::tonic::metrics::v1::metric::Data::Sum(sum)) = &split.data else { panic!("a sum") };
+    let states: Vec<String> = sum
+        .data_points
+        .iter()
+        .map(|p| match &p.attributes[0].value.as_ref().and_then(|v| v.value.clone()) {
+            Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => format!("{}={s}", p.attributes[0].key),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(states, ["uvspan.eventloop.state=on_cpu", "uvspan.eventloop.state=off_cpu", "uvspan.eventloop.state=runqueue"]);
+    assert!(sum.is_monotonic && split.unit == "s");
 }

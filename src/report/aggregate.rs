@@ -115,6 +115,52 @@ pub struct LoopReport {
     /// Every iteration, the fast ones uvspan counted but did not report too.
     pub iterations: u64,
     pub blocked: Blocked,
+    /// The blocked iterations' busy time split (bpf/loop.h): the largest in
+    /// one iteration and the sum, over the iterations that carry it.
+    pub on_cpu: PartStats,
+    pub off_cpu: PartStats,
+    pub runqueue: PartStats,
+    /// The process's cgroup's CFS throttling (iterations of processes with a quota).
+    pub throttled: PartStats,
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct PartStats {
+    pub max_ms: f64,
+    pub total_ms: f64,
+}
+
+impl PartStats {
+    fn add(&mut self, ms: f64) {
+        self.max_ms = self.max_ms.max(round(ms));
+        self.total_ms = round(self.total_ms + ms);
+    }
+}
+
+/// One iteration's busy time split (ms).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Split {
+    pub on_cpu_ms: f64,
+    pub off_cpu_ms: f64,
+    pub runqueue_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub throttled_ms: Option<f64>,
+}
+
+impl Split {
+    /// The split a span carries (all three parts, or none).
+    fn of(s: &Span) -> Option<Split> {
+        let get = |k: &str| match s.attr(k) {
+            Some(Value::F64(v)) => Some(round(*v)),
+            _ => None,
+        };
+        Some(Split {
+            on_cpu_ms: get(keys::ON_CPU)?,
+            off_cpu_ms: get(keys::OFF_CPU)?,
+            runqueue_ms: get(keys::RUNQUEUE)?,
+            throttled_ms: get(keys::THROTTLED),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -134,11 +180,14 @@ pub struct Worst {
     pub busy_ms: f64,
     /// Milliseconds since the run started.
     pub at_ms: f64,
-    /// The top frame of its stack (when stacks are captured).
+    /// The innermost user JS frame of its heaviest stack (the span's
+    /// `uvspan.loop.blocked_by`; when stacks are captured).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub culprit: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stacktrace: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub split: Option<Split>,
 }
 
 #[derive(Clone, Debug, Serialize, PartialEq)]
@@ -153,7 +202,7 @@ pub struct BudgetResult {
 pub enum Item {
     Fs { op: String, path: Option<String>, sync_on_loop: bool },
     Dns { name: String },
-    Iteration { tid: i64, stack: Option<String> },
+    Iteration { tid: i64, stack: Option<String>, blocked_by: Option<String>, split: Option<Split> },
 }
 
 /// What one span is, how long it took, whether it failed; None for spans
@@ -180,7 +229,8 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
                 _ => ms,
             };
             let tid = int(keys::THREAD_ID).unwrap_or(i64::from(pid));
-            return Some((Item::Iteration { tid, stack: text(STACKTRACE) }, busy, failed));
+            let item = Item::Iteration { tid, stack: text(STACKTRACE), blocked_by: text(keys::BLOCKED_BY), split: Split::of(s) };
+            return Some((item, busy, failed));
         }
         Family::Phase | Family::Http | Family::Task | Family::Process | Family::Other => return None,
     };
@@ -201,6 +251,8 @@ struct Acc {
     iterations: u64,
     blocked: Vec<f64>,
     worst: Option<Worst>,
+    /// on-CPU, off-CPU, run queue, throttled
+    parts: [PartStats; 4],
 }
 
 impl Acc {
@@ -228,17 +280,29 @@ impl Acc {
                 e.1 += u64::from(failed);
                 e.2 = e.2.max(ms);
             }
-            Item::Iteration { tid, stack } => {
+            Item::Iteration { tid, stack, blocked_by, split } => {
                 self.iterations += 1 + fast_before;
                 self.blocked.push(ms);
+                if let Some(s) = split {
+                    let [on, off, rq, thr] = &mut self.parts;
+                    on.add(s.on_cpu_ms);
+                    off.add(s.off_cpu_ms);
+                    rq.add(s.runqueue_ms);
+                    if let Some(t) = s.throttled_ms {
+                        thr.add(t);
+                    }
+                }
                 if self.worst.as_ref().is_none_or(|w| ms > w.busy_ms) {
                     self.worst = Some(Worst {
                         pid,
                         thread_id: *tid,
                         busy_ms: round(ms),
                         at_ms: round(at_ms),
-                        culprit: stack.as_deref().and_then(culprit),
+                        // The user's function, not the native frame on top
+                        // (a stack without the span's pick: its top frame).
+                        culprit: blocked_by.clone().or_else(|| stack.as_deref().and_then(culprit)),
                         stacktrace: stack.clone(),
+                        split: split.clone(),
                     });
                 }
             }
@@ -293,6 +357,10 @@ impl Acc {
             event_loop: LoopReport {
                 iterations: iterations.max(self.iterations),
                 blocked: Blocked { count: self.blocked.len() as u64, max_ms: bmax, total_ms: btotal, worst: self.worst.clone() },
+                on_cpu: self.parts[0].clone(),
+                off_cpu: self.parts[1].clone(),
+                runqueue: self.parts[2].clone(),
+                throttled: self.parts[3].clone(),
             },
         }
     }
@@ -466,6 +534,23 @@ pub(crate) mod tests {
         span(Family::Iteration, ITERATION, at, busy, a, None)
     }
 
+    /// A blocked iteration as uvspan makes them: its stack sampled (the
+    /// innermost frame native), the user's function picked, its busy time
+    /// split (on, off, run queue; throttled when its cgroup has a quota).
+    pub fn split_iteration(at: f64, busy: f64, tid: i64, fast_before: i64, split: [f64; 3], throttled: Option<f64>) -> Span {
+        let mut s = iteration(at, busy, tid, fast_before, Some(VDSO_STACK));
+        s.attributes.push(KeyValue::new(keys::BLOCKED_BY, "busyLoop (/app/index.js:10:5)".to_string()));
+        for (k, v) in [keys::ON_CPU, keys::OFF_CPU, keys::RUNQUEUE].into_iter().zip(split) {
+            s.attributes.push(KeyValue::new(k, v));
+        }
+        if let Some(t) = throttled {
+            s.attributes.push(KeyValue::new(keys::THROTTLED, t));
+        }
+        s
+    }
+
+    const VDSO_STACK: &str = "__vdso_gettimeofday ([vdso])\nbusyLoop (/app/index.js:10:5)\nmain (/app/index.js:20:1)\nuv_run (node)";
+
     /// A run of two processes with known work (the golden report).
     pub fn sample() -> Report {
         let mut a = Aggregate::default();
@@ -478,12 +563,9 @@ pub(crate) mod tests {
         a.add(100, &fs("fs.open", 11.0, 0.3, 101, true, "/app/worker.js", None), t); // sync, not on the loop thread
         a.add(100, &dns(12.0, 4.0, "localhost", None), t);
         a.add(100, &dns(13.0, 30.0, "nonexistent.invalid", Some("ENOTFOUND")), t);
-        a.add(
-            100,
-            &iteration(20.0, 150.25, 100, 40, Some("Error\n    at busyLoop (/app/index.js:10:5)\n    at main (/app/index.js:20:1)")),
-            t,
-        );
+        a.add(100, &split_iteration(20.0, 150.25, 100, 40, [120.5, 20.75, 9.0], Some(4.5)), t);
         a.add(100, &iteration(200.0, 12.0, 100, 5, None), t);
+        a.add(200, &split_iteration(250.0, 60.0, 200, 0, [10.0, 45.0, 5.0], None), t);
         a.add(100, &span(Family::Phase, "uv.loop.poll", 20.0, 100.0, vec![], None), t); // a phase child: not counted
         a.add(200, &fs("fs.stat", 300.0, 0.02, 200, true, "/app/package.json", None), t);
         a.add(200, &dns(301.0, 3.0, "localhost", None), t);
@@ -520,16 +602,24 @@ pub(crate) mod tests {
         assert_eq!((r.total.dns.count, r.total.dns.errors), (3, 1));
         assert_eq!(r.total.dns.by_name[0].name, "localhost");
         assert_eq!(r.total.dns.by_name[0].count, 2);
-        assert_eq!((r.total.event_loop.blocked.count, r.total.event_loop.blocked.max_ms, r.total.event_loop.iterations), (2, 150.25, 80));
+        assert_eq!((r.total.event_loop.blocked.count, r.total.event_loop.blocked.max_ms, r.total.event_loop.iterations), (3, 150.25, 80));
         let worst = r.total.event_loop.blocked.worst.as_ref().unwrap();
-        assert_eq!(worst.culprit.as_deref(), Some("busyLoop (/app/index.js:10:5)"));
+        assert_eq!(worst.culprit.as_deref(), Some("busyLoop (/app/index.js:10:5)"), "the user's function, not the vdso on top");
+        assert!(worst.stacktrace.as_deref().is_some_and(|s| s.starts_with("__vdso_gettimeofday")), "the native top stays in the stack");
+        let split = worst.split.as_ref().unwrap();
+        assert_eq!((split.on_cpu_ms, split.off_cpu_ms, split.runqueue_ms, split.throttled_ms), (120.5, 20.75, 9.0, Some(4.5)));
+        let l = &r.total.event_loop;
+        assert_eq!((l.on_cpu.max_ms, l.on_cpu.total_ms), (120.5, 130.5));
+        assert_eq!((l.off_cpu.max_ms, l.off_cpu.total_ms), (45.0, 65.75));
+        assert_eq!((l.runqueue.max_ms, l.throttled.total_ms), (9.0, 4.5), "throttled: of the process with a quota only");
+        assert_eq!(r.processes[1].sections.event_loop.off_cpu.max_ms, 45.0, "per process");
         assert_eq!(worst.at_ms, 20.0);
         let p = &r.processes;
         assert_eq!(p.len(), 2);
         assert_eq!(p[0].sections.event_loop.iterations, 47, "1+40 and 1+5");
         assert_eq!(p[1].command, "node child.js");
-        assert_eq!(p[1].sections.event_loop.iterations, 12, "only fast ones, from its exit record");
-        assert_eq!(p[1].sections.event_loop.blocked.worst, None);
+        assert_eq!(p[1].sections.event_loop.iterations, 13, "its blocked one and the fast ones from its exit record");
+        assert_eq!(p[1].sections.event_loop.blocked.count, 1);
     }
 
     /// A span is what its family says, whatever its name looks like.
@@ -550,7 +640,7 @@ pub(crate) mod tests {
         let dns = classify(100, &span(Family::Dns, "fs.open", 1.0, 2.0, vec![KeyValue::new(keys::DNS_NAME, "h".to_string())], None));
         assert_eq!(dns.map(|d| d.0), Some(Item::Dns { name: "h".into() }));
         let it = classify(100, &span(Family::Iteration, "fs.open", 1.0, 2.0, attrs(), None));
-        assert_eq!(it.map(|i| i.0), Some(Item::Iteration { tid: 100, stack: None }));
+        assert_eq!(it.map(|i| i.0), Some(Item::Iteration { tid: 100, stack: None, blocked_by: None, split: None }));
         // The report agrees: one fs op, under the family's name.
         let mut a = Aggregate::default();
         a.add(100, &span(Family::Other, "fs.stat", 1.0, 2.0, attrs(), None), t0());
@@ -583,6 +673,8 @@ pub(crate) mod tests {
         });
     }
 
+    /// Without the span's pick (no stacks, or a recording of an older
+    /// version): the stack's top frame.
     #[test]
     fn culprit_is_the_top_frame() {
         assert_eq!(culprit("Error\n  at f (/a.js:1:2)\n  at g").as_deref(), Some("f (/a.js:1:2)"));

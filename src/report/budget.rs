@@ -1,5 +1,7 @@
 //! Budgets: `path<=number` over the report, e.g. `loop.blocked.max_ms<=100`,
-//! `fs.sync_on_loop.count<50`, `dns.count==0`, `fs.by_op.stat.p99_ms<=2`.
+//! `fs.sync_on_loop.count<50`, `dns.count==0`, `fs.by_op.stat.p99_ms<=2`,
+//! `loop.off_cpu.max_ms<=20` (the split of the blocked iterations:
+//! `loop.{on_cpu,off_cpu,runqueue,throttled}.{max_ms,total_ms}`).
 //! A path is checked against the report's shape when parsed, so a typo
 //! stops the run before it starts.
 
@@ -164,13 +166,21 @@ mod tests {
     #[test]
     fn evaluated_against_the_report() {
         let mut r = super::super::aggregate::tests::sample();
-        let budgets: Vec<Budget> =
-            ["loop.blocked.max_ms<=100", "fs.sync_on_loop.count<=50", "dns.count==0", "fs.by_op.rename.count==0", "fs.by_op.stat.errors<2"]
-                .iter()
-                .map(|e| Budget::parse(e).unwrap())
-                .collect();
+        let budgets: Vec<Budget> = [
+            "loop.blocked.max_ms<=100",
+            "fs.sync_on_loop.count<=50",
+            "dns.count==0",
+            "fs.by_op.rename.count==0",
+            "fs.by_op.stat.errors<2",
+            "loop.off_cpu.max_ms<=20",
+            "loop.runqueue.total_ms<20",
+            "loop.throttled.max_ms==0",
+        ]
+        .iter()
+        .map(|e| Budget::parse(e).unwrap())
+        .collect();
         evaluate(&mut r, &budgets);
         let got: Vec<(f64, bool)> = r.budgets.iter().map(|b| (b.value, b.ok)).collect();
-        assert_eq!(got, [(150.25, false), (5.0, true), (3.0, false), (0.0, true), (1.0, true)]);
+        assert_eq!(got, [(150.25, false), (5.0, true), (3.0, false), (0.0, true), (1.0, true), (45.0, false), (14.0, true), (4.5, false)]);
     }
 }

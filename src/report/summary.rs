@@ -1,7 +1,7 @@
 //! The summary: the same tables as plain text (the console, at the end of a
 //! run) and as GitHub-flavoured Markdown (`$GITHUB_STEP_SUMMARY`).
 
-use super::aggregate::{Report, Sections};
+use super::aggregate::{LoopReport, Report, Sections};
 
 pub struct Table {
     pub title: String,
@@ -44,7 +44,21 @@ fn process_row(who: String, s: &Sections) -> Vec<String> {
         s.event_loop.iterations.to_string(),
         b.count.to_string(),
         if b.count > 0 { format!("{} ms", ms(b.max_ms)) } else { "-".into() },
+        split_cell(&s.event_loop),
     ]
+}
+
+/// The blocked iterations' busy time split, summed: "on / off / run queue ms".
+fn split_cell(l: &LoopReport) -> String {
+    let total = l.on_cpu.total_ms + l.off_cpu.total_ms + l.runqueue.total_ms;
+    if total <= 0.0 {
+        return "-".into();
+    }
+    let mut c = format!("{} / {} / {}", ms(l.on_cpu.total_ms), ms(l.off_cpu.total_ms), ms(l.runqueue.total_ms));
+    if l.throttled.total_ms > 0.0 {
+        c.push_str(&format!(" (throttled {})", ms(l.throttled.total_ms)));
+    }
+    c
 }
 
 /// The headline: the command, how it ended, the budgets.
@@ -70,8 +84,12 @@ fn headline_with(r: &Report, command: &str) -> String {
 pub fn worst_line(r: &Report) -> Option<String> {
     let w = r.total.event_loop.blocked.worst.as_ref()?;
     let culprit = w.culprit.as_ref().map_or_else(String::new, |c| format!(": {c}"));
+    let split = w.split.as_ref().map_or_else(String::new, |s| {
+        let throttled = s.throttled_ms.map_or_else(String::new, |t| format!(", its cgroup throttled {} ms", ms(t)));
+        format!(" ({} ms on-CPU, {} ms off-CPU, {} ms waiting for a CPU{throttled})", ms(s.on_cpu_ms), ms(s.off_cpu_ms), ms(s.runqueue_ms))
+    });
     Some(format!(
-        "worst loop iteration: {} ms busy in process {} (thread {}) at +{:.0} ms{culprit}",
+        "worst loop iteration: {} ms busy in process {} (thread {}) at +{:.0} ms{split}{culprit}",
         ms(w.busy_ms),
         w.pid,
         w.thread_id,
@@ -86,7 +104,18 @@ pub fn tables(r: &Report) -> Vec<Table> {
     rows.push(process_row("total".into(), &r.total));
     out.push(Table {
         title: format!("Processes (loop threshold {} ms)", r.loop_threshold_ms),
-        header: vec!["process", "fs ops", "fs errors", "sync fs on loop", "DNS", "DNS errors", "loop iterations", "blocked", "worst"],
+        header: vec![
+            "process",
+            "fs ops",
+            "fs errors",
+            "sync fs on loop",
+            "DNS",
+            "DNS errors",
+            "loop iterations",
+            "blocked",
+            "worst",
+            "blocked on-CPU / off-CPU / run queue ms",
+        ],
         rows,
     });
     if !r.total.fs.by_op.is_empty() {

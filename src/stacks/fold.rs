@@ -61,10 +61,14 @@ impl Blocked {
         self.stacks.first().map(|(s, _)| render(s))
     }
 
-    /// The innermost JS frame of the heaviest stack (or its innermost frame).
+    /// The innermost user JS frame of the heaviest stack: the innermost JS
+    /// frame outside Node's built-in modules (`node:fs`, whose readSync the
+    /// user's code called), else the innermost JS frame, else the innermost
+    /// frame. The native frames above it stay in the stack.
     pub fn culprit(&self) -> Option<&Frame> {
         let (s, _) = self.stacks.first()?;
-        s.iter().find(|f| f.js).or_else(|| s.first())
+        let builtin = |f: &Frame| f.location.as_deref().is_some_and(|l| l.starts_with("node:"));
+        s.iter().find(|f| f.js && !builtin(f)).or_else(|| s.iter().find(|f| f.js)).or_else(|| s.first())
     }
 }
 
@@ -173,6 +177,29 @@ mod tests {
              node::Environment::RunTimers (node)\nuv__run_timers (node)\nuv_run (node)"
         );
         assert_eq!(b.phases, vec![("timers", 4)]);
+    }
+
+    /// The culprit is the user's function: not the native frames on top
+    /// (the vDSO's clock, a syscall wrapper), nor Node's own JS under it.
+    #[test]
+    fn the_culprit_is_the_innermost_user_js_frame() {
+        let pick = |stack: Vec<Frame>| {
+            let mut f = Folder::default();
+            f.add(stack);
+            f.finish(1).culprit().map(ToString::to_string)
+        };
+        let vdso = Frame::native("__vdso_gettimeofday", Some("[vdso]".into()));
+        let read = Frame::js("readSync", Some("node:fs:750:3".into()));
+        assert_eq!(
+            pick(vec![vdso.clone(), js("busyLoop"), js("main"), native("uv_run")]).as_deref(),
+            Some("busyLoop (/app/blocker.js:8:1)")
+        );
+        assert_eq!(
+            pick(vec![native("read"), read.clone(), js("readConfig"), native("uv_run")]).as_deref(),
+            Some("readConfig (/app/blocker.js:10:1)")
+        );
+        assert_eq!(pick(vec![native("read"), read]).as_deref(), Some("readSync (node:fs:750:3)"), "only Node's own JS: its innermost");
+        assert_eq!(pick(vec![vdso, native("uv_run")]).as_deref(), Some("__vdso_gettimeofday ([vdso])"), "no JS at all");
     }
 
     #[test]

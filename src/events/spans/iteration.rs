@@ -53,12 +53,20 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
     let start = r.wake_ns.unwrap_or(r.start_ns).min(r.end_ns);
     let total = r.end_ns.saturating_sub(r.start_ns);
     let busy = total.saturating_sub(r.poll_wait_ns);
-    let attrs = vec![
+    let mut attrs = vec![
         KeyValue::new(keys::THREAD_ID, i64::from(r.tid)),
         KeyValue::new(keys::BUSY, ms(busy)),
         KeyValue::new(keys::POLL_WAIT, ms(r.poll_wait_ns)),
         KeyValue::new(keys::FAST_BEFORE, r.skipped as i64),
     ];
+    if let Some(s) = &r.split {
+        attrs.push(KeyValue::new(keys::ON_CPU, ms(s.on_cpu_ns)));
+        attrs.push(KeyValue::new(keys::OFF_CPU, ms(s.off_cpu_ns(busy))));
+        attrs.push(KeyValue::new(keys::RUNQUEUE, ms(s.runqueue_ns)));
+        if let Some(t) = s.throttled_ns {
+            attrs.push(KeyValue::new(keys::THROTTLED, ms(t)));
+        }
+    }
     let mut root = b.span(Family::Iteration, ITERATION, b.parent, start, r.end_ns, attrs);
     if let Some(blocked) = &r.stacks {
         add_stacks(b, &mut root, blocked, busy, r.end_ns);
@@ -89,7 +97,28 @@ mod tests {
             skipped: 3,
             phases: vec![],
             stacks: None,
+            split: None,
         }
+    }
+
+    #[test]
+    fn the_busy_time_splits_into_on_off_cpu_and_run_queue() {
+        use crate::events::decode::LoopSplit;
+        // 100 µs busy: 60 on a CPU, 15 waiting for one, the rest off-CPU.
+        let r = LoopRecord { split: Some(LoopSplit { on_cpu_ns: 60_000, runqueue_ns: 15_000, throttled_ns: None }), ..rec() };
+        let s = &build_one(&Record::Loop(r))[0];
+        assert_eq!(attr(s, "uvspan.loop.on_cpu_ms"), Some(&Value::F64(0.06)));
+        assert_eq!(attr(s, "uvspan.loop.runqueue_ms"), Some(&Value::F64(0.015)));
+        assert_eq!(attr(s, "uvspan.loop.off_cpu_ms"), Some(&Value::F64(0.025)));
+        assert_eq!(attr(s, "uvspan.loop.throttled_ms"), None, "no CFS quota: no throttling attribute");
+        // Measured a little over the busy time: nothing is off-CPU, never negative.
+        let over = LoopSplit { on_cpu_ns: 95_000, runqueue_ns: 10_000, throttled_ns: Some(0) };
+        assert_eq!(over.off_cpu_ns(100_000), 0);
+        let s = &build_one(&Record::Loop(LoopRecord { split: Some(over), ..rec() }))[0];
+        assert_eq!(attr(s, "uvspan.loop.throttled_ms"), Some(&Value::F64(0.0)), "a quota, not throttled: 0");
+        // Not measured (a busy part missed, an older record): no split at all.
+        let s = &build_one(&Record::Loop(rec()))[0];
+        assert!(s.attributes.iter().all(|k| !k.key.as_str().ends_with("cpu_ms")));
     }
 
     #[test]

@@ -39,6 +39,10 @@ pub mod keys {
     pub const WORKER: &str = "uvspan.threadpool.thread.id";
     pub const BUSY: &str = "uvspan.loop.busy_ms";
     pub const POLL_WAIT: &str = "uvspan.loop.poll_wait_ms";
+    pub const ON_CPU: &str = "uvspan.loop.on_cpu_ms";
+    pub const OFF_CPU: &str = "uvspan.loop.off_cpu_ms";
+    pub const RUNQUEUE: &str = "uvspan.loop.runqueue_ms";
+    pub const THROTTLED: &str = "uvspan.loop.throttled_ms";
     pub const FAST_BEFORE: &str = "uvspan.loop.fast_iterations_before";
     pub const PHASE: &str = "uvspan.loop.phase";
     pub const STACKTRACE: &str = "code.stacktrace";
