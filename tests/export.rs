@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::collector::{Ca, Collector, Issued, Listen};
+use common::collector::{metric_values, Ca, Collector, Issued, Listen};
 use common::*;
 
 /// A node app whose work uvspan sees: fs and a DNS lookup, then exit.
@@ -518,34 +518,6 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
     assert!(points.iter().all(|(_, _, r)| r.contains_key("process.pid") && r.contains_key("service.name")), "the process's resource");
 }
 
-/// The last value of a `nodejs.eventloop.*` data point (cumulative), by state.
-fn eventloop_values(col: &Collector) -> BTreeMap<String, f64> {
-    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
-    let mut out = BTreeMap::new();
-    for g in col.requests().iter().filter(|g| g.is_metrics()) {
-        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
-        for m in req.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics) {
-            let points = match m.data {
-                Some(Data::Sum(s)) if m.name == "nodejs.eventloop.time" => s.data_points,
-                Some(Data::Gauge(g)) if m.name == "nodejs.eventloop.utilization" => g.data_points,
-                _ => continue,
-            };
-            for p in points {
-                let state = p.attributes.first().and_then(|a| a.value.as_ref()).and_then(|v| v.value.clone());
-                let key = match state {
-                    Some(opentelemetry_proto::tonic::common::v1::any_value::Value::StringValue(s)) => s,
-                    _ => "utilization".to_string(),
-                };
-                if let Some(Value::AsDouble(v)) = p.value {
-                    out.insert(key, v);
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The event loop's time and utilization, as the kernel counts it (time
 /// blocked in epoll waits is idle), against Node's own
 /// performance.eventLoopUtilization() over the same run.
@@ -571,13 +543,14 @@ fn event_loop_utilization_agrees_with_nodes_own() {
         let out = run(c);
         assert_eq!(out.code(), Some(0), "{}", out.context());
         let node_u = Markers::parse(&out.stdout).f64("elu", "u");
-        let v = eventloop_values(&col);
-        let (active, idle) = (v.get("active").copied().unwrap_or(0.0), v.get("idle").copied().unwrap_or(0.0));
+        let v = metric_values(&col, &["nodejs.eventloop.time", "nodejs.eventloop.utilization"]);
+        let at = |k: &str| v.get(k).copied().unwrap_or(0.0);
+        let (active, idle) = (at("nodejs.eventloop.time/active"), at("nodejs.eventloop.time/idle"));
         assert!(active + idle > 0.0, "busy={busy}: the loop's time was exported: {v:?}\n{}", out.context());
         let u = active / (active + idle);
         assert!((u - node_u).abs() < 0.1, "busy={busy}: uvspan's utilization {u:.3} vs node's own {node_u:.3} ({v:?})");
         assert!(if busy { u > 0.8 } else { u < 0.2 }, "busy={busy}: {u:.3}");
-        assert!((0.0..=1.0).contains(&v["utilization"]));
+        assert!((0.0..=1.0).contains(&v["nodejs.eventloop.utilization"]));
     }
 }
 

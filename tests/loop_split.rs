@@ -13,11 +13,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
-use common::collector::{Collector, Listen};
+use common::collector::{metric_values, Collector, Listen};
 use common::*;
 
 /// How far on + off + run queue may be from the busy time (a share of it).
@@ -78,7 +77,7 @@ fn busy_js_is_on_cpu() {
     let _one = one_at_a_time();
     let script = fixture("loop_split.js");
     let (out, it, col) = slow_iteration("busy", &["chrt", "-f", "10", "node", &script, "busy"]);
-    eprintln!("busy: {:?}", eventloop_values(&col));
+    eprintln!("busy: {:?}", metric_values(&col, &["nodejs.eventloop.time", "uvspan.eventloop.time"]));
     let (busy, on, _, _) = split(&it, "busy");
     assert!(on >= 0.8 * busy, "busy JS: on-CPU {on:.3} of {busy:.3} ms: {}\n{}", it.brief(), out.context());
     // This process's root cgroup has no CFS quota: no throttling attribute.
@@ -86,7 +85,7 @@ fn busy_js_is_on_cpu() {
         assert_eq!(it.double("uvspan.loop.throttled_ms"), None, "{}", it.brief());
     }
     // uvspan.eventloop.time: the active time by state, within the active time.
-    let v = eventloop_values(&col);
+    let v = metric_values(&col, &["nodejs.eventloop.time", "uvspan.eventloop.time"]);
     let part = |s: &str| v.get(&format!("uvspan.eventloop.time/{s}")).copied().unwrap_or_else(|| panic!("no {s} point: {v:?}"));
     let (on, off, rq) = (part("on_cpu"), part("off_cpu"), part("runqueue"));
     let active = v.get("nodejs.eventloop.time/active").copied().unwrap_or(0.0);
@@ -194,21 +193,10 @@ impl Drop for QuotaCgroup {
 /// Where CPU quotas are set: a cgroup v1 hierarchy with the `cpu`
 /// controller (true), else cgroup v2 with `cpu` enabled for children.
 fn cpu_hierarchy() -> (PathBuf, bool) {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("read /proc/self/mounts");
-    let mut v2 = None;
-    for l in mounts.lines() {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        if f.len() < 4 {
-            continue;
-        }
-        if f[2] == "cgroup" && f[3].split(',').any(|o| o == "cpu") {
-            return (PathBuf::from(f[1]), true);
-        }
-        if f[2] == "cgroup2" && v2.is_none() {
-            v2 = Some(PathBuf::from(f[1]));
-        }
+    let (root, v1) = hierarchy("cpu").expect("no cgroup v1 cpu hierarchy and no cgroup v2: cannot set a CPU quota");
+    if v1 {
+        return (root, true);
     }
-    let root = v2.expect("no cgroup v1 cpu hierarchy and no cgroup v2: cannot set a CPU quota");
     let controllers = std::fs::read_to_string(root.join("cgroup.subtree_control")).unwrap_or_default();
     if !controllers.split_whitespace().any(|c| c == "cpu") {
         std::fs::write(root.join("cgroup.subtree_control"), "+cpu").expect("enable the cpu controller for children (cgroup v2)");
@@ -244,32 +232,4 @@ fn a_cpu_quota_shows_as_throttled_time() {
     let throttled = it.double("uvspan.loop.throttled_ms").unwrap_or_else(|| panic!("no throttled_ms: {}", it.brief()));
     eprintln!("throttled: {throttled:.3} ms");
     assert!(throttled > 0.0, "a 20% quota, {busy:.3} ms busy, never throttled: {}", it.brief());
-}
-
-/// The last value of each `nodejs.eventloop.time` and
-/// `uvspan.eventloop.time` point (cumulative), as "metric/state".
-fn eventloop_values(col: &Collector) -> BTreeMap<String, f64> {
-    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
-    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
-    let mut out = BTreeMap::new();
-    for g in col.requests().iter().filter(|g| g.is_metrics()) {
-        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
-        for m in req.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics) {
-            let points = match m.data {
-                Some(Data::Sum(s)) if m.name == "nodejs.eventloop.time" || m.name == "uvspan.eventloop.time" => s.data_points,
-                _ => continue,
-            };
-            for p in points {
-                let state = match p.attributes.first().and_then(|a| a.value.as_ref()).and_then(|v| v.value.clone()) {
-                    Some(Any::StringValue(s)) => s,
-                    _ => continue,
-                };
-                if let Some(Value::AsDouble(v)) = p.value {
-                    out.insert(format!("{}/{state}", m.name), v);
-                }
-            }
-        }
-    }
-    out
 }

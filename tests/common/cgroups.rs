@@ -20,6 +20,15 @@ pub struct Cgroup {
 }
 
 pub fn cgroup_mount() -> PathBuf {
+    match hierarchy("pids") {
+        Some((root, _)) => root,
+        None => panic!("no cgroup v1 pids hierarchy and no cgroup v2 mounted: cannot make a test cgroup"),
+    }
+}
+
+/// Where `controller` is: its cgroup v1 hierarchy (true), else the cgroup
+/// v2 mount (false); None without either.
+pub fn hierarchy(controller: &str) -> Option<(PathBuf, bool)> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").expect("read /proc/self/mounts");
     let mut v2 = None;
     for l in mounts.lines() {
@@ -27,14 +36,14 @@ pub fn cgroup_mount() -> PathBuf {
         if f.len() < 4 {
             continue;
         }
-        if f[2] == "cgroup" && f[3].split(',').any(|o| o == "pids") {
-            return PathBuf::from(f[1]);
+        if f[2] == "cgroup" && f[3].split(',').any(|o| o == controller) {
+            return Some((PathBuf::from(f[1]), true));
         }
         if f[2] == "cgroup2" && v2.is_none() {
-            v2 = Some(PathBuf::from(f[1]));
+            v2 = Some((PathBuf::from(f[1]), false));
         }
     }
-    v2.expect("no cgroup v1 pids hierarchy and no cgroup v2 mounted: cannot make a test cgroup")
+    v2
 }
 
 pub fn unique(tag: &str) -> String {

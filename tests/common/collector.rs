@@ -254,3 +254,33 @@ fn gunzip(b: &[u8]) -> Bytes {
     flate2::read::GzDecoder::new(b).read_to_end(&mut out).expect("a gzip body");
     Bytes::from(out)
 }
+
+/// The last value of each point of the sums and gauges named `names` in
+/// the metrics requests received, keyed "name/state" by the point's first
+/// attribute (a string), or "name" without one.
+pub fn metric_values(col: &Collector, names: &[&str]) -> std::collections::BTreeMap<String, f64> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
+    let mut out = std::collections::BTreeMap::new();
+    for g in col.requests().iter().filter(|g| g.is_metrics()) {
+        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
+        for m in req.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics) {
+            let points = match m.data {
+                Some(Data::Sum(s)) if names.contains(&m.name.as_str()) => s.data_points,
+                Some(Data::Gauge(g)) if names.contains(&m.name.as_str()) => g.data_points,
+                _ => continue,
+            };
+            for p in points {
+                let key = match p.attributes.first().and_then(|a| a.value.as_ref()).and_then(|v| v.value.clone()) {
+                    Some(Any::StringValue(s)) => format!("{}/{s}", m.name),
+                    _ => m.name.clone(),
+                };
+                if let Some(Value::AsDouble(v)) = p.value {
+                    out.insert(key, v);
+                }
+            }
+        }
+    }
+    out
+}
