@@ -212,7 +212,9 @@ impl Procs {
         }
         exporter.process(pid, resource, format!("{name}[{pid}]"));
         p.registered = true;
-        self.tasks.process(pid, &info.argv, started_ns(pid), &*self.ids, self.sampler);
+        if self.tasks.per() == TracePer::Process {
+            self.tasks.process(pid, &info.argv, started_ns(pid), &*self.ids, self.sampler);
+        }
         if let Some(c) = self.commands.as_mut() {
             c.insert(pid, info.argv.clone());
         }

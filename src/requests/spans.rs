@@ -4,11 +4,11 @@
 
 use std::borrow::Cow;
 
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags};
+use opentelemetry::trace::{SpanId, SpanKind, Status};
 
 use super::head::{host_port, redact_query};
 use super::tracker::{Call, Request};
-use crate::events::spans::{build_into, Family, KeyValue, Parent, Span, SpanContextSource};
+use crate::events::spans::{build_into, span_under, Family, KeyValue, Parent, Span, SpanContextSource};
 
 /// A finished request's spans, built into `spans`: its SERVER span (when
 /// uvspan makes it), its held work under `parent`, a CLIENT span per
@@ -34,22 +34,10 @@ fn span(
     span_id: SpanId,
     name: Cow<'static, str>,
     kind: SpanKind,
-    (start, end): (u64, u64),
+    times: (u64, u64),
     attributes: Vec<KeyValue>,
 ) -> Span {
-    Span {
-        span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, parent.state.clone()),
-        parent_span_id: parent.span_id,
-        parent_span_is_remote: parent.remote,
-        span_kind: kind,
-        name,
-        start_ns: src.clock.to_wall_ns(start),
-        end_ns: src.clock.to_wall_ns(end.max(start)),
-        attributes,
-        events: Vec::new(),
-        status: Status::Unset,
-        family: Family::Http,
-    }
+    span_under(src, parent, span_id, name, (kind, Family::Http), times, attributes)
 }
 
 /// The request's SERVER span: under the incoming parent, or a root.

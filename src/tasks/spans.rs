@@ -3,10 +3,10 @@
 
 use std::borrow::Cow;
 
-use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status, TraceFlags, TraceState};
+use opentelemetry::trace::{SpanId, SpanKind, Status, TraceState};
 
 use super::tracker::{Life, Startup, Task};
-use crate::events::spans::{keys, Family, KeyValue, Parent, Span, SpanContextSource, Value};
+use crate::events::spans::{keys, span_under, Family, KeyValue, Parent, Span, SpanContextSource, Value};
 
 /// Attribute keys of these spans (no semantic convention covers a task).
 pub mod task_keys {
@@ -20,29 +20,17 @@ pub mod task_keys {
     pub const SYNC_FS_SLOWEST: &str = "uvspan.sync_fs.slowest";
 }
 
-#[allow(clippy::too_many_arguments)]
+/// An INTERNAL span of `family` under `parent` (times in kernel ns).
 fn span(
     src: &SpanContextSource<'_>,
     parent: &Parent,
     span_id: SpanId,
     name: Cow<'static, str>,
     family: Family,
-    (start, end): (u64, u64),
+    times: (u64, u64),
     attributes: Vec<KeyValue>,
 ) -> Span {
-    Span {
-        span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, TraceState::NONE),
-        parent_span_id: parent.span_id,
-        parent_span_is_remote: false,
-        span_kind: SpanKind::Internal,
-        name,
-        start_ns: src.clock.to_wall_ns(start),
-        end_ns: src.clock.to_wall_ns(end.max(start)),
-        attributes,
-        events: Vec::new(),
-        status: Status::Unset,
-        family,
-    }
+    span_under(src, parent, span_id, name, (SpanKind::Internal, family), times, attributes)
 }
 
 /// A task's root span (under its process's with `--trace-per process`):

@@ -106,6 +106,32 @@ pub struct Parent {
     pub state: TraceState,
 }
 
+/// A span with its own id under `parent` (times in kernel ns): what the
+/// request and task stages build their own spans with.
+pub fn span_under(
+    src: &SpanContextSource<'_>,
+    parent: &Parent,
+    span_id: SpanId,
+    name: Cow<'static, str>,
+    (kind, family): (SpanKind, Family),
+    (start, end): (u64, u64),
+    attributes: Vec<KeyValue>,
+) -> Span {
+    Span {
+        span_context: SpanContext::new(parent.trace_id, span_id, TraceFlags::SAMPLED, false, parent.state.clone()),
+        parent_span_id: parent.span_id,
+        parent_span_is_remote: parent.remote,
+        span_kind: kind,
+        name,
+        start_ns: src.clock.to_wall_ns(start),
+        end_ns: src.clock.to_wall_ns(end.max(start)),
+        attributes,
+        events: Vec::new(),
+        status: Status::Unset,
+        family,
+    }
+}
+
 pub(crate) struct Builder<'a> {
     src: &'a SpanContextSource<'a>,
     trace_id: TraceId,
