@@ -135,12 +135,32 @@ static __always_inline void sched_wait_end(struct loop_state *st, __u64 now)
 	sched_open(st, now, &s);
 }
 
+/* Every iteration's busy time goes to the thread's histogram (the metric
+ * counts all of them, reported or not): the first bucket whose bound it
+ * does not exceed, bounds doubling from UVSPAN_ITER_BASE_NS. */
+static __always_inline void loop_count_iteration(struct loop_time *t, __u64 busy)
+{
+	__u64 bound = UVSPAN_ITER_BASE_NS;
+	__u32 i;
+	for (i = 0; i < UVSPAN_ITER_BOUNDS; i++) {
+		if (busy <= bound)
+			break;
+		bound <<= 1;
+	}
+	if (i > UVSPAN_ITER_BOUNDS)
+		i = UVSPAN_ITER_BOUNDS;
+	t->iter_buckets[i]++;
+	t->iterations++;
+	t->iter_busy_ns += busy;
+}
+
 static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 now)
 {
 	struct loop_event *ev = &st->ev;
 	__u64 total = now - ev->start_ns;
 	__u64 busy = total > ev->poll_wait_ns ? total - ev->poll_wait_ns : 0;
 	stat_inc(STAT_LOOP_ITERATIONS);
+	loop_count_iteration(&st->time, busy);
 	if (busy < loop_threshold_ns) {
 		ev->skipped++;
 		return;

@@ -23,6 +23,10 @@ enum uvspan_sizes {
 	UVSPAN_STACK_FRAMES = 64,   /* frames of a sampled loop-thread stack (--stacks) */
 	UVSPAN_FN_WORDS = 6,        /* words of a frame's function object kept with the sample */
 	UVSPAN_STACK_SAMPLES_MAX = 20000, /* samples sent per iteration at most (20 s at ~1 kHz) */
+	/* The loop-iteration histogram's bucket bounds (busy time, inclusive):
+	 * UVSPAN_ITER_BASE_NS doubled UVSPAN_ITER_BOUNDS - 1 times (0.1 ms … 3.3 s). */
+	UVSPAN_ITER_BASE_NS = 100000,
+	UVSPAN_ITER_BOUNDS = 16,
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -241,6 +245,11 @@ struct loop_time {
 	__u64 busy_ns;
 	__u64 on_cpu_ns;
 	__u64 runqueue_ns;
+	/* Every finished iteration's busy time (its time less its epoll waits),
+	 * counted in buckets of UVSPAN_ITER_BOUNDS bounds, and their sum. */
+	__u64 iterations;
+	__u64 iter_busy_ns;
+	__u64 iter_buckets[UVSPAN_ITER_BOUNDS + 1];
 };
 
 struct loop_event {
@@ -315,6 +324,7 @@ struct proc_event {
 	int exit_code; /* exit: the task's exit_code (status << 8, or the signal) */
 	unsigned int _pad;
 	unsigned long long loop_since_ns; /* exit: when its main thread's loop first ran (0: never seen) */
+	struct loop_time loop_time; /* exit: its main thread's loop time up to the exit (since_ns 0: none) */
 };
 
 #endif /* UVSPAN_H */

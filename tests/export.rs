@@ -488,7 +488,20 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
     let col = Collector::start(Listen::Plain);
     let dir = TempDir::new("metrics");
     let ep = format!("http://127.0.0.1:{}", col.port());
-    let args = ["--loop-threshold", "10m", "--status-interval", "0", "--", "node", &fixture("requests_server.js"), &dir.str(), "200", "8"];
+    let args = [
+        "--loop-threshold",
+        "10m",
+        "--status-interval",
+        "0",
+        "--detail",
+        "threadpool",
+        "--",
+        "node",
+        &fixture("requests_server.js"),
+        &dir.str(),
+        "200",
+        "8",
+    ];
     let mut c = uvspan_cmd(args);
     c.envs([
         ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
@@ -514,6 +527,11 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
     // One fs.statSync per request, and node's own while it loads the script.
     let sync_stats = count("uvspan.fs.duration", &[("uvspan.fs.operation", "fs.stat"), ("uvspan.fs.sync", "true")]);
     assert!((N as u64..=N as u64 + 3).contains(&sync_stats), "{sync_stats} sync fs.stat for {N} requests");
+    // With --detail threadpool, each async job's wait in the queue.
+    let waits = |work: &str| count("uvspan.threadpool.queue.duration", &[("uvspan.threadpool.work", work)]);
+    assert_eq!(waits("dns"), N as u64, "every lookup waited in the threadpool's queue");
+    let async_fs = count("uvspan.fs.duration", &[("uvspan.fs.sync", "false")]);
+    assert_eq!(waits("fs"), async_fs, "every async fs operation waited in the threadpool's queue");
     let points = histogram_points(&col, "http.server.request.duration");
     assert!(points.iter().all(|(_, _, r)| r.contains_key("process.pid") && r.contains_key("service.name")), "the process's resource");
 }
@@ -552,6 +570,63 @@ fn event_loop_utilization_agrees_with_nodes_own() {
         assert!(if busy { u > 0.8 } else { u < 0.2 }, "busy={busy}: {u:.3}");
         assert!((0.0..=1.0).contains(&v["nodejs.eventloop.utilization"]));
     }
+}
+
+/// The bucket counts of `name`'s histogram points, added up (delta
+/// temporality), and its bounds.
+fn histogram_buckets(col: &Collector, name: &str) -> (Vec<u64>, Vec<f64>) {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let (mut sum, mut bounds) = (Vec::<u64>::new(), Vec::new());
+    for g in col.requests().iter().filter(|g| g.is_metrics()) {
+        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
+        for m in req.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics).filter(|m| m.name == name) {
+            let Some(Data::Histogram(h)) = m.data else { panic!("{name} is a histogram") };
+            assert_eq!(h.aggregation_temporality, 1, "delta, as asked");
+            for p in h.data_points {
+                sum.resize(p.bucket_counts.len(), 0);
+                sum.iter_mut().zip(&p.bucket_counts).for_each(|(a, b)| *a += b);
+                bounds = p.explicit_bounds;
+            }
+        }
+    }
+    (sum, bounds)
+}
+
+/// Every loop iteration, reported as a span or not, is counted in the
+/// kernel's histogram of iteration busy times, up to the process's exit
+/// (its last interval comes with the exit record).
+#[test]
+fn every_loop_iteration_is_in_the_iteration_histogram() {
+    require_root();
+    // 20 iterations that spin 40 ms each (a setImmediate chain), then 40 short timer iterations.
+    let script = "let n=0;const spin=()=>{const s=Date.now();while(Date.now()-s<40){}if(++n<20)setImmediate(spin);\
+                  else{let m=0;const t=()=>{if(++m<40)setTimeout(t,2)};setTimeout(t,2)}};setTimeout(spin,1)";
+    let col = Collector::start(Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let mut c = uvspan_cmd(["--status-interval", "0", "--", "node", "-e", script]);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+    ]);
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let (buckets, bounds) = histogram_buckets(&col, "uvspan.eventloop.iteration.duration");
+    assert_eq!(buckets.len(), bounds.len() + 1, "{buckets:?} {bounds:?}\n{}", out.context());
+    // The 40 ms spins are the iterations over 25.6 ms (a timer iteration
+    // that long would have to wait that long for a CPU).
+    let over = bounds.iter().position(|b| *b >= 0.0256).expect("a 25.6 ms bound") + 1;
+    let slow: u64 = buckets[over..].iter().sum();
+    assert!((20..=22).contains(&slow), "{slow} iterations over 25.6 ms for 20 spins: {buckets:?}\n{}", out.context());
+    // Every iteration the summary counts, exactly.
+    let total: u64 = buckets.iter().sum();
+    let line = out.stderr.lines().find(|l| l.contains(" loop iterations, ")).expect("summary line");
+    let head = &line[..line.find(" loop iterations, ").expect("count")];
+    let digits: String = head.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
+    let counted: u64 = digits.chars().rev().collect::<String>().parse().expect("iteration count");
+    assert_eq!(total, counted, "the histogram counts every iteration the summary does: {buckets:?}\n{}", out.context());
+    assert!(total >= 60, "20 spins and 40 timers are 60 iterations at least: {total}");
 }
 
 /// Tail exceptions: under always_off, the failed requests (--keep-errors)

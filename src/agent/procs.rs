@@ -251,14 +251,19 @@ impl Procs {
                 self.register(*pid, exporter);
                 return;
             }
-            Record::Exit { pid, ts_ns, code, loop_since_ns, .. } => {
+            Record::Exit { pid, ts_ns, code, loop_since_ns, loop_time, .. } => {
                 self.mark_exited(*pid);
                 if let Some(l) = loop_since_ns {
                     self.tasks.loop_started(*pid, *l);
                 }
                 self.tasks.exited(*pid, *ts_ns, Some(*code), &src, out);
                 if let Some(m) = &self.metrics {
-                    m.lock().unwrap_or_else(|e| e.into_inner()).exited(*pid);
+                    let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+                    // Its loop up to the exit: the last interval's time and iterations.
+                    if let Some(t) = loop_time {
+                        m.loop_time(*pid, *t);
+                    }
+                    m.exited(*pid);
                 }
                 if let Some(r) = requests {
                     r.exited(*pid, &src, out);

@@ -216,6 +216,8 @@ pub enum Record {
         ts_ns: u64,
         code: i32,
         loop_since_ns: Option<u64>,
+        /// Its main thread's loop time up to the exit, if its loop was seen.
+        loop_time: Option<crate::events::loop_time::LoopTime>,
     },
 }
 
@@ -428,6 +430,7 @@ fn process(data: &[u8], kind: ev_kind) -> Result<Record, DecodeError> {
             ts_ns,
             code: e.exit_code,
             loop_since_ns: nonzero(e.loop_since_ns),
+            loop_time: (e.loop_time.since_ns != 0).then(|| crate::events::loop_time::LoopTime::of(&e.loop_time, ts_ns)),
         },
     })
 }

@@ -6,5 +6,6 @@
 pub mod clock;
 pub mod decode;
 pub mod errno;
+pub mod loop_time;
 pub mod sampler;
 pub mod spans;

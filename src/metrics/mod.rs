@@ -15,6 +15,7 @@ use opentelemetry_sdk::Resource;
 use rustc_hash::FxHashMap;
 
 use crate::events::decode::{DnsRecord, FsRecord};
+pub use crate::events::loop_time::{BusySplit, Iterations, LoopTime, ITER_BUCKETS};
 use crate::requests::Finished;
 
 /// The metrics uvspan makes.
@@ -24,6 +25,10 @@ pub enum Metric {
     HttpClient,
     Dns,
     Fs,
+    /// Threadpool work's wait in libuv's queue (fs and DNS).
+    QueueWait,
+    /// Every loop iteration's busy time (counted in the kernel).
+    LoopIteration,
 }
 
 /// The semantic conventions' advice for HTTP and DNS durations (s).
@@ -31,6 +36,10 @@ const REQUEST_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0
 /// fs operations take microseconds to seconds.
 const FS_BOUNDS: [f64; 16] =
     [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+/// The kernel's loop-iteration buckets (bpf/uvspan.h: 0.1 ms doubling, 16
+/// bounds; a unit test holds them to the enum).
+const ITER_BOUNDS: [f64; 16] =
+    [0.0001, 0.0002, 0.0004, 0.0008, 0.0016, 0.0032, 0.0064, 0.0128, 0.0256, 0.0512, 0.1024, 0.2048, 0.4096, 0.8192, 1.6384, 3.2768];
 
 impl Metric {
     pub fn name(self) -> &'static str {
@@ -39,6 +48,8 @@ impl Metric {
             Metric::HttpClient => "http.client.request.duration",
             Metric::Dns => "dns.lookup.duration",
             Metric::Fs => "uvspan.fs.duration",
+            Metric::QueueWait => "uvspan.threadpool.queue.duration",
+            Metric::LoopIteration => "uvspan.eventloop.iteration.duration",
         }
     }
 
@@ -48,12 +59,15 @@ impl Metric {
             Metric::HttpClient => "Duration of HTTP client requests",
             Metric::Dns => "Duration of DNS lookups (getaddrinfo)",
             Metric::Fs => "Duration of fs operations (libuv uv_fs_*), async from submit to callback, sync as the call",
+            Metric::QueueWait => "Time threadpool work (fs, DNS) waited in libuv's queue for a free threadpool thread",
+            Metric::LoopIteration => "Busy time of every event loop iteration: from its start to the next, less its waits for I/O",
         }
     }
 
     pub fn bounds(self) -> &'static [f64] {
         match self {
-            Metric::Fs => &FS_BOUNDS,
+            Metric::Fs | Metric::QueueWait => &FS_BOUNDS,
+            Metric::LoopIteration => &ITER_BOUNDS,
             _ => &REQUEST_BOUNDS,
         }
     }
@@ -106,32 +120,21 @@ struct Process {
     loop_reported: Option<LoopTime>,
 }
 
-/// A loop thread's time as the kernel counts it (kernel ns): since when,
-/// how long of it blocked in epoll waits, as of `now_ns`; the split of its
-/// busy parts already ended.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LoopTime {
-    pub since_ns: u64,
-    pub idle_ns: u64,
-    pub now_ns: u64,
-    pub split: BusySplit,
-}
-
-impl LoopTime {
-    /// The kernel's count (`Tracer::loop_time`) as of `now_ns`.
-    pub fn of(t: &crate::kernel::skel::types::loop_time, now_ns: u64) -> LoopTime {
-        let split = BusySplit { busy_ns: t.busy_ns, on_cpu_ns: t.on_cpu_ns, runqueue_ns: t.runqueue_ns };
-        LoopTime { since_ns: t.since_ns, idle_ns: t.idle_ns, now_ns, split }
+impl Iterations {
+    /// The iterations since `base` as a histogram (None: none). Min and max
+    /// are not known (the kernel keeps buckets only). The count is the
+    /// buckets' sum: user space reads the kernel's counters while they move.
+    fn since(&self, base: &Iterations) -> Option<Hist> {
+        let buckets: Vec<u64> = self.buckets.iter().zip(base.buckets).map(|(a, b)| a.saturating_sub(b)).collect();
+        let count = buckets.iter().sum();
+        (count > 0).then(|| Hist {
+            buckets,
+            count,
+            sum: self.busy_ns.saturating_sub(base.busy_ns) as f64 / 1e9,
+            min: f64::INFINITY,
+            max: f64::NEG_INFINITY,
+        })
     }
-}
-
-/// The loop thread's busy parts already ended (kernel ns) and, of them, the
-/// time on a CPU and runnable waiting for one (bpf/loop.h).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct BusySplit {
-    pub busy_ns: u64,
-    pub on_cpu_ns: u64,
-    pub runqueue_ns: u64,
 }
 
 /// `nodejs.eventloop.time` (active, idle; s) and
@@ -165,6 +168,7 @@ impl EventLoop {
             idle_ns: 0,
             now_ns: to.since_ns,
             split: BusySplit::default(),
+            iterations: Iterations::default(),
         });
         let elapsed = to.now_ns.checked_sub(base.now_ns)?;
         let idle = to.idle_ns.saturating_sub(base.idle_ns).min(elapsed);
@@ -250,6 +254,16 @@ impl Metrics {
             attrs.push(("error.type", Val::Str(crate::events::errno::error_type(r.result).into())));
         }
         self.add(r.op.pid, Metric::Fs, attrs, secs(r.op.start_ns, r.op.end_ns));
+        self.queue_wait(&r.op, "fs");
+    }
+
+    /// The wait in the threadpool's queue, where the work's start was seen
+    /// (`--detail threadpool`).
+    fn queue_wait(&mut self, op: &crate::events::decode::OpRecord, work: &'static str) {
+        if let (false, Some(start)) = (op.sync, op.work_start_ns) {
+            let attrs = vec![("uvspan.threadpool.work", Val::Str(Cow::Borrowed(work)))];
+            self.add(op.pid, Metric::QueueWait, attrs, secs(op.start_ns, start));
+        }
     }
 
     pub fn dns(&mut self, r: &DnsRecord) {
@@ -259,6 +273,7 @@ impl Metrics {
             vec![]
         };
         self.add(r.op.pid, Metric::Dns, attrs, secs(r.op.start_ns, r.op.end_ns));
+        self.queue_wait(&r.op, "dns");
     }
 
     /// A finished HTTP request (its SERVER span's attributes that are
@@ -308,10 +323,16 @@ impl Metrics {
             if p.series.is_empty() && eventloop.is_none() {
                 continue;
             }
+            let iterations = eventloop.and(p.loop_now).and_then(|now| {
+                let base = p.loop_reported.filter(|r| delta && r.since_ns == now.since_ns).map(|r| r.iterations).unwrap_or_default();
+                now.iterations.since(&base)
+            });
             if eventloop.is_some() {
                 p.loop_reported = p.loop_now;
             }
-            let series = if delta { std::mem::take(&mut p.series).into_iter().collect() } else { p.series.clone().into_iter().collect() };
+            let mut series: Vec<(Key, Hist)> =
+                if delta { std::mem::take(&mut p.series).into_iter().collect() } else { p.series.clone().into_iter().collect() };
+            series.extend(iterations.map(|h| ((Metric::LoopIteration, Vec::new()), h)));
             out.push(Collected { resource: r.clone(), series, eventloop });
         }
         self.procs.retain(|_, p| !p.exited);

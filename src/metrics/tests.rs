@@ -110,7 +110,13 @@ fn encoded_as_otlp_histograms_under_each_process_resource() {
 
 #[test]
 fn event_loop_time_cumulative_and_delta_utilization_per_interval() {
-    let t = |now: u64, idle: u64| LoopTime { since_ns: 1_000, idle_ns: idle, now_ns: 1_000 + now, split: BusySplit::default() };
+    let t = |now: u64, idle: u64| LoopTime {
+        since_ns: 1_000,
+        idle_ns: idle,
+        now_ns: 1_000 + now,
+        split: BusySplit::default(),
+        iterations: Iterations::default(),
+    };
     // First collection: 1 s, 0.25 s of it idle.
     let e = EventLoop::between(None, t(1_000_000_000, 250_000_000), false).unwrap();
     assert_eq!((e.active_s, e.idle_s, e.utilization), (0.75, 0.25, 0.75));
@@ -121,11 +127,17 @@ fn event_loop_time_cumulative_and_delta_utilization_per_interval() {
     assert_eq!((d.active_s, d.idle_s), (0.0, 1.0), "delta: that second only");
     // Nothing new: nothing to say; a new loop (another since): from its start.
     assert_eq!(EventLoop::between(Some(t(5, 1)), t(5, 1), false), None);
-    let other = LoopTime { since_ns: 9, idle_ns: 0, now_ns: 9 + 1_000, split: BusySplit::default() };
+    let other = LoopTime { since_ns: 9, idle_ns: 0, now_ns: 9 + 1_000, split: BusySplit::default(), iterations: Iterations::default() };
     assert_eq!(EventLoop::between(Some(t(5, 1)), other, false).unwrap().utilization, 1.0);
     // Idle never over elapsed (a wait counted up to a later "now").
     assert!(
-        EventLoop::between(None, LoopTime { since_ns: 0, idle_ns: 50, now_ns: 10, split: BusySplit::default() }, false).unwrap().idle_s
+        EventLoop::between(
+            None,
+            LoopTime { since_ns: 0, idle_ns: 50, now_ns: 10, split: BusySplit::default(), iterations: Iterations::default() },
+            false
+        )
+        .unwrap()
+        .idle_s
             <= 10e-9
     );
 }
@@ -137,6 +149,7 @@ fn the_active_time_splits_into_on_off_cpu_and_run_queue() {
         idle_ns: now - busy,
         now_ns: now,
         split: BusySplit { busy_ns: busy, on_cpu_ns: on, runqueue_ns: rq },
+        iterations: Iterations::default(),
     };
     let s = 1_000_000_000;
     // First second: 0.5 s busy, 0.3 on a CPU, 0.05 waiting for one.
@@ -166,4 +179,70 @@ fn the_active_time_splits_into_on_off_cpu_and_run_queue() {
         .collect();
     assert_eq!(states, ["uvspan.eventloop.state=on_cpu", "uvspan.eventloop.state=off_cpu", "uvspan.eventloop.state=runqueue"]);
     assert!(sum.is_monotonic && split.unit == "s");
+}
+
+#[test]
+fn iteration_bounds_are_the_kernels() {
+    use crate::kernel::skel::types::uvspan_sizes;
+    assert_eq!(ITER_BOUNDS.len(), uvspan_sizes::UVSPAN_ITER_BOUNDS.0 as usize);
+    let base = uvspan_sizes::UVSPAN_ITER_BASE_NS.0 as f64 / 1e9;
+    for (i, b) in ITER_BOUNDS.iter().enumerate() {
+        assert!((b - base * f64::from(1u32 << i)).abs() < 1e-12, "bound {i}: {b}");
+    }
+    assert_eq!(crate::kernel::skel::types::loop_time::default().iter_buckets.len(), ITER_BUCKETS);
+}
+
+#[test]
+fn every_iteration_is_a_histogram_count_cumulative_or_per_interval() {
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    let at = |now: u64, first: u64, last: u64, busy_ns: u64| {
+        let mut buckets = [0u64; ITER_BUCKETS];
+        buckets[0] = first;
+        buckets[ITER_BUCKETS - 1] = last;
+        LoopTime { since_ns: 100, idle_ns: 0, now_ns: 100 + now, split: BusySplit::default(), iterations: Iterations { buckets, busy_ns } }
+    };
+    let iterations =
+        |c: &[Collected]| -> Option<Hist> { c[0].series.iter().find(|((m, _), _)| *m == Metric::LoopIteration).map(|(_, h)| h.clone()) };
+    // 10 fast iterations and one over the last bound (5 s) in the first second.
+    m.loop_time(7, at(1_000_000_000, 10, 1, 5_000_500_000));
+    let h = iterations(&m.collect(true)).expect("iterations");
+    assert_eq!((h.count, h.buckets[0], h.buckets[ITER_BUCKETS - 1]), (11, 10, 1));
+    assert!((h.sum - 5.0005).abs() < 1e-9, "{}", h.sum);
+    // Delta: the next interval has 5 more fast ones only.
+    m.loop_time(7, at(2_000_000_000, 15, 1, 5_001_000_000));
+    let h = iterations(&m.collect(true)).expect("iterations");
+    assert_eq!((h.count, h.buckets[0], h.buckets[ITER_BUCKETS - 1]), (5, 5, 0));
+    // Cumulative: everything since the loop was first seen.
+    m.loop_time(7, at(3_000_000_000, 20, 1, 5_001_500_000));
+    let c = m.collect(false);
+    assert_eq!(iterations(&c).expect("iterations").count, 21);
+    // Exported without min and max (the kernel keeps buckets only).
+    let w = encode::Window { start_ns: 1, now_ns: 2, delta: false };
+    let req = encode::request(c, &w);
+    let metric = req.resource_metrics[0].scope_metrics[0].metrics.iter().find(|m| m.name == "uvspan.eventloop.iteration.duration");
+    let Some(opentelemetry_proto::tonic::metrics::v1::metric::Data::Histogram(hist)) = metric.and_then(|m| m.data.clone()) else {
+        panic!("uvspan.eventloop.iteration.duration is a histogram")
+    };
+    assert_eq!((hist.data_points[0].min, hist.data_points[0].max), (None, None));
+    assert_eq!(hist.data_points[0].explicit_bounds, ITER_BOUNDS);
+}
+
+#[test]
+fn the_threadpool_queue_wait_counts_async_work_whose_start_was_seen() {
+    let mut m = Metrics::default();
+    m.resource(3, &resource(3));
+    let mut seen = fs(3, 5_000_000, 0, false);
+    seen.op.work_start_ns = Some(seen.op.start_ns + 2_000_000);
+    m.fs(&seen);
+    m.fs(&fs(3, 5_000_000, 0, false)); // no --detail threadpool: its wait is not known
+    let mut dns = DnsRecord { op: op(3, 0, 10, false), retcode: 0, host: "x".into(), answers: vec![] };
+    dns.op.work_start_ns = Some(4);
+    m.dns(&dns);
+    let c = m.collect(false);
+    let waits: Vec<(String, u64, f64)> =
+        c[0].series.iter().filter(|((m, _), _)| *m == Metric::QueueWait).map(|((_, a), h)| (format!("{a:?}"), h.count, h.sum)).collect();
+    assert_eq!(waits.len(), 2, "{waits:?}");
+    assert!(waits.iter().any(|(a, n, s)| a.contains("fs") && *n == 1 && (s - 0.002).abs() < 1e-12), "{waits:?}");
+    assert!(waits.iter().any(|(a, n, s)| a.contains("dns") && *n == 1 && (s - 4e-9).abs() < 1e-15), "{waits:?}");
 }

@@ -61,7 +61,8 @@ const STARTUP_SLOWEST: usize = 5;
 pub struct TaskStats {
     /// Tasks that did traced work (sampled or not).
     pub tasks: u64,
-    /// Process traces made (`--trace-per process`).
+    /// Process traces made (`--trace-per process`): processes that did
+    /// traced work, sampled or not.
     pub processes: u64,
     /// Tasks (or, per process, operations) the sampler dropped.
     pub unsampled: u64,
@@ -242,7 +243,6 @@ impl Tasks {
         }
         let start_ns = self.starts.remove(&pid).unwrap_or(start_ns);
         let trace_id = ids.new_trace_id();
-        self.stats.processes += 1;
         self.lives.insert(
             pid,
             Life {
@@ -447,7 +447,11 @@ impl Tasks {
     /// was held, out (nothing for a process that did no traced work).
     fn end_life(&mut self, pid: u32, mut l: Life, end_ns: u64, code: Option<i32>, src: &SpanContextSource<'_>, ready: &mut Ready) {
         self.stats.summarised += settle(&mut l, self.startup_ops, src);
-        if !l.sampled || (l.held.is_empty() && l.spans == 0 && l.startup.is_none() && l.main.is_none()) {
+        if l.held.is_empty() && l.spans == 0 && l.startup.is_none() && l.main.is_none() {
+            return;
+        }
+        self.stats.processes += 1;
+        if !l.sampled {
             return;
         }
         let out = ready.entry(pid).or_default();
