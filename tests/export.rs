@@ -595,38 +595,53 @@ fn histogram_buckets(col: &Collector, name: &str) -> (Vec<u64>, Vec<f64>) {
 
 /// Every loop iteration, reported as a span or not, is counted in the
 /// kernel's histogram of iteration busy times, up to the process's exit
-/// (its last interval comes with the exit record).
-#[test]
-fn every_loop_iteration_is_in_the_iteration_histogram() {
+/// (its last interval comes with the exit record); in every topology.
+fn iteration_histogram_in(topology: Topology) {
     require_root();
     // 20 iterations that spin 40 ms each (a setImmediate chain), then 40 short timer iterations.
     let script = "let n=0;const spin=()=>{const s=Date.now();while(Date.now()-s<40){}if(++n<20)setImmediate(spin);\
                   else{let m=0;const t=()=>{if(++m<40)setTimeout(t,2)};setTimeout(t,2)}};setTimeout(spin,1)";
     let col = Collector::start(Listen::Plain);
     let ep = format!("http://127.0.0.1:{}", col.port());
-    let mut c = uvspan_cmd(["--status-interval", "0", "--", "node", "-e", script]);
+    let mut c = topology.command(&["--status-interval", "0"], &["node", "-e", script]);
     c.envs([
         ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
         ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
         ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
     ]);
     let out = run(c);
-    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let ctx = format!("{topology:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
     let (buckets, bounds) = histogram_buckets(&col, "uvspan.eventloop.iteration.duration");
-    assert_eq!(buckets.len(), bounds.len() + 1, "{buckets:?} {bounds:?}\n{}", out.context());
+    assert_eq!(buckets.len(), bounds.len() + 1, "{buckets:?} {bounds:?}\n{ctx}");
     // The 40 ms spins are the iterations over 25.6 ms (a timer iteration
     // that long would have to wait that long for a CPU).
     let over = bounds.iter().position(|b| *b >= 0.0256).expect("a 25.6 ms bound") + 1;
     let slow: u64 = buckets[over..].iter().sum();
-    assert!((20..=22).contains(&slow), "{slow} iterations over 25.6 ms for 20 spins: {buckets:?}\n{}", out.context());
+    assert!((20..=22).contains(&slow), "{slow} iterations over 25.6 ms for 20 spins: {buckets:?}\n{ctx}");
     // Every iteration the summary counts, exactly.
     let total: u64 = buckets.iter().sum();
     let line = out.stderr.lines().find(|l| l.contains(" loop iterations, ")).expect("summary line");
     let head = &line[..line.find(" loop iterations, ").expect("count")];
     let digits: String = head.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
     let counted: u64 = digits.chars().rev().collect::<String>().parse().expect("iteration count");
-    assert_eq!(total, counted, "the histogram counts every iteration the summary does: {buckets:?}\n{}", out.context());
-    assert!(total >= 60, "20 spins and 40 timers are 60 iterations at least: {total}");
+    assert_eq!(total, counted, "the histogram counts every iteration the summary does: {buckets:?}\n{ctx}");
+    assert!(total >= 60, "20 spins and 40 timers are 60 iterations at least: {total}\n{ctx}");
+}
+
+#[test]
+fn every_loop_iteration_is_in_the_iteration_histogram() {
+    iteration_histogram_in(Topology::Host);
+}
+
+#[test]
+fn every_loop_iteration_is_in_the_iteration_histogram_in_one_namespace() {
+    iteration_histogram_in(Topology::BothInOne);
+}
+
+#[test]
+fn every_loop_iteration_is_in_the_iteration_histogram_app_alone() {
+    iteration_histogram_in(Topology::AppAlone);
 }
 
 /// Tail exceptions: under always_off, the failed requests (--keep-errors)

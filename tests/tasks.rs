@@ -31,42 +31,12 @@ const REQUESTS: usize = 10;
 fn traced(topology: Topology, args: &[&str], command: &[&str]) -> (Output, Vec<Span>) {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
-    let ns = ["--pid", "--fork", "--mount", "--mount-proc"];
     let mut uv: Vec<&str> = vec!["--status-interval", "0", "--loop-threshold", "10m", "--otlp-endpoint", ep.as_str()];
     uv.extend(args);
-    let mut c = match topology {
-        Topology::Host => {
-            let mut c = Command::new(uvspan_bin());
-            c.args(&uv).arg("--").args(command);
-            c
-        }
-        Topology::BothInOne => {
-            let mut c = Command::new("unshare");
-            c.args(ns).arg(uvspan_bin()).args(&uv).arg("--").args(command);
-            c
-        }
-        Topology::AppAlone => {
-            let mut c = Command::new(uvspan_bin());
-            c.args(&uv).args(["--", "unshare"]).args(ns).args(command);
-            c
-        }
-    };
-    if topology != Topology::Host {
-        require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
-    }
-    scrub_env(&mut c);
-    c.stdin(std::process::Stdio::null());
-    let out = run(c);
+    let out = run(topology.command(&uv, command));
     let spans = rx.spans();
     check_summary(&out, spans.len());
     (out, spans)
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Topology {
-    Host,
-    BothInOne,
-    AppAlone,
 }
 
 fn dump_all(spans: &[Span]) -> String {

@@ -83,6 +83,46 @@ where
     c
 }
 
+/// Where uvspan and the traced command run: both in the host's namespaces,
+/// both in one new PID+mount namespace (a pod sidecar, `docker run`), or
+/// uvspan on the host and the command alone in its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    Host,
+    BothInOne,
+    AppAlone,
+}
+
+impl Topology {
+    pub const ALL: [Topology; 3] = [Topology::Host, Topology::BothInOne, Topology::AppAlone];
+
+    /// uvspan with `uv` (its options) tracing `command`, placed as the
+    /// topology says, with a clean environment (see [`uvspan_cmd`]).
+    pub fn command(self, uv: &[&str], command: &[&str]) -> Command {
+        let ns = ["--pid", "--fork", "--mount", "--mount-proc"];
+        if self != Topology::Host {
+            require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
+        }
+        let mut c = match self {
+            Topology::Host => Command::new(uvspan_bin()),
+            Topology::BothInOne => {
+                let mut c = Command::new("unshare");
+                c.args(ns).arg(uvspan_bin());
+                c
+            }
+            Topology::AppAlone => Command::new(uvspan_bin()),
+        };
+        c.args(uv).arg("--");
+        if self == Topology::AppAlone {
+            c.arg("unshare").args(ns);
+        }
+        c.args(command);
+        scrub_env(&mut c);
+        c.stdin(Stdio::null());
+        c
+    }
+}
+
 /// Removes the caller's OTEL_*, UVSPAN_* and RUST_*BACKTRACE variables from `c`.
 pub fn scrub_env(c: &mut Command) {
     for (k, _) in std::env::vars_os() {
