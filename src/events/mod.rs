@@ -6,5 +6,6 @@
 pub mod clock;
 pub mod decode;
 pub mod errno;
+pub mod gc;
 pub mod sampler;
 pub mod spans;

@@ -1,7 +1,7 @@
 //! OTLP metrics of everything uvspan sees, per traced process (its resource
 //! is the spans'): HTTP server and client request durations, DNS lookups,
 //! fs operations, the event loop's active and idle time and its active
-//! time's split (on-CPU, off-CPU, run queue). Every record passes here before the trace sampler, so the
+//! time's split (on-CPU, off-CPU, run queue), V8's garbage collections. Every record passes here before the trace sampler, so the
 //! counts are exact whatever is sampled. Aggregated in memory as explicit
 //! bucket histograms with bounded attribute sets (pure; [`encode`] writes
 //! the OTLP message).
@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use opentelemetry_sdk::Resource;
 use rustc_hash::FxHashMap;
 
-use crate::events::decode::{DnsRecord, FsRecord};
+use crate::events::decode::{DnsRecord, FsRecord, GcRecord};
 use crate::requests::Finished;
 
 /// The metrics uvspan makes.
@@ -24,10 +24,13 @@ pub enum Metric {
     HttpClient,
     Dns,
     Fs,
+    Gc,
 }
 
 /// The semantic conventions' advice for HTTP and DNS durations (s).
 const REQUEST_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+/// The semantic conventions' advice for `v8js.gc.duration` (s).
+const GC_BOUNDS: [f64; 4] = [0.01, 0.1, 1.0, 10.0];
 /// fs operations take microseconds to seconds.
 const FS_BOUNDS: [f64; 16] =
     [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
@@ -39,6 +42,7 @@ impl Metric {
             Metric::HttpClient => "http.client.request.duration",
             Metric::Dns => "dns.lookup.duration",
             Metric::Fs => "uvspan.fs.duration",
+            Metric::Gc => "v8js.gc.duration",
         }
     }
 
@@ -48,12 +52,14 @@ impl Metric {
             Metric::HttpClient => "Duration of HTTP client requests",
             Metric::Dns => "Duration of DNS lookups (getaddrinfo)",
             Metric::Fs => "Duration of fs operations (libuv uv_fs_*), async from submit to callback, sync as the call",
+            Metric::Gc => "Garbage collection duration (V8's GC prologue to epilogue callbacks, as perf_hooks measures it)",
         }
     }
 
     pub fn bounds(self) -> &'static [f64] {
         match self {
             Metric::Fs => &FS_BOUNDS,
+            Metric::Gc => &GC_BOUNDS,
             _ => &REQUEST_BOUNDS,
         }
     }
@@ -259,6 +265,12 @@ impl Metrics {
             vec![]
         };
         self.add(r.op.pid, Metric::Dns, attrs, secs(r.op.start_ns, r.op.end_ns));
+    }
+
+    /// A V8 garbage collection (every one, on every thread of the process).
+    pub fn gc(&mut self, r: &GcRecord) {
+        let attrs = vec![("v8js.gc.type", Val::Str(Cow::Borrowed(r.gc_type.name())))];
+        self.add(r.pid, Metric::Gc, attrs, secs(r.start_ns, r.end_ns));
     }
 
     /// A finished HTTP request (its SERVER span's attributes that are
