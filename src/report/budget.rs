@@ -183,6 +183,19 @@ mod tests {
         .collect();
         evaluate(&mut r, &budgets);
         let got: Vec<(f64, bool)> = r.budgets.iter().map(|b| (b.value, b.ok)).collect();
-        assert_eq!(got, [(150.25, false), (5.0, true), (3.0, false), (0.0, true), (1.0, true), (45.0, false), (14.0, true), (4.5, false), (30.5, false)]);
+        assert_eq!(
+            got,
+            [
+                (150.25, false),
+                (5.0, true),
+                (3.0, false),
+                (0.0, true),
+                (1.0, true),
+                (45.0, false),
+                (14.0, true),
+                (4.5, false),
+                (30.5, false)
+            ]
+        );
     }
 }
