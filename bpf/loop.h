@@ -166,6 +166,9 @@ static __always_inline void loop_finish_iteration(struct loop_state *st, __u64 n
 		return;
 	}
 	stat_inc(STAT_LOOP_EMITTED);
+	__u8 *flags = bpf_map_lookup_elem(&traced, &ev->hdr.pid);
+	if (flags && (*flags & TRACED_GC))
+		ev->split |= SPLIT_GC;
 	ev->end_ns = now;
 	emit(ev, sizeof(*ev));
 	ev->skipped = 0;
@@ -213,6 +216,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 		st->ev.on_cpu_ns = 0;
 		st->ev.runqueue_ns = 0;
 		st->ev.throttled_ns = 0;
+		st->ev.gc_ns = 0;
 		st->ev.wake_ns = 0;
 		st->ev.end_ns = 0;
 		st->ev.poll_wait_ns = 0;

@@ -98,6 +98,16 @@ struct thread_ctx {
 	__u64 stream;
 };
 
+/* Per thread: the V8 garbage collections in progress (gc.h): when each
+ * type's started, and the outermost one's start (they can nest: weak
+ * callbacks inside a forced mark-compact). */
+struct gc_state {
+	__u64 start[UVSPAN_GC_TYPES]; /* 0: none of that type in progress */
+	__u64 outer_start;
+	__u32 depth;
+	__u32 _pad;
+};
+
 /* Everything uvspan keeps per thread, in one task-local storage: an fs
  * submit needs both the sync slot and the cause, and each lookup is a
  * cache miss on a busy machine. */
@@ -105,6 +115,7 @@ struct thread_state {
 	struct sync_slot sync; /* first: a slot pointer is the state's own (no
 				* arithmetic on a maybe-NULL pointer for the verifier) */
 	struct thread_ctx ctx;
+	struct gc_state gc;
 };
 
 struct {
@@ -189,6 +200,7 @@ struct scratch {
 		struct proc_event proc; /* listed so the skeleton generates its type */
 		struct http_event http;
 		struct stack_event stack; /* listed so the skeleton generates its type */
+		struct gc_event gc;       /* likewise */
 		struct {
 			enum probe_kind probe;
 			enum ev_end end;

@@ -28,6 +28,7 @@
  *             uprobe, raw syscall tracepoints)
  *   http.h    request context: HTTP heads, writes, a stream's cause
  *   stacks.h  --stacks: the loop thread's stack sampler, submit stacks
+ *   gc.h      V8 garbage collections
  *   procs.h   process lifecycle (fork, exec, exit)
  * Here: the one uprobe dispatcher and the session uprobe program.
  */
@@ -40,6 +41,7 @@
 #include "loop.h"
 #include "epoll.h"
 #include "http.h"
+#include "gc.h"
 #include "procs.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -87,6 +89,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_TLS_WRITE: return tls_write(ctx);
 	case PROBE_CAUSE_CLEAR: return task_start(ctx, cookie);
 	case PROBE_STREAM_CONNECT: return stream_connect(ctx);
+	case PROBE_GC: return gc_callbacks(ctx, cookie);
 	}
 	return 0;
 }

@@ -27,6 +27,7 @@ enum uvspan_sizes {
 	 * UVSPAN_ITER_BASE_NS doubled UVSPAN_ITER_BOUNDS - 1 times (0.1 ms … 3.3 s). */
 	UVSPAN_ITER_BASE_NS = 100000,
 	UVSPAN_ITER_BOUNDS = 16,
+	UVSPAN_GC_TYPES = 5,        /* v8::GCType bits: scavenge, minor mark-sweep, mark-compact, incremental, weak callbacks */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -52,6 +53,8 @@ enum traced_flags {
 	/* its epoll waits are seen by uprobes on its libc (PROBE_EPOLL_WAIT):
 	 * the system call tracepoints leave it alone */
 	TRACED_WAITS_BY_UPROBE = 4,
+	/* V8's GC callbacks are probed (PROBE_GC): its iterations' GC time is measured */
+	TRACED_GC = 8,
 };
 
 /* Address families of DNS answers (linux/socket.h). */
@@ -85,6 +88,7 @@ enum ev_kind {
 	EV_PROC_EXIT = 6,
 	EV_HTTP = 7,
 	EV_STACK = 8,
+	EV_GC = 9,
 };
 
 /* Which handler an attach point runs: the top byte of its cookie. */
@@ -113,6 +117,10 @@ enum probe_kind {
 	 * where the kernel refuses fentry; low bit: the timeout is a struct
 	 * timespec pointer (epoll_pwait2), not milliseconds */
 	PROBE_EPOLL_WAIT = 19,
+	/* V8's Heap::CallGCPrologueCallbacks (cookie 0) and
+	 * Heap::CallGCEpilogueCallbacks (cookie 1): a garbage collection
+	 * starts / ends (gc.h) */
+	PROBE_GC = 20,
 };
 
 /* What an HTTP record says. */
@@ -163,6 +171,8 @@ enum loop_split {
 	/* the process's cgroup (or the nearest ancestor with one) has a CFS
 	 * quota: throttled_ns is its throttled time over the busy parts */
 	SPLIT_THROTTLE = 2,
+	/* V8's GC callbacks are probed in the process: gc_ns is its GC time */
+	SPLIT_GC = 4,
 };
 
 /* Counters in the `stats` per-CPU array. */
@@ -267,6 +277,19 @@ struct loop_event {
 	unsigned long long on_cpu_ns;
 	unsigned long long runqueue_ns;
 	unsigned long long throttled_ns;  /* SPLIT_THROTTLE: its cgroup's, see loop_split */
+	/* SPLIT_GC: time in V8 garbage collections on the loop thread (nested
+	 * ones counted once), a part of the busy time (gc.h) */
+	unsigned long long gc_ns;
+};
+
+/* A V8 garbage collection on a traced thread, from its prologue to its
+ * epilogue callbacks (gc.h). Sent for every one (metrics count them all). */
+struct gc_event {
+	struct ev_header hdr;
+	unsigned long long start_ns;
+	unsigned long long end_ns;
+	unsigned int gc_type;     /* the v8::GCType bit */
+	unsigned int _pad;
 };
 
 /* HTTP bytes seen at a parser or written, with the cause they belong to. */

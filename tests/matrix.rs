@@ -136,12 +136,37 @@ const LOOP_WAITS: [&str; 2] = ["epoll_wait", "epoll_pwait"];
 const LOOP_WAITS_LOST: &str = "loop iterations come from the system call tracepoints (every system call on the host pays)";
 const LOOP_WAITS_NOT_NEEDED_NOTE: &str = "fentry programs see the loop's epoll waits (as uvspan last found on this boot, else assumed)";
 
-const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len() + LOOP_WAITS.len();
-/// Probes attached on a build with a full symbol table / with the exported API only.
-fn full_probes() -> usize {
-    EXPORTED.len() + INTERNAL.len() - usize::from(cleanup_left_out(false))
+/// V8's GC callbacks as Node 20-26 name them (in the node executable; a
+/// stripped copy of a build that exports them keeps them; Node 18 has
+/// another form, inlined where collections call it), and what is lost
+/// without them.
+const GC: [&str; 2] = [
+    "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE",
+    "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE",
+];
+const GC_LOST: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
+
+const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len() + LOOP_WAITS.len() + GC.len();
+/// Probes attached on a build with a full symbol table / with the exported
+/// API only; `gc`: with V8's GC callbacks.
+fn full_probes(gc: bool) -> usize {
+    EXPORTED.len() + INTERNAL.len() + gc_probes(gc) - usize::from(cleanup_left_out(false))
 }
-const EXPORTED_ONLY_PROBES: usize = EXPORTED.len() + FALLBACKS.len();
+fn exported_only_probes(gc: bool) -> usize {
+    EXPORTED.len() + FALLBACKS.len() + gc_probes(gc)
+}
+fn gc_probes(gc: bool) -> usize {
+    if gc {
+        GC.len()
+    } else {
+        0
+    }
+}
+
+/// The notices of a build without V8's GC callbacks.
+fn gc_notices() -> Vec<String> {
+    GC.iter().map(|sym| format!("{sym} not found: {GC_LOST}")).collect()
+}
 
 /// uv_fs_req_cleanup is left out where nothing ends there: sync calls end
 /// at their return (session uprobes), async requests at uv__fs_done (a full
@@ -154,10 +179,18 @@ const CLEANUP_LEFT_OUT_NOTE: &str = "sync calls end at their return, async ones 
 
 /// The notice lines (after "uvspan:   ") uvspan prints for a build whose
 /// libuv at `libuv_path` only exports its API.
-fn exported_only_notices(libuv_path: &str) -> Vec<String> {
+/// `gc`: V8's GC callbacks are exported too (a stripped node), else (a
+/// shared libuv.so: V8 is in libnode) they are missing.
+fn exported_only_notices(libuv_path: &str, gc: bool) -> Vec<String> {
     let mut v =
         vec![format!("{libuv_path} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed")];
-    v.extend(INTERNAL.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
+    // In catalog order: the operations' internals, the GC callbacks, the phases.
+    let (ops, phases) = INTERNAL.split_at(4);
+    v.extend(ops.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
+    if !gc {
+        v.extend(gc_notices());
+    }
+    v.extend(phases.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
     v.extend(FALLBACKS.iter().map(|(sym, _, primary)| format!("fallback in use: {sym} instead of {primary}")));
     v
 }
@@ -199,6 +232,8 @@ struct Target {
     readfile: ReadFile,
     /// The name libuv gives its threadpool threads in this build (libuv >= 1.50).
     pool_thread_name: Option<&'static str>,
+    /// V8's GC callbacks are probed (not in Debian's shared libuv.so).
+    gc: bool,
 }
 
 fn official(major: u32) -> Target {
@@ -217,6 +252,7 @@ fn official(major: u32) -> Target {
         symbols: Symbols::Full,
         readfile: if major >= 26 { ReadFile::SyncOnPoolThread } else { ReadFile::AsyncRequests },
         pool_thread_name: (major >= 22).then_some("libuv-worker"),
+        gc: major >= 20,
     }
 }
 
@@ -235,6 +271,7 @@ fn debian() -> Target {
         symbols: Symbols::ExportedOnly,
         readfile: ReadFile::AsyncRequests,
         pool_thread_name: None,
+        gc: false,
     }
 }
 
@@ -244,6 +281,8 @@ fn stripped() -> Target {
     assert_eq!(version, node_version_of(Path::new(STRIP_SOURCE), &[]), "the stripped copy runs as its source");
     let major: u32 = version.trim_start_matches('v').split('.').next().and_then(|m| m.parse().ok()).expect("major");
     let uv = libuv_version_of(&node, &[]);
+    // V8's GC callbacks survive where the source build exports them.
+    let gc = ElfFacts::read(&node).offsets.contains_key(GC[0]);
     Target {
         tag: "stripped".into(),
         env: vec![],
@@ -254,6 +293,7 @@ fn stripped() -> Target {
         symbols: Symbols::ExportedOnly,
         readfile: if major >= 26 { ReadFile::SyncOnPoolThread } else { ReadFile::AsyncRequests },
         pool_thread_name: (major >= 22).then_some("libuv-worker"),
+        gc,
     }
 }
 
@@ -355,8 +395,8 @@ fn check_stderr(out: &Output, t: &Target) {
     let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.starts_with(KERNEL_FALLBACK_NOTICE)).collect();
     assert!(lines.len() >= 2, "{}", out.context());
     let probes = match t.symbols {
-        Symbols::Full => full_probes(),
-        Symbols::ExportedOnly => EXPORTED_ONLY_PROBES,
+        Symbols::Full => full_probes(t.gc),
+        Symbols::ExportedOnly => exported_only_probes(t.gc),
     };
     let head = format!("uvspan: tracing command ({}, {}): {probes} probes live ", t.libuv_path, t.version_text);
     let took = lines[0]
@@ -369,8 +409,9 @@ fn check_stderr(out: &Output, t: &Target) {
         .map(|l| l.strip_prefix("uvspan:   ").unwrap_or_else(|| panic!("unexpected stderr line {l:?}\n{}", out.context())).to_string())
         .collect();
     let want = match t.symbols {
-        Symbols::Full => vec![],
-        Symbols::ExportedOnly => exported_only_notices(&t.libuv_path),
+        Symbols::Full if t.gc => vec![],
+        Symbols::Full => gc_notices(),
+        Symbols::ExportedOnly => exported_only_notices(&t.libuv_path, t.gc),
     };
     assert_eq!(notices, want, "the notices of what cannot be traced and why\n{}", out.context());
     summary(lines[lines.len() - 1]);
@@ -662,7 +703,10 @@ fn check_loop(spans: &[Span], m: &Markers, pid: i64, t: &Target) {
                 // the busy time's split (tests/loop_split.rs checks it)
                 || matches!(k, "uvspan.loop.on_cpu_ms" | "uvspan.loop.off_cpu_ms" | "uvspan.loop.runqueue_ms" | "uvspan.loop.throttled_ms")
         };
-        let keys: BTreeSet<&str> = it.attributes.keys().map(String::as_str).filter(|k| !stack_key(k)).collect();
+        // V8's garbage collections (tests/gc.rs checks them): where probed.
+        let gc_key = |k: &str| matches!(k, "uvspan.loop.gc_ms" | "uvspan.loop.gc_count");
+        assert_eq!(it.attributes.contains_key("uvspan.loop.gc_ms"), t.gc, "GC time where V8's GC callbacks are probed: {ctx}");
+        let keys: BTreeSet<&str> = it.attributes.keys().map(String::as_str).filter(|k| !stack_key(k) && !gc_key(k)).collect();
         assert_eq!(
             keys,
             BTreeSet::from(["thread.id", "uvspan.loop.busy_ms", "uvspan.loop.poll_wait_ms", "uvspan.loop.fast_iterations_before"]),
@@ -802,8 +846,14 @@ impl ElfFacts {
             .flatten()
             .map(|b| b.iter().map(|x| format!("{x:02x}")).collect())
             .unwrap_or_else(|| panic!("{} has no build-id", path.display()));
-        let wanted: BTreeSet<&str> =
-            EXPORTED.iter().copied().chain(INTERNAL.iter().map(|x| x.0)).chain(FALLBACKS.iter().map(|x| x.0)).chain(LOOP_WAITS).collect();
+        let wanted: BTreeSet<&str> = EXPORTED
+            .iter()
+            .copied()
+            .chain(INTERNAL.iter().map(|x| x.0))
+            .chain(FALLBACKS.iter().map(|x| x.0))
+            .chain(LOOP_WAITS)
+            .chain(GC)
+            .collect();
         let mut offsets = BTreeMap::new();
         for sym in elf.symbols().chain(elf.dynamic_symbols()) {
             let Ok(name) = sym.name() else { continue };
@@ -959,6 +1009,31 @@ fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
             }
         });
     }
+    for sym in GC {
+        v.push(if e.libuv.offsets.contains_key(sym) {
+            WantRow {
+                symbol: sym,
+                image: "libuv",
+                function: Some(e.libuv.function(sym)),
+                status: "attachable",
+                note: String::new(),
+                json_status: "usable",
+                fallback_for: None,
+                if_missing: Some(GC_LOST),
+            }
+        } else {
+            WantRow {
+                symbol: sym,
+                image: "libuv",
+                function: None,
+                status: "missing",
+                note: GC_LOST.into(),
+                json_status: "missing",
+                fallback_for: None,
+                if_missing: Some(GC_LOST),
+            }
+        });
+    }
     assert_eq!(v.len(), ALL_PROBES);
     v
 }
@@ -1062,7 +1137,8 @@ fn check_probes_table(text: &str, e: &ProbesExpect, (json, waits): &(JsonProbes,
     let header = format!("libuv:   {} ({version}; build-id {}; symbol table: {symtab})", e.libuv_path, e.libuv.build_id);
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(format!("libc:    {}", e.libc.path).as_str()), "{}", ctx());
-    let usable = if e.stripped { EXPORTED_ONLY_PROBES } else { full_probes() } + 2 * usize::from(*waits);
+    let gc = e.libuv.offsets.contains_key(GC[0]);
+    let usable = if e.stripped { exported_only_probes(gc) } else { full_probes(gc) } + 2 * usize::from(*waits);
     let header =
         format!("probes:  {usable} of {} usable, {} off (--detail, --requests)", ALL_PROBES + REQUEST_PROBES.len(), REQUEST_PROBES.len());
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());

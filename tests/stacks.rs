@@ -186,7 +186,7 @@ fn stacks_off_opens_no_sampler() {
     assert!(spans.len() >= 2, "the slow iterations are still reported\n{}", out.context());
     for s in &spans {
         assert_eq!(s.str("code.stacktrace"), None, "{}", s.brief());
-        assert!(s.events.is_empty(), "{}", s.brief());
+        assert!(s.events.iter().all(|e| e.name != "uvspan.loop.stack"), "{}", s.brief());
     }
 }
 

@@ -117,6 +117,8 @@ pub struct Agent {
     joiner: Option<Joiner>,
     /// Loop-thread stacks on slow iterations (None with --stacks off).
     stacks: Option<Stacks>,
+    /// V8 garbage collections waiting for their slow iteration.
+    gcs: crate::events::gc::PendingGcs,
     watcher: Option<Watcher>,
     command: Option<Spawned>,
     /// The images `-- COMMAND` was attached for.
@@ -203,6 +205,7 @@ impl Agent {
             }),
             op_metrics: op_metrics.map(|(_, p)| p),
             stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
+            gcs: Default::default(),
             joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window)),
             listener,
             cli,
@@ -348,6 +351,7 @@ impl Agent {
                     if let Some(s) = self.stacks.as_mut() {
                         s.forget(pid);
                     }
+                    self.gcs.forget(pid);
                 }
                 Record::Stack(s) => {
                     if let Some(st) = self.stacks.as_mut() {
@@ -366,10 +370,15 @@ impl Agent {
                     }
                     self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
+                Record::Gc(r) => {
+                    self.gcs.add(r);
+                    self.procs.handle(Record::Gc(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
+                }
                 Record::Loop(mut r) => {
                     if let Some(st) = self.stacks.as_mut() {
                         r.stacks = st.take(r.pid, r.start_ns);
                     }
+                    r.gcs = self.gcs.take(&r);
                     self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                 }
                 Record::Exec { pid, .. } if self.command_images.is_some() => {
@@ -460,6 +469,7 @@ impl Agent {
             if let Some(s) = self.stacks.as_mut() {
                 s.forget(pid);
             }
+            self.gcs.forget(pid);
         }
         let before = self.procs.forgotten;
         self.procs.forget_exited(&self.exporter);

@@ -284,8 +284,13 @@ impl Procs {
             match &rec {
                 Record::Fs(r) => m.fs(r),
                 Record::Dns(r) => m.dns(r),
+                Record::Gc(r) => m.gc(r),
                 _ => {}
             }
+        }
+        // A collection's span event goes with its iteration (the agent's).
+        if matches!(rec, Record::Gc(_)) {
+            return;
         }
         // The process's list in this batch, sized for it up front (the
         // request tracker builds into it too).

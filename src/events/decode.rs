@@ -2,8 +2,8 @@
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
 use crate::kernel::skel::types::{
-    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, http_event, http_what, loop_event, loop_split, op_event, proc_event,
-    stack_event, uvspan_sizes,
+    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, gc_event, http_event, http_what, loop_event, loop_split, op_event,
+    proc_event, stack_event, uvspan_sizes,
 };
 
 /// What fs and DNS records share (`struct op_event`): the libuv request,
@@ -110,6 +110,58 @@ pub struct LoopRecord {
     /// Of the busy time, on a CPU and waiting for one (None: not measured
     /// for every busy part, or a record of an older version).
     pub split: Option<LoopSplit>,
+    /// Time in V8 garbage collections (nested ones counted once; None: the
+    /// process's GC callbacks are not probed).
+    pub gc_ns: Option<u64>,
+    /// The collections that started in the iteration (filled in by the
+    /// agent from the GC records that came before this one).
+    pub gcs: Vec<GcRecord>,
+}
+
+/// What kind of collection (`v8js.gc.type`, as Node's perf_hooks tells them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum GcType {
+    /// Scavenge or minor mark-sweep (young generation).
+    Minor,
+    /// Mark-compact (whole heap).
+    Major,
+    /// An incremental marking step.
+    Incremental,
+    /// Weak callbacks processed.
+    WeakCb,
+}
+
+impl GcType {
+    /// Of a v8::GCType bit (None: none V8 has).
+    pub fn of_bit(bit: u32) -> Option<GcType> {
+        match bit {
+            1 | 2 => Some(GcType::Minor),
+            4 => Some(GcType::Major),
+            8 => Some(GcType::Incremental),
+            16 => Some(GcType::WeakCb),
+            _ => None,
+        }
+    }
+
+    /// The `v8js.gc.type` value.
+    pub fn name(self) -> &'static str {
+        match self {
+            GcType::Minor => "minor",
+            GcType::Major => "major",
+            GcType::Incremental => "incremental",
+            GcType::WeakCb => "weakcb",
+        }
+    }
+}
+
+/// A V8 garbage collection on a traced thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GcRecord {
+    pub pid: u32,
+    pub tid: u32,
+    pub gc_type: GcType,
+    pub start_ns: u64,
+    pub end_ns: u64,
 }
 
 /// The loop thread's scheduler accounting over an iteration's busy parts
@@ -197,6 +249,7 @@ pub enum Record {
     Loop(LoopRecord),
     Http(HttpRecord),
     Stack(StackRecord),
+    Gc(GcRecord),
     Fork {
         pid: u32,
         ppid: u32,
@@ -229,6 +282,7 @@ impl Record {
             Record::Loop(r) => r.pid,
             Record::Http(r) => r.pid,
             Record::Stack(r) => r.pid,
+            Record::Gc(r) => r.pid,
             Record::Fork { pid, .. } | Record::Exec { pid, .. } | Record::Exit { pid, .. } => *pid,
         }
     }
@@ -314,6 +368,7 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
         ev_kind::EV_LOOP => iteration(data).map(Record::Loop),
         ev_kind::EV_STACK => stack(data).map(Record::Stack),
         ev_kind::EV_HTTP => http(data).map(Record::Http),
+        ev_kind::EV_GC => gc(data).map(Record::Gc),
         kind @ (ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT) => process(data, kind),
         other => Err(DecodeError::UnknownKind(other.0)),
     }
@@ -373,6 +428,20 @@ fn iteration(data: &[u8]) -> Result<LoopRecord, DecodeError> {
         phases,
         stacks: None,
         split,
+        gc_ns: (e.split & loop_split::SPLIT_GC.0 != 0).then_some(e.gc_ns),
+        gcs: Vec::new(),
+    })
+}
+
+fn gc(data: &[u8]) -> Result<GcRecord, DecodeError> {
+    let e: gc_event = read(data, ev_kind::EV_GC.0, std::mem::size_of::<gc_event>())?;
+    // A type V8 does not have (never sent) reads as the major one.
+    Ok(GcRecord {
+        pid: e.hdr.pid,
+        tid: e.hdr.tid,
+        gc_type: GcType::of_bit(e.gc_type).unwrap_or(GcType::Major),
+        start_ns: e.start_ns,
+        end_ns: e.end_ns,
     })
 }
 

@@ -6,6 +6,7 @@
 pub mod clock;
 pub mod decode;
 pub mod errno;
+pub mod gc;
 pub mod loop_time;
 pub mod sampler;
 pub mod spans;

@@ -17,6 +17,7 @@ unsafe impl plain::Plain for types::req_key {}
 unsafe impl plain::Plain for types::stack_event {}
 unsafe impl plain::Plain for types::stack_frame {}
 unsafe impl plain::Plain for types::loop_time {}
+unsafe impl plain::Plain for types::gc_event {}
 
 /// The BPF sources the skeleton's object is compiled from (bpf/uvspan.bpf.c
 /// and the headers it includes, listed by build.rs), for the tests that

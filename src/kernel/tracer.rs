@@ -281,6 +281,9 @@ impl Tracer {
         if plan::epoll_only(report) {
             flags |= traced_flags::TRACED_EPOLL_ONLY.0 as u8;
         }
+        if plan::gc_probed(report) {
+            flags |= traced_flags::TRACED_GC.0 as u8;
+        }
         if self.wait_links.contains_key(&pid) {
             flags |= traced_flags::TRACED_WAITS_BY_UPROBE.0 as u8;
         } else {

@@ -1,7 +1,7 @@
 //! OTLP metrics of everything uvspan sees, per traced process (its resource
 //! is the spans'): HTTP server and client request durations, DNS lookups,
 //! fs operations, the event loop's active and idle time and its active
-//! time's split (on-CPU, off-CPU, run queue). Every record passes here before the trace sampler, so the
+//! time's split (on-CPU, off-CPU, run queue), V8's garbage collections. Every record passes here before the trace sampler, so the
 //! counts are exact whatever is sampled. Aggregated in memory as explicit
 //! bucket histograms with bounded attribute sets (pure; [`encode`] writes
 //! the OTLP message).
@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use opentelemetry_sdk::Resource;
 use rustc_hash::FxHashMap;
 
-use crate::events::decode::{DnsRecord, FsRecord};
+use crate::events::decode::{DnsRecord, FsRecord, GcRecord};
 pub use crate::events::loop_time::{BusySplit, Iterations, LoopTime, ITER_BUCKETS};
 use crate::requests::Finished;
 
@@ -29,10 +29,13 @@ pub enum Metric {
     QueueWait,
     /// Every loop iteration's busy time (counted in the kernel).
     LoopIteration,
+    Gc,
 }
 
 /// The semantic conventions' advice for HTTP and DNS durations (s).
 const REQUEST_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+/// The semantic conventions' advice for `v8js.gc.duration` (s).
+const GC_BOUNDS: [f64; 4] = [0.01, 0.1, 1.0, 10.0];
 /// fs operations take microseconds to seconds.
 const FS_BOUNDS: [f64; 16] =
     [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
@@ -50,6 +53,7 @@ impl Metric {
             Metric::Fs => "uvspan.fs.duration",
             Metric::QueueWait => "uvspan.threadpool.queue.duration",
             Metric::LoopIteration => "uvspan.eventloop.iteration.duration",
+            Metric::Gc => "v8js.gc.duration",
         }
     }
 
@@ -61,6 +65,7 @@ impl Metric {
             Metric::Fs => "Duration of fs operations (libuv uv_fs_*), async from submit to callback, sync as the call",
             Metric::QueueWait => "Time threadpool work (fs, DNS) waited in libuv's queue for a free threadpool thread",
             Metric::LoopIteration => "Busy time of every event loop iteration: from its start to the next, less its waits for I/O",
+            Metric::Gc => "Garbage collection duration (V8's GC prologue to epilogue callbacks, as perf_hooks measures it)",
         }
     }
 
@@ -68,6 +73,7 @@ impl Metric {
         match self {
             Metric::Fs | Metric::QueueWait => &FS_BOUNDS,
             Metric::LoopIteration => &ITER_BOUNDS,
+            Metric::Gc => &GC_BOUNDS,
             _ => &REQUEST_BOUNDS,
         }
     }
@@ -274,6 +280,12 @@ impl Metrics {
         };
         self.add(r.op.pid, Metric::Dns, attrs, secs(r.op.start_ns, r.op.end_ns));
         self.queue_wait(&r.op, "dns");
+    }
+
+    /// A V8 garbage collection (every one, on every thread of the process).
+    pub fn gc(&mut self, r: &GcRecord) {
+        let attrs = vec![("v8js.gc.type", Val::Str(Cow::Borrowed(r.gc_type.name())))];
+        self.add(r.pid, Metric::Gc, attrs, secs(r.start_ns, r.end_ns));
     }
 
     /// A finished HTTP request (its SERVER span's attributes that are

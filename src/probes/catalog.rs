@@ -306,6 +306,12 @@ const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
 const PH: Option<DetailKind> = Some(DetailKind::Phases);
 const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 
+/// V8's `Heap::CallGCPrologueCallbacks(GCType, GCCallbackFlags,
+/// GCTracer::Scope::ScopeId)` (Node 20-26).
+pub const GC_PROLOGUE: &str = "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
+/// Its epilogue twin.
+pub const GC_EPILOGUE: &str = "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
+
 /// libc's epoll wait wrappers (one row each).
 const LOOP_WAIT: Probe = Probe {
     image: ImageKind::Libc,
@@ -438,6 +444,26 @@ pub const OTHER: &[Probe] = &[
         if_missing: "work started by setImmediate is no task of its own and can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    // V8's garbage collections: the embedder GC callbacks V8 calls around
+    // each one (bpf/gc.h), as Node 20-26 name them. Official 20 and 22
+    // export them (.dynsym: a stripped copy keeps them); 24 and 26 have
+    // them in .symtab only. Node 18 (V8 10.2) has its own two-argument
+    // form, but inlines it into the collections' own code: its symbol is
+    // called for weak callbacks alone, so it is not probed.
+    Probe {
+        symbol: GC_PROLOGUE,
+        kind: probe_kind::PROBE_GC,
+        cookie: 0,
+        if_missing: "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration",
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: GC_EPILOGUE,
+        kind: probe_kind::PROBE_GC,
+        cookie: 1,
+        if_missing: "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration",
         ..Probe::ROW
     },
     // The loop's epoll waits, where the kernel refuses fentry programs on

@@ -171,6 +171,13 @@ pub fn epoll_only(report: &[ProbeStatus]) -> bool {
     !report.iter().any(|r| r.kind == probe_kind::PROBE_LOOP_PHASE && r.state == ProbeState::Usable)
 }
 
+/// Whether V8's garbage collections are seen (both GC callback probes usable).
+pub fn gc_probed(report: &[ProbeStatus]) -> bool {
+    let usable =
+        |cookie: u64| report.iter().any(|r| r.kind == probe_kind::PROBE_GC && r.cookie & 1 == cookie && r.state == ProbeState::Usable);
+    usable(0) && usable(1)
+}
+
 /// What cannot be traced on this build, and why, one line each.
 pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
     let mut out = Vec::new();
@@ -270,6 +277,29 @@ mod tests {
     }
 
     #[test]
+    fn v8_gc_needs_both_callbacks() {
+        let gc: Vec<Probe> = catalog::all_probes().into_iter().filter(|p| p.kind == probe_kind::PROBE_GC).collect();
+        assert_eq!(gc.iter().map(|p| p.cookie).collect::<Vec<_>>(), [0, 1], "the prologue, then the epilogue");
+        let base: HashMap<&'static str, u64> = catalog::all_probes()
+            .iter()
+            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none() && p.kind != probe_kind::PROBE_GC)
+            .map(|p| (p.symbol, 0x1000))
+            .collect();
+        let with = |names: &[&Probe]| -> Vec<ProbeStatus> {
+            let mut syms = base.clone();
+            syms.extend(names.iter().map(|p| (p.symbol, 0x2000)));
+            plan_symbols(&syms, None, Detail::default(), AT_CLEANUP)
+        };
+        assert!(gc_probed(&with(&[&gc[0], &gc[1]])));
+        // One of the two alone is no GC (no durations); none (Debian's
+        // shared libuv.so, Node 18): missing, said so.
+        assert!(!gc_probed(&with(&[&gc[0]])));
+        let none = with(&[]);
+        assert!(!gc_probed(&none));
+        assert!(gc.iter().all(|p| get(&none, p.symbol).0 == ProbeState::Missing));
+    }
+
+    #[test]
     fn libc_epoll_waits_only_where_uprobes_see_them() {
         let full: HashMap<&'static str, u64> =
             catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
@@ -303,20 +333,24 @@ mod tests {
             v
         };
         // Per async fs request: submit, uv__fs_done, uv_fs_req_cleanup; per
-        // DNS lookup: submit and done; no probe per loop iteration.
-        assert_eq!(attached(Detail::default()), ["uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]);
+        // DNS lookup: submit and done; per V8 garbage collection its two
+        // callbacks; no probe per loop iteration.
+        assert_eq!(
+            attached(Detail::default()),
+            [catalog::GC_EPILOGUE, catalog::GC_PROLOGUE, "uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]
+        );
         let tp = attached(Detail::from_kinds(&[DetailKind::Threadpool]));
         assert!(tp.contains(&"uv__fs_work") && tp.contains(&"uv_async_send") && !tp.contains(&"uv__io_poll"));
         let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
         assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
-        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 12);
+        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 14);
         // Request context: the parser, stream callbacks, writes, and node's
         // timers/immediates (which fire only when JS timers are due).
         let rq = attached(Detail::default().with_requests(true));
         for s in ["llhttp_execute", "uv__stream_io", "uv_try_write", "uv_write2", "SSL_write"] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 4 + 8);
+        assert_eq!(rq.len(), 6 + 8);
         let off = plan_symbols(&full, Some(&libc), Detail::default(), AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));

@@ -122,6 +122,9 @@ pub struct LoopReport {
     pub runqueue: PartStats,
     /// The process's cgroup's CFS throttling (iterations of processes with a quota).
     pub throttled: PartStats,
+    /// V8 garbage collections on the loop thread (iterations of processes
+    /// whose collections are seen: `uvspan.loop.gc_ms`).
+    pub gc: PartStats,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -202,7 +205,7 @@ pub struct BudgetResult {
 pub enum Item {
     Fs { op: String, path: Option<String>, sync_on_loop: bool },
     Dns { name: String },
-    Iteration { tid: i64, stack: Option<String>, blocked_by: Option<String>, split: Option<Split> },
+    Iteration { tid: i64, stack: Option<String>, blocked_by: Option<String>, split: Option<Split>, gc_ms: Option<f64> },
 }
 
 /// What one span is, how long it took, whether it failed; None for spans
@@ -229,7 +232,11 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
                 _ => ms,
             };
             let tid = int(keys::THREAD_ID).unwrap_or(i64::from(pid));
-            let item = Item::Iteration { tid, stack: text(STACKTRACE), blocked_by: text(keys::BLOCKED_BY), split: Split::of(s) };
+            let gc_ms = match attr(keys::GC) {
+                Some(Value::F64(v)) => Some(*v),
+                _ => None,
+            };
+            let item = Item::Iteration { tid, stack: text(STACKTRACE), blocked_by: text(keys::BLOCKED_BY), split: Split::of(s), gc_ms };
             return Some((item, busy, failed));
         }
         Family::Phase | Family::Http | Family::Task | Family::Process | Family::Other => return None,
@@ -253,6 +260,7 @@ struct Acc {
     worst: Option<Worst>,
     /// on-CPU, off-CPU, run queue, throttled
     parts: [PartStats; 4],
+    gc: PartStats,
 }
 
 impl Acc {
@@ -280,9 +288,12 @@ impl Acc {
                 e.1 += u64::from(failed);
                 e.2 = e.2.max(ms);
             }
-            Item::Iteration { tid, stack, blocked_by, split } => {
+            Item::Iteration { tid, stack, blocked_by, split, gc_ms } => {
                 self.iterations += 1 + fast_before;
                 self.blocked.push(ms);
+                if let Some(g) = gc_ms {
+                    self.gc.add(*g);
+                }
                 if let Some(s) = split {
                     let [on, off, rq, thr] = &mut self.parts;
                     on.add(s.on_cpu_ms);
@@ -361,6 +372,7 @@ impl Acc {
                 off_cpu: self.parts[1].clone(),
                 runqueue: self.parts[2].clone(),
                 throttled: self.parts[3].clone(),
+                gc: self.gc.clone(),
             },
         }
     }
@@ -563,7 +575,9 @@ pub(crate) mod tests {
         a.add(100, &fs("fs.open", 11.0, 0.3, 101, true, "/app/worker.js", None), t); // sync, not on the loop thread
         a.add(100, &dns(12.0, 4.0, "localhost", None), t);
         a.add(100, &dns(13.0, 30.0, "nonexistent.invalid", Some("ENOTFOUND")), t);
-        a.add(100, &split_iteration(20.0, 150.25, 100, 40, [120.5, 20.75, 9.0], Some(4.5)), t);
+        let mut it = split_iteration(20.0, 150.25, 100, 40, [120.5, 20.75, 9.0], Some(4.5));
+        it.attributes.push(KeyValue::new(keys::GC, 30.5)); // its collections
+        a.add(100, &it, t);
         a.add(100, &iteration(200.0, 12.0, 100, 5, None), t);
         a.add(200, &split_iteration(250.0, 60.0, 200, 0, [10.0, 45.0, 5.0], None), t);
         a.add(100, &span(Family::Phase, "uv.loop.poll", 20.0, 100.0, vec![], None), t); // a phase child: not counted
@@ -640,7 +654,7 @@ pub(crate) mod tests {
         let dns = classify(100, &span(Family::Dns, "fs.open", 1.0, 2.0, vec![KeyValue::new(keys::DNS_NAME, "h".to_string())], None));
         assert_eq!(dns.map(|d| d.0), Some(Item::Dns { name: "h".into() }));
         let it = classify(100, &span(Family::Iteration, "fs.open", 1.0, 2.0, attrs(), None));
-        assert_eq!(it.map(|i| i.0), Some(Item::Iteration { tid: 100, stack: None, blocked_by: None, split: None }));
+        assert_eq!(it.map(|i| i.0), Some(Item::Iteration { tid: 100, stack: None, blocked_by: None, split: None, gc_ms: None }));
         // The report agrees: one fs op, under the family's name.
         let mut a = Aggregate::default();
         a.add(100, &span(Family::Other, "fs.stat", 1.0, 2.0, attrs(), None), t0());

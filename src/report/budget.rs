@@ -1,7 +1,8 @@
 //! Budgets: `path<=number` over the report, e.g. `loop.blocked.max_ms<=100`,
 //! `fs.sync_on_loop.count<50`, `dns.count==0`, `fs.by_op.stat.p99_ms<=2`,
 //! `loop.off_cpu.max_ms<=20` (the split of the blocked iterations:
-//! `loop.{on_cpu,off_cpu,runqueue,throttled}.{max_ms,total_ms}`).
+//! `loop.{on_cpu,off_cpu,runqueue,throttled}.{max_ms,total_ms}`), `loop.gc.max_ms<=50`
+//! (V8 garbage collection in the blocked iterations).
 //! A path is checked against the report's shape when parsed, so a typo
 //! stops the run before it starts.
 
@@ -175,12 +176,26 @@ mod tests {
             "loop.off_cpu.max_ms<=20",
             "loop.runqueue.total_ms<20",
             "loop.throttled.max_ms==0",
+            "loop.gc.max_ms<=20",
         ]
         .iter()
         .map(|e| Budget::parse(e).unwrap())
         .collect();
         evaluate(&mut r, &budgets);
         let got: Vec<(f64, bool)> = r.budgets.iter().map(|b| (b.value, b.ok)).collect();
-        assert_eq!(got, [(150.25, false), (5.0, true), (3.0, false), (0.0, true), (1.0, true), (45.0, false), (14.0, true), (4.5, false)]);
+        assert_eq!(
+            got,
+            [
+                (150.25, false),
+                (5.0, true),
+                (3.0, false),
+                (0.0, true),
+                (1.0, true),
+                (45.0, false),
+                (14.0, true),
+                (4.5, false),
+                (30.5, false)
+            ]
+        );
     }
 }

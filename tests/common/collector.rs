@@ -284,3 +284,32 @@ pub fn metric_values(col: &Collector, names: &[&str]) -> std::collections::BTree
     }
     out
 }
+
+/// Attributes as text (key -> the value's Debug form).
+pub type Attrs = std::collections::BTreeMap<String, String>;
+
+/// Every data point of `name` in the metrics requests received (delta
+/// temporality: their counts add up), with its attributes and resource.
+pub fn histogram_points(col: &Collector, name: &str) -> Vec<(Attrs, u64, Attrs)> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let text = |kv: &[opentelemetry_proto::tonic::common::v1::KeyValue]| -> Attrs {
+        kv.iter().map(|a| (a.key.clone(), format!("{:?}", a.value.as_ref().and_then(|v| v.value.clone())))).collect()
+    };
+    let mut out = Vec::new();
+    for g in col.requests().iter().filter(|g| g.is_metrics()) {
+        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
+        for rm in req.resource_metrics {
+            let res = text(&rm.resource.map(|r| r.attributes).unwrap_or_default());
+            for m in rm.scope_metrics.into_iter().flat_map(|s| s.metrics).filter(|m| m.name == name) {
+                let Some(Data::Histogram(h)) = m.data else { panic!("{name} is a histogram") };
+                assert_eq!(h.aggregation_temporality, 1, "delta, as asked");
+                for p in h.data_points {
+                    assert_eq!(p.bucket_counts.iter().sum::<u64>(), p.count, "{name}: buckets add up");
+                    out.push((text(&p.attributes), p.count, res.clone()));
+                }
+            }
+        }
+    }
+    out
+}

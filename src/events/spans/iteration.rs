@@ -2,8 +2,8 @@
 //! phase when the phase probes are on, and (--stacks) what the loop thread
 //! was running while it was blocked.
 
-use super::{keys, ms, Builder, Event, Family, KeyValue, Span, ITERATION, STACK_EVENT};
-use crate::events::decode::LoopRecord;
+use super::{keys, ms, Builder, Event, Family, KeyValue, Span, GC_EVENT, ITERATION, STACK_EVENT};
+use crate::events::decode::{GcRecord, LoopRecord};
 use crate::probes::catalog;
 use crate::stacks::fold::{self, Blocked};
 
@@ -46,6 +46,27 @@ fn add_stacks(b: &Builder<'_>, span: &mut Span, blocked: &Blocked, busy: u64, at
     }
 }
 
+/// Span events kept per iteration at most (`uvspan.loop.gc_count` counts
+/// them all).
+pub const GC_EVENTS_MAX: usize = 256;
+
+/// The iteration's garbage collections: their time, their count, and one
+/// `v8js.gc` event each (at its start, with its type and duration).
+fn add_gcs(b: &Builder<'_>, span: &mut Span, gc_ns: u64, gcs: &[GcRecord]) {
+    span.attributes.push(KeyValue::new(keys::GC, ms(gc_ns)));
+    span.attributes.push(KeyValue::new(keys::GC_COUNT, gcs.len() as i64));
+    for g in gcs.iter().take(GC_EVENTS_MAX) {
+        span.events.push(Event {
+            name: GC_EVENT,
+            time_ns: b.wall(g.start_ns),
+            attributes: vec![
+                KeyValue::new(keys::GC_TYPE, g.gc_type.name()),
+                KeyValue::new(keys::GC_DURATION, ms(g.end_ns.saturating_sub(g.start_ns))),
+            ],
+        });
+    }
+}
+
 /// One `uv.loop.iteration` span and a child per phase. The iteration is
 /// shown from the moment the loop woke up in poll (time blocked before that
 /// is an attribute), so its duration is how long the loop was busy.
@@ -68,6 +89,9 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
         }
     }
     let mut root = b.span(Family::Iteration, ITERATION, b.parent, start, r.end_ns, attrs);
+    if let Some(gc_ns) = r.gc_ns {
+        add_gcs(b, &mut root, gc_ns, &r.gcs);
+    }
     if let Some(blocked) = &r.stacks {
         add_stacks(b, &mut root, blocked, busy, r.end_ns);
     }
@@ -98,7 +122,35 @@ mod tests {
             phases: vec![],
             stacks: None,
             split: None,
+            gc_ns: None,
+            gcs: vec![],
         }
+    }
+
+    #[test]
+    fn garbage_collections_are_events_with_their_time_summed() {
+        use crate::events::decode::{GcRecord, GcType};
+        let g = |gc_type, start_ns, end_ns| GcRecord { pid: 10, tid: 10, gc_type, start_ns, end_ns };
+        let gcs = vec![g(GcType::Minor, 50_000, 52_000), g(GcType::Major, 60_000, 90_000), g(GcType::WeakCb, 95_000, 95_500)];
+        let s = &build_one(&Record::Loop(LoopRecord { gc_ns: Some(32_500), gcs, ..rec() }))[0];
+        assert_eq!(attr(s, "uvspan.loop.gc_ms"), Some(&Value::F64(0.0325)));
+        assert_eq!(attr(s, "uvspan.loop.gc_count"), Some(&Value::I64(3)));
+        let types: Vec<String> = s
+            .events
+            .iter()
+            .filter(|e| e.name == "v8js.gc")
+            .map(|e| e.attributes.iter().find(|k| k.key.as_str() == "v8js.gc.type").unwrap().value.to_string())
+            .collect();
+        assert_eq!(types, ["minor", "major", "weakcb"]);
+        let d = s.events[1].attributes.iter().find(|k| k.key.as_str() == "uvspan.gc.duration_ms").unwrap();
+        assert_eq!(d.value, Value::F64(0.03));
+        // GC probed, none in the iteration: 0, said so.
+        let s = &build_one(&Record::Loop(LoopRecord { gc_ns: Some(0), ..rec() }))[0];
+        assert_eq!(attr(s, "uvspan.loop.gc_ms"), Some(&Value::F64(0.0)));
+        // Not probed (a build without the symbols): no attribute at all, not a 0.
+        let s = &build_one(&Record::Loop(rec()))[0];
+        assert_eq!(attr(s, "uvspan.loop.gc_ms"), None);
+        assert!(s.events.is_empty());
     }
 
     #[test]

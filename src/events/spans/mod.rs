@@ -52,7 +52,14 @@ pub mod keys {
     pub const SAMPLES: &str = "uvspan.stack.samples";
     pub const SHARE: &str = "uvspan.stack.share";
     pub const SAMPLED_MS: &str = "uvspan.stack.ms";
+    pub const GC: &str = "uvspan.loop.gc_ms";
+    pub const GC_COUNT: &str = "uvspan.loop.gc_count";
+    pub const GC_TYPE: &str = "v8js.gc.type";
+    pub const GC_DURATION: &str = "uvspan.gc.duration_ms";
 }
+
+/// Name of the span event of one V8 garbage collection in a slow iteration.
+pub const GC_EVENT: &str = "v8js.gc";
 
 /// Name of the span event carrying one sampled stack of a slow iteration.
 pub const STACK_EVENT: &str = "uvspan.loop.stack";
@@ -205,7 +212,7 @@ pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Pare
         Record::Fs(r) => out.push(fs::span(&b, r)),
         Record::Dns(r) => out.push(dns::span(&b, r)),
         Record::Loop(r) => iteration::spans(&b, &r, out),
-        Record::Http(_) | Record::Stack(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => {}
+        Record::Http(_) | Record::Stack(_) | Record::Gc(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => {}
     }
     true
 }
