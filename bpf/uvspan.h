@@ -23,6 +23,7 @@ enum uvspan_sizes {
 	UVSPAN_STACK_FRAMES = 64,   /* frames of a sampled loop-thread stack (--stacks) */
 	UVSPAN_FN_WORDS = 6,        /* words of a frame's function object kept with the sample */
 	UVSPAN_STACK_SAMPLES_MAX = 20000, /* samples sent per iteration at most (20 s at ~1 kHz) */
+	UVSPAN_H2_NAME = 64,        /* HTTP/2 header record: the name's bytes (NUL-padded), the value after */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -72,6 +73,20 @@ enum libuv_layout {
 	STREAM_FD_OFF = 184,    /* offsetof(uv_stream_t, io_watcher.fd) */
 };
 
+/* nghttp2's public structs (nghttp2.h, x86_64), statically linked in every
+ * official Node build: the same in nghttp2 1.x. */
+enum nghttp2_layout {
+	H2_FRAME_STREAM_OFF = 8,   /* offsetof(nghttp2_frame_hd, stream_id) */
+	H2_FRAME_TYPE_OFF = 12,    /* offsetof(nghttp2_frame_hd, type), then flags */
+	H2_HEADERS_CAT_OFF = 56,   /* offsetof(nghttp2_headers, cat) */
+	H2_RCBUF_BASE_OFF = 16,    /* offsetof(nghttp2_rcbuf, base), then len */
+	H2_NV_SIZE = 40,           /* sizeof(nghttp2_nv): name, value, namelen, valuelen, flags */
+	H2_TYPE_DATA = 0,
+	H2_TYPE_HEADERS = 1,
+	H2_FLAG_END_STREAM = 1,
+	H2_HCAT_REQUEST = 0,       /* nghttp2_headers_category: a request's headers */
+};
+
 enum ev_kind {
 	EV_FS = 1,
 	EV_DNS = 2,
@@ -109,6 +124,11 @@ enum probe_kind {
 	 * where the kernel refuses fentry; low bit: the timeout is a struct
 	 * timespec pointer (epoll_pwait2), not milliseconds */
 	PROBE_EPOLL_WAIT = 19,
+	/* HTTP/2 server streams (node's nghttp2 callbacks; request context) */
+	PROBE_H2_HEADER = 20,   /* Http2Session::OnHeaderCallback: a request header of a stream */
+	PROBE_H2_FRAME = 21,    /* Http2Session::OnFrameReceive: a stream's handlers run (session uprobe: its cause restored at the return) */
+	PROBE_H2_RESPONSE = 22, /* nghttp2_submit_response: a stream's response headers (:status) */
+	PROBE_H2_CLOSE = 23,    /* Http2Session::OnStreamClose: a stream is over */
 };
 
 /* What an HTTP record says. */
@@ -116,6 +136,12 @@ enum http_what {
 	HTTP_REQUEST = 1,  /* a request's first bytes reached a server parser: a new cause */
 	HTTP_RESPONSE = 2, /* a response's first bytes reached a client parser */
 	HTTP_WRITE = 3,    /* bytes written while a cause was current */
+	/* An HTTP/2 server stream's header (a request header, or the response's
+	 * :status): its name in data[0, UVSPAN_H2_NAME), NUL-padded, its value
+	 * after; `len` is the value's length. The first of a stream's records
+	 * starts its request (a new cause) and carries the peer. */
+	HTTP2_HEADER = 4,
+	HTTP2_CLOSE = 5,   /* an HTTP/2 stream is over (`len`: its error code) */
 };
 
 /* What caused an operation: the bits of a cause under its time (a cause is
@@ -265,7 +291,7 @@ struct http_event {
 	struct ev_header hdr;
 	unsigned long long ts_ns;
 	unsigned long long cause;
-	unsigned long long conn;  /* the stream (or TLS connection) the bytes are on */
+	unsigned long long conn;  /* the stream (or TLS connection) the bytes are on; HTTP/2: the nghttp2 session */
 	unsigned int what;        /* enum http_what */
 	unsigned int len;         /* bytes in the call (all buffers of a write) */
 	unsigned int captured;    /* bytes in data */

@@ -306,6 +306,9 @@ const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
 const PH: Option<DetailKind> = Some(DetailKind::Phases);
 const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 
+/// node's `Http2Session::OnHeaderCallback`: HTTP/2 request context needs it.
+const H2_HEADER: &str = "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv";
+
 /// libc's epoll wait wrappers (one row each).
 const LOOP_WAIT: Probe = Probe {
     image: ImageKind::Libc,
@@ -438,6 +441,41 @@ pub const OTHER: &[Probe] = &[
         if_missing: "work started by setImmediate is no task of its own and can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    // HTTP/2 servers (node:http2): a request per stream. node's nghttp2
+    // callbacks (static members, their addresses given to nghttp2: never
+    // inlined, exported in .dynsym too) and nghttp2 itself.
+    Probe {
+        symbol: H2_HEADER,
+        kind: probe_kind::PROBE_H2_HEADER,
+        if_missing: "no HTTP/2 request spans: work of HTTP/2 requests joins no request",
+        detail: RQ,
+        requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
+        kind: probe_kind::PROBE_H2_FRAME,
+        if_missing: "work of HTTP/2 requests joins no request (their SERVER spans stay)",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "nghttp2_submit_response",
+        kind: probe_kind::PROBE_H2_RESPONSE,
+        if_missing: "HTTP/2 request spans have no status code",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
+        kind: probe_kind::PROBE_H2_CLOSE,
+        if_missing: "HTTP/2 request spans end after a quiet second, at their last work",
+        detail: RQ,
+        requires: Some(H2_HEADER),
         ..Probe::ROW
     },
     // The loop's epoll waits, where the kernel refuses fentry programs on

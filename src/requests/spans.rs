@@ -48,7 +48,7 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     };
     let h = &req.head;
     // Sized for all it may get (one allocation).
-    let mut attrs = Vec::with_capacity(13);
+    let mut attrs = Vec::with_capacity(14);
     attrs.extend([
         KeyValue::new("http.request.method", h.method.clone()),
         KeyValue::new("url.path", h.path.clone()),
@@ -65,6 +65,10 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     }
     if let Some(p) = req.local_port {
         attrs.push(KeyValue::new("server.port", i64::from(p)));
+    }
+    // HTTP/2: its :authority (HTTP/1's Host is the client's say, not kept).
+    if let Some(host) = h.header("host").filter(|_| h.version == "2") {
+        attrs.push(KeyValue::new("server.address", host_port(host, 0).0.to_string()));
     }
     if let Some(ua) = h.header("user-agent") {
         attrs.push(KeyValue::new("user_agent.original", ua.to_string()));

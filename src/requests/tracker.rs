@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use opentelemetry::trace::{SpanId, TraceId, TraceState};
 use rustc_hash::FxHashMap;
 
-use super::head::{parse_request, parse_status, parse_traceparent, Head};
+use super::head::{parse_request, parse_status, parse_traceparent, H2Field, Head};
 use super::spans::request_spans;
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
@@ -114,6 +114,8 @@ pub(super) struct Request {
     pub(super) calls: Vec<Call>,
     /// uvspan makes the SERVER span (not the app's SDK).
     pub(super) server_span: bool,
+    /// HTTP/2: its traceparent was counted malformed.
+    bad_traceparent: bool,
 }
 
 impl Request {
@@ -291,6 +293,42 @@ impl Requests {
             HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
             HttpWhat::Write => self.write(r, src, ready),
             HttpWhat::Response => self.response(r),
+            HttpWhat::Http2Header => self.h2_header(r, !app_sdk || self.always_server_spans || self.join, src, ready),
+            HttpWhat::Http2Close => self.finish(r.cause, src, ready),
+        }
+    }
+
+    /// An HTTP/2 stream's header: its first starts its request (streams
+    /// share a connection: none ends another), the others fill its head,
+    /// `:status` is its response's.
+    fn h2_header(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        if !self.open.contains_key(&r.cause) {
+            // A response to a stream whose request was not seen (or is over).
+            if super::head::split_h2(&r.data).is_some_and(|(n, _)| n == ":status") || self.recent.contains_key(&r.cause) {
+                return;
+            }
+            let req = self.new_request(r, Head::h2(), None, TraceState::NONE, server_span, src);
+            self.insert(r.cause, req, src, ready);
+        }
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = req.last_ns.max(r.ts_ns);
+        match req.head.apply_h2(&r.data) {
+            H2Field::Status(code) => req.status = Some(code),
+            H2Field::Request => {
+                req.tls = req.head.header(":scheme") == Some("https");
+                let tp = req.head.header("traceparent");
+                let incoming = tp.and_then(parse_traceparent);
+                if tp.is_some() && incoming.is_none() && req.incoming.is_none() && !req.bad_traceparent {
+                    req.bad_traceparent = true;
+                    self.stats.bad_traceparent += 1;
+                }
+                req.incoming = incoming;
+                req.state = match (incoming, req.head.header("tracestate")) {
+                    (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
+                    _ => TraceState::NONE,
+                };
+            }
+            H2Field::Other => {}
         }
     }
 
@@ -315,8 +353,22 @@ impl Requests {
             (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
             _ => TraceState::NONE,
         };
+        let req = self.new_request(r, head, incoming, state, server_span, src);
+        self.insert(r.cause, req, src, ready);
+    }
+
+    /// A request from its first record.
+    fn new_request(
+        &mut self,
+        r: &HttpRecord,
+        head: Head,
+        incoming: Option<(TraceId, SpanId, bool)>,
+        state: TraceState,
+        server_span: bool,
+        src: &SpanContextSource<'_>,
+    ) -> Request {
         self.stats.requests += 1;
-        let req = Request {
+        Request {
             pid: r.pid,
             tid: r.tid,
             conn: r.conn,
@@ -339,9 +391,14 @@ impl Requests {
             held: Vec::with_capacity(8),
             calls: Vec::new(),
             server_span,
-        };
-        self.open.insert(r.cause, req);
-        self.order.push_back(r.cause);
+            bad_traceparent: false,
+        }
+    }
+
+    /// A request open from now on (the oldest sent as it is past OPEN_MAX).
+    fn insert(&mut self, cause: u64, req: Request, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        self.open.insert(cause, req);
+        self.order.push_back(cause);
         while self.open.len() > OPEN_MAX {
             let Some(oldest) = self.order.pop_front() else { break };
             if self.open.contains_key(&oldest) {
