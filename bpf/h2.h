@@ -162,6 +162,25 @@ static __always_inline int h2_frame(struct pt_regs *ctx, __u64 *prev)
 	return 1;
 }
 
+/* Http2Session::OnDataChunkReceived(session, flags, stream_id, data, len,
+ * user_data): a piece of a stream's body; node runs its 'data' handlers
+ * inside (a gRPC server decodes its request there). As h2_frame. */
+static __always_inline int h2_data(struct pt_regs *ctx, __u64 *prev)
+{
+	if (!requests)
+		return 0;
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM3(ctx), .session = PT_REGS_PARM1(ctx) };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!c)
+		return 0;
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	*prev = t->ctx.cause;
+	t->ctx.cause = *c;
+	return 1;
+}
+
 /* The return of OnFrameReceive: the cause before it is the thread's again
  * (the frames after it in the same read are other streams', or none's). */
 static __always_inline int h2_frame_return(__u64 prev)
@@ -172,8 +191,13 @@ static __always_inline int h2_frame_return(__u64 prev)
 	return 0;
 }
 
-/* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd): a
- * stream's response headers; node puts the pseudo-header :status first. */
+/* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd) /
+ * nghttp2_submit_trailer(session, stream_id, nva, nvlen): a stream's
+ * response headers or trailers. Sent up: :status (node puts the
+ * pseudo-headers first) and grpc-status (a gRPC call's outcome, in its
+ * trailers, or in its headers when it has no body), among the first
+ * H2_NV_SCAN headers. */
+#define H2_NV_SCAN 8
 static __always_inline int h2_response(struct pt_regs *ctx)
 {
 	if (!requests)
@@ -185,18 +209,18 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 		return 0;
 	__u64 cause = *c;
 	__u64 nva = PT_REGS_PARM3(ctx), nvlen = PT_REGS_PARM4(ctx);
-	for (int i = 0; i < 4; i++) {
+	for (int i = 0; i < H2_NV_SCAN; i++) {
 		if (i >= nvlen)
 			break;
 		/* nghttp2_nv: name, value, namelen, valuelen */
 		__u64 nv[4] = {};
 		if (bpf_probe_read_user(nv, sizeof(nv), (void *)(nva + i * H2_NV_SIZE)))
 			return 0;
-		char n[8] = {};
-		if (nv[2] != 7 || bpf_probe_read_user(n, 7, (void *)nv[0]) || !same(n, ":status", 7))
+		char n[16] = {};
+		if ((nv[2] != 7 && nv[2] != 11) || bpf_probe_read_user(n, nv[2] == 7 ? 7 : 11, (void *)nv[0]))
 			continue;
-		emit_h2(HTTP2_HEADER, cause, session, nv[0], 7, nv[1], nv[3], 0);
-		return 0;
+		if ((nv[2] == 7 && same(n, ":status", 7)) || (nv[2] == 11 && same(n, "grpc-status", 11)))
+			emit_h2(HTTP2_HEADER, cause, session, nv[0], nv[2], nv[1], nv[3], 0);
 	}
 	return 0;
 }

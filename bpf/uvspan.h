@@ -127,8 +127,9 @@ enum probe_kind {
 	/* HTTP/2 server streams (node's nghttp2 callbacks; request context) */
 	PROBE_H2_HEADER = 20,   /* Http2Session::OnHeaderCallback: a request header of a stream */
 	PROBE_H2_FRAME = 21,    /* Http2Session::OnFrameReceive: a stream's handlers run (session uprobe: its cause restored at the return) */
-	PROBE_H2_RESPONSE = 22, /* nghttp2_submit_response: a stream's response headers (:status) */
+	PROBE_H2_RESPONSE = 22, /* nghttp2_submit_response / _trailer: a stream's :status, grpc-status */
 	PROBE_H2_CLOSE = 23,    /* Http2Session::OnStreamClose: a stream is over */
+	PROBE_H2_DATA = 24,     /* Http2Session::OnDataChunkReceived: its 'data' handlers run (session uprobe, as PROBE_H2_FRAME) */
 };
 
 /* What an HTTP record says. */
@@ -137,7 +138,7 @@ enum http_what {
 	HTTP_RESPONSE = 2, /* a response's first bytes reached a client parser */
 	HTTP_WRITE = 3,    /* bytes written while a cause was current */
 	/* An HTTP/2 server stream's header (a request header, or the response's
-	 * :status): its name in data[0, UVSPAN_H2_NAME), NUL-padded, its value
+	 * :status or grpc-status, in its headers or trailers): its name in data[0, UVSPAN_H2_NAME), NUL-padded, its value
 	 * after; `len` is the value's length. The first of a stream's records
 	 * starts its request (a new cause) and carries the peer. */
 	HTTP2_HEADER = 4,

@@ -200,10 +200,12 @@ fn tls_h2_streams_too() {
 }
 
 /// The HTTP/2 probe points of a node build, as `uvspan probes` lists them.
-const H2_SYMBOLS: [&str; 4] = [
+const H2_SYMBOLS: [&str; 6] = [
     "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv",
     "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
+    "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",
     "nghttp2_submit_response",
+    "nghttp2_submit_trailer",
     "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
 ];
 
@@ -238,4 +240,62 @@ fn h2c_on_every_official_build_and_the_stripped_node() {
         // The stripped node keeps only libuv's exported API.
         check_streams(&dir, &out, &spans, "http", &name, !name.starts_with("stripped"));
     }
+}
+
+/// gRPC over node:http2 as @grpc/grpc-js answers on the wire
+/// (tests/fixtures/grpc_server.js, 20 concurrent calls on one session):
+/// each call a SERVER span named `{package.Service}/{Method}` with
+/// `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`
+/// (from trailers, or from the headers of a trailers-only answer), INTERNAL
+/// and UNIMPLEMENTED as ERROR, in the caller's trace, with the stats of its
+/// 'data' and 'end' handlers under it (at least 95%).
+#[test]
+fn grpc_calls_are_named_by_service_and_method() {
+    require_root();
+    const CALLS: usize = 20;
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new("grpc");
+    let mut c = Command::new(uvspan_bin());
+    c.args(["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--", "node"])
+        .arg(fixture("grpc_server.js"))
+        .arg(dir.str())
+        .arg(CALLS.to_string());
+    scrub_env(&mut c);
+    c.stdin(std::process::Stdio::null());
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    let calls: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"marker\":\"call\""))
+        .map(|l| serde_json::from_str(l).expect("call marker"))
+        .collect();
+    assert_eq!(calls.len(), CALLS, "{}", out.context());
+    let mut joined = 0;
+    for call in &calls {
+        let (i, method, code) =
+            (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));
+        let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
+        let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
+        let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
+        assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
+        assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
+        assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
+        assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
+        assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
+        assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+        assert_eq!(srv.int("http.response.status_code"), Some(200), "{}", srv.brief());
+        assert_eq!(srv.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", srv.brief());
+        let under = |x: &str| {
+            let file = dir.join(&format!("g{i}-{x}"));
+            spans.iter().any(|s| s.str("file.path") == Some(file.as_str()) && s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id)
+        };
+        joined += usize::from(under("data") && under("end"));
+    }
+    eprintln!("grpc: calls with their 'data' and 'end' handlers' stats under their SERVER span: {joined}/{CALLS}");
+    assert!(joined * 100 >= CALLS * 95, "{joined} of {CALLS} calls have both stats under their SERVER span (< 95%)");
 }

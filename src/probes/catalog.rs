@@ -463,9 +463,25 @@ pub const OTHER: &[Probe] = &[
         ..Probe::ROW
     },
     Probe {
+        symbol: "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",
+        kind: probe_kind::PROBE_H2_DATA,
+        if_missing: "work started by an HTTP/2 stream's 'data' handlers (a gRPC call's) joins no request",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
         symbol: "nghttp2_submit_response",
         kind: probe_kind::PROBE_H2_RESPONSE,
         if_missing: "HTTP/2 request spans have no status code",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "nghttp2_submit_trailer",
+        kind: probe_kind::PROBE_H2_RESPONSE,
+        if_missing: "gRPC calls have no rpc.grpc.status_code when it is sent in trailers",
         detail: RQ,
         requires: Some(H2_HEADER),
         ..Probe::ROW

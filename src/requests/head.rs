@@ -100,6 +100,8 @@ pub enum H2Field {
     Request,
     /// The response's `:status`.
     Status(u16),
+    /// A gRPC call's `grpc-status` (its trailers, or its headers).
+    GrpcStatus(u8),
     /// Unreadable, or a header uvspan does not keep.
     Other,
 }
@@ -125,6 +127,7 @@ impl Head {
         let Some((name, value)) = split_h2(data) else { return H2Field::Other };
         match name {
             ":status" => return value.parse().map_or(H2Field::Other, H2Field::Status),
+            "grpc-status" => return value.parse().map_or(H2Field::Other, H2Field::GrpcStatus),
             ":method" => self.method = method_of(value),
             ":path" => {
                 let (path, query) = match value.split_once('?') {
@@ -143,6 +146,16 @@ impl Head {
             },
         }
         H2Field::Request
+    }
+
+    /// A gRPC call (`content-type: application/grpc…`): its service and
+    /// method, from `/{package.Service}/{Method}`.
+    pub fn grpc(&self) -> Option<(&str, &str)> {
+        if !self.header("content-type").is_some_and(|c| c.starts_with("application/grpc")) {
+            return None;
+        }
+        let (service, method) = self.path.strip_prefix('/')?.split_once('/')?;
+        (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some((service, method))
     }
 
     fn set_header(&mut self, k: &'static str, v: &str) {
@@ -265,6 +278,29 @@ mod tests {
         assert_eq!(h.header("host"), Some("api:8443"));
         assert_eq!(h.header(":scheme"), Some("https"));
         assert_eq!(h.header("traceparent"), Some(TP));
+        assert_eq!(h.grpc(), None, "no gRPC content type");
+        assert_eq!(h.apply_h2(&f("grpc-status", "13")), H2Field::GrpcStatus(13));
+        assert_eq!(h.apply_h2(&f("grpc-status", "300")), H2Field::Other);
+        h.apply_h2(&f("content-type", "application/grpc+proto"));
+        assert_eq!(h.grpc(), Some(("a", "b")), "a gRPC content type: /a/b is service a, method b");
+    }
+
+    #[test]
+    fn grpc_service_and_method() {
+        let mut h = Head::h2();
+        let f = |n: &str, v: &str| format!("{n}\0{v}").into_bytes();
+        h.apply_h2(&f("content-type", "application/grpc"));
+        for (path, want) in [
+            ("/helloworld.Greeter/SayHello", Some(("helloworld.Greeter", "SayHello"))),
+            ("/Svc/M", Some(("Svc", "M"))),
+            ("/helloworld.Greeter/", None),
+            ("//SayHello", None),
+            ("/a/b/c", None),
+            ("nope", None),
+        ] {
+            h.apply_h2(&f(":path", path));
+            assert_eq!(h.grpc(), want, "{path}");
+        }
     }
 
     #[test]

@@ -116,6 +116,8 @@ pub(super) struct Request {
     pub(super) server_span: bool,
     /// HTTP/2: its traceparent was counted malformed.
     bad_traceparent: bool,
+    /// A gRPC call's `grpc-status`.
+    pub(super) grpc_status: Option<u8>,
 }
 
 impl Request {
@@ -319,6 +321,7 @@ impl Requests {
         req.last_ns = req.last_ns.max(r.ts_ns);
         match req.head.apply_h2(&r.data) {
             H2Field::Status(code) => req.status = Some(code),
+            H2Field::GrpcStatus(code) => req.grpc_status = Some(code),
             H2Field::Request => {
                 req.tls = req.head.header(":scheme") == Some("https");
                 let tp = req.head.header("traceparent");
@@ -397,6 +400,7 @@ impl Requests {
             calls: Vec::new(),
             server_span,
             bad_traceparent: false,
+            grpc_status: None,
         }
     }
 
