@@ -158,7 +158,8 @@ static __always_inline int h2_frame(struct pt_regs *ctx, __u64 *prev)
 	if (!t)
 		return 0;
 	*prev = t->ctx.cause;
-	t->ctx.cause = *c;
+	/* --sample-time: a stream from before this window is no request */
+	t->ctx.cause = fresh_cause(*c);
 	return 1;
 }
 
@@ -177,7 +178,8 @@ static __always_inline int h2_data(struct pt_regs *ctx, __u64 *prev)
 	if (!t)
 		return 0;
 	*prev = t->ctx.cause;
-	t->ctx.cause = *c;
+	/* --sample-time: a stream from before this window is no request */
+	t->ctx.cause = fresh_cause(*c);
 	return 1;
 }
 

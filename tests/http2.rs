@@ -10,8 +10,10 @@
 //! the caller's trace under the caller's span; a 503 stream is ERROR; both
 //! fs spans of each stream under its SERVER span (at least 95%, the share
 //! printed). The h2c case on the host, with uvspan and the app in one
-//! non-host PID and mount namespace, and with the app alone in its own.
-//! Root only; never skipped.
+//! non-host PID and mount namespace, and with the app alone in its own; on
+//! every official build and a stripped node. gRPC as @grpc/grpc-js answers
+//! on the wire (tests/fixtures/grpc_server.js): `{package.Service}/{Method}`
+//! spans with `rpc.*` and the call's grpc-status. Root only; never skipped.
 
 mod common;
 
