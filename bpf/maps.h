@@ -148,6 +148,21 @@ struct {
 	__type(value, __u64);
 } stream_cause SEC(".maps");
 
+/* An HTTP/2 server stream's request (cause): (process, nghttp2 session,
+ * stream id). Made at its first request header, gone at its close. */
+struct h2_key {
+	__u32 pid;
+	__s32 stream_id;
+	__u64 session;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct h2_key);
+	__type(value, __u64);
+} h2_stream_cause SEC(".maps");
+
 /* Per loop thread: the scheduler's counters where the current busy part
  * (outside epoll waits) started (loop.h). */
 struct loop_sched {

@@ -27,6 +27,7 @@
  *   epoll.h   the loop thread's epoll waits (fentry/fexit, libc session
  *             uprobe, raw syscall tracepoints)
  *   http.h    request context: HTTP heads, writes, a stream's cause
+ *   h2.h      request context of HTTP/2 server streams (nghttp2 callbacks)
  *   stacks.h  --stacks: the loop thread's stack sampler, submit stacks
  *   gc.h      V8 garbage collections
  *   procs.h   process lifecycle (fork, exec, exit)
@@ -42,6 +43,7 @@
 #include "epoll.h"
 #include "http.h"
 #include "gc.h"
+#include "h2.h"
 #include "procs.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -90,6 +92,12 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_CAUSE_CLEAR: return task_start(ctx, cookie);
 	case PROBE_STREAM_CONNECT: return stream_connect(ctx);
 	case PROBE_GC: return gc_callbacks(ctx, cookie);
+	case PROBE_H2_HEADER: return h2_header(ctx);
+	/* without session uprobes: the stream's cause stays after the frame */
+	case PROBE_H2_FRAME: { __u64 prev; h2_frame(ctx, &prev); return 0; }
+	case PROBE_H2_DATA: { __u64 prev; h2_data(ctx, &prev); return 0; }
+	case PROBE_H2_RESPONSE: return h2_response(ctx);
+	case PROBE_H2_CLOSE: return h2_close(ctx);
 	}
 	return 0;
 }
@@ -104,7 +112,9 @@ int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
  * return too, which only sync calls do (their end, exact). Async requests
  * return 1: no return trap. The session cookie carries the request from
  * entry to return. The same program serves libc's epoll waits
- * (epoll_wait_probe, epoll.h). */
+ * (epoll_wait_probe, epoll.h) and HTTP/2 frames and body pieces (h2_frame,
+ * h2_data, h2.h: only a known stream's asks for its return, where the
+ * cause before it is put back). */
 SEC("uprobe.session")
 int uv_session(struct pt_regs *ctx)
 {
@@ -119,6 +129,14 @@ int uv_session(struct pt_regs *ctx)
 	__u64 *req = bpf_session_cookie();
 	if (!req)
 		return 1;
+	__u64 kind = cookie >> COOKIE_KIND_SHIFT;
+	if (kind == PROBE_H2_FRAME || kind == PROBE_H2_DATA) {
+		if (bpf_session_is_return())
+			return h2_frame_return(*req);
+		if ((sampling && window_closed) || !for_traced(cookie))
+			return 1;
+		return kind == PROBE_H2_FRAME ? !h2_frame(ctx, req) : !h2_data(ctx, req);
+	}
 	if (bpf_session_is_return())
 		return fs_sync_return(*req);
 	if ((sampling && window_closed) || !for_traced(cookie) || !fs_submit(ctx, cookie))

@@ -28,6 +28,7 @@ enum uvspan_sizes {
 	UVSPAN_ITER_BASE_NS = 100000,
 	UVSPAN_ITER_BOUNDS = 16,
 	UVSPAN_GC_TYPES = 5,        /* v8::GCType bits: scavenge, minor mark-sweep, mark-compact, incremental, weak callbacks */
+	UVSPAN_H2_NAME = 64,        /* HTTP/2 header record: the name's bytes (NUL-padded), the value after */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -79,6 +80,20 @@ enum libuv_layout {
 	STREAM_FD_OFF = 184,    /* offsetof(uv_stream_t, io_watcher.fd) */
 };
 
+/* nghttp2's public structs (nghttp2.h, x86_64), statically linked in every
+ * official Node build: the same in nghttp2 1.x. */
+enum nghttp2_layout {
+	H2_FRAME_STREAM_OFF = 8,   /* offsetof(nghttp2_frame_hd, stream_id) */
+	H2_FRAME_TYPE_OFF = 12,    /* offsetof(nghttp2_frame_hd, type), then flags */
+	H2_HEADERS_CAT_OFF = 56,   /* offsetof(nghttp2_headers, cat) */
+	H2_RCBUF_BASE_OFF = 16,    /* offsetof(nghttp2_rcbuf, base), then len */
+	H2_NV_SIZE = 40,           /* sizeof(nghttp2_nv): name, value, namelen, valuelen, flags */
+	H2_TYPE_DATA = 0,
+	H2_TYPE_HEADERS = 1,
+	H2_FLAG_END_STREAM = 1,
+	H2_HCAT_REQUEST = 0,       /* nghttp2_headers_category: a request's headers */
+};
+
 enum ev_kind {
 	EV_FS = 1,
 	EV_DNS = 2,
@@ -121,6 +136,12 @@ enum probe_kind {
 	 * Heap::CallGCEpilogueCallbacks (cookie 1): a garbage collection
 	 * starts / ends (gc.h) */
 	PROBE_GC = 20,
+	/* HTTP/2 server streams (node's nghttp2 callbacks; request context) */
+	PROBE_H2_HEADER = 21,   /* Http2Session::OnHeaderCallback: a request header of a stream */
+	PROBE_H2_FRAME = 22,    /* Http2Session::OnFrameReceive: a stream's handlers run (session uprobe: its cause restored at the return) */
+	PROBE_H2_RESPONSE = 23, /* nghttp2_submit_response / _trailer: a stream's :status, grpc-status */
+	PROBE_H2_CLOSE = 24,    /* Http2Session::OnStreamClose: a stream is over */
+	PROBE_H2_DATA = 25,     /* Http2Session::OnDataChunkReceived: its 'data' handlers run (session uprobe, as PROBE_H2_FRAME) */
 };
 
 /* What an HTTP record says. */
@@ -128,6 +149,12 @@ enum http_what {
 	HTTP_REQUEST = 1,  /* a request's first bytes reached a server parser: a new cause */
 	HTTP_RESPONSE = 2, /* a response's first bytes reached a client parser */
 	HTTP_WRITE = 3,    /* bytes written while a cause was current */
+	/* An HTTP/2 server stream's header (a request header, or the response's
+	 * :status or grpc-status, in its headers or trailers): its name in data[0, UVSPAN_H2_NAME), NUL-padded, its value
+	 * after; `len` is the value's length. The first of a stream's records
+	 * starts its request (a new cause) and carries the peer. */
+	HTTP2_HEADER = 4,
+	HTTP2_CLOSE = 5,   /* an HTTP/2 stream is over (`len`: its error code) */
 };
 
 /* What caused an operation: the bits of a cause under its time (a cause is
@@ -297,7 +324,7 @@ struct http_event {
 	struct ev_header hdr;
 	unsigned long long ts_ns;
 	unsigned long long cause;
-	unsigned long long conn;  /* the stream (or TLS connection) the bytes are on */
+	unsigned long long conn;  /* the stream (or TLS connection) the bytes are on; HTTP/2: the nghttp2 session */
 	unsigned int what;        /* enum http_what */
 	unsigned int len;         /* bytes in the call (all buffers of a write) */
 	unsigned int captured;    /* bytes in data */

@@ -1033,8 +1033,18 @@ fn probes_listing_follows_detail() {
     }
     let usable = |l: &BTreeMap<String, String>| l.values().filter(|s| *s == "usable").count();
     // Request context is on by default: the parser, stream callbacks, the
-    // two writes, SSL_write, node's timers and immediates.
-    let requests = ["llhttp_execute", "uv__stream_io", "uv_try_write", "uv_write2", "uv_tcp_connect", "SSL_write"];
+    // two writes, SSL_write, node's timers and immediates; HTTP/2 streams'
+    // headers, frames, body pieces, response, trailers and close.
+    let requests = [
+        "llhttp_execute",
+        "uv__stream_io",
+        "uv_try_write",
+        "uv_write2",
+        "uv_tcp_connect",
+        "SSL_write",
+        "nghttp2_submit_response",
+        "nghttp2_submit_trailer",
+    ];
     for sym in requests {
         assert_eq!(default[sym], "usable", "{sym}: {default:?}");
     }
@@ -1047,7 +1057,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(default["epoll_wait"], default["epoll_pwait"], "{default:?}");
     assert!(matches!(default["epoll_wait"].as_str(), "usable" | "not_needed"), "{default:?}");
     let cleanup = cleanup + 2 * usize::from(default["epoll_wait"] == "usable");
-    assert_eq!(usable(&default), 36 + 3 + cleanup + 8, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 8 for requests: {default:?}");
+    assert_eq!(usable(&default), 36 + 3 + cleanup + 8 + 6, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 8 for requests + 6 for HTTP/2: {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 3 + cleanup, "{off:?}");
     for sym in requests {
@@ -1060,7 +1070,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 3 + cleanup + 8 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 3 + cleanup + 8 + 6 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

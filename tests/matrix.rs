@@ -117,7 +117,7 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 8] = [
+const REQUEST_PROBES: [&str; 14] = [
     "llhttp_execute",
     "uv__stream_io",
     "uv_try_write",
@@ -126,6 +126,12 @@ const REQUEST_PROBES: [&str; 8] = [
     "SSL_write",
     "_ZN4node11Environment9RunTimersEP10uv_timer_s",
     "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
+    "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv",
+    "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
+    "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",
+    "nghttp2_submit_response",
+    "nghttp2_submit_trailer",
+    "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
 ];
 
 /// libc's epoll waits: attached (per process) where the kernel refuses

@@ -220,6 +220,12 @@ pub enum HttpWhat {
     Response,
     /// Bytes written while a cause was current.
     Write,
+    /// An HTTP/2 server stream's header (a request header, or the
+    /// response's `:status`): `data` is `name\0value`. A stream's first
+    /// starts its request (a new cause).
+    Http2Header,
+    /// An HTTP/2 stream is over (`len`: its error code).
+    Http2Close,
 }
 
 /// HTTP bytes seen at a parser or written on behalf of a cause.
@@ -464,12 +470,17 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
     let what = match e.what {
         w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
         w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
+        w if w == http_what::HTTP2_HEADER.0 => HttpWhat::Http2Header,
+        w if w == http_what::HTTP2_CLOSE.0 => HttpWhat::Http2Close,
         _ => HttpWhat::Write,
     };
     // The captured bytes, straight from the record (one copy).
     let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
     let at = std::mem::offset_of!(http_event, data);
-    let bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
+    let mut bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
+    if what == HttpWhat::Http2Header {
+        bytes = h2_field(&bytes);
+    }
     Ok(HttpRecord {
         pid: e.hdr.pid,
         tid: e.hdr.tid,
@@ -483,6 +494,19 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         local_port: (e.family != 0).then_some(e.local_port),
         data: bytes,
     })
+}
+
+/// An HTTP/2 header record's bytes (the name NUL-padded to
+/// UVSPAN_H2_NAME, the value after) as `name\0value`.
+fn h2_field(bytes: &[u8]) -> Vec<u8> {
+    let slot = uvspan_sizes::UVSPAN_H2_NAME.0 as usize;
+    let (name, value) = bytes.split_at(slot.min(bytes.len()));
+    let name = &name[..name.iter().position(|&b| b == 0).unwrap_or(name.len())];
+    let mut out = Vec::with_capacity(name.len() + 1 + value.len());
+    out.extend_from_slice(name);
+    out.push(0);
+    out.extend_from_slice(value);
+    out
 }
 
 /// A fork, exec or exit record (`kind`).

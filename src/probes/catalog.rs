@@ -311,6 +311,8 @@ const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 pub const GC_PROLOGUE: &str = "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
 /// Its epilogue twin.
 pub const GC_EPILOGUE: &str = "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
+/// node's `Http2Session::OnHeaderCallback`: HTTP/2 request context needs it.
+const H2_HEADER: &str = "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv";
 
 /// libc's epoll wait wrappers (one row each).
 const LOOP_WAIT: Probe = Probe {
@@ -464,6 +466,57 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_GC,
         cookie: 1,
         if_missing: "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration",
+        ..Probe::ROW
+    },
+    // HTTP/2 servers (node:http2): a request per stream. node's nghttp2
+    // callbacks (static members, their addresses given to nghttp2: never
+    // inlined, exported in .dynsym too) and nghttp2 itself.
+    Probe {
+        symbol: H2_HEADER,
+        kind: probe_kind::PROBE_H2_HEADER,
+        if_missing: "no HTTP/2 request spans: work of HTTP/2 requests joins no request",
+        detail: RQ,
+        requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
+        kind: probe_kind::PROBE_H2_FRAME,
+        if_missing: "work of HTTP/2 requests joins no request (their SERVER spans stay)",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",
+        kind: probe_kind::PROBE_H2_DATA,
+        if_missing: "work started by an HTTP/2 stream's 'data' handlers (a gRPC call's) joins no request",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "nghttp2_submit_response",
+        kind: probe_kind::PROBE_H2_RESPONSE,
+        if_missing: "HTTP/2 request spans have no status code",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "nghttp2_submit_trailer",
+        kind: probe_kind::PROBE_H2_RESPONSE,
+        if_missing: "gRPC calls have no rpc.grpc.status_code when it is sent in trailers",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
+        kind: probe_kind::PROBE_H2_CLOSE,
+        if_missing: "HTTP/2 request spans end after a quiet second, at their last work",
+        detail: RQ,
+        requires: Some(H2_HEADER),
         ..Probe::ROW
     },
     // The loop's epoll waits, where the kernel refuses fentry programs on

@@ -93,6 +93,79 @@ fn partial_headers(data: &[u8]) -> Vec<(&'static str, String)> {
         .collect()
 }
 
+/// What an HTTP/2 header record says about its stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum H2Field {
+    /// A request header, applied to its head ([`Head::apply_h2`]).
+    Request,
+    /// The response's `:status`.
+    Status(u16),
+    /// A gRPC call's `grpc-status` (its trailers, or its headers).
+    GrpcStatus(u8),
+    /// Unreadable, or a header uvspan does not keep.
+    Other,
+}
+
+/// An HTTP/2 header record's `name\0value` as a head sees it: the
+/// pseudo-headers become the request line (`:authority` the `host`
+/// header), the headers uvspan reads (and `content-type`) are kept.
+pub fn split_h2(data: &[u8]) -> Option<(&str, &str)> {
+    let at = data.iter().position(|&b| b == 0)?;
+    let name = std::str::from_utf8(&data[..at]).ok()?;
+    let value = std::str::from_utf8(&data[at + 1..]).ok()?;
+    Some((name, value.trim()))
+}
+
+impl Head {
+    /// An HTTP/2 request's head before its first header.
+    pub fn h2() -> Head {
+        Head { version: "2", ..Head::default() }
+    }
+
+    /// An HTTP/2 header record applied to the stream's head.
+    pub fn apply_h2(&mut self, data: &[u8]) -> H2Field {
+        let Some((name, value)) = split_h2(data) else { return H2Field::Other };
+        match name {
+            ":status" => return value.parse().map_or(H2Field::Other, H2Field::Status),
+            "grpc-status" => return value.parse().map_or(H2Field::Other, H2Field::GrpcStatus),
+            ":method" => self.method = method_of(value),
+            ":path" => {
+                let (path, query) = match value.split_once('?') {
+                    Some((p, q)) => (p, Some(q.to_string())),
+                    None => (value, None),
+                };
+                self.path = path.to_string();
+                self.query = query;
+            }
+            ":authority" => self.set_header("host", value),
+            ":scheme" => self.set_header(":scheme", value),
+            "content-type" => self.set_header("content-type", value),
+            n => match header_read(n) {
+                Some(k) => self.set_header(k, value),
+                None => return H2Field::Other,
+            },
+        }
+        H2Field::Request
+    }
+
+    /// A gRPC call (`content-type: application/grpc…`): its service and
+    /// method, from `/{package.Service}/{Method}`.
+    pub fn grpc(&self) -> Option<(&str, &str)> {
+        if !self.header("content-type").is_some_and(|c| c.starts_with("application/grpc")) {
+            return None;
+        }
+        let (service, method) = self.path.strip_prefix('/')?.split_once('/')?;
+        (!service.is_empty() && !method.is_empty() && !method.contains('/')).then_some((service, method))
+    }
+
+    fn set_header(&mut self, k: &'static str, v: &str) {
+        match self.headers.iter_mut().find(|(h, _)| *h == k) {
+            Some(h) => h.1 = v.to_string(),
+            None => self.headers.push((k, v.to_string())),
+        }
+    }
+}
+
 /// A response's status line and what says how long it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct StatusHead {
@@ -186,6 +259,49 @@ pub(crate) fn host_port(host: &str, default_port: u16) -> (&str, u16) {
 mod tests {
     use super::*;
     use crate::requests::testing::TP;
+
+    #[test]
+    fn http2_headers_make_a_head() {
+        let mut h = Head::h2();
+        let f = |n: &str, v: &str| format!("{n}\0{v}").into_bytes();
+        assert_eq!(h.apply_h2(&f(":method", "POST")), H2Field::Request);
+        h.apply_h2(&f(":path", "/a/b?token=x&y=1"));
+        h.apply_h2(&f(":scheme", "https"));
+        h.apply_h2(&f(":authority", "api:8443"));
+        h.apply_h2(&f("traceparent", TP));
+        assert_eq!(h.apply_h2(&f("x-other", "1")), H2Field::Other);
+        assert_eq!(h.apply_h2(&f(":status", "503")), H2Field::Status(503));
+        assert_eq!(h.apply_h2(&f(":status", "5x")), H2Field::Other);
+        assert_eq!(h.apply_h2(b"no-nul"), H2Field::Other);
+        assert_eq!(h.apply_h2(b"\xff\0x"), H2Field::Other);
+        assert_eq!((h.method.as_ref(), h.path.as_str(), h.query.as_deref(), h.version), ("POST", "/a/b", Some("token=x&y=1"), "2"));
+        assert_eq!(h.header("host"), Some("api:8443"));
+        assert_eq!(h.header(":scheme"), Some("https"));
+        assert_eq!(h.header("traceparent"), Some(TP));
+        assert_eq!(h.grpc(), None, "no gRPC content type");
+        assert_eq!(h.apply_h2(&f("grpc-status", "13")), H2Field::GrpcStatus(13));
+        assert_eq!(h.apply_h2(&f("grpc-status", "300")), H2Field::Other);
+        h.apply_h2(&f("content-type", "application/grpc+proto"));
+        assert_eq!(h.grpc(), Some(("a", "b")), "a gRPC content type: /a/b is service a, method b");
+    }
+
+    #[test]
+    fn grpc_service_and_method() {
+        let mut h = Head::h2();
+        let f = |n: &str, v: &str| format!("{n}\0{v}").into_bytes();
+        h.apply_h2(&f("content-type", "application/grpc"));
+        for (path, want) in [
+            ("/helloworld.Greeter/SayHello", Some(("helloworld.Greeter", "SayHello"))),
+            ("/Svc/M", Some(("Svc", "M"))),
+            ("/helloworld.Greeter/", None),
+            ("//SayHello", None),
+            ("/a/b/c", None),
+            ("nope", None),
+        ] {
+            h.apply_h2(&f(":path", path));
+            assert_eq!(h.grpc(), want, "{path}");
+        }
+    }
 
     #[test]
     fn traceparents() {

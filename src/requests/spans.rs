@@ -48,7 +48,7 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     };
     let h = &req.head;
     // Sized for all it may get (one allocation).
-    let mut attrs = Vec::with_capacity(13);
+    let mut attrs = Vec::with_capacity(14);
     attrs.extend([
         KeyValue::new("http.request.method", h.method.clone()),
         KeyValue::new("url.path", h.path.clone()),
@@ -66,10 +66,17 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     if let Some(p) = req.local_port {
         attrs.push(KeyValue::new("server.port", i64::from(p)));
     }
+    // HTTP/2: its :authority (HTTP/1's Host is the client's say, not kept).
+    if let Some(host) = h.header("host").filter(|_| h.version == "2") {
+        attrs.push(KeyValue::new("server.address", host_port(host, 0).0.to_string()));
+    }
     if let Some(ua) = h.header("user-agent") {
         attrs.push(KeyValue::new("user_agent.original", ua.to_string()));
     }
     let end = req.last_ns;
+    if let Some((service, method)) = h.grpc() {
+        return grpc_span(req, src, &parent, attrs, service, method);
+    }
     let mut s = span(src, &parent, req.span_id, h.method.clone(), SpanKind::Server, (req.start_ns, end), attrs);
     match req.status {
         Some(code) => {
@@ -80,6 +87,42 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
             }
         }
         None => s.attributes.push(KeyValue::new("uvspan.http.response_seen", false)),
+    }
+    s
+}
+
+/// gRPC status codes a server's span is ERROR for (semantic conventions:
+/// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
+/// DATA_LOSS; the others are the client's doing).
+const GRPC_SERVER_ERRORS: [u8; 6] = [2, 4, 12, 13, 14, 15];
+
+/// A gRPC call's SERVER span: `{package.Service}/{Method}`, with the
+/// `rpc.*` attributes beside the HTTP ones.
+fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut attrs: Vec<KeyValue>, service: &str, method: &str) -> Span {
+    attrs.extend([
+        KeyValue::new("rpc.system", "grpc"),
+        KeyValue::new("rpc.service", service.to_string()),
+        KeyValue::new("rpc.method", method.to_string()),
+    ]);
+    if let Some(code) = req.status {
+        attrs.push(KeyValue::new("http.response.status_code", i64::from(code)));
+    }
+    let name = Cow::Owned(format!("{service}/{method}"));
+    let mut s = span(src, parent, req.span_id, name, SpanKind::Server, (req.start_ns, req.last_ns), attrs);
+    match (req.grpc_status, req.status) {
+        (Some(code), _) => {
+            s.attributes.push(KeyValue::new("rpc.grpc.status_code", i64::from(code)));
+            if GRPC_SERVER_ERRORS.contains(&code) {
+                s.status = Status::error(format!("gRPC status {code}"));
+                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+            }
+        }
+        (None, Some(code)) if code >= 500 => {
+            s.status = Status::error(format!("HTTP {code}"));
+            s.attributes.push(KeyValue::new("error.type", code.to_string()));
+        }
+        (None, Some(_)) => {}
+        (None, None) => s.attributes.push(KeyValue::new("uvspan.http.response_seen", false)),
     }
     s
 }
@@ -150,6 +193,34 @@ mod tests {
         assert_eq!(stat.span_context.trace_id(), trace);
         assert_eq!(stat.parent_span_id, server.span_context.span_id());
         assert!(!stat.parent_span_is_remote);
+    }
+
+    /// A gRPC call (HTTP/2, `content-type: application/grpc`): named
+    /// `{package.Service}/{Method}`, `rpc.*` attributes, its grpc-status
+    /// (server errors ERROR, client errors not).
+    #[test]
+    fn grpc_calls_are_named_by_service_and_method() {
+        let h = |cause: u64, ts: u64, name: &str, value: &str| http(HttpWhat::Http2Header, cause, 100, ts, &format!("{name}\0{value}"));
+        let spans = run(|r, src, ready| {
+            for (cause, code) in [(1, "0"), (2, "13"), (3, "5")] {
+                r.http(&h(cause, 1_000, ":method", "POST"), false, src, ready);
+                r.http(&h(cause, 1_000, ":path", "/helloworld.Greeter/SayHello"), false, src, ready);
+                r.http(&h(cause, 1_000, "content-type", "application/grpc+proto"), false, src, ready);
+                r.http(&h(cause, 1_100, ":status", "200"), false, src, ready);
+                r.http(&h(cause, 1_200, "grpc-status", code), false, src, ready);
+                r.http(&http(HttpWhat::Http2Close, cause, 100, 1_300, ""), false, src, ready);
+            }
+        });
+        assert_eq!(spans.len(), 3);
+        for (s, code, error) in [(&spans[0], 0, false), (&spans[1], 13, true), (&spans[2], 5, false)] {
+            assert_eq!(s.name, "helloworld.Greeter/SayHello");
+            assert_eq!(attr(s, "rpc.system"), Some(&Value::from("grpc")));
+            assert_eq!(attr(s, "rpc.service"), Some(&Value::from("helloworld.Greeter")));
+            assert_eq!(attr(s, "rpc.method"), Some(&Value::from("SayHello")));
+            assert_eq!(attr(s, "rpc.grpc.status_code"), Some(&Value::I64(code)));
+            assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(200)));
+            assert_eq!(matches!(s.status, Status::Error { .. }), error, "grpc-status {code}");
+        }
     }
 
     #[test]

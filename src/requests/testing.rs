@@ -107,7 +107,16 @@ fn head() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-/// A head ([`head`]) or any bytes.
+/// An HTTP/2 header record's `name\0value`, often one uvspan reads.
+fn h2_field() -> impl Strategy<Value = Vec<u8>> {
+    (
+        prop_oneof![Just(":method"), Just(":path"), Just(":status"), Just(":authority"), Just(":scheme"), Just("traceparent"), Just("x")],
+        "[ -~]{0,40}",
+    )
+        .prop_map(|(n, v)| format!("{n}\0{v}").into_bytes())
+}
+
+/// A head ([`head`]), an HTTP/2 header or any bytes.
 pub(super) fn bytes() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![head(), prop::collection::vec(any::<u8>(), 0..300)]
+    prop_oneof![head(), h2_field(), prop::collection::vec(any::<u8>(), 0..300)]
 }

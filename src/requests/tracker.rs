@@ -15,7 +15,7 @@ use std::time::SystemTime;
 use opentelemetry::trace::{SpanId, TraceId, TraceState};
 use rustc_hash::FxHashMap;
 
-use super::head::{parse_request, parse_status, parse_traceparent, Head};
+use super::head::{parse_request, parse_status, parse_traceparent, H2Field, Head};
 use super::spans::request_spans;
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
@@ -114,6 +114,10 @@ pub(super) struct Request {
     pub(super) calls: Vec<Call>,
     /// uvspan makes the SERVER span (not the app's SDK).
     pub(super) server_span: bool,
+    /// HTTP/2: its traceparent was counted malformed.
+    bad_traceparent: bool,
+    /// A gRPC call's `grpc-status`.
+    pub(super) grpc_status: Option<u8>,
 }
 
 impl Request {
@@ -291,6 +295,48 @@ impl Requests {
             HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
             HttpWhat::Write => self.write(r, src, ready),
             HttpWhat::Response => self.response(r),
+            HttpWhat::Http2Header => self.h2_header(r, !app_sdk || self.always_server_spans || self.join, src, ready),
+            HttpWhat::Http2Close => {
+                if let Some(req) = self.open.get_mut(&r.cause) {
+                    req.last_ns = req.last_ns.max(r.ts_ns);
+                }
+                self.finish(r.cause, src, ready);
+            }
+        }
+    }
+
+    /// An HTTP/2 stream's header: its first starts its request (streams
+    /// share a connection: none ends another), the others fill its head,
+    /// `:status` is its response's.
+    fn h2_header(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        if !self.open.contains_key(&r.cause) {
+            // A response to a stream whose request was not seen (or is over).
+            if super::head::split_h2(&r.data).is_some_and(|(n, _)| n == ":status") || self.recent.contains_key(&r.cause) {
+                return;
+            }
+            let req = self.new_request(r, Head::h2(), None, TraceState::NONE, server_span, src);
+            self.insert(r.cause, req, src, ready);
+        }
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = req.last_ns.max(r.ts_ns);
+        match req.head.apply_h2(&r.data) {
+            H2Field::Status(code) => req.status = Some(code),
+            H2Field::GrpcStatus(code) => req.grpc_status = Some(code),
+            H2Field::Request => {
+                req.tls = req.head.header(":scheme") == Some("https");
+                let tp = req.head.header("traceparent");
+                let incoming = tp.and_then(parse_traceparent);
+                if tp.is_some() && incoming.is_none() && req.incoming.is_none() && !req.bad_traceparent {
+                    req.bad_traceparent = true;
+                    self.stats.bad_traceparent += 1;
+                }
+                req.incoming = incoming;
+                req.state = match (incoming, req.head.header("tracestate")) {
+                    (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
+                    _ => TraceState::NONE,
+                };
+            }
+            H2Field::Other => {}
         }
     }
 
@@ -315,8 +361,22 @@ impl Requests {
             (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
             _ => TraceState::NONE,
         };
+        let req = self.new_request(r, head, incoming, state, server_span, src);
+        self.insert(r.cause, req, src, ready);
+    }
+
+    /// A request from its first record.
+    fn new_request(
+        &mut self,
+        r: &HttpRecord,
+        head: Head,
+        incoming: Option<(TraceId, SpanId, bool)>,
+        state: TraceState,
+        server_span: bool,
+        src: &SpanContextSource<'_>,
+    ) -> Request {
         self.stats.requests += 1;
-        let req = Request {
+        Request {
             pid: r.pid,
             tid: r.tid,
             conn: r.conn,
@@ -339,9 +399,15 @@ impl Requests {
             held: Vec::with_capacity(8),
             calls: Vec::new(),
             server_span,
-        };
-        self.open.insert(r.cause, req);
-        self.order.push_back(r.cause);
+            bad_traceparent: false,
+            grpc_status: None,
+        }
+    }
+
+    /// A request open from now on (the oldest sent as it is past OPEN_MAX).
+    fn insert(&mut self, cause: u64, req: Request, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        self.open.insert(cause, req);
+        self.order.push_back(cause);
         while self.open.len() > OPEN_MAX {
             let Some(oldest) = self.order.pop_front() else { break };
             if self.open.contains_key(&oldest) {
@@ -544,7 +610,7 @@ fn send_late(
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::SpanId;
+    use opentelemetry::trace::{SpanId, TraceId};
 
     use super::*;
     use crate::events::spans::Value;
@@ -601,6 +667,59 @@ mod tests {
         assert!(spans[0].parent_span_is_remote);
     }
 
+    /// HTTP/2: streams of one session (connection) interleave; each is a
+    /// request of its own from its first header, its :status from the
+    /// response, over at its close; a malformed traceparent is counted once.
+    #[test]
+    fn http2_streams_of_one_session_are_requests_of_their_own() {
+        let h = |cause: u64, ts: u64, name: &str, value: &str| http(HttpWhat::Http2Header, cause, 100, ts, &format!("{name}\0{value}"));
+        let spans = run(|r, src, ready| {
+            for (cause, path) in [(1, "/a?token=x"), (2, "/b")] {
+                r.http(&h(cause, 1_000 + cause, ":method", "POST"), false, src, ready);
+                r.http(&h(cause, 1_010, ":path", path), false, src, ready);
+                r.http(&h(cause, 1_020, ":scheme", "https"), false, src, ready);
+                r.http(&h(cause, 1_030, ":authority", "api.example:8443"), false, src, ready);
+            }
+            r.http(&h(1, 1_040, "traceparent", TP), false, src, ready);
+            r.http(&h(2, 1_040, "traceparent", "nonsense"), false, src, ready);
+            r.http(&h(2, 1_041, "user-agent", "curl/8"), false, src, ready);
+            assert_eq!(r.open(), 2, "streams of one session do not end each other");
+            r.work(fs(2, 1_100, 1_200), src, ready);
+            r.work(fs(1, 1_100, 1_300), src, ready);
+            r.http(&h(2, 1_400, ":status", "502"), false, src, ready);
+            r.http(&http(HttpWhat::Http2Close, 2, 100, 1_500, ""), false, src, ready);
+            assert_eq!(r.open(), 1);
+            r.http(&h(1, 1_600, ":status", "200"), false, src, ready);
+            r.http(&http(HttpWhat::Http2Close, 1, 100, 1_700, ""), false, src, ready);
+            // A response to a stream not seen: no request.
+            r.http(&h(3, 1_800, ":status", "200"), false, src, ready);
+            // Late work of stream 1 joins it.
+            assert!(r.work(fs(1, 1_800, 1_900), src, ready).is_none());
+            assert_eq!(r.open(), 0);
+            assert_eq!((r.stats.requests, r.stats.bad_traceparent), (2, 1));
+        });
+        assert_eq!(spans.len(), 5, "2 SERVER spans, 3 stats");
+        let server = |path: &'static str| spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
+        let (a, b) = (server("/a"), server("/b"));
+        assert_eq!(a.span_context.trace_id(), TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap());
+        assert_eq!(a.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
+        assert_eq!(b.parent_span_id, SpanId::INVALID, "a malformed traceparent: a trace of its own");
+        assert_eq!((a.name.as_ref(), a.start_ns, a.end_ns), ("POST", 1_001, 1_700), "from its first header to its close");
+        assert_eq!((b.start_ns, b.end_ns), (1_002, 1_500));
+        assert_eq!(attr(a, "network.protocol.version"), Some(&Value::from("2")));
+        assert_eq!(attr(a, "url.scheme"), Some(&Value::from("https")));
+        assert_eq!(attr(a, "url.query"), Some(&Value::from("token=REDACTED")));
+        assert_eq!(attr(a, "server.address"), Some(&Value::from("api.example")));
+        assert_eq!(attr(a, "http.response.status_code"), Some(&Value::I64(200)));
+        assert_eq!(attr(b, "http.response.status_code"), Some(&Value::I64(502)));
+        assert_eq!(attr(b, "user_agent.original"), Some(&Value::from("curl/8")));
+        assert!(matches!(b.status, opentelemetry::trace::Status::Error { .. }));
+        for (cause, srv, n) in [(1, a, 2), (2, b, 1)] {
+            let under = spans.iter().filter(|s| s.parent_span_id == srv.span_context.span_id()).count();
+            assert_eq!(under, n, "stream {cause}'s stats under it");
+        }
+    }
+
     /// At a sampling window's close, a request not answered whole is
     /// dropped with its work, counted; an answer of unsaid length ends
     /// after a quiet period, as it would have.
@@ -633,7 +752,7 @@ mod tests {
 
         /// (what, cause, connection, time, which of the heads).
         fn record() -> impl Strategy<Value = (u8, u64, u64, u64, prop::sample::Index)> {
-            (0u8..4, 0u64..4, 0u64..4, 0u64..3_000_000_000, any::<prop::sample::Index>())
+            (0u8..7, 0u64..4, 0u64..4, 0u64..3_000_000_000, any::<prop::sample::Index>())
         }
 
         proptest! {
@@ -654,9 +773,11 @@ mod tests {
                         let what = match what {
                             0 | 1 => HttpWhat::Request,
                             2 => HttpWhat::Write,
-                            _ => HttpWhat::Response,
+                            3 => HttpWhat::Response,
+                            4 | 5 => HttpWhat::Http2Header,
+                            _ => HttpWhat::Http2Close,
                         };
-                        started += usize::from(what == HttpWhat::Request);
+                        started += usize::from(matches!(what, HttpWhat::Request | HttpWhat::Http2Header));
                         let mut rec = http(what, *cause, *conn, *ts, "");
                         rec.data = data.clone();
                         rec.len = data.len() as u32;

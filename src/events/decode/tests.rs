@@ -63,6 +63,34 @@ fn http_record_keeps_the_bytes_captured_and_sent() {
     }
 }
 
+/// An HTTP/2 header record (name NUL-padded to its slot, value after)
+/// comes out as `name\0value`; a close carries no bytes.
+#[test]
+fn http2_records() {
+    let slot = uvspan_sizes::UVSPAN_H2_NAME.0 as usize;
+    let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
+    let bytes = record_bytes(head + slot + 8, |e: &mut http_event| {
+        e.hdr.kind = ev_kind::EV_HTTP;
+        e.what = http_what::HTTP2_HEADER.0;
+        e.captured = (slot + 3) as u32;
+        e.len = 3;
+        for (d, b) in e.data.iter_mut().zip(b":status") {
+            *d = *b as _;
+        }
+        for (d, b) in e.data[slot..].iter_mut().zip(b"503") {
+            *d = *b as _;
+        }
+    });
+    let Record::Http(r) = decode(&bytes).unwrap() else { panic!("not http") };
+    assert_eq!((r.what, r.data.as_slice()), (HttpWhat::Http2Header, b":status\x00503".as_slice()));
+    let bytes = record_bytes(head, |e: &mut http_event| {
+        e.hdr.kind = ev_kind::EV_HTTP;
+        e.what = http_what::HTTP2_CLOSE.0;
+    });
+    let Record::Http(r) = decode(&bytes).unwrap() else { panic!("not http") };
+    assert_eq!((r.what, r.data.len()), (HttpWhat::Http2Close, 0));
+}
+
 #[test]
 fn fs_record_without_second_path() {
     let bytes = record_bytes(std::mem::size_of::<fs_event>() - 256, |e: &mut fs_event| {

@@ -184,11 +184,14 @@ impl Tracer {
         // BPF side can skip its traced-set lookup.
         let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
         if self.multi {
-            // With session uprobes, the fs submits (and libc's epoll waits)
-            // get their own link.
+            // With session uprobes, the fs submits (libc's epoll waits,
+            // HTTP/2 frames and body pieces) get their own link.
             let session = |&(_, cookie): &(usize, u64)| {
                 let kind = cookie >> cookie_layout::COOKIE_KIND_SHIFT.0;
-                self.session && (kind == u64::from(probe_kind::PROBE_FS_SUBMIT.0) || kind == u64::from(probe_kind::PROBE_EPOLL_WAIT.0))
+                self.session
+                    && [probe_kind::PROBE_FS_SUBMIT, probe_kind::PROBE_EPOLL_WAIT, probe_kind::PROBE_H2_FRAME, probe_kind::PROBE_H2_DATA]
+                        .iter()
+                        .any(|k| kind == u64::from(k.0))
             };
             let mut links = Vec::new();
             for in_session in [false, true] {

@@ -1,0 +1,246 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Request context for HTTP/2 servers (node:http2, over nghttp2, which
+ * official builds link statically): each stream is a request of its own,
+ * however many share a connection and a read. Its cause is made at its
+ * first request header (Http2Session::OnHeaderCallback), current while node
+ * runs the stream's JS handlers (Http2Session::OnFrameReceive for its
+ * HEADERS frame, and the DATA frame that ends its body), its :status seen
+ * at nghttp2_submit_response, its end at Http2Session::OnStreamClose.
+ * Streams are keyed by (process, nghttp2 session, stream id): every one of
+ * these functions has both. HTTP/1 requests never reach them.
+ */
+#ifndef UVSPAN_H2_H
+#define UVSPAN_H2_H
+
+#include "http.h"
+
+struct h2_frame_hd {
+	__u64 length;
+	__s32 stream_id;
+	__u8 type;
+	__u8 flags;
+	__u8 reserved;
+	__u8 _pad;
+};
+
+static __always_inline int same(const char *a, const char *lit, int n)
+{
+#pragma unroll
+	for (int i = 0; i < 12; i++) {
+		if (i >= n)
+			break;
+		if (a[i] != lit[i])
+			return 0;
+	}
+	return 1;
+}
+
+/* The request headers sent up: the pseudo-headers, the trace context, the
+ * user agent and the content type (gRPC); the others are not kept. */
+static __always_inline int h2_kept(const char *n, __u64 len)
+{
+	if (len && n[0] == ':')
+		return 1;
+	switch (len) {
+	case 10:
+		return same(n, "tracestate", 10) || same(n, "user-agent", 10);
+	case 11:
+		return same(n, "traceparent", 11);
+	case 12:
+		return same(n, "content-type", 12);
+	}
+	return 0;
+}
+
+/* One HTTP/2 record: the header's name and value (a close: none); with
+ * `peer`, the libuv stream whose peer the record carries. */
+static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u64 name, __u64 name_len, __u64 value,
+				    __u64 value_len, __u64 peer)
+{
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	struct http_event *e = &s->http;
+	__u64 id = current_ids();
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE + UVSPAN_H2_NAME);
+	e->hdr.kind = EV_HTTP;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cause = cause;
+	e->conn = session;
+	e->what = what;
+	e->len = value_len > 0xFFFFFFFF ? 0xFFFFFFFF : value_len;
+	__u32 nl = name_len < UVSPAN_H2_NAME - 1 ? name_len : UVSPAN_H2_NAME - 1;
+	if (nl && bpf_probe_read_user(e->data, nl, (void *)name))
+		return;
+	__u32 vl = value_len < UVSPAN_HTTP_CAPTURE - UVSPAN_H2_NAME ? value_len : UVSPAN_HTTP_CAPTURE - UVSPAN_H2_NAME;
+	if (!value)
+		vl = 0;
+	if (vl && bpf_probe_read_user(e->data + UVSPAN_H2_NAME, vl, (void *)value))
+		vl = 0;
+	e->captured = what == HTTP2_CLOSE ? 0 : UVSPAN_H2_NAME + vl;
+	if (peer)
+		peer_of(e, peer);
+	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)e->captured + 7) & ~7ULL);
+	if (size > sizeof(*e))
+		size = sizeof(*e);
+	emit(e, size);
+}
+
+/* The stream of a frame, and its header (0: unreadable). */
+static __always_inline int h2_frame_of(__u64 frame, struct h2_frame_hd *hd)
+{
+	return !bpf_probe_read_user(hd, sizeof(*hd), (void *)frame);
+}
+
+/* Http2Session::OnHeaderCallback(session, frame, name, value, flags,
+ * user_data): one header of a HEADERS frame. A request's (category
+ * NGHTTP2_HCAT_REQUEST) first header makes the stream's cause. */
+static __always_inline int h2_header(struct pt_regs *ctx)
+{
+	if (!requests)
+		return 0;
+	__u64 session = PT_REGS_PARM1(ctx), frame = PT_REGS_PARM2(ctx);
+	__u64 name = PT_REGS_PARM3(ctx), value = PT_REGS_PARM4(ctx);
+	struct h2_frame_hd hd = {};
+	if (!h2_frame_of(frame, &hd) || hd.type != H2_TYPE_HEADERS)
+		return 0;
+	__s32 cat = -1;
+	bpf_probe_read_user(&cat, sizeof(cat), (void *)(frame + H2_HEADERS_CAT_OFF));
+	if (cat != H2_HCAT_REQUEST)
+		return 0;
+	/* nghttp2_rcbuf: base, len */
+	__u64 nb[2] = {}, vb[2] = {};
+	if (bpf_probe_read_user(nb, sizeof(nb), (void *)(name + H2_RCBUF_BASE_OFF)) ||
+	    bpf_probe_read_user(vb, sizeof(vb), (void *)(value + H2_RCBUF_BASE_OFF)))
+		return 0;
+	char n[16] = {};
+	__u32 k = nb[1] < sizeof(n) ? nb[1] : sizeof(n);
+	if (!k || bpf_probe_read_user(n, k, (void *)nb[0]) || !h2_kept(n, nb[1]))
+		return 0;
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = hd.stream_id, .session = session };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	__u64 cause, peer = 0;
+	if (c) {
+		cause = *c;
+	} else {
+		cause = new_cause(CAUSE_REQUEST);
+		bpf_map_update_elem(&h2_stream_cause, &key, &cause, BPF_ANY);
+		/* the connection whose read this is (uv__stream_io) */
+		struct thread_state *t = thread_state_of(0);
+		peer = t ? t->ctx.stream : 0;
+	}
+	emit_h2(HTTP2_HEADER, cause, session, nb[0], nb[1], vb[0], vb[1], peer);
+	return 0;
+}
+
+/* Http2Session::OnFrameReceive(session, frame, user_data): a whole frame
+ * arrived; for a stream's HEADERS frame node runs its 'stream' / 'request'
+ * handler inside, for the DATA frame that ends its body its 'end' handlers:
+ * the stream's cause becomes the thread's. The cause it replaced is left in
+ * `prev` (for the return, as a session uprobe). 1: a stream's cause set. */
+static __always_inline int h2_frame(struct pt_regs *ctx, __u64 *prev)
+{
+	if (!requests)
+		return 0;
+	struct h2_frame_hd hd = {};
+	if (!h2_frame_of(PT_REGS_PARM2(ctx), &hd))
+		return 0;
+	if (hd.type != H2_TYPE_HEADERS && !(hd.type == H2_TYPE_DATA && (hd.flags & H2_FLAG_END_STREAM)))
+		return 0;
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = hd.stream_id, .session = PT_REGS_PARM1(ctx) };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!c)
+		return 0;
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	*prev = t->ctx.cause;
+	/* --sample-time: a stream from before this window is no request */
+	t->ctx.cause = fresh_cause(*c);
+	return 1;
+}
+
+/* Http2Session::OnDataChunkReceived(session, flags, stream_id, data, len,
+ * user_data): a piece of a stream's body; node runs its 'data' handlers
+ * inside (a gRPC server decodes its request there). As h2_frame. */
+static __always_inline int h2_data(struct pt_regs *ctx, __u64 *prev)
+{
+	if (!requests)
+		return 0;
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM3(ctx), .session = PT_REGS_PARM1(ctx) };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!c)
+		return 0;
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	*prev = t->ctx.cause;
+	/* --sample-time: a stream from before this window is no request */
+	t->ctx.cause = fresh_cause(*c);
+	return 1;
+}
+
+/* The return of OnFrameReceive: the cause before it is the thread's again
+ * (the frames after it in the same read are other streams', or none's). */
+static __always_inline int h2_frame_return(__u64 prev)
+{
+	struct thread_state *t = thread_state_of(0);
+	if (t)
+		t->ctx.cause = prev;
+	return 0;
+}
+
+/* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd) /
+ * nghttp2_submit_trailer(session, stream_id, nva, nvlen): a stream's
+ * response headers or trailers. Sent up: :status (node puts the
+ * pseudo-headers first) and grpc-status (a gRPC call's outcome, in its
+ * trailers, or in its headers when it has no body), among the first
+ * H2_NV_SCAN headers. */
+#define H2_NV_SCAN 8
+static __always_inline int h2_response(struct pt_regs *ctx)
+{
+	if (!requests)
+		return 0;
+	__u64 session = PT_REGS_PARM1(ctx);
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM2(ctx), .session = session };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!c)
+		return 0;
+	__u64 cause = *c;
+	__u64 nva = PT_REGS_PARM3(ctx), nvlen = PT_REGS_PARM4(ctx);
+	for (int i = 0; i < H2_NV_SCAN; i++) {
+		if (i >= nvlen)
+			break;
+		/* nghttp2_nv: name, value, namelen, valuelen */
+		__u64 nv[4] = {};
+		if (bpf_probe_read_user(nv, sizeof(nv), (void *)(nva + i * H2_NV_SIZE)))
+			return 0;
+		char n[16] = {};
+		if ((nv[2] != 7 && nv[2] != 11) || bpf_probe_read_user(n, nv[2] == 7 ? 7 : 11, (void *)nv[0]))
+			continue;
+		if ((nv[2] == 7 && same(n, ":status", 7)) || (nv[2] == 11 && same(n, "grpc-status", 11)))
+			emit_h2(HTTP2_HEADER, cause, session, nv[0], nv[2], nv[1], nv[3], 0);
+	}
+	return 0;
+}
+
+/* Http2Session::OnStreamClose(session, stream_id, error_code, user_data). */
+static __always_inline int h2_close(struct pt_regs *ctx)
+{
+	if (!requests)
+		return 0;
+	__u64 session = PT_REGS_PARM1(ctx);
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM2(ctx), .session = session };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!c)
+		return 0;
+	__u64 cause = *c;
+	bpf_map_delete_elem(&h2_stream_cause, &key);
+	emit_h2(HTTP2_CLOSE, cause, session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0);
+	return 0;
+}
+
+#endif /* UVSPAN_H2_H */

@@ -1,0 +1,303 @@
+//! HTTP/2 request context, end to end: a node:http2 server (h2c, and TLS
+//! with ALPN h2) answering 40 requests multiplexed on 2 client sessions
+//! (20 concurrent streams each, sent after random delays so the streams of
+//! both sessions interleave), every request with a random W3C traceparent,
+//! each handler doing two async fs.stat (the second in the first's
+//! callback) before answering; every 7th request answered 503
+//! (tests/fixtures/http2_server.js). Real uvspan, real eBPF, real node, real
+//! OTLP. Checked: one SERVER span per stream with its method, path, redacted
+//! query, scheme, authority, protocol version 2, status and user agent, in
+//! the caller's trace under the caller's span; a 503 stream is ERROR; both
+//! fs spans of each stream under its SERVER span (at least 95%, the share
+//! printed). The h2c case on the host, with uvspan and the app in one
+//! non-host PID and mount namespace, and with the app alone in its own; on
+//! every official build and a stripped node. gRPC as @grpc/grpc-js answers
+//! on the wire (tests/fixtures/grpc_server.js): `{package.Service}/{Method}`
+//! spans with `rpc.*` and the call's grpc-status. Root only; never skipped.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use common::*;
+
+const N: usize = 40;
+const SESSIONS: &str = "2";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Topology {
+    Host,
+    BothInOne,
+    AppAlone,
+}
+
+/// What the fixture says about one request it sent: (traceparent, status).
+fn sent(stdout: &str) -> BTreeMap<usize, (String, i64)> {
+    let mut out = BTreeMap::new();
+    for line in stdout.lines().filter(|l| l.starts_with("{\"marker\":\"req\"")) {
+        let v: serde_json::Value = serde_json::from_str(line).expect("req marker");
+        let i = v["i"].as_u64().expect("i") as usize;
+        out.insert(i, (v["traceparent"].as_str().expect("traceparent").to_string(), v["status"].as_i64().expect("status")));
+    }
+    out
+}
+
+/// The fixture under uvspan in `topology`: its directory, output and spans.
+fn run_h2(tag: &str, topology: Topology, fixture_args: &[String]) -> (TempDir, Output, Vec<Span>) {
+    run_h2_on("node", tag, topology, fixture_args)
+}
+
+fn run_h2_on(node: &str, tag: &str, topology: Topology, fixture_args: &[String]) -> (TempDir, Output, Vec<Span>) {
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new(tag);
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
+    let mut app: Vec<String> = vec![node.into(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
+    app.extend(fixture_args.iter().cloned());
+    let ns = ["--pid", "--fork", "--mount", "--mount-proc"];
+    let mut c = match topology {
+        Topology::Host => {
+            let mut c = Command::new(uvspan_bin());
+            c.args(uv).arg("--").args(&app);
+            c
+        }
+        Topology::BothInOne => {
+            let mut c = Command::new("unshare");
+            c.args(ns).arg(uvspan_bin()).args(uv).arg("--").args(&app);
+            c
+        }
+        Topology::AppAlone => {
+            let mut c = Command::new(uvspan_bin());
+            c.args(uv).args(["--", "unshare"]).args(ns).args(&app);
+            c
+        }
+    };
+    if topology != Topology::Host {
+        require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
+    }
+    scrub_env(&mut c);
+    c.stdin(std::process::Stdio::null());
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
+    check_summary(&out, rx.spans().len());
+    (dir, out, rx.spans())
+}
+
+/// One SERVER span per stream, its attributes, the caller's trace, its two
+/// stats under it.
+/// `full`: a build with libuv's internals. Without them (a stripped node)
+/// the client's address is not known (no uv__stream_io, whose connection
+/// it is read from) and work started in a callback joins no request (no
+/// uv__fs_done, where the cause is restored): only the handler's first stat
+/// is under its SERVER span.
+fn check_streams(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str, what: &str, full: bool) {
+    let sent = sent(&out.stdout);
+    assert_eq!(sent.len(), N, "{}", out.context());
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2).collect();
+    let mut by_i: BTreeMap<usize, &Span> = BTreeMap::new();
+    for s in &servers {
+        let path = s.str("url.path").unwrap_or_else(|| panic!("url.path: {}", s.brief()));
+        let i = path.rsplit('/').next().and_then(|i| i.parse::<usize>().ok()).unwrap_or_else(|| panic!("/kind/<i>: {}", s.brief()));
+        assert!(by_i.insert(i, s).is_none(), "two SERVER spans for stream {i}\n{}", dump(&servers));
+    }
+    assert_eq!(by_i.len(), N, "one SERVER span per stream ({what})\n{}", dump(&servers));
+    let mut errors = 0;
+    for (i, (tp, status)) in &sent {
+        let srv = by_i[i];
+        let kind = if *status == 503 { "fail" } else { "item" };
+        assert_eq!(srv.name, "GET", "{}", srv.brief());
+        assert_eq!(srv.str("http.request.method"), Some("GET"));
+        assert_eq!(srv.str("url.path"), Some(format!("/{kind}/{i}").as_str()), "{}", srv.brief());
+        assert_eq!(srv.str("url.query"), Some(format!("token=REDACTED&n={i}").as_str()), "{}", srv.brief());
+        assert_eq!(srv.str("url.scheme"), Some(scheme), "{}", srv.brief());
+        assert_eq!(srv.str("network.protocol.version"), Some("2"), "{}", srv.brief());
+        assert_eq!(srv.str("server.address"), Some("127.0.0.1"), "{}", srv.brief());
+        assert_eq!(srv.str("user_agent.original"), Some("uvspan-test/1"), "{}", srv.brief());
+        if full {
+            assert_eq!(srv.str("client.address"), Some("127.0.0.1"), "{}", srv.brief());
+            assert!(srv.int("client.port").is_some_and(|p| p > 0), "{}", srv.brief());
+        } else {
+            assert_eq!(srv.str("client.address"), None, "{}", srv.brief());
+        }
+        assert_eq!(srv.int("http.response.status_code"), Some(*status), "{}", srv.brief());
+        if *status >= 500 {
+            errors += 1;
+            assert_eq!(srv.status, StatusCode::Error, "a 5xx stream is ERROR: {}", srv.brief());
+        } else {
+            assert_ne!(srv.status, StatusCode::Error, "{}", srv.brief());
+        }
+        let p: Vec<&str> = tp.split('-').collect();
+        assert_eq!(srv.trace_id, p[1], "stream {i}: the caller's trace\n{}", srv.brief());
+        assert_eq!(srv.parent_span_id, p[2], "stream {i}: under the caller's span\n{}", srv.brief());
+    }
+    assert!(errors > 0, "the fixture answered some streams 503");
+    // The streams were in flight together (what the per-stream cause is for).
+    let overlapping = servers
+        .iter()
+        .map(|a| servers.iter().filter(|b| b.start_unix_nano < a.end_unix_nano && a.start_unix_nano < b.end_unix_nano).count())
+        .max()
+        .unwrap_or(0);
+    eprintln!("http2 ({what}): most SERVER spans in flight at once: {overlapping}");
+    assert!(overlapping >= 2, "streams interleaved: at most {overlapping} in flight at once");
+    let under = |i: usize, x: &str| {
+        let srv = by_i[&i];
+        let file = dir.join(&format!("s{i}-{x}"));
+        spans
+            .iter()
+            .filter(|s| {
+                s.name == "fs.stat"
+                    && s.str("file.path") == Some(file.as_str())
+                    && s.trace_id == srv.trace_id
+                    && s.parent_span_id == srv.span_id
+            })
+            .count()
+            == 1
+    };
+    let first = (0..N).filter(|&i| under(i, "a")).count();
+    let both = (0..N).filter(|&i| under(i, "a") && under(i, "b")).count();
+    eprintln!("http2 ({what}): streams with their first stat under their SERVER span: {first}/{N}, with both: {both}/{N}");
+    let joined = if full { both } else { first };
+    assert!(joined * 100 >= N * 95, "{joined} of {N} streams have their stats under their SERVER span (< 95%; full: {full})");
+    // Every stat of the fixture is some stream's.
+    let stats: Vec<&Span> = spans.iter().filter(|s| s.str("file.path").is_some_and(|f| f.starts_with(&dir.str()))).collect();
+    assert_eq!(stats.len(), 2 * N, "two stats per stream\n{}", dump(&stats));
+}
+
+#[test]
+fn h2c_streams_are_server_spans_with_their_work_under_them() {
+    require_root();
+    let (dir, out, spans) = run_h2("h2c-host", Topology::Host, &[]);
+    check_streams(&dir, &out, &spans, "http", "h2c, host", true);
+}
+
+#[test]
+fn h2c_streams_with_uvspan_and_the_app_in_one_pid_namespace() {
+    require_root();
+    let (dir, out, spans) = run_h2("h2c-both", Topology::BothInOne, &[]);
+    check_streams(&dir, &out, &spans, "http", "h2c, both in one namespace", true);
+}
+
+#[test]
+fn h2c_streams_with_the_app_alone_in_its_pid_namespace() {
+    require_root();
+    let (dir, out, spans) = run_h2("h2c-alone", Topology::AppAlone, &[]);
+    check_streams(&dir, &out, &spans, "http", "h2c, app alone in its namespace", true);
+}
+
+#[test]
+fn tls_h2_streams_too() {
+    require_root();
+    require_tool("openssl", "makes the test server's certificate");
+    let certs = TempDir::new("h2-certs");
+    let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
+    let st = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
+        .output()
+        .expect("run openssl");
+    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+    let (dir, out, spans) = run_h2("h2-tls", Topology::Host, &["--tls".into(), key, cert]);
+    check_streams(&dir, &out, &spans, "https", "TLS, ALPN h2", true);
+}
+
+/// The HTTP/2 probe points of a node build, as `uvspan probes` lists them.
+const H2_SYMBOLS: [&str; 6] = [
+    "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv",
+    "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
+    "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",
+    "nghttp2_submit_response",
+    "nghttp2_submit_trailer",
+    "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
+];
+
+/// Every official build (18, 20, 22, 24, 26 from the test cache) and the
+/// stripped node (only .dynsym, where node exports these symbols too):
+/// `uvspan probes` lists the HTTP/2 points usable and not single-stepped,
+/// and the h2c case holds (on the stripped node as far as it can: see
+/// check_streams).
+#[test]
+fn h2c_on_every_official_build_and_the_stripped_node() {
+    require_root();
+    let builds: Vec<(String, std::path::PathBuf)> = [18, 20, 22, 24, 26]
+        .into_iter()
+        .map(|m| (format!("node {m}"), official_node(m)))
+        .chain([("stripped node".to_string(), stripped_node())])
+        .collect();
+    for (name, node) in builds {
+        let listing = run(uvspan_cmd(["probes", "--json", &node.to_string_lossy()]));
+        assert_eq!(listing.code(), Some(0), "{}", listing.context());
+        let v: serde_json::Value = serde_json::from_str(&listing.stdout).expect("json");
+        for sym in H2_SYMBOLS {
+            let p = v["probes"]
+                .as_array()
+                .expect("probes")
+                .iter()
+                .find(|p| p["symbol"] == sym)
+                .unwrap_or_else(|| panic!("{name}: {sym} not listed"));
+            assert_eq!(p["status"], "usable", "{name}: {sym}: {p}");
+            assert_ne!(p["single_stepped"], true, "{name}: {sym} single-stepped");
+        }
+        let (dir, out, spans) = run_h2_on(&node.to_string_lossy(), &format!("h2c-{}", name.replace(' ', "-")), Topology::Host, &[]);
+        // The stripped node keeps only libuv's exported API.
+        check_streams(&dir, &out, &spans, "http", &name, !name.starts_with("stripped"));
+    }
+}
+
+/// gRPC over node:http2 as @grpc/grpc-js answers on the wire
+/// (tests/fixtures/grpc_server.js, 20 concurrent calls on one session):
+/// each call a SERVER span named `{package.Service}/{Method}` with
+/// `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`
+/// (from trailers, or from the headers of a trailers-only answer), INTERNAL
+/// and UNIMPLEMENTED as ERROR, in the caller's trace, with the stats of its
+/// 'data' and 'end' handlers under it (at least 95%).
+#[test]
+fn grpc_calls_are_named_by_service_and_method() {
+    require_root();
+    const CALLS: usize = 20;
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new("grpc");
+    let mut c = Command::new(uvspan_bin());
+    c.args(["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str(), "--", "node"])
+        .arg(fixture("grpc_server.js"))
+        .arg(dir.str())
+        .arg(CALLS.to_string());
+    scrub_env(&mut c);
+    c.stdin(std::process::Stdio::null());
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    let calls: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"marker\":\"call\""))
+        .map(|l| serde_json::from_str(l).expect("call marker"))
+        .collect();
+    assert_eq!(calls.len(), CALLS, "{}", out.context());
+    let mut joined = 0;
+    for call in &calls {
+        let (i, method, code) =
+            (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));
+        let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
+        let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
+        let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
+        assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
+        assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
+        assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
+        assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
+        assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
+        assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+        assert_eq!(srv.int("http.response.status_code"), Some(200), "{}", srv.brief());
+        assert_eq!(srv.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", srv.brief());
+        let under = |x: &str| {
+            let file = dir.join(&format!("g{i}-{x}"));
+            spans.iter().any(|s| s.str("file.path") == Some(file.as_str()) && s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id)
+        };
+        joined += usize::from(under("data") && under("end"));
+    }
+    eprintln!("grpc: calls with their 'data' and 'end' handlers' stats under their SERVER span: {joined}/{CALLS}");
+    assert!(joined * 100 >= CALLS * 95, "{joined} of {CALLS} calls have both stats under their SERVER span (< 95%)");
+}
