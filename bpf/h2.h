@@ -136,6 +136,23 @@ static __always_inline int h2_header(struct pt_regs *ctx)
 	return 0;
 }
 
+/* A known stream's handlers run: its cause becomes the thread's, the one
+ * it replaced is left in `prev`. 1: a stream's cause set. */
+static __always_inline int h2_enter(__u64 session, __s32 stream_id, __u64 *prev)
+{
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = stream_id, .session = session };
+	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!c)
+		return 0;
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	*prev = t->ctx.cause;
+	/* --sample-time: a stream from before this window is no request */
+	t->ctx.cause = fresh_cause(*c);
+	return 1;
+}
+
 /* Http2Session::OnFrameReceive(session, frame, user_data): a whole frame
  * arrived; for a stream's HEADERS frame node runs its 'stream' / 'request'
  * handler inside, for the DATA frame that ends its body its 'end' handlers:
@@ -150,17 +167,7 @@ static __always_inline int h2_frame(struct pt_regs *ctx, __u64 *prev)
 		return 0;
 	if (hd.type != H2_TYPE_HEADERS && !(hd.type == H2_TYPE_DATA && (hd.flags & H2_FLAG_END_STREAM)))
 		return 0;
-	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = hd.stream_id, .session = PT_REGS_PARM1(ctx) };
-	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
-	if (!c)
-		return 0;
-	struct thread_state *t = thread_state_of(1);
-	if (!t)
-		return 0;
-	*prev = t->ctx.cause;
-	/* --sample-time: a stream from before this window is no request */
-	t->ctx.cause = fresh_cause(*c);
-	return 1;
+	return h2_enter(PT_REGS_PARM1(ctx), hd.stream_id, prev);
 }
 
 /* Http2Session::OnDataChunkReceived(session, flags, stream_id, data, len,
@@ -170,17 +177,7 @@ static __always_inline int h2_data(struct pt_regs *ctx, __u64 *prev)
 {
 	if (!requests)
 		return 0;
-	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM3(ctx), .session = PT_REGS_PARM1(ctx) };
-	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
-	if (!c)
-		return 0;
-	struct thread_state *t = thread_state_of(1);
-	if (!t)
-		return 0;
-	*prev = t->ctx.cause;
-	/* --sample-time: a stream from before this window is no request */
-	t->ctx.cause = fresh_cause(*c);
-	return 1;
+	return h2_enter(PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM3(ctx), prev);
 }
 
 /* The return of OnFrameReceive: the cause before it is the thread's again
