@@ -570,9 +570,13 @@ fn histogram_buckets(col: &Collector, name: &str) -> (Vec<u64>, Vec<f64>) {
 /// (its last interval comes with the exit record); in every topology.
 fn iteration_histogram_in(topology: Topology) {
     require_root();
-    // 20 iterations that spin 40 ms each (a setImmediate chain), then 40 short timer iterations.
+    // 20 iterations that spin 40 ms each (a setImmediate chain), then 40
+    // short timer iterations. They start after a second: with the app alone
+    // in its namespace, uvspan attaches only once it sees node's exec (under
+    // `unshare`), while node runs; what ran before is not seen (here, or in
+    // the summary).
     let script = "let n=0;const spin=()=>{const s=Date.now();while(Date.now()-s<40){}if(++n<20)setImmediate(spin);\
-                  else{let m=0;const t=()=>{if(++m<40)setTimeout(t,2)};setTimeout(t,2)}};setTimeout(spin,1)";
+                  else{let m=0;const t=()=>{if(++m<40)setTimeout(t,2)};setTimeout(t,2)}};setTimeout(spin,1000)";
     let col = Collector::start(Listen::Plain);
     let ep = format!("http://127.0.0.1:{}", col.port());
     let mut c = topology.command(&["--status-interval", "0"], &["node", "-e", script]);
