@@ -25,13 +25,6 @@ use common::*;
 const N: usize = 40;
 const SESSIONS: &str = "2";
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Topology {
-    Host,
-    BothInOne,
-    AppAlone,
-}
-
 /// What the fixture says about one request it sent: (traceparent, status).
 fn sent(stdout: &str) -> BTreeMap<usize, (String, i64)> {
     let mut out = BTreeMap::new();
@@ -55,29 +48,8 @@ fn run_h2_on(node: &str, tag: &str, topology: Topology, fixture_args: &[String])
     let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
     let mut app: Vec<String> = vec![node.into(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
     app.extend(fixture_args.iter().cloned());
-    let ns = ["--pid", "--fork", "--mount", "--mount-proc"];
-    let mut c = match topology {
-        Topology::Host => {
-            let mut c = Command::new(uvspan_bin());
-            c.args(uv).arg("--").args(&app);
-            c
-        }
-        Topology::BothInOne => {
-            let mut c = Command::new("unshare");
-            c.args(ns).arg(uvspan_bin()).args(uv).arg("--").args(&app);
-            c
-        }
-        Topology::AppAlone => {
-            let mut c = Command::new(uvspan_bin());
-            c.args(uv).args(["--", "unshare"]).args(ns).args(&app);
-            c
-        }
-    };
-    if topology != Topology::Host {
-        require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
-    }
-    scrub_env(&mut c);
-    c.stdin(std::process::Stdio::null());
+    let app: Vec<&str> = app.iter().map(String::as_str).collect();
+    let c = topology.command(&uv, &app);
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());

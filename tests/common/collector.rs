@@ -313,3 +313,24 @@ pub fn histogram_points(col: &Collector, name: &str) -> Vec<(Attrs, u64, Attrs)>
     }
     out
 }
+
+/// The bucket counts of `name`'s histogram points, added up (delta
+/// temporality), and its bounds.
+pub fn histogram_buckets(col: &Collector, name: &str) -> (Vec<u64>, Vec<f64>) {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::metrics::v1::metric::Data;
+    let (mut sum, mut bounds) = (Vec::<u64>::new(), Vec::new());
+    for g in col.requests().iter().filter(|g| g.is_metrics()) {
+        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
+        for m in req.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics).filter(|m| m.name == name) {
+            let Some(Data::Histogram(h)) = m.data else { panic!("{name} is a histogram") };
+            assert_eq!(h.aggregation_temporality, 1, "delta, as asked");
+            for p in h.data_points {
+                sum.resize(p.bucket_counts.len(), 0);
+                sum.iter_mut().zip(&p.bucket_counts).for_each(|(a, b)| *a += b);
+                bounds = p.explicit_bounds;
+            }
+        }
+    }
+    (sum, bounds)
+}
