@@ -136,12 +136,22 @@ static __always_inline int h2_header(struct pt_regs *ctx)
 	return 0;
 }
 
+/* A known stream's cause (NULL: a stream uvspan did not see start), with
+ * its key filled in. */
+static __always_inline __u64 *h2_lookup(struct h2_key *key, __u64 session, __s32 stream_id)
+{
+	key->pid = current_ids() >> 32;
+	key->stream_id = stream_id;
+	key->session = session;
+	return bpf_map_lookup_elem(&h2_stream_cause, key);
+}
+
 /* A known stream's handlers run: its cause becomes the thread's, the one
  * it replaced is left in `prev`. 1: a stream's cause set. */
 static __always_inline int h2_enter(__u64 session, __s32 stream_id, __u64 *prev)
 {
-	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = stream_id, .session = session };
-	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	struct h2_key key = {};
+	__u64 *c = h2_lookup(&key, session, stream_id);
 	if (!c)
 		return 0;
 	struct thread_state *t = thread_state_of(1);
@@ -202,8 +212,8 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 	if (!requests)
 		return 0;
 	__u64 session = PT_REGS_PARM1(ctx);
-	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM2(ctx), .session = session };
-	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	struct h2_key key = {};
+	__u64 *c = h2_lookup(&key, session, (__s32)PT_REGS_PARM2(ctx));
 	if (!c)
 		return 0;
 	__u64 cause = *c;
@@ -230,8 +240,8 @@ static __always_inline int h2_close(struct pt_regs *ctx)
 	if (!requests)
 		return 0;
 	__u64 session = PT_REGS_PARM1(ctx);
-	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = (__s32)PT_REGS_PARM2(ctx), .session = session };
-	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	struct h2_key key = {};
+	__u64 *c = h2_lookup(&key, session, (__s32)PT_REGS_PARM2(ctx));
 	if (!c)
 		return 0;
 	__u64 cause = *c;
