@@ -54,14 +54,18 @@ static __always_inline int gc_callbacks(struct pt_regs *ctx, __u64 cookie)
 		.gc_type = 1U << slot,
 	};
 	emit(&ev, sizeof(ev));
-	if (!g->depth || --g->depth)
-		return 0;
-	/* The outermost collection ended: its time goes to the loop thread's
-	 * iteration in progress (a collection cannot outlast its iteration:
-	 * the thread is in V8, not in libuv, meanwhile). */
+	/* Each collection counts on the loop thread's iteration in progress (a
+	 * collection cannot outlast its iteration: the thread is in V8, not in
+	 * libuv, meanwhile), whatever reaches user space of its record; the
+	 * outermost one's time goes to it too. */
 	__u32 tid = (__u32)id;
 	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
-	if (st && st->ev.start_ns && g->outer_start >= st->ev.start_ns)
+	int in_iteration = st && st->ev.start_ns;
+	if (in_iteration && start >= st->ev.start_ns)
+		st->ev.gc_count++;
+	if (!g->depth || --g->depth)
+		return 0;
+	if (in_iteration && g->outer_start >= st->ev.start_ns)
 		st->ev.gc_ns += now - g->outer_start;
 	return 0;
 }

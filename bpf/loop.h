@@ -217,6 +217,7 @@ static __always_inline void loop_enter_phase(struct loop_state *st, __u64 phase,
 		st->ev.runqueue_ns = 0;
 		st->ev.throttled_ns = 0;
 		st->ev.gc_ns = 0;
+		st->ev.gc_count = 0;
 		st->ev.wake_ns = 0;
 		st->ev.end_ns = 0;
 		st->ev.poll_wait_ns = 0;

@@ -307,6 +307,7 @@ struct loop_event {
 	/* SPLIT_GC: time in V8 garbage collections on the loop thread (nested
 	 * ones counted once), a part of the busy time (gc.h) */
 	unsigned long long gc_ns;
+	unsigned long long gc_count; /* SPLIT_GC: the collections that started in the iteration */
 };
 
 /* A V8 garbage collection on a traced thread, from its prologue to its

@@ -113,6 +113,9 @@ pub struct LoopRecord {
     /// Time in V8 garbage collections (nested ones counted once; None: the
     /// process's GC callbacks are not probed).
     pub gc_ns: Option<u64>,
+    /// How many collections started in the iteration, as the kernel counted
+    /// them (with `gc_ns`; 0 in records of older versions).
+    pub gc_count: u64,
     /// The collections that started in the iteration (filled in by the
     /// agent from the GC records that came before this one).
     pub gcs: Vec<GcRecord>,
@@ -435,6 +438,7 @@ fn iteration(data: &[u8]) -> Result<LoopRecord, DecodeError> {
         stacks: None,
         split,
         gc_ns: (e.split & loop_split::SPLIT_GC.0 != 0).then_some(e.gc_ns),
+        gc_count: e.gc_count,
         gcs: Vec::new(),
     })
 }

@@ -74,6 +74,7 @@ mod tests {
             stacks: None,
             split: None,
             gc_ns: None,
+            gc_count: 0,
             gcs: vec![],
         }
     }

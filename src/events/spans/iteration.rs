@@ -52,9 +52,10 @@ pub const GC_EVENTS_MAX: usize = 256;
 
 /// The iteration's garbage collections: their time, their count, and one
 /// `v8js.gc` event each (at its start, with its type and duration).
-fn add_gcs(b: &Builder<'_>, span: &mut Span, gc_ns: u64, gcs: &[GcRecord]) {
+fn add_gcs(b: &Builder<'_>, span: &mut Span, gc_ns: u64, gc_count: u64, gcs: &[GcRecord]) {
     span.attributes.push(KeyValue::new(keys::GC, ms(gc_ns)));
-    span.attributes.push(KeyValue::new(keys::GC_COUNT, gcs.len() as i64));
+    // The kernel's count: exact whatever the records that reached here.
+    span.attributes.push(KeyValue::new(keys::GC_COUNT, gc_count.max(gcs.len() as u64) as i64));
     for g in gcs.iter().take(GC_EVENTS_MAX) {
         span.events.push(Event {
             name: GC_EVENT,
@@ -90,7 +91,7 @@ pub(super) fn spans(b: &Builder<'_>, r: &LoopRecord, out: &mut Vec<Span>) {
     }
     let mut root = b.span(Family::Iteration, ITERATION, b.parent, start, r.end_ns, attrs);
     if let Some(gc_ns) = r.gc_ns {
-        add_gcs(b, &mut root, gc_ns, &r.gcs);
+        add_gcs(b, &mut root, gc_ns, r.gc_count, &r.gcs);
     }
     if let Some(blocked) = &r.stacks {
         add_stacks(b, &mut root, blocked, busy, r.end_ns);
@@ -123,6 +124,7 @@ mod tests {
             stacks: None,
             split: None,
             gc_ns: None,
+            gc_count: 0,
             gcs: vec![],
         }
     }
@@ -144,6 +146,12 @@ mod tests {
         assert_eq!(types, ["minor", "major", "weakcb"]);
         let d = s.events[1].attributes.iter().find(|k| k.key.as_str() == "uvspan.gc.duration_ms").unwrap();
         assert_eq!(d.value, Value::F64(0.03));
+        // More collections than records reached user space (a thread's
+        // pending records are bounded): the count is the kernel's.
+        let one = vec![g(GcType::Minor, 50_000, 52_000)];
+        let s = &build_one(&Record::Loop(LoopRecord { gc_ns: Some(2_000), gc_count: 5000, gcs: one, ..rec() }))[0];
+        assert_eq!(attr(s, "uvspan.loop.gc_count"), Some(&Value::I64(5000)));
+        assert_eq!(s.events.iter().filter(|e| e.name == "v8js.gc").count(), 1);
         // GC probed, none in the iteration: 0, said so.
         let s = &build_one(&Record::Loop(LoopRecord { gc_ns: Some(0), ..rec() }))[0];
         assert_eq!(attr(s, "uvspan.loop.gc_ms"), Some(&Value::F64(0.0)));
