@@ -200,6 +200,19 @@ static __always_inline int h2_frame_return(__u64 prev)
 	return 0;
 }
 
+/* The stream of a call whose first two arguments are (session, stream
+ * id), if uvspan saw it start: its key and cause. 1: known. */
+static __always_inline int h2_known(struct pt_regs *ctx, struct h2_key *key, __u64 *cause)
+{
+	if (!requests)
+		return 0;
+	__u64 *c = h2_lookup(key, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx));
+	if (!c)
+		return 0;
+	*cause = *c;
+	return 1;
+}
+
 /* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd) /
  * nghttp2_submit_trailer(session, stream_id, nva, nvlen): a stream's
  * response headers or trailers. Sent up: :status (node puts the
@@ -209,14 +222,11 @@ static __always_inline int h2_frame_return(__u64 prev)
 #define H2_NV_SCAN 8
 static __always_inline int h2_response(struct pt_regs *ctx)
 {
-	if (!requests)
-		return 0;
-	__u64 session = PT_REGS_PARM1(ctx);
 	struct h2_key key = {};
-	__u64 *c = h2_lookup(&key, session, (__s32)PT_REGS_PARM2(ctx));
-	if (!c)
+	__u64 cause;
+	if (!h2_known(ctx, &key, &cause))
 		return 0;
-	__u64 cause = *c;
+	__u64 session = key.session;
 	__u64 nva = PT_REGS_PARM3(ctx), nvlen = PT_REGS_PARM4(ctx);
 	for (int i = 0; i < H2_NV_SCAN; i++) {
 		if (i >= nvlen)
@@ -237,14 +247,11 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 /* Http2Session::OnStreamClose(session, stream_id, error_code, user_data). */
 static __always_inline int h2_close(struct pt_regs *ctx)
 {
-	if (!requests)
-		return 0;
-	__u64 session = PT_REGS_PARM1(ctx);
 	struct h2_key key = {};
-	__u64 *c = h2_lookup(&key, session, (__s32)PT_REGS_PARM2(ctx));
-	if (!c)
+	__u64 cause;
+	if (!h2_known(ctx, &key, &cause))
 		return 0;
-	__u64 cause = *c;
+	__u64 session = key.session;
 	bpf_map_delete_elem(&h2_stream_cause, &key);
 	emit_h2(HTTP2_CLOSE, cause, session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0);
 	return 0;

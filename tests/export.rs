@@ -576,10 +576,7 @@ fn iteration_histogram_in(topology: Topology) {
     assert!((20..=22).contains(&slow), "{slow} iterations over 25.6 ms for 20 spins: {buckets:?}\n{ctx}");
     // Every iteration the summary counts, exactly.
     let total: u64 = buckets.iter().sum();
-    let line = out.stderr.lines().find(|l| l.contains(" loop iterations, ")).expect("summary line");
-    let head = &line[..line.find(" loop iterations, ").expect("count")];
-    let digits: String = head.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
-    let counted: u64 = digits.chars().rev().collect::<String>().parse().expect("iteration count");
+    let counted = summary_number(&out.stderr, " loop iterations");
     assert_eq!(total, counted, "the histogram counts every iteration the summary does: {buckets:?}\n{ctx}");
     assert!(total >= 60, "20 spins and 40 timers are 60 iterations at least: {total}\n{ctx}");
 }

@@ -1359,11 +1359,7 @@ fn loop_counts(node: &Path) -> (Vec<i64>, u64) {
         .iter()
         .map(|it| it.int("uvspan.loop.fast_iterations_before").expect("fast_iterations_before"))
         .collect();
-    let line = out.stderr.lines().find(|l| l.contains(" loop iterations, ")).expect("summary line");
-    let head = &line[..line.find(" loop iterations, ").expect("count")];
-    let digits: String = head.chars().rev().take_while(|c| c.is_ascii_digit()).collect();
-    let total: u64 = digits.chars().rev().collect::<String>().parse().expect("iteration count");
-    (fast, total)
+    (fast, summary_number(&out.stderr, " loop iterations"))
 }
 
 /// Without the phase functions, every epoll wait of a loop thread starts an

@@ -29,6 +29,29 @@ pub struct OpRecord {
 }
 
 #[cfg(test)]
+impl LoopRecord {
+    /// An iteration of thread `tid` of `pid` from `start_ns` to `end_ns`, no
+    /// wait, phase, split or GC (for the tests of what reads records).
+    pub(crate) fn test(pid: u32, tid: u32, start_ns: u64, end_ns: u64) -> LoopRecord {
+        LoopRecord {
+            pid,
+            tid,
+            start_ns,
+            wake_ns: None,
+            end_ns,
+            poll_wait_ns: 0,
+            skipped: 0,
+            phases: vec![],
+            stacks: None,
+            split: None,
+            gc_ns: None,
+            gc_count: 0,
+            gcs: vec![],
+        }
+    }
+}
+
+#[cfg(test)]
 impl OpRecord {
     /// An async operation of `pid` (its loop thread `tid`) from `start_ns` to
     /// `end_ns`, ended by libuv's completion (for the tests of what reads records).

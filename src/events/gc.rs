@@ -62,21 +62,7 @@ mod tests {
     }
 
     fn iteration(tid: u32, start_ns: u64, end_ns: u64) -> LoopRecord {
-        LoopRecord {
-            pid: 1,
-            tid,
-            start_ns,
-            wake_ns: None,
-            end_ns,
-            poll_wait_ns: 0,
-            skipped: 0,
-            phases: vec![],
-            stacks: None,
-            split: None,
-            gc_ns: None,
-            gc_count: 0,
-            gcs: vec![],
-        }
+        LoopRecord::test(1, tid, start_ns, end_ns)
     }
 
     #[test]

@@ -112,21 +112,7 @@ mod tests {
     use crate::events::decode::{LoopRecord, Record};
 
     fn rec() -> LoopRecord {
-        LoopRecord {
-            pid: 10,
-            tid: 10,
-            start_ns: 1_000,
-            wake_ns: Some(41_000),
-            end_ns: 141_000,
-            poll_wait_ns: 40_000,
-            skipped: 3,
-            phases: vec![],
-            stacks: None,
-            split: None,
-            gc_ns: None,
-            gc_count: 0,
-            gcs: vec![],
-        }
+        LoopRecord { wake_ns: Some(41_000), poll_wait_ns: 40_000, skipped: 3, ..LoopRecord::test(10, 10, 1_000, 141_000) }
     }
 
     #[test]
