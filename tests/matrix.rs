@@ -924,6 +924,36 @@ struct WantRow {
     if_missing: Option<&'static str>,
 }
 
+impl WantRow {
+    /// A libuv-image symbol uvspan attaches to (`lost`: what it would lose without it).
+    fn attachable(symbol: &'static str, function: (u64, u64), lost: &'static str) -> WantRow {
+        WantRow {
+            symbol,
+            image: "libuv",
+            function: Some(function),
+            status: "attachable",
+            note: String::new(),
+            json_status: "usable",
+            fallback_for: None,
+            if_missing: Some(lost),
+        }
+    }
+
+    /// A libuv-image symbol the build lacks, and what is lost for it.
+    fn missing(symbol: &'static str, lost: &'static str) -> WantRow {
+        WantRow {
+            symbol,
+            image: "libuv",
+            function: None,
+            status: "missing",
+            note: lost.to_string(),
+            json_status: "missing",
+            fallback_for: None,
+            if_missing: Some(lost),
+        }
+    }
+}
+
 fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
     let mut v = Vec::new();
     for sym in LOOP_WAITS {
@@ -966,27 +996,9 @@ fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
     for (sym, lost) in INTERNAL {
         v.push(if e.stripped {
             assert!(!e.libuv.offsets.contains_key(sym), "{} has {sym}: not stripped", e.libuv.path);
-            WantRow {
-                symbol: sym,
-                image: "libuv",
-                function: None,
-                status: "missing",
-                note: lost.to_string(),
-                json_status: "missing",
-                fallback_for: None,
-                if_missing: Some(lost),
-            }
+            WantRow::missing(sym, lost)
         } else {
-            WantRow {
-                symbol: sym,
-                image: "libuv",
-                function: Some(e.libuv.function(sym)),
-                status: "attachable",
-                note: String::new(),
-                json_status: "usable",
-                fallback_for: None,
-                if_missing: Some(lost),
-            }
+            WantRow::attachable(sym, e.libuv.function(sym), lost)
         });
     }
     for (sym, image, primary) in FALLBACKS {
@@ -1017,27 +1029,9 @@ fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
     }
     for sym in GC {
         v.push(if e.libuv.offsets.contains_key(sym) {
-            WantRow {
-                symbol: sym,
-                image: "libuv",
-                function: Some(e.libuv.function(sym)),
-                status: "attachable",
-                note: String::new(),
-                json_status: "usable",
-                fallback_for: None,
-                if_missing: Some(GC_LOST),
-            }
+            WantRow::attachable(sym, e.libuv.function(sym), GC_LOST)
         } else {
-            WantRow {
-                symbol: sym,
-                image: "libuv",
-                function: None,
-                status: "missing",
-                note: GC_LOST.into(),
-                json_status: "missing",
-                fallback_for: None,
-                if_missing: Some(GC_LOST),
-            }
+            WantRow::missing(sym, GC_LOST)
         });
     }
     assert_eq!(v.len(), ALL_PROBES);
