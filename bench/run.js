@@ -337,6 +337,10 @@ const UVSPAN_CONFIGS = {
   uvspan_trap: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1' } },
   uvspan_sample10: { args: ['--sample-time', '10%'] },
   uvspan_nostacks: { args: ['--stacks', 'off'] },
+  // The standard sampler at 10% (decided in the kernel: the work of the
+  // 90% dropped sends no record), and metrics alone (no trace sampled).
+  uvspan_ratio10: { args: [], env: { OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '0.1' } },
+  uvspan_metrics_only: { args: [], env: { OTEL_TRACES_SAMPLER: 'always_off' } },
   // Analysis (BENCH_CONFIGS): windows shorter than a detach, so the uprobes are
   // hardly ever live: what is left is the epoll path and the window edges.
   uvspan_sample1: { args: ['--sample-time', '1%'] },
@@ -354,7 +358,11 @@ const MODES = {
   // ~1000 req/s offered on 10 connections: the app has idle time.
   paced: { configs: ['bare', 'uvspan', 'uvspan_nostacks', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
   // Closed loop (no pacing) on 16 connections: the machine is saturated.
-  saturated: { configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 16, rate: 0 },
+  saturated: {
+    configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_sample10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
+    conns: 16,
+    rate: 0,
+  },
 };
 async function overhead(mode = 'paced') {
   const c = { ...CFG.overhead, conns: MODES[mode].conns, rate: MODES[mode].rate ?? CFG.overhead.rate };
@@ -364,11 +372,15 @@ async function overhead(mode = 'paced') {
   log(`overhead (${mode}): ${c.rounds} round(s) of ${configs.join('/')}, ${c.rate ? `~${c.rate} req/s paced` : 'closed loop'} on ${c.conns} connections, ${c.measure_s}s each`);
   for (let r = 0; r < c.rounds; r++) {
     for (const cfg of configs) {
-      const args = cfg === 'otel_sdk' ? ['-r', path.join(BENCH, 'otel.js'), path.join(BENCH, 'app.js')] : [path.join(BENCH, 'app.js')];
-      const envx =
-        cfg === 'otel_sdk'
-          ? { OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${SINK.grpc}`, OTEL_METRICS_EXPORTER: 'none', OTEL_LOGS_EXPORTER: 'none', OTEL_SERVICE_NAME: 'bench-app' }
-          : {};
+      // otel_sdk_ratio10: the SDK with the same sampler as uvspan_ratio10.
+      const sdk = cfg.startsWith('otel_sdk');
+      const args = sdk ? ['-r', path.join(BENCH, 'otel.js'), path.join(BENCH, 'app.js')] : [path.join(BENCH, 'app.js')];
+      const envx = sdk
+        ? {
+            OTEL_EXPORTER_OTLP_ENDPOINT: `http://127.0.0.1:${SINK.grpc}`, OTEL_METRICS_EXPORTER: 'none', OTEL_LOGS_EXPORTER: 'none', OTEL_SERVICE_NAME: 'bench-app',
+            ...(cfg === 'otel_sdk_ratio10' ? { OTEL_TRACES_SAMPLER: 'parentbased_traceidratio', OTEL_TRACES_SAMPLER_ARG: '0.1' } : {}),
+          }
+        : {};
       const sink0 = await sinkStats();
       const app = await startNode(args, envx);
       const u = UVSPAN_CONFIGS[cfg];
@@ -438,6 +450,10 @@ async function overhead(mode = 'paced') {
     ratios[`${cfg}_p99`] = round(ratio(cfg, 'p99_ms'));
     ratios[`${cfg}_added_us_per_req`] = round(added(cfg), 2);
     if (UVSPAN_CONFIGS[cfg]) ratios[`${cfg}_with_sidecar_over_sdk_added`] = round(addedWithSidecar(cfg) / addSdk);
+  }
+  // Sampled at 10% on both sides: uvspan's added CPU (app + its own) over the SDK's.
+  if (configs.includes('uvspan_ratio10') && configs.includes('otel_sdk_ratio10')) {
+    ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added = round(addedWithSidecar('uvspan_ratio10') / added('otel_sdk_ratio10'));
   }
   ratios.uvspan_added_over_sdk_added = round(added('uvspan') / addSdk);
   return {
@@ -750,7 +766,10 @@ function markdown(R) {
     uvspan_nostacks: '(bs) uvspan --stacks off → OTLP (b minus the stack sampler)',
     uvspan_sample1: '(b1) uvspan --sample-time 1% → OTLP (uprobes hardly ever live)',
     uvspan_sample1_nostacks: '(b1s) the same with --stacks off',
+    uvspan_ratio10: '(br) uvspan, parentbased_traceidratio 0.1 (decided in the kernel) → OTLP',
+    uvspan_metrics_only: '(bm) uvspan, always_off: metrics only → OTLP',
     otel_sdk: '(c) OTel JS SDK → OTLP',
+    otel_sdk_ratio10: '(cr) OTel JS SDK, parentbased_traceidratio 0.1 → OTLP',
   };
   for (const [o, title] of [[R.overhead, '1. Overhead on the app, paced'], [R.saturated, '1b. Overhead on the app, saturated']]) {
     if (!o) continue;
@@ -762,7 +781,10 @@ function markdown(R) {
       const m = o.median[cfg];
       const r = (k) => (cfg === 'bare' ? '1.00' : o.ratios[`${cfg}_${k}`]);
       row(LABELS[cfg], m.cpu_us_per_req, r('cpu'), m.p50_ms, m.p99_ms, r('p99'), m.req_per_s, m.spans_per_req,
-        cfg === 'otel_sdk' ? '(in-process)' : m.uvspan_cpu_us_per_req, o.ratios[`${cfg}_with_sidecar_over_sdk_added`]);
+        cfg.startsWith('otel_sdk') ? '(in-process)' : m.uvspan_cpu_us_per_req,
+        cfg === 'uvspan_ratio10' && o.ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added !== undefined
+          ? `${o.ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added} (of cr)`
+          : o.ratios[`${cfg}_with_sidecar_over_sdk_added`]);
     }
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
   }

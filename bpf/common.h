@@ -42,6 +42,21 @@ const volatile unsigned int sampling = 0;
 volatile __u32 window_closed = 0;
 volatile __u32 window_gen = 0;
 volatile __u64 window_open_ns = 0;
+/* The trace sampler (OTEL_TRACES_SAMPLER), decided in the kernel where a
+ * trace starts: a request at its head (ksample_requests), a task when it
+ * starts (ksample_tasks: tasks are traces of their own). Not sampled: the
+ * cause carries CAUSE_DROP (ops.h). A trace id's 56 low bits are kept when
+ * at least ksample_threshold (1 << 56: never); with ksample_parent an
+ * incoming traceparent's sampled flag decides instead. User space derives
+ * the trace ids it makes from the cause the same way (mix64), so both
+ * sides agree; off (0): user space decides every trace. */
+const volatile unsigned int ksample_requests = 0;
+const volatile unsigned int ksample_tasks = 0;
+const volatile unsigned int ksample_parent = 0;
+const volatile unsigned long long ksample_threshold = 0;
+/* The bucket bounds (ns, inclusive) of op_hist per enum hist_family, as
+ * user space's metrics have them; unused ones are ~0. */
+const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUNDS] = {};
 /* --stacks all-ops: the user stack at each fs/DNS submit. */
 const volatile unsigned int stacks_all_ops = 0;
 /* uvspan's own PID namespace (nsfs device and inode of /proc/self/ns/pid)

@@ -30,7 +30,8 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 	e->op.start_ns = bpf_ktime_get_ns();
 	e->op.sync = PT_REGS_PARM3(ctx) == 0;
 	e->host[0] = 0;
-	bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
+	if (!dropped(e->op.cause))
+		bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
 	struct req_key key = { .pid = pid, .req = e->op.req };
 	if (bpf_map_update_elem(&inflight_dns, &key, e, BPF_NOEXIST)) {
 		stat_inc(STAT_INFLIGHT_REPLACED);
@@ -80,6 +81,15 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	e->retcode = (int)r[(GAI_RETCODE_OFF - GAI_ADDRINFO_OFF) / 8];
 	if (status == -125 /* UV_ECANCELED */)
 		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
+	/* An unsampled trace's: counted, no record (DNS durations have no
+	 * sync attribute). */
+	if (dropped(e->op.cause) && !op_hist_add(key->pid, HIST_DNS, 0, 0, e->retcode, e->op.end_ns - e->op.start_ns)) {
+		queue_hist_add(key->pid, HIST_DNS, e->op.start_ns, e->op.work_start_ns);
+		if (end_kind == END_DONE)
+			set_cause(e->op.cause);
+		bpf_map_delete_elem(&inflight_dns, key);
+		return 0;
+	}
 
 	__u64 ai = r[0];
 	/* The count lives in the record, not in a local: read back from map

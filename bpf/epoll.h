@@ -45,7 +45,7 @@ static __always_inline void wait_done(struct loop_state *st, __u64 now, long ret
 {
 	/* The I/O callbacks that follow set their own cause, or are a task
 	 * of this wait's (a socket no request owns, a worker's message). */
-	set_cause(cause_at(now, CAUSE_IO));
+	set_cause(task_cause_at(now, CAUSE_IO));
 	st->ev.poll_wait_ns += now - st->epoll_enter;
 	st->time.idle_ns += now - st->epoll_enter;
 	st->last_poll_empty = st->poll_timeout_zero && (!known || ret == 0);

@@ -39,13 +39,25 @@ static __always_inline struct sync_slot *sync_slot_of(int create)
 	return (struct sync_slot *)thread_state_of(create);
 }
 
-/* Ends the thread's sync call: result from the request, one record. */
+/* An fs operation's histogram error attribute: the negative errno. */
+static __always_inline int fs_err(long long result)
+{
+	return result < 0 ? (int)result : 0;
+}
+
+/* Ends the thread's sync call: result from the request, one record (or,
+ * of an unsampled trace, a count in op_hist). */
 static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 {
 	struct fs_event *e = &slot->ev;
 	e->op.end_ns = bpf_ktime_get_ns();
 	e->op.end_kind = end_kind;
 	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
+	if (dropped(e->op.cause) &&
+	    !op_hist_add(e->op.hdr.pid, HIST_FS, e->op_id, 1, fs_err(e->result), e->op.end_ns - e->op.start_ns)) {
+		slot->req = 0;
+		return;
+	}
 	emit(e, fs_record_size(e));
 	slot->req = 0;
 }
@@ -93,6 +105,20 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 			set_cause(0);
 		}
 		return 0;
+	}
+	if (dropped(a->cause)) {
+		/* An unsampled trace's: counted, no record, nothing read but
+		 * its result. */
+		__u64 now = bpf_ktime_get_ns();
+		long long result = 0;
+		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
+		if (!op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns)) {
+			queue_hist_add(pid, HIST_FS, a->start_ns, a->work_start_ns);
+			if (end_kind == END_DONE)
+				set_cause(a->cause);
+			bpf_map_delete_elem(&inflight_fs, &key);
+			return 0;
+		}
 	}
 	struct scratch *s = get_scratch();
 	if (!s)
@@ -210,10 +236,13 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->fd = idx == COOKIE_NONE ? -1 : (int)args.v[idx & 7];
 
 	e->path[0] = 0;
+	e->has_path2 = 0;
+	/* An unsampled trace's call is only counted: no path to read. */
+	if (dropped(cause))
+		return 1;
 	idx = cookie_field(cookie, COOKIE_PATH_SHIFT);
 	if (idx != COOKIE_NONE)
 		e->path_len = read_path(e->path, sizeof(e->path), (void *)args.v[idx & 7]);
-	e->has_path2 = 0;
 	idx = cookie_field(cookie, COOKIE_PATH2_SHIFT);
 	if (idx != COOKIE_NONE) {
 		e->path2[0] = 0;

@@ -73,14 +73,141 @@ static __always_inline void peer_of(struct http_event *e, __u64 stream)
 
 #define HTTP_SHORT_HEAD 256
 
+/* The trace sampler at a request's head (ksample_requests): where its
+ * traceparent's value starts in the captured head, found a line at a time. */
+struct tp_scan {
+	__u32 n;   /* bytes captured */
+	__u32 pos; /* the value's offset (0: none found) */
+};
+
+#define TP_NAME_LEN 12 /* "traceparent:" */
+#define TP_VALUE_LEN 55 /* "00-<32 hex>-<16 hex>-<2 hex>" */
+#define CAP_MASK (UVSPAN_HTTP_CAPTURE - 1)
+
+/* Whether a header line at `p` is traceparent's (names are not case
+ * sensitive: letters compared with their case bit set). */
+static __always_inline int tp_name_at(const char *d, __u32 p)
+{
+	const char name[TP_NAME_LEN] = "traceparent:";
+	for (int k = 0; k < TP_NAME_LEN; k++)
+		if ((d[(p + k) & CAP_MASK] | 0x20) != name[k])
+			return 0;
+	return 1;
+}
+
+/* bpf_loop callback: the captured head's 8-byte word i; a line starting
+ * in it is looked at only when the word holds a '\n'. */
+static long tp_word(__u32 i, struct tp_scan *sc)
+{
+	__u32 at = i * 8;
+	if (at + 8 > sc->n)
+		return 1;
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s)
+		return 1;
+	const char *d = s->http.data;
+	__u64 w = *(const __u64 *)(d + (at & (UVSPAN_HTTP_CAPTURE - 8)));
+	__u64 x = w ^ 0x0a0a0a0a0a0a0a0aULL;
+	if (!((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL))
+		return 0;
+	for (int b = 0; b < 8; b++) {
+		if ((__u8)(w >> (b * 8)) != '\n')
+			continue;
+		__u32 p = at + b + 1;
+		if (p + TP_NAME_LEN + TP_VALUE_LEN > sc->n)
+			return 1;
+		if (tp_name_at(d, p)) {
+			sc->pos = p + TP_NAME_LEN;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+static __always_inline int hex_digit(__u8 c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+/* The incoming traceparent of the head in `e` (as src/requests/head.rs
+ * parses it): 1 with its sampled flag and the trace id's 56 low bits; 0
+ * for none or a malformed one (the request starts a trace of its own). */
+static __always_inline int incoming_traceparent(struct http_event *e, __u32 n, int *flag, __u64 *low56)
+{
+	struct tp_scan sc = { .n = n };
+	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, tp_word, &sc, 0);
+	if (!sc.pos)
+		return 0;
+	const char *d = e->data;
+	__u32 p = sc.pos;
+	for (int k = 0; k < 4; k++)
+		if (d[p & CAP_MASK] == ' ' || d[p & CAP_MASK] == '\t')
+			p++;
+	if (p + TP_VALUE_LEN > n)
+		return 0;
+	__u64 trace_or = 0, span_or = 0, low = 0;
+	int version = 0, flags = 0;
+	for (int k = 0; k < TP_VALUE_LEN; k++) {
+		__u8 c = d[(p + k) & CAP_MASK];
+		if (k == 2 || k == 35 || k == 52) {
+			if (c != '-')
+				return 0;
+			continue;
+		}
+		int v = hex_digit(c);
+		if (v < 0)
+			return 0;
+		if (k < 2)
+			version = version << 4 | v;
+		else if (k < 35)
+			trace_or |= v;
+		else if (k < 52)
+			span_or |= v;
+		else
+			flags = flags << 4 | v;
+		if (k >= 21 && k < 35)
+			low = low << 4 | v;
+	}
+	if (version == 0xff || !trace_or || !span_or)
+		return 0;
+	/* Version 00 has exactly four fields. */
+	if (version == 0 && p + TP_VALUE_LEN < n && d[(p + TP_VALUE_LEN) & CAP_MASK] == '-')
+		return 0;
+	*flag = flags & 1;
+	*low56 = low;
+	return 1;
+}
+
+/* A request's cause, decided by the sampler (ksample_requests): its
+ * caller's sampled flag (parent-based), the incoming trace id's 56 low bits,
+ * or (no traceparent) the cause's own random bits against the threshold. */
+static __always_inline __u64 sample_request(struct http_event *e, __u32 n, __u64 cause)
+{
+	int by_parent = ksample_parent || (ksample_threshold && ksample_threshold < (1ULL << 56));
+	int flag = 0;
+	__u64 low56 = 0;
+	if (by_parent && incoming_traceparent(e, n, &flag, &low56)) {
+		if (ksample_parent)
+			return flag ? cause : cause | CAUSE_DROP;
+		return low56 >= ksample_threshold ? cause : cause | CAUSE_DROP;
+	}
+	return sample_root(cause);
+}
+
 /* One HTTP record: `total` bytes in the call; with `capture`, the first
- * UVSPAN_HTTP_CAPTURE bytes at `data` (of which `avail` are the call's). */
-static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
+ * UVSPAN_HTTP_CAPTURE bytes at `data` (of which `avail` are the call's).
+ * Returns the cause sent: a request's, decided by the sampler. */
+static __always_inline __u64 emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
 				      int capture, __u8 tls)
 {
 	struct scratch *s = get_scratch();
 	if (!s)
-		return;
+		return cause;
 	struct http_event *e = &s->http;
 	__u64 id = current_ids();
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
@@ -104,13 +231,17 @@ static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64
 		n = avail < UVSPAN_HTTP_CAPTURE ? avail : UVSPAN_HTTP_CAPTURE;
 	}
 	e->captured = n;
-	if (what == HTTP_REQUEST)
+	if (what == HTTP_REQUEST) {
 		peer_of(e, conn);
+		if (ksample_requests)
+			e->cause = cause = sample_request(e, n, cause);
+	}
 	/* Sent with what was captured only (8-byte aligned). */
 	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)n + 7) & ~7ULL);
 	if (size > sizeof(*e))
 		size = sizeof(*e);
 	emit(e, size);
+	return cause;
 }
 
 /* llhttp_execute(parser, data, len): HTTP bytes reach a parser. A request
@@ -142,10 +273,9 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 		return 0;
 	}
 	if (is_request(head)) {
-		__u64 cause = new_cause(CAUSE_REQUEST);
+		__u64 cause = emit_http(HTTP_REQUEST, new_cause(CAUSE_REQUEST), t->ctx.stream, data, len, len, 1, 0);
 		bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
 		t->ctx.cause = cause;
-		emit_http(HTTP_REQUEST, cause, t->ctx.stream, data, len, len, 1, 0);
 		return 0;
 	}
 	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
@@ -167,7 +297,7 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 	if (!t)
 		return 0;
 	t->ctx.stream = stream;
-	t->ctx.cause = c ? *c : new_cause(CAUSE_IO);
+	t->ctx.cause = c ? *c : new_task_cause(CAUSE_IO);
 	return 0;
 }
 
@@ -250,7 +380,7 @@ static __always_inline int task_start(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	struct thread_state *t = thread_state_of(1);
 	if (t) {
-		t->ctx.cause = new_cause(cookie & CAUSE_KIND_MASK);
+		t->ctx.cause = new_task_cause(cookie & CAUSE_KIND_MASK);
 		t->ctx.stream = 0;
 	}
 	return 0;

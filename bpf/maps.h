@@ -199,6 +199,17 @@ struct {
 	__type(value, struct loop_state);
 } loops SEC(".maps");
 
+/* Operations of unsampled traces (no record sent): their durations per
+ * process and attribute set. User space reads and sums the CPUs' into the
+ * metrics and removes a process's entries once it is gone. Full: the
+ * operation is sent as a record instead (STAT_HIST_FULL). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct op_hist_key);
+	__type(value, struct op_hist);
+} op_hists SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
@@ -216,6 +227,7 @@ struct scratch {
 		struct http_event http;
 		struct stack_event stack; /* listed so the skeleton generates its type */
 		struct gc_event gc;       /* likewise */
+		struct op_hist hist;      /* likewise */
 		struct {
 			enum probe_kind probe;
 			enum ev_end end;
@@ -229,6 +241,7 @@ struct scratch {
 			enum http_what http;
 			enum cause_kind cause;
 			enum loop_split split;
+			enum hist_family hist;
 		} enums; /* likewise, for the enums */
 	};
 };

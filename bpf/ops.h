@@ -62,6 +62,83 @@ static __always_inline __u64 new_cause(__u64 kind)
 	return cause_at(bpf_ktime_get_ns(), kind);
 }
 
+/* The sampler's random number for a trace that starts with this cause:
+ * 56 bits, splitmix64's finalizer of the cause (without CAUSE_DROP). User
+ * space gives the trace it makes for the cause these low bits
+ * (src/events/sampler.rs: cause_random), so a trace-id ratio decides the
+ * same on both sides. */
+static __always_inline __u64 cause_random(__u64 cause)
+{
+	__u64 z = (cause & ~(__u64)CAUSE_DROP) + 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return (z ^ (z >> 31)) & ((1ULL << 56) - 1);
+}
+
+/* A trace with no parent that starts with this cause, decided: marked
+ * CAUSE_DROP when the sampler does not keep it. */
+static __always_inline __u64 sample_root(__u64 cause)
+{
+	return cause_random(cause) >= ksample_threshold ? cause : cause | CAUSE_DROP;
+}
+
+/* Not sampled: the cause's work sends no record (op_hist counts it). */
+static __always_inline int dropped(__u64 cause)
+{
+	return cause & CAUSE_DROP;
+}
+
+/* A new task's cause (a trace of its own when tasks are sampled here). */
+static __always_inline __u64 task_cause_at(__u64 now, __u64 kind)
+{
+	__u64 cause = cause_at(now, kind);
+	return ksample_tasks ? sample_root(cause) : cause;
+}
+
+static __always_inline __u64 new_task_cause(__u64 kind)
+{
+	return task_cause_at(bpf_ktime_get_ns(), kind);
+}
+
+/* An operation of an unsampled trace: its duration in its process's
+ * histogram for its attributes (no record). Returns 0 when counted; else
+ * (the map full) the caller sends its record as for a sampled trace. */
+static __always_inline int op_hist_add(__u32 pid, __u8 family, __u8 op_id, __u8 sync, int err, __u64 dur_ns)
+{
+	struct op_hist_key k = { .pid = pid, .family = family, .op_id = op_id, .sync = sync, .err = err };
+	struct op_hist *h = bpf_map_lookup_elem(&op_hists, &k);
+	if (!h) {
+		struct op_hist zero = {};
+		bpf_map_update_elem(&op_hists, &k, &zero, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&op_hists, &k);
+		if (!h) {
+			stat_inc(STAT_HIST_FULL);
+			return -1;
+		}
+	}
+	__u32 i = 0;
+	for (; i < UVSPAN_HIST_BOUNDS; i++)
+		if (dur_ns <= hist_bounds_ns[family % HIST_FAMILIES][i])
+			break;
+	if (i > UVSPAN_HIST_BOUNDS)
+		i = UVSPAN_HIST_BOUNDS;
+	h->buckets[i] += 1;
+	h->count += 1;
+	h->sum_ns += dur_ns;
+	if (family != HIST_QUEUE)
+		stat_inc(STAT_UNSAMPLED_OPS);
+	return 0;
+}
+
+/* An unsampled threadpool job's wait in libuv's queue (--detail
+ * threadpool: its start was seen), counted as uvspan.threadpool.queue.duration
+ * (op_id: the job's enum hist_family). */
+static __always_inline void queue_hist_add(__u32 pid, __u8 family, __u64 start_ns, __u64 work_start_ns)
+{
+	if (work_start_ns)
+		op_hist_add(pid, HIST_QUEUE, family, 0, 0, work_start_ns - start_ns);
+}
+
 /* A task's cause (not a request's): its writes are not sent up (no
  * CLIENT spans under tasks yet), only remembered for the replies. */
 static __always_inline int is_task(__u64 cause)

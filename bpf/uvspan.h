@@ -29,6 +29,7 @@ enum uvspan_sizes {
 	UVSPAN_ITER_BOUNDS = 16,
 	UVSPAN_GC_TYPES = 5,        /* v8::GCType bits: scavenge, minor mark-sweep, mark-compact, incremental, weak callbacks */
 	UVSPAN_H2_NAME = 64,        /* HTTP/2 header record: the name's bytes (NUL-padded), the value after */
+	UVSPAN_HIST_BOUNDS = 16,    /* bucket bounds of a kernel-side operation histogram (op_hist) at most */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -168,8 +169,12 @@ enum cause_kind {
 	CAUSE_IMMEDIATE = 2,
 	CAUSE_IO = 3,
 	CAUSE_KIND_SHIFT = 5,
-	CAUSE_KIND_MASK = 7,
+	CAUSE_KIND_MASK = 3,
 	CAUSE_CPU_MASK = 0x1F,
+	/* The trace sampler, decided in the kernel (ksample_*, common.h): the
+	 * cause's trace is not sampled; its fs and DNS work updates the
+	 * kernel's histograms (op_hist) and sends no record. */
+	CAUSE_DROP = 0x80,
 };
 
 /* Where an operation was seen to finish. */
@@ -212,7 +217,37 @@ enum stat_idx {
 	STAT_INFLIGHT_FULL = 5,     /* an async request not tracked: in-flight table full */
 	STAT_STRADDLED = 6,         /* --sample-time: an operation crossed a window edge, dropped */
 	STAT_STACK_SAMPLES = 7,     /* loop-thread stacks sampled during slow iterations */
-	STAT_MAX = 8,
+	STAT_HIST_FULL = 8,         /* an unsampled operation not counted in op_hist (full): sent as a record */
+	STAT_UNSAMPLED_OPS = 9,     /* operations of unsampled traces counted in op_hist, no record sent */
+	STAT_MAX = 10,
+};
+
+/* What an op_hist entry counts: the operations of one process, family and
+ * attribute set (the metrics' attributes, bounded). */
+enum hist_family {
+	HIST_FS = 0,
+	HIST_DNS = 1,
+	HIST_QUEUE = 2, /* a threadpool job's wait in the queue; op_id: HIST_FS or HIST_DNS */
+	HIST_FAMILIES = 3,
+};
+
+struct op_hist_key {
+	unsigned int pid;
+	unsigned char family; /* enum hist_family */
+	unsigned char op_id;  /* fs: the catalog operation id */
+	unsigned char sync;
+	unsigned char _pad;
+	int err;              /* fs: the negative errno, DNS: the UV_EAI_* code; 0: success */
+	unsigned int _pad2;
+};
+
+/* Durations of the operations of unsampled traces, which send no record:
+ * buckets by the bounds user space wrote (hist_bounds_ns), their count and
+ * sum. Per CPU; user space adds the CPUs' and the records' counts. */
+struct op_hist {
+	unsigned long long count;
+	unsigned long long sum_ns;
+	unsigned long long buckets[UVSPAN_HIST_BOUNDS + 1];
 };
 
 struct ev_header {

@@ -33,7 +33,7 @@ use crate::events::sampler::Sampler;
 use crate::export::client::settings::{self, Output, Plan, Sources};
 use crate::export::health::{Health, HealthMetrics};
 use crate::export::{Destination, Exporter};
-use crate::kernel::tracer::{Settings, Tracer};
+use crate::kernel::tracer::{KernelSampling, Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
 use crate::listen::join::Joiner;
 use crate::listen::{BindError, ListenConfig, Listener};
@@ -165,7 +165,8 @@ impl Agent {
         let lookup = resolve_targets(&cli);
         let (rt, exporter, health, health_metrics) = start_export(&plan, &file)?;
         let listener = start_listener(&cli, &plan, &rt, &health)?;
-        let loaded = Tracer::load(&tracer_settings(&cli, pidns));
+        let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
+        let loaded = Tracer::load(&tracer_settings(&cli, pidns, kernel_sampling(&cli, &sampler, per)));
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
         for n in tracer.notices() {
@@ -185,7 +186,6 @@ impl Agent {
         if report.is_some() {
             procs.commands = Some(HashMap::new());
         }
-        let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
         procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off).startup_ops(cli.startup_ops);
         let mut agent = Agent {
             procs,
@@ -342,6 +342,7 @@ impl Agent {
                     if let Some(r) = self.report.as_mut() {
                         r.exited(pid, fast_iterations);
                     }
+                    self.read_kernel_ops(pid);
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     // Its last metrics go out soon, and its resource with them.
                     if let Some(m) = &self.op_metrics {
@@ -424,10 +425,20 @@ impl Agent {
         let Some(m) = &self.procs.metrics else { return };
         let now_ns = crate::events::clock::monotonic_ns();
         let times: Vec<_> = self.procs.live_pids().into_iter().filter_map(|pid| Some((pid, self.tracer.loop_time(pid, now_ns)?))).collect();
+        let kernel_ops = self.tracer.op_hists(None);
         let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
         for (pid, t) in times {
             m.loop_time(pid, crate::metrics::LoopTime::of(&t, now_ns));
         }
+        m.kernel_ops(&kernel_ops);
+    }
+
+    /// With metrics: what the kernel counted of a process's unsampled
+    /// operations, read at its exit (before its metrics go out a last time).
+    fn read_kernel_ops(&mut self, pid: u32) {
+        let Some(m) = &self.procs.metrics else { return };
+        let kernel_ops = self.tracer.op_hists(Some(pid));
+        m.lock().unwrap_or_else(|e| e.into_inner()).kernel_ops(&kernel_ops);
     }
 
     /// --otlp-listen: the app's SERVER spans that came through the listener

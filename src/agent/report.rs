@@ -99,6 +99,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     let sampler = run.sampler.as_ref().map_or_else(String::new, |(name, n)| {
         format!("; sampler {name}: {n} operations and loop iterations outside requests not sampled, not exported")
     });
+    let kernel = if k.unsampled_ops > 0 || k.hist_full > 0 {
+        format!(
+            "; {} operations of unsampled traces counted in the kernel (metrics only, no record){}",
+            k.unsampled_ops,
+            if k.hist_full > 0 { format!(", {} sent as records (histogram map full)", k.hist_full) } else { String::new() }
+        )
+    } else {
+        String::new()
+    };
     let short = if run.short > 0 {
         format!("; {} operations outside requests shorter than --min-duration not exported", run.short)
     } else {
@@ -120,7 +129,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{tasks}{sampler}{short}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{tasks}{sampler}{kernel}{short}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }
@@ -132,7 +141,7 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
     health.straddled.store(straddled(k, run), Ordering::Relaxed);
-    health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1), Ordering::Relaxed);
+    health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1) + k.unsampled_ops, Ordering::Relaxed);
     health.operations_short.store(run.short, Ordering::Relaxed);
     if let Some(r) = run.requests {
         health.requests.store(r.requests, Ordering::Relaxed);

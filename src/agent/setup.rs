@@ -14,8 +14,28 @@ pub(super) fn bench_trap_only() -> bool {
     on
 }
 
+/// Where the trace sampler runs: in the kernel (the work of a trace it
+/// drops sends no record) unless it keeps everything, or user space must
+/// see every request's work to decide at its end (tail exceptions), or
+/// `uvspan run` reports on every operation. Tasks are decided there only
+/// when each is a trace of its own (a process's trace decides its tasks).
+pub(super) fn kernel_sampling(cli: &Cli, sampler: &Sampler, per: TracePer) -> Option<KernelSampling> {
+    let tail = cli.keep_errors || cli.keep_slower_than.is_some();
+    let report = matches!(cli.sub, Some(crate::cli::Sub::Run(_)));
+    if cli.requests == RequestsMode::Off || sampler.keeps_all() || tail || report {
+        return None;
+    }
+    Some(KernelSampling {
+        requests: true,
+        tasks: per == TracePer::Task,
+        parent_based: sampler.parent_based,
+        threshold: sampler.kernel_threshold(),
+    })
+}
+
 /// What the kernel side is loaded with.
-pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>) -> Settings {
+pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>, sampling: Option<KernelSampling>) -> Settings {
+    use crate::metrics::Metric;
     Settings {
         loop_threshold: cli.loop_threshold,
         follow_forks: !cli.command.is_empty(),
@@ -27,6 +47,8 @@ pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::P
         stacks: cli.stacks != StacksMode::Off,
         stacks_all_ops: cli.stacks == StacksMode::AllOps,
         pidns,
+        kernel_sampling: sampling,
+        hist_bounds: [Metric::Fs.bounds(), Metric::Dns.bounds(), Metric::QueueWait.bounds()],
     }
 }
 

@@ -58,7 +58,47 @@ impl Root {
     }
 }
 
+/// A cause's bit (`CAUSE_DROP`, bpf/uvspan.h): the kernel decided its trace
+/// is not sampled, and sends no record of its fs and DNS work.
+pub const CAUSE_DROP: u64 = crate::kernel::skel::types::cause_kind::CAUSE_DROP.0 as u64;
+
+/// The sampler's random number for a trace that starts with `cause`: 56
+/// bits, splitmix64's finalizer of the cause without [`CAUSE_DROP`], as the
+/// kernel computes it (`cause_random`, bpf/ops.h).
+pub fn cause_random(cause: u64) -> u64 {
+    let mut z = (cause & !CAUSE_DROP).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) & ((1u64 << RANDOM_BITS) - 1)
+}
+
+/// A trace id for a trace that starts with `cause`: `random`'s upper bits
+/// and the cause's random number as its 56 low bits, so a trace-id ratio
+/// decides it as the kernel did.
+pub fn trace_for_cause(random: TraceId, cause: u64) -> TraceId {
+    let mask = (1u128 << RANDOM_BITS) - 1;
+    let id = (u128::from_be_bytes(random.to_bytes()) & !mask) | u128::from(cause_random(cause));
+    // Never the invalid id (all zero): a low part of zero gets a high bit.
+    TraceId::from(if id == 0 { 1u128 << 127 } else { id })
+}
+
 impl Sampler {
+    /// The kernel's threshold on a trace's 56 random bits (`ksample_threshold`,
+    /// bpf/common.h): kept when at least this; `1 << 56` keeps none.
+    pub fn kernel_threshold(&self) -> u64 {
+        match self.root {
+            Root::AlwaysOn => 0,
+            Root::AlwaysOff => 1u64 << RANDOM_BITS,
+            Root::Ratio { threshold, .. } => threshold,
+        }
+    }
+
+    /// Whether a trace id's low bits take part in the decision (a ratio
+    /// sampler): only then are trace ids made from their cause.
+    pub fn by_trace_id(&self) -> bool {
+        matches!(self.root, Root::Ratio { .. })
+    }
+
     /// `OTEL_TRACES_SAMPLER` and `OTEL_TRACES_SAMPLER_ARG` (unset: the default).
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Sampler> {
         let name = env("OTEL_TRACES_SAMPLER").map(|v| v.trim().to_ascii_lowercase()).filter(|v| !v.is_empty());
@@ -169,6 +209,26 @@ mod tests {
         assert!(all.keeps(None, trace(0, 0)));
         let none = from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0")]).unwrap();
         assert!(!none.keeps(None, trace((1 << 56) - 1, 0)));
+    }
+
+    #[test]
+    fn trace_ids_made_from_causes_are_decided_as_the_kernel_decides_them() {
+        // splitmix64's finalizer (golden values: the kernel computes the same).
+        assert_eq!(cause_random(0), 0xe220_a839_7b1d_cdaf & ((1 << 56) - 1));
+        assert_eq!(cause_random(1 << 8), cause_random((1 << 8) | CAUSE_DROP), "the drop bit is not part of it");
+        let s = from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "0.1")]).unwrap();
+        // Causes of requests 1 µs apart on 2 CPUs (near-sequential inputs).
+        let causes: Vec<u64> = (0..100_000u64).map(|i| ((1_000_000_000 + i * 1_000) << 8) | (i % 2)).collect();
+        let kept = causes.iter().filter(|&&c| cause_random(c) >= s.kernel_threshold()).count();
+        assert!((9_400..=10_600).contains(&kept), "{kept} of 100000 causes at 0.1");
+        for &c in &causes[..1000] {
+            let t = trace_for_cause(trace(0xdead, 0xbeef), c);
+            assert_eq!(s.keeps(None, t), cause_random(c) >= s.kernel_threshold(), "user space decides as the kernel");
+            assert_eq!(u128::from_be_bytes(t.to_bytes()) >> 64, 0xbeef, "the random high bits stay");
+        }
+        assert_eq!(Sampler::default().kernel_threshold(), 0);
+        let off = from(&[("OTEL_TRACES_SAMPLER", "always_off")]).unwrap();
+        assert!(causes.iter().all(|&c| cause_random(c) < off.kernel_threshold()), "always_off keeps none");
     }
 
     #[test]

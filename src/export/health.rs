@@ -102,7 +102,7 @@ impl HealthMetrics {
             ("uvspan.requests.unsampled", "Requests the trace sampler dropped (not exported)", read_h(|h| &h.requests_unsampled)),
             (
                 "uvspan.operations.unsampled",
-                "Operations and loop iterations outside requests the trace sampler dropped",
+                "Operations and loop iterations the trace sampler dropped: outside requests, and those of unsampled requests and tasks the kernel counted without a record",
                 read_h(|h| &h.operations_unsampled),
             ),
             (

@@ -18,6 +18,8 @@ unsafe impl plain::Plain for types::stack_event {}
 unsafe impl plain::Plain for types::stack_frame {}
 unsafe impl plain::Plain for types::loop_time {}
 unsafe impl plain::Plain for types::gc_event {}
+unsafe impl plain::Plain for types::op_hist_key {}
+unsafe impl plain::Plain for types::op_hist {}
 
 /// The BPF sources the skeleton's object is compiled from (bpf/uvspan.bpf.c
 /// and the headers it includes, listed by build.rs), for the tests that

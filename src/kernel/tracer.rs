@@ -48,6 +48,25 @@ pub struct Settings {
     /// uvspan's PID namespace when it is not the initial one: the kernel
     /// side gives every id as uvspan sees it.
     pub pidns: Option<crate::discover::pidns::PidNs>,
+    /// The trace sampler decided in the kernel (None: in user space).
+    pub kernel_sampling: Option<KernelSampling>,
+    /// The operation histograms' bucket bounds (s) per `enum hist_family`:
+    /// fs, DNS, threadpool queue wait.
+    pub hist_bounds: [&'static [f64]; 3],
+}
+
+/// The trace sampler as the kernel runs it where traces start
+/// (`ksample_*`, bpf/common.h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelSampling {
+    /// Requests (HTTP/1.x heads).
+    pub requests: bool,
+    /// Tasks (each a trace of its own).
+    pub tasks: bool,
+    /// An incoming traceparent's flag decides.
+    pub parent_based: bool,
+    /// A trace's 56 random bits are kept when at least this.
+    pub threshold: u64,
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -62,6 +81,28 @@ pub struct Stats {
     /// --sample-time: operations that crossed a window edge, dropped.
     pub straddled: u64,
     pub stack_samples: u64,
+    /// Operations of traces the kernel's sampler dropped: counted in its
+    /// histograms, no record sent.
+    pub unsampled_ops: u64,
+    /// Of those, sent as records because the histogram map was full.
+    pub hist_full: u64,
+}
+
+/// One entry of the kernel's operation histograms (`op_hists`): a
+/// process's operations of one family and attribute set, summed over CPUs.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct KernelOps {
+    pub pid: u32,
+    /// `enum hist_family`: 0 fs, 1 DNS, 2 threadpool queue wait.
+    pub family: u8,
+    /// fs: the catalog operation; queue wait: the job's family.
+    pub op_id: u8,
+    pub sync: bool,
+    /// fs: the negative errno; DNS: the UV_EAI_* code; 0: success.
+    pub err: i32,
+    pub count: u64,
+    pub sum_ns: u64,
+    pub buckets: Vec<u64>,
 }
 
 /// How the loop threads' epoll waits are seen (the epoll path: loop
@@ -243,6 +284,17 @@ impl Tracer {
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
+            if let Some(k) = settings.kernel_sampling {
+                ro.ksample_requests = u32::from(k.requests);
+                ro.ksample_tasks = u32::from(k.tasks);
+                ro.ksample_parent = u32::from(k.parent_based);
+                ro.ksample_threshold = k.threshold;
+            }
+            for (family, bounds) in ro.hist_bounds_ns.iter_mut().zip(settings.hist_bounds) {
+                for (i, b) in family.iter_mut().enumerate() {
+                    *b = bounds.get(i).map_or(u64::MAX, |s| (s * 1e9).round() as u64);
+                }
+            }
             if let Some(ns) = settings.pidns {
                 ro.pidns_dev = ns.dev;
                 ro.pidns_ino = ns.ino;
@@ -321,6 +373,11 @@ impl Tracer {
         });
         if !gone.is_empty() {
             self.detacher.detach(gone);
+        }
+        // Its operation histograms (read at its exit record).
+        let mine: Vec<Vec<u8>> = self.skel.maps.op_hists.keys().filter(|k| k.get(..4).is_some_and(|p| p == pid.to_ne_bytes())).collect();
+        for k in mine {
+            let _ = self.skel.maps.op_hists.delete(&k);
         }
         self.sweep_inflight(|p| p == pid)
     }
@@ -483,7 +540,41 @@ impl Tracer {
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),
             straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
             stack_samples: read(stat_idx::STAT_STACK_SAMPLES),
+            unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
+            hist_full: read(stat_idx::STAT_HIST_FULL),
         }
+    }
+
+    /// The kernel's operation histograms (of unsampled traces), of one
+    /// process or all, summed over CPUs; cumulative since each entry was
+    /// made.
+    pub fn op_hists(&self, pid: Option<u32>) -> Vec<KernelOps> {
+        use crate::kernel::skel::types::{op_hist, op_hist_key};
+        let map = &self.skel.maps.op_hists;
+        let mut out = Vec::new();
+        for k in map.keys() {
+            let mut key = op_hist_key::default();
+            if plain::copy_from_bytes(&mut key, &k).is_err() || pid.is_some_and(|p| p != key.pid) {
+                continue;
+            }
+            let Ok(Some(cpus)) = map.lookup_percpu(&k, MapFlags::ANY) else { continue };
+            let mut sum =
+                KernelOps { pid: key.pid, family: key.family, op_id: key.op_id, sync: key.sync != 0, err: key.err, ..Default::default() };
+            for v in cpus {
+                let mut h = op_hist::default();
+                if plain::copy_from_bytes(&mut h, &v).is_err() {
+                    continue;
+                }
+                sum.count += h.count;
+                sum.sum_ns += h.sum_ns;
+                sum.buckets.resize(h.buckets.len(), 0);
+                for (a, b) in sum.buckets.iter_mut().zip(h.buckets) {
+                    *a += b;
+                }
+            }
+            out.push(sum);
+        }
+        out
     }
 }
 

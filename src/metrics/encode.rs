@@ -56,8 +56,8 @@ fn metrics(series: Vec<(Key, Hist)>, w: &Window) -> Vec<PbMetric> {
             sum: Some(h.sum),
             bucket_counts: h.buckets,
             explicit_bounds: m.bounds().to_vec(),
-            min: (h.count > 0 && h.min.is_finite()).then_some(h.min),
-            max: (h.count > 0 && h.max.is_finite()).then_some(h.max),
+            min: (h.count > 0 && !h.partial && h.min.is_finite()).then_some(h.min),
+            max: (h.count > 0 && !h.partial && h.max.is_finite()).then_some(h.max),
             ..Default::default()
         };
         match out.last_mut() {

@@ -98,11 +98,24 @@ pub struct Hist {
     pub sum: f64,
     pub min: f64,
     pub max: f64,
+    /// Some values were counted in the kernel (buckets and sum only): min
+    /// and max are not known.
+    pub partial: bool,
 }
 
 impl Hist {
     fn new(bounds: &[f64]) -> Hist {
-        Hist { buckets: vec![0; bounds.len() + 1], count: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY }
+        Hist { buckets: vec![0; bounds.len() + 1], count: 0, sum: 0.0, min: f64::INFINITY, max: f64::NEG_INFINITY, partial: false }
+    }
+
+    /// Values counted elsewhere (the kernel): their buckets and sum.
+    fn merge(&mut self, buckets: &[u64], count: u64, sum: f64) {
+        for (a, b) in self.buckets.iter_mut().zip(buckets) {
+            *a += b;
+        }
+        self.count += count;
+        self.sum += sum;
+        self.partial = true;
     }
 
     fn record(&mut self, bounds: &[f64], v: f64) {
@@ -115,6 +128,9 @@ impl Hist {
         self.max = self.max.max(v);
     }
 }
+
+/// A kernel histogram entry's identity (`struct op_hist_key`).
+type KernelKey = (u32, u8, u8, bool, i32);
 
 #[derive(Default)]
 struct Process {
@@ -139,6 +155,7 @@ impl Iterations {
             sum: self.busy_ns.saturating_sub(base.busy_ns) as f64 / 1e9,
             min: f64::INFINITY,
             max: f64::NEG_INFINITY,
+            partial: true,
         })
     }
 }
@@ -205,6 +222,33 @@ impl EventLoop {
 #[derive(Default)]
 pub struct Metrics {
     procs: FxHashMap<u32, Process>,
+    /// The kernel's histograms of unsampled operations as last read
+    /// (cumulative there): what was added since is new.
+    kernel_seen: FxHashMap<KernelKey, (u64, u64, Vec<u64>)>,
+}
+
+/// `uvspan.fs.duration`'s attributes.
+fn fs_attrs(op_id: u8, sync: bool, result: i64) -> Vec<(&'static str, Val)> {
+    let name = crate::probes::catalog::fs_op(op_id).map_or("fs.unknown", |o| o.span);
+    let mut attrs = vec![("uvspan.fs.operation", Val::Str(Cow::Borrowed(name))), ("uvspan.fs.sync", Val::Bool(sync))];
+    if result < 0 {
+        attrs.push(("error.type", Val::Str(crate::events::errno::error_type(result).into())));
+    }
+    attrs
+}
+
+/// `dns.lookup.duration`'s attributes.
+fn dns_attrs(retcode: i32) -> Vec<(&'static str, Val)> {
+    if retcode != 0 {
+        vec![("error.type", Val::Str(crate::events::errno::error_type(i64::from(retcode)).into()))]
+    } else {
+        vec![]
+    }
+}
+
+/// `uvspan.threadpool.queue.duration`'s attributes.
+fn queue_attrs(work: &'static str) -> Vec<(&'static str, Val)> {
+    vec![("uvspan.threadpool.work", Val::Str(Cow::Borrowed(work)))]
 }
 
 /// The HTTP methods the conventions name; any other is `_OTHER` (the
@@ -254,12 +298,7 @@ impl Metrics {
     }
 
     pub fn fs(&mut self, r: &FsRecord) {
-        let name = crate::probes::catalog::fs_op(r.op_id).map_or("fs.unknown", |o| o.span);
-        let mut attrs = vec![("uvspan.fs.operation", Val::Str(Cow::Borrowed(name))), ("uvspan.fs.sync", Val::Bool(r.op.sync))];
-        if r.result < 0 {
-            attrs.push(("error.type", Val::Str(crate::events::errno::error_type(r.result).into())));
-        }
-        self.add(r.op.pid, Metric::Fs, attrs, secs(r.op.start_ns, r.op.end_ns));
+        self.add(r.op.pid, Metric::Fs, fs_attrs(r.op_id, r.op.sync, r.result), secs(r.op.start_ns, r.op.end_ns));
         self.queue_wait(&r.op, "fs");
     }
 
@@ -267,19 +306,44 @@ impl Metrics {
     /// (`--detail threadpool`).
     fn queue_wait(&mut self, op: &crate::events::decode::OpRecord, work: &'static str) {
         if let (false, Some(start)) = (op.sync, op.work_start_ns) {
-            let attrs = vec![("uvspan.threadpool.work", Val::Str(Cow::Borrowed(work)))];
-            self.add(op.pid, Metric::QueueWait, attrs, secs(op.start_ns, start));
+            self.add(op.pid, Metric::QueueWait, queue_attrs(work), secs(op.start_ns, start));
         }
     }
 
     pub fn dns(&mut self, r: &DnsRecord) {
-        let attrs = if r.retcode != 0 {
-            vec![("error.type", Val::Str(crate::events::errno::error_type(i64::from(r.retcode)).into()))]
-        } else {
-            vec![]
-        };
-        self.add(r.op.pid, Metric::Dns, attrs, secs(r.op.start_ns, r.op.end_ns));
+        self.add(r.op.pid, Metric::Dns, dns_attrs(r.retcode), secs(r.op.start_ns, r.op.end_ns));
         self.queue_wait(&r.op, "dns");
+    }
+
+    /// The kernel's histograms of the operations of unsampled traces
+    /// (which sent no record), as read now: what they counted since the
+    /// last read joins the same series as the records' (buckets and sum;
+    /// min and max are then not known).
+    pub fn kernel_ops(&mut self, entries: &[crate::kernel::tracer::KernelOps]) {
+        for e in entries {
+            let (metric, attrs) = match e.family {
+                0 => (Metric::Fs, fs_attrs(e.op_id, e.sync, i64::from(e.err))),
+                1 => (Metric::Dns, dns_attrs(e.err)),
+                2 => (Metric::QueueWait, queue_attrs(if e.op_id == 0 { "fs" } else { "dns" })),
+                _ => continue,
+            };
+            let seen = self.kernel_seen.entry((e.pid, e.family, e.op_id, e.sync, e.err)).or_default();
+            // An entry made again (its process's were removed): all new.
+            if e.count < seen.0 {
+                *seen = Default::default();
+            }
+            let count = e.count - seen.0;
+            if count == 0 {
+                continue;
+            }
+            let sum = e.sum_ns.saturating_sub(seen.1) as f64 / 1e9;
+            let n = metric.bounds().len() + 1;
+            let buckets: Vec<u64> =
+                (0..n).map(|i| e.buckets.get(i).copied().unwrap_or(0).saturating_sub(seen.2.get(i).copied().unwrap_or(0))).collect();
+            *seen = (e.count, e.sum_ns, e.buckets.clone());
+            let Some(p) = self.procs.get_mut(&e.pid) else { continue };
+            p.series.entry((metric, attrs)).or_insert_with(|| Hist::new(metric.bounds())).merge(&buckets, count, sum);
+        }
     }
 
     /// A V8 garbage collection (every one, on every thread of the process).
@@ -348,6 +412,8 @@ impl Metrics {
             out.push(Collected { resource: r.clone(), series, eventloop });
         }
         self.procs.retain(|_, p| !p.exited);
+        let procs = &self.procs;
+        self.kernel_seen.retain(|k, _| procs.contains_key(&k.0));
         out
     }
 }

@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 use super::head::{parse_request, parse_status, parse_traceparent, H2Field, Head};
 use super::spans::request_spans;
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
-use crate::events::sampler::Sampler;
+use crate::events::sampler::{Sampler, CAUSE_DROP};
 use crate::events::spans::{build_in, build_into, Parent, Span, SpanContextSource};
 
 /// Operations held per request before they are sent as they come.
@@ -118,6 +118,8 @@ pub(super) struct Request {
     bad_traceparent: bool,
     /// A gRPC call's `grpc-status`.
     pub(super) grpc_status: Option<u8>,
+    /// The kernel's sampler dropped it (`CAUSE_DROP`): its work sent no record.
+    kernel_dropped: bool,
 }
 
 impl Request {
@@ -128,7 +130,7 @@ impl Request {
     /// The sampler's decision for the request's trace (with its caller's
     /// flag when the sampler is parent-based).
     fn sampled(&self, s: &Sampler) -> bool {
-        s.keeps(self.incoming.map(|i| i.2), self.trace_id())
+        !self.kernel_dropped && s.keeps(self.incoming.map(|i| i.2), self.trace_id())
     }
 
     fn complete(&self) -> bool {
@@ -390,7 +392,7 @@ impl Requests {
             incoming,
             state,
             adopted: None,
-            own_trace: src.ids.new_trace_id(),
+            own_trace: src.trace_for(r.cause),
             status: None,
             response_conn: None,
             response_total: None,
@@ -401,6 +403,7 @@ impl Requests {
             server_span,
             bad_traceparent: false,
             grpc_status: None,
+            kernel_dropped: r.cause & CAUSE_DROP != 0,
         }
     }
 

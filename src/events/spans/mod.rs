@@ -75,6 +75,21 @@ pub struct SpanContextSource<'a> {
     pub sampler: crate::events::sampler::Sampler,
 }
 
+impl SpanContextSource<'_> {
+    /// A new trace's id for a trace that starts with `cause` (a request or
+    /// a task): under a ratio sampler its low bits are the cause's random
+    /// number, so it is decided as the kernel decided it
+    /// ([`crate::events::sampler::trace_for_cause`]).
+    pub fn trace_for(&self, cause: u64) -> TraceId {
+        let t = self.ids.new_trace_id();
+        if self.sampler.by_trace_id() {
+            crate::events::sampler::trace_for_cause(t, cause)
+        } else {
+            t
+        }
+    }
+}
+
 /// Ids 1, 2, 3, … : deterministic spans for golden tests and replays.
 #[derive(Debug, Default)]
 pub struct SequentialIds(std::sync::atomic::AtomicU64);
