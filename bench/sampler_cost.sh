@@ -21,6 +21,7 @@ printf "%-28s %9s %10s %10s %12s %14s %10s\n" sampler requests hits/req "ns/hit"
 for r in $(seq "$rounds"); do
   for s in always_on parentbased_traceidratio:0.1 always_off; do
     out=$(mktemp)
+    : > "$out.err"
     node bench/app.js > "$out" &
     app=$!
     for _ in $(seq 100); do grep -q port "$out" && break; sleep 0.05; done

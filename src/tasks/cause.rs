@@ -1,6 +1,7 @@
-//! What a cause says (pure): a cause is `ktime << 8 | kind << 5 | CPU`
-//! (`enum cause_kind`, `bpf/uvspan.h`), made where the request or the task
-//! started.
+//! What a cause says (pure): a cause is `ktime << 8 | drop << 7 | kind << 5
+//! | CPU` (`enum cause_kind`, `bpf/uvspan.h`), made where the request or the
+//! task started; `drop` (`CAUSE_DROP`): the kernel's sampler dropped its
+//! trace.
 
 use crate::kernel::skel::types::cause_kind;
 
@@ -73,5 +74,9 @@ mod tests {
         // A request's cause (kind 0, any CPU) and no cause are no task.
         assert_eq!(task_of((987_654 << 8) | 31), None);
         assert_eq!(task_of(0), None);
+        // The sampler's drop bit is not part of the kind.
+        let dropped = make(TaskKind::Io, 5, 3) | crate::events::sampler::CAUSE_DROP;
+        assert_eq!((task_of(dropped), started_ns(dropped)), (Some(TaskKind::Io), 5));
+        assert_eq!(task_of((1 << 8) | crate::events::sampler::CAUSE_DROP), None, "a dropped request's");
     }
 }
