@@ -134,26 +134,20 @@ static __always_inline int hex_digit(__u8 c)
 	return -1;
 }
 
-/* The incoming traceparent of the head in `e` (as src/requests/head.rs
- * parses it): 1 with its sampled flag and the trace id's 56 low bits; 0
- * for none or a malformed one (the request starts a trace of its own). */
-static __always_inline int incoming_traceparent(struct http_event *e, __u32 n, int *flag, __u64 *low56)
+/* A traceparent value at d[p] (of n bytes; indexes taken `& mask`, the
+ * buffer's size less one), as src/requests/head.rs parses it: 1 with its
+ * sampled flag and the trace id's 56 low bits; 0 for a malformed one. */
+static __always_inline int tp_parse(const char *d, __u32 p, __u32 n, __u32 mask, int *flag, __u64 *low56)
 {
-	struct tp_scan sc = { .n = n };
-	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, tp_word, &sc, 0);
-	if (!sc.pos)
-		return 0;
-	const char *d = e->data;
-	__u32 p = sc.pos;
 	for (int k = 0; k < 4; k++)
-		if (d[p & CAP_MASK] == ' ' || d[p & CAP_MASK] == '\t')
+		if (d[p & mask] == ' ' || d[p & mask] == '\t')
 			p++;
 	if (p + TP_VALUE_LEN > n)
 		return 0;
 	__u64 trace_or = 0, span_or = 0, low = 0;
 	int version = 0, flags = 0;
 	for (int k = 0; k < TP_VALUE_LEN; k++) {
-		__u8 c = d[(p + k) & CAP_MASK];
+		__u8 c = d[(p + k) & mask];
 		if (k == 2 || k == 35 || k == 52) {
 			if (c != '-')
 				return 0;
@@ -176,26 +170,48 @@ static __always_inline int incoming_traceparent(struct http_event *e, __u32 n, i
 	if (version == 0xff || !trace_or || !span_or)
 		return 0;
 	/* Version 00 has exactly four fields. */
-	if (version == 0 && p + TP_VALUE_LEN < n && d[(p + TP_VALUE_LEN) & CAP_MASK] == '-')
+	if (version == 0 && p + TP_VALUE_LEN < n && d[(p + TP_VALUE_LEN) & mask] == '-')
 		return 0;
 	*flag = flags & 1;
 	*low56 = low;
 	return 1;
 }
 
-/* A request's cause, decided by the sampler (ksample_requests): its
- * caller's sampled flag (parent-based), the incoming trace id's 56 low bits,
- * or (no traceparent) the cause's own random bits against the threshold. */
+/* The incoming traceparent of the head in `e` (n bytes captured): 1 with
+ * its flag and low bits (tp_parse); 0 for none or a malformed one (the
+ * request starts a trace of its own). */
+static __always_inline int incoming_traceparent(struct http_event *e, __u32 n, int *flag, __u64 *low56)
+{
+	struct tp_scan sc = { .n = n };
+	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, tp_word, &sc, 0);
+	return sc.pos && tp_parse(e->data, sc.pos, n, CAP_MASK, flag, low56);
+}
+
+/* Whether the sampler reads an incoming traceparent: parent-based, or a
+ * ratio (the incoming trace id's bits decide). */
+static __always_inline int ksample_reads_parent(void)
+{
+	return ksample_parent || (ksample_threshold && ksample_threshold < (1ULL << 56));
+}
+
+/* A cause decided by its incoming traceparent: its caller's sampled flag
+ * (parent-based), else its trace id's 56 low bits against the threshold. */
+static __always_inline __u64 sample_incoming(__u64 cause, int flag, __u64 low56)
+{
+	cause &= ~(__u64)CAUSE_DROP;
+	if (ksample_parent)
+		return flag ? cause : cause | CAUSE_DROP;
+	return low56 >= ksample_threshold ? cause : cause | CAUSE_DROP;
+}
+
+/* A request's cause, decided by the sampler (ksample_requests): by its
+ * traceparent, or (none) the cause's own random bits (sample_root). */
 static __always_inline __u64 sample_request(struct http_event *e, __u32 n, __u64 cause)
 {
-	int by_parent = ksample_parent || (ksample_threshold && ksample_threshold < (1ULL << 56));
 	int flag = 0;
 	__u64 low56 = 0;
-	if (by_parent && incoming_traceparent(e, n, &flag, &low56)) {
-		if (ksample_parent)
-			return flag ? cause : cause | CAUSE_DROP;
-		return low56 >= ksample_threshold ? cause : cause | CAUSE_DROP;
-	}
+	if (ksample_reads_parent() && incoming_traceparent(e, n, &flag, &low56))
+		return sample_incoming(cause, flag, low56);
 	return sample_root(cause);
 }
 

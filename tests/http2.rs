@@ -273,3 +273,68 @@ fn grpc_calls_are_named_by_service_and_method() {
     eprintln!("grpc: calls with their 'data' and 'end' handlers' stats under their SERVER span: {joined}/{CALLS}");
     assert!(joined * 100 >= CALLS * 95, "{joined} of {CALLS} calls have both stats under their SERVER span (< 95%)");
 }
+
+/// The sampler decided in the kernel for HTTP/2 streams: each stream is
+/// decided as a root at its first header and again at its traceparent
+/// (parentbased_always_on, the default: the caller's flag decides). The
+/// streams the callers did not sample send no record of their work (the
+/// kernel counts it, and says so); the sampled ones are whole; the fs
+/// metric counts both.
+fn unsampled_streams_in(topology: Topology) {
+    require_root();
+    let col = common::collector::Collector::start(common::collector::Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let dir = TempDir::new("h2-sampled");
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0"];
+    let app = ["node".to_string(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
+    let app: Vec<&str> = app.iter().map(String::as_str).collect();
+    let mut c = topology.command(&uv, &app);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+        ("FIXTURE_UNSAMPLED_ODD", "1"),
+    ]);
+    let out = run(c);
+    let ctx = format!("{topology:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let spans = col.spans();
+    let sent = sent(&out.stdout);
+    assert_eq!(sent.len(), N, "{ctx}");
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2).collect();
+    let mut kept = Vec::new();
+    for srv in &servers {
+        let i: usize = srv.str("url.path").and_then(|p| p.rsplit('/').next().and_then(|i| i.parse().ok())).expect("/kind/<i>");
+        let work = spans.iter().filter(|s| s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id).count();
+        assert_eq!(work, 2, "a sampled stream is whole: {}\n{ctx}", srv.brief());
+        kept.push(i);
+    }
+    kept.sort_unstable();
+    let want: Vec<usize> = (0..N).filter(|i| i % 2 == 0).collect();
+    assert_eq!(kept, want, "the streams their callers sampled\n{ctx}");
+    // The unsampled streams' work was not sent up: the kernel counted it.
+    let counted = summary_number(&out.stderr, " operations of unsampled traces counted in the kernel");
+    assert_eq!(counted, N as u64, "two stats of each of the {} unsampled streams\n{ctx}", N / 2);
+    let stats: u64 = common::collector::histogram_points(&col, "uvspan.fs.duration")
+        .iter()
+        .filter(|(a, _, _)| a.get("uvspan.fs.operation").is_some_and(|v| v.contains("\"fs.stat\"")))
+        .filter(|(a, _, _)| a.get("uvspan.fs.sync").is_some_and(|v| v.contains("false")))
+        .map(|(_, n, _)| n)
+        .sum();
+    assert_eq!(stats, 2 * N as u64, "the metric counts every stream's stats\n{ctx}");
+}
+
+#[test]
+fn unsampled_streams_send_no_record_of_their_work() {
+    unsampled_streams_in(Topology::Host);
+}
+
+#[test]
+fn unsampled_streams_send_no_record_of_their_work_in_one_namespace() {
+    unsampled_streams_in(Topology::BothInOne);
+}
+
+#[test]
+fn unsampled_streams_send_no_record_of_their_work_app_alone() {
+    unsampled_streams_in(Topology::AppAlone);
+}

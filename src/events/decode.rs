@@ -1,6 +1,7 @@
 //! Ring-buffer records (bytes, laid out by bpf/uvspan.h) to owned Rust values.
 //! Pure: no kernel needed, so recorded bytes can be replayed in tests.
 
+use crate::events::sampler::CAUSE_DROP;
 use crate::kernel::skel::types::{
     answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, gc_event, http_event, http_what, loop_event, loop_split, op_event,
     proc_event, stack_event, uvspan_sizes,
@@ -16,8 +17,12 @@ pub struct OpRecord {
     pub req: u64,
     /// --stacks all-ops: the stack that submitted it, innermost first, one frame per line.
     pub stack: Option<String>,
-    /// The request that caused it (0: none known).
+    /// The request that caused it (0: none known), without the sampler's
+    /// bit (the kernel keeps it in the cause: see `dropped`).
     pub cause: u64,
+    /// The kernel's sampler dropped its trace (`CAUSE_DROP`): sent as a
+    /// record only because the kernel's histograms were full.
+    pub dropped: bool,
     pub sync: bool,
     pub start_ns: u64,
     pub work_start_ns: Option<u64>,
@@ -62,6 +67,7 @@ impl OpRecord {
             req: 0,
             stack: None,
             cause: 0,
+            dropped: false,
             sync: false,
             start_ns,
             work_start_ns: None,
@@ -80,7 +86,8 @@ impl From<&op_event> for OpRecord {
             tid: e.hdr.tid,
             req: e.req,
             stack: None,
-            cause: e.cause,
+            cause: e.cause & !CAUSE_DROP,
+            dropped: e.cause & CAUSE_DROP != 0,
             sync: e.sync != 0,
             start_ns: e.start_ns,
             work_start_ns: nonzero(e.work_start_ns),
@@ -260,7 +267,11 @@ pub struct HttpRecord {
     pub pid: u32,
     pub tid: u32,
     pub ts_ns: u64,
+    /// Without the sampler's bit (see `dropped`).
     pub cause: u64,
+    /// The kernel's sampler dropped the request's trace (`CAUSE_DROP`; an
+    /// HTTP/2 stream's decision can change at its traceparent header).
+    pub dropped: bool,
     /// The stream (or TLS connection) the bytes are on.
     pub conn: u64,
     pub what: HttpWhat,
@@ -512,7 +523,8 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         pid: e.hdr.pid,
         tid: e.hdr.tid,
         ts_ns: e.ts_ns,
-        cause: e.cause,
+        cause: e.cause & !CAUSE_DROP,
+        dropped: e.cause & CAUSE_DROP != 0,
         conn: e.conn,
         what,
         len: e.len,

@@ -18,7 +18,7 @@ use rustc_hash::FxHashMap;
 use super::head::{parse_request, parse_status, parse_traceparent, H2Field, Head};
 use super::spans::request_spans;
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
-use crate::events::sampler::{Sampler, CAUSE_DROP};
+use crate::events::sampler::Sampler;
 use crate::events::spans::{build_in, build_into, Parent, Span, SpanContextSource};
 
 /// Operations held per request before they are sent as they come.
@@ -321,6 +321,9 @@ impl Requests {
         }
         let Some(req) = self.open.get_mut(&r.cause) else { return };
         req.last_ns = req.last_ns.max(r.ts_ns);
+        // The kernel decides a stream as a root at its first header, and
+        // again at its traceparent.
+        req.kernel_dropped = r.dropped;
         match req.head.apply_h2(&r.data) {
             H2Field::Status(code) => req.status = Some(code),
             H2Field::GrpcStatus(code) => req.grpc_status = Some(code),
@@ -403,7 +406,7 @@ impl Requests {
             server_span,
             bad_traceparent: false,
             grpc_status: None,
-            kernel_dropped: r.cause & CAUSE_DROP != 0,
+            kernel_dropped: r.dropped,
         }
     }
 

@@ -12,7 +12,7 @@ use rustc_hash::FxHashMap;
 use super::cause::{started_ns, task_of, TaskKind};
 use super::spans::{process_span, startup_span, task_span};
 use crate::events::decode::{DnsRecord, FsRecord, Record};
-use crate::events::sampler::{Sampler, CAUSE_DROP};
+use crate::events::sampler::Sampler;
 use crate::events::spans::{build_into, Parent, Span, SpanContextSource};
 use crate::requests::Ready;
 
@@ -85,6 +85,8 @@ pub(super) struct Task {
     trace_id: TraceId,
     held: Vec<Record>,
     pub(super) ops: u32,
+    /// The kernel's sampler dropped it (its work sent no record).
+    dropped: bool,
 }
 
 /// A process's trace (`--trace-per process`).
@@ -322,7 +324,8 @@ impl Tasks {
             }
             self.stats.not_held += 1;
             let parent = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
-            if self.keeps(key, parent.trace_id, src) {
+            let dropped = t.dropped;
+            if self.keeps(key.0, dropped, parent.trace_id, src) {
                 build_into(rec, src, Some(&parent), sink(&mut self.lives, ready, key.0, end));
             }
             return;
@@ -334,13 +337,14 @@ impl Tasks {
             }
             return;
         }
-        let (pid, tid) = match &rec {
-            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.pid, op.tid),
-            _ => (key.0, 0),
+        let (pid, tid, dropped) = match &rec {
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.pid, op.tid, op.dropped),
+            _ => (key.0, 0, false),
         };
         let trace_id = self.lives.get(&pid).map_or_else(|| src.trace_for(key.1), |l| l.trace_id);
         let start_ns = started_ns(key.1).min(end);
-        let task = Task { pid, tid, kind, start_ns, last_ns: end, span_id: src.ids.new_span_id(), trace_id, held: vec![rec], ops: 1 };
+        let task =
+            Task { pid, tid, kind, start_ns, last_ns: end, span_id: src.ids.new_span_id(), trace_id, held: vec![rec], ops: 1, dropped };
         self.open.insert(key, task);
         self.order.push_back(key);
         while self.open.len() > OPEN_MAX {
@@ -353,11 +357,11 @@ impl Tasks {
     }
 
     /// Whether a task's trace is kept: its process's decision, or its own.
-    fn keeps(&self, (pid, cause): (u32, u64), trace_id: TraceId, src: &SpanContextSource<'_>) -> bool {
+    fn keeps(&self, pid: u32, dropped: bool, trace_id: TraceId, src: &SpanContextSource<'_>) -> bool {
         match self.lives.get(&pid) {
             Some(l) => l.sampled,
             // The kernel's sampler may have dropped it (its work sent no record).
-            None => cause & CAUSE_DROP == 0 && src.sampler.keeps(None, trace_id),
+            None => !dropped && src.sampler.keeps(None, trace_id),
         }
     }
 
@@ -366,7 +370,7 @@ impl Tasks {
     fn finish(&mut self, key: (u32, u64), src: &SpanContextSource<'_>, ready: &mut Ready) {
         let Some(mut t) = self.open.remove(&key) else { return };
         self.stats.tasks += 1;
-        let sampled = self.keeps(key, t.trace_id, src);
+        let sampled = self.keeps(t.pid, t.dropped, t.trace_id, src);
         let under = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
         self.recent.insert(key, if sampled { under.clone() } else { Parent { trace_id: TraceId::INVALID, ..under.clone() } });
         self.recent_order.push_back(key);

@@ -146,6 +146,7 @@ fn fs_and_dns_records_share_their_first_part() {
         req: 0x7f00_0000_1000,
         stack: None,
         cause: 42,
+        dropped: false,
         sync: false,
         start_ns: 100,
         work_start_ns: Some(150),
@@ -155,6 +156,14 @@ fn fs_and_dns_records_share_their_first_part() {
         ended_at: Some("uv_fs_req_cleanup"),
     };
     assert_eq!(fs.op, want);
+    // The kernel's sampler bit is taken off the cause, kept apart.
+    let dropped = record_bytes(usize::MAX, |e: &mut fs_event| {
+        op(&mut e.op);
+        e.op.cause = 42 | crate::events::sampler::CAUSE_DROP;
+        e.op.hdr.kind = ev_kind::EV_FS;
+    });
+    let Record::Fs(fs) = decode(&dropped).unwrap() else { panic!("not fs") };
+    assert_eq!((fs.op.cause, fs.op.dropped), (42, true));
 }
 
 #[test]
