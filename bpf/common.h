@@ -55,7 +55,7 @@ const volatile unsigned int ksample_tasks = 0;
 const volatile unsigned int ksample_parent = 0;
 const volatile unsigned long long ksample_threshold = 0;
 /* The bucket bounds (ns, inclusive) of op_hist per enum hist_family, as
- * user space's metrics have them; unused ones are ~0. */
+ * user space's metrics have them; unused ones are 2^62 (op_hist_add). */
 const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUNDS] = {};
 /* --stacks all-ops: the user stack at each fs/DNS submit. */
 const volatile unsigned int stacks_all_ops = 0;

@@ -83,8 +83,9 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
 	/* An unsampled trace's: counted, no record (DNS durations have no
 	 * sync attribute). */
-	if (dropped(e->op.cause) && !op_hist_add(key->pid, HIST_DNS, 0, 0, e->retcode, e->op.end_ns - e->op.start_ns)) {
-		queue_hist_add(key->pid, HIST_DNS, e->op.start_ns, e->op.work_start_ns);
+	if (dropped(e->op.cause)) {
+		if (!op_hist_add(key->pid, HIST_DNS, 0, 0, e->retcode, e->op.end_ns - e->op.start_ns))
+			queue_hist_add(key->pid, HIST_DNS, e->op.start_ns, e->op.work_start_ns);
 		if (end_kind == END_DONE)
 			set_cause(e->op.cause);
 		bpf_map_delete_elem(&inflight_dns, key);

@@ -53,8 +53,8 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 	e->op.end_ns = bpf_ktime_get_ns();
 	e->op.end_kind = end_kind;
 	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
-	if (dropped(e->op.cause) &&
-	    !op_hist_add(e->op.hdr.pid, HIST_FS, e->op_id, 1, fs_err(e->result), e->op.end_ns - e->op.start_ns)) {
+	if (dropped(e->op.cause)) {
+		op_hist_add(e->op.hdr.pid, HIST_FS, e->op_id, 1, fs_err(e->result), e->op.end_ns - e->op.start_ns);
 		slot->req = 0;
 		return;
 	}
@@ -107,18 +107,17 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 		return 0;
 	}
 	if (dropped(a->cause)) {
-		/* An unsampled trace's: counted, no record, nothing read but
-		 * its result. */
+		/* An unsampled trace's: counted (or, the map full, counted as
+		 * lost), no record, nothing read but its result. */
 		__u64 now = bpf_ktime_get_ns();
 		long long result = 0;
 		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
-		if (!op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns)) {
+		if (!op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns))
 			queue_hist_add(pid, HIST_FS, a->start_ns, a->work_start_ns);
-			if (end_kind == END_DONE)
-				set_cause(a->cause);
-			bpf_map_delete_elem(&inflight_fs, &key);
-			return 0;
-		}
+		if (end_kind == END_DONE)
+			set_cause(a->cause);
+		bpf_map_delete_elem(&inflight_fs, &key);
+		return 0;
 	}
 	struct scratch *s = get_scratch();
 	if (!s)

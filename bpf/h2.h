@@ -98,23 +98,22 @@ static __always_inline int h2_frame_of(__u64 frame, struct h2_frame_hd *hd)
 #define H2_TP_READ 64
 
 /* A stream's traceparent header (its value at `base`, `len` bytes): the
- * stream's cause decided by it (sample_incoming) and kept for its work; a
- * malformed one leaves the root's decision. */
-static __always_inline __u64 h2_sample(struct h2_key *key, __u64 cause, __u64 base, __u64 len)
+ * stream's cause decided by it (sample_incoming); a malformed one leaves
+ * the root's decision. A global function: verified once. */
+__attribute__((noinline)) __u64 h2_sample(__u64 cause, __u64 base, __u64 len)
 {
 	/* read into scratch (emit_h2 fills it afterwards) */
-	struct scratch *s = get_scratch();
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
 	if (!s)
 		return cause;
 	char *v = s->http.data;
 	__u32 n = len < H2_TP_READ ? len : H2_TP_READ;
 	int flag = 0;
 	__u64 low56 = 0;
-	if (n < TP_VALUE_LEN || bpf_probe_read_user(v, n, (void *)base) || !tp_parse(v, 0, n, CAP_MASK, &flag, &low56))
+	if (n < TP_VALUE_LEN || bpf_probe_read_user(v, n, (void *)base) || !tp_parse(0, n, &flag, &low56))
 		return cause;
-	cause = sample_incoming(cause, flag, low56);
-	bpf_map_update_elem(&h2_stream_cause, key, &cause, BPF_ANY);
-	return cause;
+	return sample_incoming(cause, flag, low56);
 }
 
 /* Http2Session::OnHeaderCallback(session, frame, name, value, flags,
@@ -157,8 +156,10 @@ static __always_inline int h2_header(struct pt_regs *ctx)
 		struct thread_state *t = thread_state_of(0);
 		peer = t ? t->ctx.stream : 0;
 	}
-	if (ksample_requests && ksample_reads_parent() && nb[1] == 11 && same(n, "traceparent", 11))
-		cause = h2_sample(&key, cause, vb[0], vb[1]);
+	if (ksample_requests && ksample_reads_parent() && nb[1] == 11 && same(n, "traceparent", 11)) {
+		cause = h2_sample(cause, vb[0], vb[1]);
+		bpf_map_update_elem(&h2_stream_cause, &key, &cause, BPF_ANY);
+	}
 	emit_h2(HTTP2_HEADER, cause, session, nb[0], nb[1], vb[0], vb[1], peer);
 	return 0;
 }

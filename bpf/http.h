@@ -84,15 +84,19 @@ struct tp_scan {
 #define TP_VALUE_LEN 55 /* "00-<32 hex>-<16 hex>-<2 hex>" */
 #define CAP_MASK (UVSPAN_HTTP_CAPTURE - 1)
 
-/* Whether a header line at `p` is traceparent's (names are not case
- * sensitive: letters compared with their case bit set). */
+/* Whether a header line at `p` is traceparent's: its first 12 bytes as two
+ * words (names are not case sensitive: letters compared with their case
+ * bit set, which ':' has too). */
 static __always_inline int tp_name_at(const char *d, __u32 p)
 {
-	const char name[TP_NAME_LEN] = "traceparent:";
-	for (int k = 0; k < TP_NAME_LEN; k++)
-		if ((d[(p + k) & CAP_MASK] | 0x20) != name[k])
-			return 0;
-	return 1;
+	if (p > UVSPAN_HTTP_CAPTURE - TP_NAME_LEN)
+		return 0;
+	__u64 a = 0;
+	__u32 b = 0;
+	__builtin_memcpy(&a, d + p, 8);
+	__builtin_memcpy(&b, d + p + 8, 4);
+	return (a | 0x2020202020202020ULL) == 0x7261706563617274ULL /* "tracepar" */ &&
+	       (b | 0x20202020U) == 0x3a746e65U /* "ent:" */;
 }
 
 /* bpf_loop callback: the captured head's 8-byte word i; a line starting
@@ -134,20 +138,27 @@ static __always_inline int hex_digit(__u8 c)
 	return -1;
 }
 
-/* A traceparent value at d[p] (of n bytes; indexes taken `& mask`, the
- * buffer's size less one), as src/requests/head.rs parses it: 1 with its
- * sampled flag and the trace id's 56 low bits; 0 for a malformed one. */
-static __always_inline int tp_parse(const char *d, __u32 p, __u32 n, __u32 mask, int *flag, __u64 *low56)
+/* A traceparent value at offset p of the scratch record's data (n bytes),
+ * as src/requests/head.rs parses it: 1 with the trace id's 56 low bits and
+ * (bit 56) its sampled flag in *out; 0 for a malformed one. A global
+ * function: the verifier checks its straight-line parse once. */
+__attribute__((noinline)) int tp_value(__u32 p, __u32 n, __u64 *out)
 {
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s || !out)
+		return 0;
+	const char *d = s->http.data;
 	for (int k = 0; k < 4; k++)
-		if (d[p & mask] == ' ' || d[p & mask] == '\t')
+		if (d[p & CAP_MASK] == ' ' || d[p & CAP_MASK] == '\t')
 			p++;
 	if (p + TP_VALUE_LEN > n)
 		return 0;
 	__u64 trace_or = 0, span_or = 0, low = 0;
-	int version = 0, flags = 0;
+	__u32 version = 0, flags = 0;
+#pragma unroll
 	for (int k = 0; k < TP_VALUE_LEN; k++) {
-		__u8 c = d[(p + k) & mask];
+		__u8 c = d[(p + k) & CAP_MASK];
 		if (k == 2 || k == 35 || k == 52) {
 			if (c != '-')
 				return 0;
@@ -170,10 +181,20 @@ static __always_inline int tp_parse(const char *d, __u32 p, __u32 n, __u32 mask,
 	if (version == 0xff || !trace_or || !span_or)
 		return 0;
 	/* Version 00 has exactly four fields. */
-	if (version == 0 && p + TP_VALUE_LEN < n && d[(p + TP_VALUE_LEN) & mask] == '-')
+	if (version == 0 && p + TP_VALUE_LEN < n && d[(p + TP_VALUE_LEN) & CAP_MASK] == '-')
 		return 0;
-	*flag = flags & 1;
-	*low56 = low;
+	*out = low | (__u64)(flags & 1) << 56;
+	return 1;
+}
+
+/* tp_value's answer: the sampled flag and the trace id's 56 low bits. */
+static __always_inline int tp_parse(__u32 p, __u32 n, int *flag, __u64 *low56)
+{
+	__u64 v = 0;
+	if (!tp_value(p, n, &v))
+		return 0;
+	*flag = (v >> 56) & 1;
+	*low56 = v & ((1ULL << 56) - 1);
 	return 1;
 }
 
@@ -184,7 +205,7 @@ static __always_inline int incoming_traceparent(struct http_event *e, __u32 n, i
 {
 	struct tp_scan sc = { .n = n };
 	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, tp_word, &sc, 0);
-	return sc.pos && tp_parse(e->data, sc.pos, n, CAP_MASK, flag, low56);
+	return sc.pos && tp_parse(sc.pos, n, flag, low56);
 }
 
 /* Whether the sampler reads an incoming traceparent: parent-based, or a
@@ -204,13 +225,16 @@ static __always_inline __u64 sample_incoming(__u64 cause, int flag, __u64 low56)
 	return low56 >= ksample_threshold ? cause : cause | CAUSE_DROP;
 }
 
-/* A request's cause, decided by the sampler (ksample_requests): by its
- * traceparent, or (none) the cause's own random bits (sample_root). */
-static __always_inline __u64 sample_request(struct http_event *e, __u32 n, __u64 cause)
+/* A request's cause, decided by the sampler (ksample_requests): by the
+ * traceparent of its head (in the scratch record, n bytes), or (none) the
+ * cause's own random bits (sample_root). A global function: verified once. */
+__attribute__((noinline)) __u64 sample_request(__u64 cause, __u32 n)
 {
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
 	int flag = 0;
 	__u64 low56 = 0;
-	if (ksample_reads_parent() && incoming_traceparent(e, n, &flag, &low56))
+	if (s && ksample_reads_parent() && incoming_traceparent(&s->http, n, &flag, &low56))
 		return sample_incoming(cause, flag, low56);
 	return sample_root(cause);
 }
@@ -250,7 +274,7 @@ static __always_inline __u64 emit_http(__u32 what, __u64 cause, __u64 conn, __u6
 	if (what == HTTP_REQUEST) {
 		peer_of(e, conn);
 		if (ksample_requests)
-			e->cause = cause = sample_request(e, n, cause);
+			e->cause = cause = sample_request(cause, n);
 	}
 	/* Sent with what was captured only (8-byte aligned). */
 	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)n + 7) & ~7ULL);

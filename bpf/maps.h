@@ -202,7 +202,7 @@ struct {
 /* Operations of unsampled traces (no record sent): their durations per
  * process and attribute set. User space reads and sums the CPUs' into the
  * metrics and removes a process's entries once it is gone. Full: the
- * operation is sent as a record instead (STAT_HIST_FULL). */
+ * operation is lost to the metrics and counted (STAT_HIST_FULL). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_HASH);
 	__uint(max_entries, 8192);

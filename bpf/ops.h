@@ -101,11 +101,16 @@ static __always_inline __u64 new_task_cause(__u64 kind)
 }
 
 /* An operation of an unsampled trace: its duration in its process's
- * histogram for its attributes (no record). Returns 0 when counted; else
- * (the map full) the caller sends its record as for a sampled trace. */
-static __always_inline int op_hist_add(__u32 pid, __u8 family, __u8 op_id, __u8 sync, int err, __u64 dur_ns)
+ * histogram for its attributes (no record); `what` is family << 16 |
+ * op_id << 8 | sync. Returns 0 when counted; else (the map full) it is lost
+ * to the metrics, and counted (STAT_HIST_FULL). A global function: the verifier
+ * checks it once, not in every path of the programs that call it. */
+__attribute__((noinline)) int op_hist_count(__u32 pid, __u32 what, int err, __u64 dur_ns)
 {
-	struct op_hist_key k = { .pid = pid, .family = family, .op_id = op_id, .sync = sync, .err = err };
+	__u32 family = what >> 16;
+	if (family >= HIST_FAMILIES)
+		return -1;
+	struct op_hist_key k = { .pid = pid, .family = family, .op_id = what >> 8, .sync = what & 1, .err = err };
 	struct op_hist *h = bpf_map_lookup_elem(&op_hists, &k);
 	if (!h) {
 		struct op_hist zero = {};
@@ -116,10 +121,12 @@ static __always_inline int op_hist_add(__u32 pid, __u8 family, __u8 op_id, __u8 
 			return -1;
 		}
 	}
+	/* The bucket: how many bounds are below the value (without a branch
+	 * per bound: bounds and durations stay below 2^62, so bound - value
+	 * has its top bit set exactly when the value is over the bound). */
 	__u32 i = 0;
-	for (; i < UVSPAN_HIST_BOUNDS; i++)
-		if (dur_ns <= hist_bounds_ns[family % HIST_FAMILIES][i])
-			break;
+	for (int b = 0; b < UVSPAN_HIST_BOUNDS; b++)
+		i += (hist_bounds_ns[family][b] - dur_ns) >> 63;
 	if (i > UVSPAN_HIST_BOUNDS)
 		i = UVSPAN_HIST_BOUNDS;
 	h->buckets[i] += 1;
@@ -128,6 +135,11 @@ static __always_inline int op_hist_add(__u32 pid, __u8 family, __u8 op_id, __u8 
 	if (family != HIST_QUEUE)
 		stat_inc(STAT_UNSAMPLED_OPS);
 	return 0;
+}
+
+static __always_inline int op_hist_add(__u32 pid, __u32 family, __u32 op_id, __u32 sync, int err, __u64 dur_ns)
+{
+	return op_hist_count(pid, family << 16 | (op_id & 0xFF) << 8 | (sync & 1), err, dur_ns);
 }
 
 /* An unsampled threadpool job's wait in libuv's queue (--detail

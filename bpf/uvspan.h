@@ -217,7 +217,7 @@ enum stat_idx {
 	STAT_INFLIGHT_FULL = 5,     /* an async request not tracked: in-flight table full */
 	STAT_STRADDLED = 6,         /* --sample-time: an operation crossed a window edge, dropped */
 	STAT_STACK_SAMPLES = 7,     /* loop-thread stacks sampled during slow iterations */
-	STAT_HIST_FULL = 8,         /* an unsampled operation not counted in op_hist (full): sent as a record */
+	STAT_HIST_FULL = 8,         /* an unsampled operation not counted in op_hist (full): lost to the metrics */
 	STAT_UNSAMPLED_OPS = 9,     /* operations of unsampled traces counted in op_hist, no record sent */
 	STAT_MAX = 10,
 };

@@ -103,7 +103,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         format!(
             "; {} operations of unsampled traces counted in the kernel (metrics only, no record){}",
             k.unsampled_ops,
-            if k.hist_full > 0 { format!(", {} sent as records (histogram map full)", k.hist_full) } else { String::new() }
+            if k.hist_full > 0 { format!(", {} not counted: histogram map full", k.hist_full) } else { String::new() }
         )
     } else {
         String::new()

@@ -84,7 +84,7 @@ pub struct Stats {
     /// Operations of traces the kernel's sampler dropped: counted in its
     /// histograms, no record sent.
     pub unsampled_ops: u64,
-    /// Of those, sent as records because the histogram map was full.
+    /// Operations of unsampled traces not counted: the histogram map was full.
     pub hist_full: u64,
 }
 
@@ -292,7 +292,8 @@ impl Tracer {
             }
             for (family, bounds) in ro.hist_bounds_ns.iter_mut().zip(settings.hist_bounds) {
                 for (i, b) in family.iter_mut().enumerate() {
-                    *b = bounds.get(i).map_or(u64::MAX, |s| (s * 1e9).round() as u64);
+                    // Unused: 2^62, over any duration (the kernel's bucket search needs bounds below 2^62).
+                    *b = bounds.get(i).map_or(1 << 62, |s| ((s * 1e9).round() as u64).min(1 << 62));
                 }
             }
             if let Some(ns) = settings.pidns {
