@@ -294,8 +294,10 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	__u64 parser = PT_REGS_PARM1(ctx), data = PT_REGS_PARM2(ctx), len = PT_REGS_PARM3(ctx);
 	/* The probe point is past llhttp_execute's `add %rsi,%rdx` (the first
 	 * instruction the kernel can emulate is the jmp after it): the third
-	 * register then holds data + len. A length is never a user address. */
-	if (len >= data && data > 0xFFFFFFFF)
+	 * register then holds data + len, never less than data (a buffer is
+	 * not as long as its own address: node's heap can sit below 4 GiB,
+	 * so the address is no bound). */
+	if (len >= data)
 		len -= data;
 	char head[8] = {};
 	if (len < 5 || bpf_probe_read_user(head, sizeof(head), (void *)data))
