@@ -6,7 +6,7 @@
 # its runs per collection (the GC callbacks' two entry probes, plus the few
 # fs calls of writing the result) and ns per run.
 #
-#   sudo bench/gc_cost.sh [UVSPAN_BINARY] [extra uvspan options...]
+#   sudo [NODE=path/to/node] bench/gc_cost.sh [UVSPAN_BINARY] [extra uvspan options...]
 # Needs bpftool and jq. Not part of bench.sh.
 set -euo pipefail
 cd "$(dirname "$0")"

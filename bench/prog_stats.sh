@@ -8,7 +8,8 @@
 # ns/run) and their runs per the JSON's WAIT_KEY count; with TOTAL=total,
 # also the sum of all of them per unit (the process tracepoints run for every
 # process on the host, so it suits only a unit far more frequent than
-# forks); and stops both. Needs root, bpftool and jq.
+# forks); and stops both. NODE=path runs another node build (default: node
+# on PATH). Needs root, bpftool and jq.
 
 prog_stats_run() {
   local name=$1 app_js=$2 key=$3 tries=$4 total=$5 bin=$6
@@ -21,7 +22,7 @@ prog_stats_run() {
   # shellcheck disable=SC2064 # $was now, not at exit
   trap "sysctl -qw kernel.bpf_stats_enabled=$was" EXIT
   out=$(mktemp)
-  BENCH_OUT=$out node "$app_js" &
+  BENCH_OUT=$out "${NODE:-node}" "$app_js" &
   app=$!
   "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2>&1 &
   up=$!

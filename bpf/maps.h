@@ -104,6 +104,10 @@ struct thread_ctx {
 struct gc_state {
 	__u64 start[UVSPAN_GC_TYPES]; /* 0: none of that type in progress */
 	__u64 outer_start;
+	/* V8 10.2's points (gc.h cookies 2-5): a minor/major collection and an
+	 * incremental marking start in progress */
+	__u64 pause_start;
+	__u64 incremental_start;
 	__u32 depth;
 	__u32 _pad;
 };

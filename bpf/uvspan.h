@@ -133,9 +133,13 @@ enum probe_kind {
 	 * where the kernel refuses fentry; low bit: the timeout is a struct
 	 * timespec pointer (epoll_pwait2), not milliseconds */
 	PROBE_EPOLL_WAIT = 19,
-	/* V8's Heap::CallGCPrologueCallbacks (cookie 0) and
-	 * Heap::CallGCEpilogueCallbacks (cookie 1): a garbage collection
-	 * starts / ends (gc.h) */
+	/* V8's garbage collections start / end (gc.h). Cookie 0 / 1:
+	 * Heap::CallGCPrologueCallbacks / CallGCEpilogueCallbacks (the GCType
+	 * is argument 2); V8 10.2 (Node 18), where those are inlined:
+	 * 2 / 3 Heap::GarbageCollectionPrologue / GarbageCollectionEpilogue
+	 * (a minor or major collection; its GarbageCollector is argument 2 of
+	 * the epilogue), 4 / 5 Heap::InvokeIncrementalMarkingPrologueCallbacks
+	 * / InvokeIncrementalMarkingEpilogueCallbacks (incremental marking) */
 	PROBE_GC = 20,
 	/* HTTP/2 server streams (node's nghttp2 callbacks; request context) */
 	PROBE_H2_HEADER = 21,   /* Http2Session::OnHeaderCallback: a request header of a stream */

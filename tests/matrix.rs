@@ -143,35 +143,76 @@ const LOOP_WAITS_LOST: &str = "loop iterations come from the system call tracepo
 const LOOP_WAITS_NOT_NEEDED_NOTE: &str = "fentry programs see the loop's epoll waits (as uvspan last found on this boot, else assumed)";
 
 /// V8's GC callbacks as Node 20-26 name them (in the node executable; a
-/// stripped copy of a build that exports them keeps them; Node 18 has
-/// another form, inlined where collections call it), and what is lost
-/// without them.
+/// stripped copy of a build that exports them keeps them), and what their
+/// absence says.
 const GC: [&str; 2] = [
     "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE",
     "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE",
 ];
+const GC_PRIMARY_LOST: &str = "V8 10.2's GC points stand in (Node 18), if present";
+/// V8 10.2's GC points (Node 18; Debian's libnode.so), in catalog order:
+/// fallbacks for [`GC`], and what is lost without them.
+const GC_V10: [&str; 6] = [
+    "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
+    "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
+    "_ZN2v88internal4Heap25GarbageCollectionPrologueENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE",
+    "_ZN2v88internal4Heap25GarbageCollectionEpilogueENS0_16GarbageCollectorE",
+    "_ZN2v88internal4Heap41InvokeIncrementalMarkingPrologueCallbacksEv",
+    "_ZN2v88internal4Heap41InvokeIncrementalMarkingEpilogueCallbacksEv",
+];
 const GC_LOST: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
 
-const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len() + LOOP_WAITS.len() + GC.len();
-/// Probes attached on a build with a full symbol table / with the exported
-/// API only; `gc`: with V8's GC callbacks.
-fn full_probes(gc: bool) -> usize {
-    EXPORTED.len() + INTERNAL.len() + gc_probes(gc) - usize::from(cleanup_left_out(false))
+/// Which of V8's GC points a build has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Gc {
+    /// Node 20-26's callbacks.
+    Callbacks,
+    /// V8 10.2's points (Node 18).
+    V10,
+    /// Neither: no collection is seen.
+    None,
 }
-fn exported_only_probes(gc: bool) -> usize {
-    EXPORTED.len() + FALLBACKS.len() + gc_probes(gc)
-}
-fn gc_probes(gc: bool) -> usize {
-    if gc {
-        GC.len()
-    } else {
-        0
+
+impl Gc {
+    fn of(v8: &ElfFacts) -> Gc {
+        if GC.iter().all(|s| v8.offsets.contains_key(*s)) {
+            Gc::Callbacks
+        } else if GC_V10.iter().all(|s| v8.offsets.contains_key(*s)) {
+            Gc::V10
+        } else {
+            Gc::None
+        }
+    }
+
+    /// The GC probes attached.
+    fn probes(self) -> usize {
+        match self {
+            Gc::Callbacks => GC.len(),
+            Gc::V10 => GC_V10.len(),
+            Gc::None => 0,
+        }
+    }
+
+    /// uvspan's notices about the GC points: those of missing probes (in
+    /// catalog order with the other missing ones), then those of fallbacks.
+    fn notices(self) -> (Vec<String>, Vec<String>) {
+        let missing = || GC.iter().map(|sym| format!("{sym} not found: {GC_PRIMARY_LOST}")).collect();
+        match self {
+            Gc::Callbacks => (vec![], vec![]),
+            Gc::V10 => (missing(), GC_V10.iter().map(|s| format!("fallback in use: {s} instead of {}", GC[0])).collect()),
+            Gc::None => (missing(), GC_V10.iter().map(|s| format!("fallback {s} unavailable: {GC_LOST}")).collect()),
+        }
     }
 }
 
-/// The notices of a build without V8's GC callbacks.
-fn gc_notices() -> Vec<String> {
-    GC.iter().map(|sym| format!("{sym} not found: {GC_LOST}")).collect()
+const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len() + LOOP_WAITS.len() + GC.len() + GC_V10.len();
+/// Probes attached on a build with a full symbol table / with the exported
+/// API only, with `gc`'s GC points.
+fn full_probes(gc: Gc) -> usize {
+    EXPORTED.len() + INTERNAL.len() + gc.probes() - usize::from(cleanup_left_out(false))
+}
+fn exported_only_probes(gc: Gc) -> usize {
+    EXPORTED.len() + FALLBACKS.len() + gc.probes()
 }
 
 /// uv_fs_req_cleanup is left out where nothing ends there: sync calls end
@@ -184,20 +225,20 @@ fn cleanup_left_out(stripped: bool) -> bool {
 const CLEANUP_LEFT_OUT_NOTE: &str = "sync calls end at their return, async ones at uv__fs_done (no io_uring)";
 
 /// The notice lines (after "uvspan:   ") uvspan prints for a build whose
-/// libuv at `libuv_path` only exports its API.
-/// `gc`: V8's GC callbacks are exported too (a stripped node), else (a
-/// shared libuv.so: V8 is in libnode) they are missing.
-fn exported_only_notices(libuv_path: &str, gc: bool) -> Vec<String> {
+/// libuv at `libuv_path` only exports its API, with `gc`'s GC points (a
+/// stripped node: those it exports; a shared libuv.so: libnode.so's).
+fn exported_only_notices(libuv_path: &str, gc: Gc) -> Vec<String> {
     let mut v =
         vec![format!("{libuv_path} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed")];
-    // In catalog order: the operations' internals, the GC callbacks, the phases.
+    // In catalog order: the operations' internals, the GC callbacks, the
+    // phases; then the fallbacks.
     let (ops, phases) = INTERNAL.split_at(4);
+    let (gc_missing, gc_fallbacks) = gc.notices();
     v.extend(ops.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
-    if !gc {
-        v.extend(gc_notices());
-    }
+    v.extend(gc_missing);
     v.extend(phases.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
     v.extend(FALLBACKS.iter().map(|(sym, _, primary)| format!("fallback in use: {sym} instead of {primary}")));
+    v.extend(gc_fallbacks);
     v
 }
 
@@ -238,8 +279,8 @@ struct Target {
     readfile: ReadFile,
     /// The name libuv gives its threadpool threads in this build (libuv >= 1.50).
     pool_thread_name: Option<&'static str>,
-    /// V8's GC callbacks are probed (not in Debian's shared libuv.so).
-    gc: bool,
+    /// V8's GC points probed.
+    gc: Gc,
 }
 
 fn official(major: u32) -> Target {
@@ -258,7 +299,7 @@ fn official(major: u32) -> Target {
         symbols: Symbols::Full,
         readfile: if major >= 26 { ReadFile::SyncOnPoolThread } else { ReadFile::AsyncRequests },
         pool_thread_name: (major >= 22).then_some("libuv-worker"),
-        gc: major >= 20,
+        gc: if major >= 20 { Gc::Callbacks } else { Gc::V10 },
     }
 }
 
@@ -277,7 +318,8 @@ fn debian() -> Target {
         symbols: Symbols::ExportedOnly,
         readfile: ReadFile::AsyncRequests,
         pool_thread_name: None,
-        gc: false,
+        // V8 10.2 in the libnode.so beside libuv.so.
+        gc: Gc::V10,
     }
 }
 
@@ -287,8 +329,8 @@ fn stripped() -> Target {
     assert_eq!(version, node_version_of(Path::new(STRIP_SOURCE), &[]), "the stripped copy runs as its source");
     let major: u32 = version.trim_start_matches('v').split('.').next().and_then(|m| m.parse().ok()).expect("major");
     let uv = libuv_version_of(&node, &[]);
-    // V8's GC callbacks survive where the source build exports them.
-    let gc = ElfFacts::read(&node).offsets.contains_key(GC[0]);
+    // V8's GC points survive where the source build exports them.
+    let gc = Gc::of(&ElfFacts::read(&node));
     Target {
         tag: "stripped".into(),
         env: vec![],
@@ -415,8 +457,11 @@ fn check_stderr(out: &Output, t: &Target) {
         .map(|l| l.strip_prefix("uvspan:   ").unwrap_or_else(|| panic!("unexpected stderr line {l:?}\n{}", out.context())).to_string())
         .collect();
     let want = match t.symbols {
-        Symbols::Full if t.gc => vec![],
-        Symbols::Full => gc_notices(),
+        Symbols::Full => {
+            let (mut v, fallbacks) = t.gc.notices();
+            v.extend(fallbacks);
+            v
+        }
         Symbols::ExportedOnly => exported_only_notices(&t.libuv_path, t.gc),
     };
     assert_eq!(notices, want, "the notices of what cannot be traced and why\n{}", out.context());
@@ -711,7 +756,7 @@ fn check_loop(spans: &[Span], m: &Markers, pid: i64, t: &Target) {
         };
         // V8's garbage collections (tests/gc.rs checks them): where probed.
         let gc_key = |k: &str| matches!(k, "uvspan.loop.gc_ms" | "uvspan.loop.gc_count");
-        assert_eq!(it.attributes.contains_key("uvspan.loop.gc_ms"), t.gc, "GC time where V8's GC callbacks are probed: {ctx}");
+        assert_eq!(it.attributes.contains_key("uvspan.loop.gc_ms"), t.gc != Gc::None, "GC time where V8's GC points are probed: {ctx}");
         let keys: BTreeSet<&str> = it.attributes.keys().map(String::as_str).filter(|k| !stack_key(k) && !gc_key(k)).collect();
         assert_eq!(
             keys,
@@ -804,7 +849,7 @@ fn debian_nodejs_18_shared_stripped_libuv() {
     let t = debian();
     run_target(&t);
     // `uvspan probes` finds the shared libuv like the loader (LD_LIBRARY_PATH),
-    // its version, and Node's version in the libnode.so beside it.
+    // its version, and Node's version and V8 in the libnode.so beside it.
     let d = debian_node();
     let libuv = ElfFacts::read(Path::new(&t.libuv_path));
     let lib = d.lib_dir.to_string_lossy().into_owned();
@@ -815,6 +860,7 @@ fn debian_nodejs_18_shared_stripped_libuv() {
         libuv_version: Some("1.44.2".into()),
         libuv,
         libc: ElfFacts::read(Path::new(&own_libc())),
+        v8: Some(ElfFacts::read(&d.lib_dir.join("libnode.so.108"))),
         stripped: true,
     };
     let node = d.node.to_string_lossy().into_owned();
@@ -859,6 +905,7 @@ impl ElfFacts {
             .chain(FALLBACKS.iter().map(|x| x.0))
             .chain(LOOP_WAITS)
             .chain(GC)
+            .chain(GC_V10)
             .collect();
         let mut offsets = BTreeMap::new();
         for sym in elf.symbols().chain(elf.dynamic_symbols()) {
@@ -905,8 +952,26 @@ struct ProbesExpect {
     libuv_version: Option<String>,
     libuv: ElfFacts,
     libc: ElfFacts,
+    /// V8's image when it is not libuv's (libnode.so beside a libuv.so).
+    v8: Option<ElfFacts>,
     /// Only the exported API (fallbacks in use).
     stripped: bool,
+}
+
+impl ProbesExpect {
+    /// V8's image.
+    fn v8(&self) -> &ElfFacts {
+        self.v8.as_ref().unwrap_or(&self.libuv)
+    }
+
+    /// The path of a row's image as uvspan shows it.
+    fn path_of(&self, image: &str) -> &str {
+        match image {
+            "libc" => &self.libc.path,
+            "v8" if self.v8.is_some() => &self.v8().path,
+            _ => &self.libuv_path,
+        }
+    }
 }
 
 /// One row as it must be.
@@ -1027,11 +1092,39 @@ fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
             }
         });
     }
+    let v8 = e.v8();
+    let gc = Gc::of(v8);
     for sym in GC {
-        v.push(if e.libuv.offsets.contains_key(sym) {
-            WantRow::attachable(sym, e.libuv.function(sym), GC_LOST)
-        } else {
-            WantRow::missing(sym, GC_LOST)
+        let (function, status, note, json_status) = match gc {
+            Gc::Callbacks => (Some(v8.function(sym)), "attachable", String::new(), "usable"),
+            _ => (None, "missing", GC_PRIMARY_LOST.to_string(), "missing"),
+        };
+        v.push(WantRow {
+            symbol: sym,
+            image: "v8",
+            function,
+            status,
+            note,
+            json_status,
+            fallback_for: None,
+            if_missing: Some(GC_PRIMARY_LOST),
+        });
+    }
+    for sym in GC_V10 {
+        let (function, status, note, json_status) = match gc {
+            Gc::Callbacks => (None, "not needed", format!("only used without {}", GC[0]), "not_needed"),
+            Gc::V10 => (Some(v8.function(sym)), "fallback", format!("in use for missing {}", GC[0]), "usable"),
+            Gc::None => (None, "missing", GC_LOST.to_string(), "missing"),
+        };
+        v.push(WantRow {
+            symbol: sym,
+            image: "v8",
+            function,
+            status,
+            note,
+            json_status,
+            fallback_for: Some(GC[0]),
+            if_missing: Some(GC_LOST),
         });
     }
     assert_eq!(v.len(), ALL_PROBES);
@@ -1075,6 +1168,10 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> (JsonProbes, bool) {
     assert_eq!(uv["symbol_table"], !e.stripped, "{}", ctx());
     assert_eq!(uv["libuv_version"], e.libuv_version.as_deref().map_or(serde_json::Value::Null, |u| u.into()), "{}", ctx());
     assert_eq!(v["libc"]["path"], e.libc.path.as_str(), "{}", ctx());
+    match &e.v8 {
+        Some(v8) => assert_eq!(v["v8"]["path"], v8.path.as_str(), "{}", ctx()),
+        None => assert_eq!(v["v8"], serde_json::Value::Null, "V8 is in libuv's image\n{}", ctx()),
+    }
     let probes = v["probes"].as_array().unwrap_or_else(|| panic!("no probes array\n{}", ctx()));
     assert_eq!(probes.len(), ALL_PROBES + REQUEST_PROBES.len(), "{}", ctx());
     let by_sym: BTreeMap<&str, &serde_json::Value> = probes.iter().map(|p| (p["symbol"].as_str().expect("symbol"), p)).collect();
@@ -1090,8 +1187,8 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> (JsonProbes, bool) {
         assert_eq!(p["image"], w.image, "{pctx}");
         assert_eq!(p["status"], w.json_status, "{pctx}");
         assert_eq!(p["fallback_for"], w.fallback_for.map_or(serde_json::Value::Null, |f| f.into()), "{pctx}");
-        let path = if w.image == "libc" { &e.libc.path } else { &e.libuv_path };
-        assert_eq!(p["path"], path.as_str(), "{pctx}");
+        let path = e.path_of(w.image);
+        assert_eq!(p["path"], path, "{pctx}");
         if let Some(lost) = w.if_missing {
             assert_eq!(p["if_missing"], lost, "{pctx}");
         }
@@ -1137,7 +1234,10 @@ fn check_probes_table(text: &str, e: &ProbesExpect, (json, waits): &(JsonProbes,
     let header = format!("libuv:   {} ({version}; build-id {}; symbol table: {symtab})", e.libuv_path, e.libuv.build_id);
     assert_eq!(lines.next(), Some(header.as_str()), "{}", ctx());
     assert_eq!(lines.next(), Some(format!("libc:    {}", e.libc.path).as_str()), "{}", ctx());
-    let gc = e.libuv.offsets.contains_key(GC[0]);
+    if let Some(v8) = &e.v8 {
+        assert_eq!(lines.next(), Some(format!("v8:      {}", v8.path).as_str()), "{}", ctx());
+    }
+    let gc = Gc::of(e.v8());
     let usable = if e.stripped { exported_only_probes(gc) } else { full_probes(gc) } + 2 * usize::from(*waits);
     let header =
         format!("probes:  {usable} of {} usable, {} off (--detail, --requests)", ALL_PROBES + REQUEST_PROBES.len(), REQUEST_PROBES.len());
@@ -1202,6 +1302,7 @@ fn check_probes_of(node: &Path, stripped: bool) {
         libuv_version: Some(libuv_version_of(node, &[])),
         libuv: ElfFacts::read(node),
         libc: ElfFacts::read(Path::new(&own_libc())),
+        v8: None,
         stripped,
     };
     check_probes(&[node_s.as_str()], &[], &by_path);

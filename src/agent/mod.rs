@@ -301,6 +301,7 @@ impl Agent {
                 s.1 = self.procs.unsampled;
             }
             self.stats.short = self.procs.short;
+            self.stats.gc_events_dropped = self.gcs.dropped;
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
         if self.timers.clock.due() {
@@ -509,6 +510,7 @@ impl Agent {
             s.1 = self.procs.unsampled;
         }
         self.stats.short = self.procs.short;
+        self.stats.gc_events_dropped = self.gcs.dropped;
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent {
             exporter, health_metrics, op_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, ..

@@ -33,6 +33,9 @@ pub struct RunStats {
     pub short: u64,
     /// Background tasks and process traces.
     pub tasks: crate::tasks::TaskStats,
+    /// `v8js.gc` span events dropped: more collections than a thread holds
+    /// waiting for its next slow iteration (the metrics count them all).
+    pub gc_events_dropped: u64,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -113,6 +116,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     } else {
         String::new()
     };
+    let gc = if run.gc_events_dropped > 0 {
+        format!(
+            "; {} v8js.gc span events dropped (over {} collections waiting on a thread; v8js.gc.duration counts them)",
+            run.gc_events_dropped,
+            crate::events::gc::PENDING_MAX
+        )
+    } else {
+        String::new()
+    };
     let off = run.traces_off.map_or_else(String::new, |why| format!("; no span is sent anywhere ({why})"));
     let t = &run.tasks;
     let tasks = if t.tasks > 0 || t.processes > 0 {
@@ -129,7 +141,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{tasks}{sampler}{kernel}{short}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }
@@ -155,4 +167,23 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
 /// (kernel) or held by a request whose end fell past it.
 fn straddled(k: &Stats, run: &RunStats) -> u64 {
     k.straddled + run.requests.map_or(0, |r| r.straddled_ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_summary_counts_gc_events_dropped() {
+        let line = |dropped| {
+            let run = RunStats { gc_events_dropped: dropped, ..Default::default() };
+            summary_line(1, &Summary::default(), &Stats::default(), &run, Duration::from_millis(50))
+        };
+        assert!(!line(0).contains("v8js.gc"), "{}", line(0));
+        assert!(
+            line(7).contains("; 7 v8js.gc span events dropped (over 4096 collections waiting on a thread; v8js.gc.duration counts them)"),
+            "{}",
+            line(7)
+        );
+    }
 }

@@ -14,6 +14,9 @@ pub enum ImageKind {
     Libuv,
     /// The C library (for getaddrinfo).
     Libc,
+    /// Where V8 is: the node executable, or the libnode.so of a node
+    /// built with a shared libuv (Debian's).
+    V8,
 }
 
 /// An optional group of probes: more detail for more probe hits. Each hit
@@ -311,6 +314,27 @@ const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 pub const GC_PROLOGUE: &str = "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
 /// Its epilogue twin.
 pub const GC_EPILOGUE: &str = "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
+/// V8 10.2's (Node 18) two-argument `Heap::CallGCPrologueCallbacks(GCType,
+/// GCCallbackFlags)`: called out of line for weak callbacks alone in the
+/// official builds (inlined into the collections), for every collection in
+/// Debian's libnode.
+pub const GC_PROLOGUE_V10: &str = "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE";
+/// Its epilogue twin.
+pub const GC_EPILOGUE_V10: &str = "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE";
+/// V8's `Heap::GarbageCollectionPrologue(GarbageCollectionReason,
+/// GCCallbackFlags)`: a minor or major collection starts.
+pub const GC_PAUSE_START: &str = "_ZN2v88internal4Heap25GarbageCollectionPrologueENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE";
+/// V8's `Heap::GarbageCollectionEpilogue(GarbageCollector)`: it ends.
+pub const GC_PAUSE_END: &str = "_ZN2v88internal4Heap25GarbageCollectionEpilogueENS0_16GarbageCollectorE";
+/// V8's `Heap::InvokeIncrementalMarkingPrologueCallbacks()`: incremental
+/// marking starts.
+pub const GC_INCREMENTAL_START: &str = "_ZN2v88internal4Heap41InvokeIncrementalMarkingPrologueCallbacksEv";
+/// Its epilogue twin.
+pub const GC_INCREMENTAL_END: &str = "_ZN2v88internal4Heap41InvokeIncrementalMarkingEpilogueCallbacksEv";
+/// V8 10.2's GC points: all of them, or no collection is seen there.
+pub const GC_V10: [&str; 6] = [GC_PROLOGUE_V10, GC_EPILOGUE_V10, GC_PAUSE_START, GC_PAUSE_END, GC_INCREMENTAL_START, GC_INCREMENTAL_END];
+/// What is lost without V8's GC points.
+const NO_GC: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
 /// node's `Http2Session::OnHeaderCallback`: HTTP/2 request context needs it.
 const H2_HEADER: &str = "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv";
 
@@ -451,21 +475,21 @@ pub const OTHER: &[Probe] = &[
     // V8's garbage collections: the embedder GC callbacks V8 calls around
     // each one (bpf/gc.h), as Node 20-26 name them. Official 20 and 22
     // export them (.dynsym: a stripped copy keeps them); 24 and 26 have
-    // them in .symtab only. Node 18 (V8 10.2) has its own two-argument
-    // form, but inlines it into the collections' own code: its symbol is
-    // called for weak callbacks alone, so it is not probed.
+    // them in .symtab only.
     Probe {
         symbol: GC_PROLOGUE,
+        image: ImageKind::V8,
         kind: probe_kind::PROBE_GC,
         cookie: 0,
-        if_missing: "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration",
+        if_missing: "V8 10.2's GC points stand in (Node 18), if present",
         ..Probe::ROW
     },
     Probe {
         symbol: GC_EPILOGUE,
+        image: ImageKind::V8,
         kind: probe_kind::PROBE_GC,
         cookie: 1,
-        if_missing: "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration",
+        if_missing: "V8 10.2's GC points stand in (Node 18), if present",
         ..Probe::ROW
     },
     // HTTP/2 servers (node:http2): a request per stream. node's nghttp2
@@ -546,6 +570,66 @@ pub const OTHER: &[Probe] = &[
         if_missing: "no loop iterations",
         fallback_for: Some("uv__io_poll"),
         detail: PH,
+        ..Probe::ROW
+    },
+    // V8 10.2 (Node 18, exported in .dynsym): its two-argument callbacks
+    // (weak callbacks; every collection where they are out of line, as in
+    // Debian's libnode), and around the collections that inline them the
+    // functions just inside: a minor/major collection (its kind known at
+    // its end), incremental marking's start. A collection whose callbacks
+    // are probed too is recorded once (bpf/gc.h).
+    Probe {
+        symbol: GC_PROLOGUE_V10,
+        image: ImageKind::V8,
+        kind: probe_kind::PROBE_GC,
+        cookie: 0,
+        if_missing: NO_GC,
+        fallback_for: Some(GC_PROLOGUE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: GC_EPILOGUE_V10,
+        image: ImageKind::V8,
+        kind: probe_kind::PROBE_GC,
+        cookie: 1,
+        if_missing: NO_GC,
+        fallback_for: Some(GC_PROLOGUE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: GC_PAUSE_START,
+        image: ImageKind::V8,
+        kind: probe_kind::PROBE_GC,
+        cookie: 2,
+        if_missing: NO_GC,
+        fallback_for: Some(GC_PROLOGUE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: GC_PAUSE_END,
+        image: ImageKind::V8,
+        kind: probe_kind::PROBE_GC,
+        cookie: 3,
+        if_missing: NO_GC,
+        fallback_for: Some(GC_PROLOGUE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: GC_INCREMENTAL_START,
+        image: ImageKind::V8,
+        kind: probe_kind::PROBE_GC,
+        cookie: 4,
+        if_missing: NO_GC,
+        fallback_for: Some(GC_PROLOGUE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: GC_INCREMENTAL_END,
+        image: ImageKind::V8,
+        kind: probe_kind::PROBE_GC,
+        cookie: 5,
+        if_missing: NO_GC,
+        fallback_for: Some(GC_PROLOGUE),
         ..Probe::ROW
     },
 ];

@@ -86,22 +86,36 @@ fn state_word<S: serde::Serializer>(s: &ProbeState, ser: S) -> Result<S::Ok, S::
     }
 }
 
-/// The state of `p` given the symbols found in libuv's image and libc's.
-fn state_of(
-    p: &Probe,
-    libuv: &HashMap<&'static str, u64>,
-    libc: Option<&HashMap<&'static str, u64>>,
-    detail: Detail,
-    ends: Conditions,
-) -> (ProbeState, Option<u64>) {
-    let syms = match p.image {
-        ImageKind::Libuv => Some(libuv),
-        ImageKind::Libc => libc,
-    };
+/// The symbols found in each image of a process.
+#[derive(Clone, Copy)]
+pub struct Symbols<'a> {
+    pub libuv: &'a HashMap<&'static str, u64>,
+    pub libc: Option<&'a HashMap<&'static str, u64>>,
+    /// V8's image when it is not libuv's (Debian's libnode.so beside a
+    /// shared libuv.so); None: V8 is in libuv's image, or nowhere found.
+    pub v8: Option<&'a HashMap<&'static str, u64>>,
+}
+
+impl<'a> Symbols<'a> {
+    fn of(&self, image: ImageKind) -> Option<&'a HashMap<&'static str, u64>> {
+        match image {
+            ImageKind::Libuv => Some(self.libuv),
+            ImageKind::Libc => self.libc,
+            ImageKind::V8 => Some(self.v8.unwrap_or(self.libuv)),
+        }
+    }
+}
+
+/// The state of `p` given the symbols found in the process's images.
+fn state_of(p: &Probe, images: Symbols, detail: Detail, ends: Conditions) -> (ProbeState, Option<u64>) {
+    let libuv = images.libuv;
+    let syms = images.of(p.image);
     if let Some(k) = p.detail.filter(|&k| !detail.enables(k)) {
         return (ProbeState::Off(k), None);
     }
-    if p.fallback_for.is_some_and(|primary| libuv.contains_key(primary)) {
+    // A fallback's primary is a libuv symbol (V8's: in V8's image).
+    let primaries = if p.image == ImageKind::V8 { syms } else { Some(libuv) };
+    if p.fallback_for.is_some_and(|primary| primaries.is_some_and(|s| s.contains_key(primary))) {
         return (ProbeState::NotNeeded, None);
     }
     if p.requires.is_some_and(|needed| !libuv.contains_key(needed)) {
@@ -122,16 +136,11 @@ fn state_of(
 }
 
 /// The plan over bare symbol tables (no files): for tests and [`plan`].
-pub fn plan_symbols(
-    libuv: &HashMap<&'static str, u64>,
-    libc: Option<&HashMap<&'static str, u64>>,
-    detail: Detail,
-    ends: Conditions,
-) -> Vec<ProbeStatus> {
+pub fn plan_symbols(images: Symbols, detail: Detail, ends: Conditions) -> Vec<ProbeStatus> {
     catalog::all_probes()
         .into_iter()
         .map(|p| {
-            let (state, offset) = state_of(&p, libuv, libc, detail, ends);
+            let (state, offset) = state_of(&p, images, detail, ends);
             ProbeStatus {
                 symbol: p.symbol,
                 image: p.image,
@@ -152,13 +161,14 @@ pub fn plan_symbols(
 
 /// The plan for a process's images (nothing attached yet).
 pub fn plan(images: &Images, detail: Detail, ends: Conditions) -> Vec<ProbeStatus> {
-    let libc = images.libc.as_ref().map(|l| &l.image.offsets);
-    let mut out = plan_symbols(&images.libuv.image.offsets, libc, detail, ends);
+    let syms = Symbols {
+        libuv: &images.libuv.image.offsets,
+        libc: images.libc.as_ref().map(|l| &l.image.offsets),
+        v8: images.v8.as_ref().map(|l| &l.image.offsets),
+    };
+    let mut out = plan_symbols(syms, detail, ends);
     for r in &mut out {
-        let loc = match r.image {
-            ImageKind::Libuv => Some(&images.libuv),
-            ImageKind::Libc => images.libc.as_ref(),
-        };
+        let loc = images.of(r.image);
         r.path = loc.map(|l| l.path.clone());
         r.single_stepped = r.state == ProbeState::Usable && loc.is_some_and(|l| l.image.single_stepped.contains(&r.symbol));
     }
@@ -171,11 +181,11 @@ pub fn epoll_only(report: &[ProbeStatus]) -> bool {
     !report.iter().any(|r| r.kind == probe_kind::PROBE_LOOP_PHASE && r.state == ProbeState::Usable)
 }
 
-/// Whether V8's garbage collections are seen (both GC callback probes usable).
+/// Whether V8's garbage collections are seen: both GC callbacks usable, or
+/// all of V8 10.2's points (Node 18).
 pub fn gc_probed(report: &[ProbeStatus]) -> bool {
-    let usable =
-        |cookie: u64| report.iter().any(|r| r.kind == probe_kind::PROBE_GC && r.cookie & 1 == cookie && r.state == ProbeState::Usable);
-    usable(0) && usable(1)
+    let usable = |s: &str| report.iter().any(|r| r.symbol == s && r.state == ProbeState::Usable);
+    (usable(catalog::GC_PROLOGUE) && usable(catalog::GC_EPILOGUE)) || catalog::GC_V10.iter().all(|s| usable(s))
 }
 
 /// What cannot be traced on this build, and why, one line each.
@@ -219,6 +229,15 @@ mod tests {
     /// Without session uprobes: uv_fs_req_cleanup ends sync calls.
     const AT_CLEANUP: Conditions = Conditions { sync_at_return: false, io_uring: true, waits_by_uprobe: false };
 
+    fn plan_on(
+        libuv: &HashMap<&'static str, u64>,
+        libc: Option<&HashMap<&'static str, u64>>,
+        detail: Detail,
+        ends: Conditions,
+    ) -> Vec<ProbeStatus> {
+        plan_symbols(Symbols { libuv, libc, v8: None }, detail, ends)
+    }
+
     fn get(pl: &[ProbeStatus], s: &str) -> (ProbeState, Option<u64>) {
         let r = pl.iter().find(|p| p.symbol == s).unwrap();
         (r.state.clone(), r.offset)
@@ -233,24 +252,24 @@ mod tests {
             .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
             .collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let plan_full = plan_symbols(&full, Some(&libc), Detail::all(), AT_CLEANUP);
+        let plan_full = plan_on(&full, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_full, "uv_run"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_full, "getaddrinfo"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_full, "uv__io_poll"), (ProbeState::Usable, Some(0x1000)));
 
         // Stripped: only the exported API.
         let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
-        let plan_s = plan_symbols(&stripped, Some(&libc), Detail::all(), AT_CLEANUP);
+        let plan_s = plan_on(&stripped, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_s, "uv__io_poll"), (ProbeState::Missing, None));
         assert_eq!(get(&plan_s, "uv_run"), (ProbeState::Usable, Some(0x3000)));
         assert_eq!(get(&plan_s, "uv_freeaddrinfo"), (ProbeState::Usable, Some(0x2000)));
         assert_eq!(get(&plan_s, "getaddrinfo"), (ProbeState::Usable, Some(0x10)));
-        assert_eq!(get(&plan_symbols(&stripped, None, Detail::all(), AT_CLEANUP), "getaddrinfo").0, ProbeState::Missing);
+        assert_eq!(get(&plan_on(&stripped, None, Detail::all(), AT_CLEANUP), "getaddrinfo").0, ProbeState::Missing);
         assert!(epoll_only(&plan_s));
         assert!(!epoll_only(&plan_full));
         // Without llhttp_execute, no request probe is attached (it would only cost).
         let no_parser: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "llhttp_execute").map(|(k, v)| (*k, *v)).collect();
-        let plan_np = plan_symbols(&no_parser, Some(&libc), Detail::all(), AT_CLEANUP);
+        let plan_np = plan_on(&no_parser, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_np, "uv_try_write"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_np, "llhttp_execute"), (ProbeState::Missing, None));
     }
@@ -262,7 +281,7 @@ mod tests {
         let no_done: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "uv__fs_done").map(|(k, v)| (*k, *v)).collect();
         let cleanup = |syms: &HashMap<&'static str, u64>, sync_at_return, io_uring| {
             get(
-                &plan_symbols(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false }),
+                &plan_on(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false }),
                 "uv_fs_req_cleanup",
             )
             .0
@@ -277,26 +296,46 @@ mod tests {
     }
 
     #[test]
-    fn v8_gc_needs_both_callbacks() {
+    fn v8_gc_needs_the_callbacks_or_all_of_v8_10_2_s_points() {
         let gc: Vec<Probe> = catalog::all_probes().into_iter().filter(|p| p.kind == probe_kind::PROBE_GC).collect();
-        assert_eq!(gc.iter().map(|p| p.cookie).collect::<Vec<_>>(), [0, 1], "the prologue, then the epilogue");
+        assert_eq!(gc.iter().map(|p| p.cookie).collect::<Vec<_>>(), [0, 1, 0, 1, 2, 3, 4, 5], "each point's start, then its end");
+        assert!(gc.iter().all(|p| p.image == ImageKind::V8));
         let base: HashMap<&'static str, u64> = catalog::all_probes()
             .iter()
-            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none() && p.kind != probe_kind::PROBE_GC)
+            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
             .map(|p| (p.symbol, 0x1000))
             .collect();
-        let with = |names: &[&Probe]| -> Vec<ProbeStatus> {
-            let mut syms = base.clone();
-            syms.extend(names.iter().map(|p| (p.symbol, 0x2000)));
-            plan_symbols(&syms, None, Detail::default(), AT_CLEANUP)
+        let syms = |names: &[&'static str]| -> HashMap<&'static str, u64> { names.iter().map(|s| (*s, 0x2000)).collect() };
+        let with = |names: &[&'static str]| -> Vec<ProbeStatus> {
+            let mut all = base.clone();
+            all.extend(syms(names));
+            plan_on(&all, None, Detail::default(), AT_CLEANUP)
         };
-        assert!(gc_probed(&with(&[&gc[0], &gc[1]])));
-        // One of the two alone is no GC (no durations); none (Debian's
-        // shared libuv.so, Node 18): missing, said so.
-        assert!(!gc_probed(&with(&[&gc[0]])));
+        let v10_states = |p: &[ProbeStatus]| catalog::GC_V10.iter().map(|s| get(p, s).0).collect::<Vec<_>>();
+        // Node 20-26: the callbacks; V8 10.2's points are not needed (20-26 have some).
+        let callbacks = with(&[catalog::GC_PROLOGUE, catalog::GC_EPILOGUE]);
+        assert!(gc_probed(&callbacks));
+        assert!(v10_states(&callbacks).iter().all(|s| *s == ProbeState::NotNeeded));
+        let mut both = vec![catalog::GC_PROLOGUE, catalog::GC_EPILOGUE];
+        both.extend(catalog::GC_V10);
+        assert!(v10_states(&with(&both)).iter().all(|s| *s == ProbeState::NotNeeded));
+        // One callback alone is no GC (no durations).
+        assert!(!gc_probed(&with(&[catalog::GC_PROLOGUE])));
+        // Node 18: all six of V8 10.2's points, or none of them.
+        let v10 = with(&catalog::GC_V10);
+        assert!(gc_probed(&v10));
+        assert!(v10_states(&v10).iter().all(|s| *s == ProbeState::Usable));
+        assert_eq!(get(&v10, catalog::GC_PROLOGUE).0, ProbeState::Missing);
+        assert!(!gc_probed(&with(&catalog::GC_V10[..5])));
+        // None (a stripped Node 24): missing, said so.
         let none = with(&[]);
         assert!(!gc_probed(&none));
         assert!(gc.iter().all(|p| get(&none, p.symbol).0 == ProbeState::Missing));
+        // V8 in libnode.so beside a shared libuv.so: looked up there.
+        let libnode = syms(&catalog::GC_V10);
+        let deb = plan_symbols(Symbols { libuv: &base, libc: None, v8: Some(&libnode) }, Detail::default(), AT_CLEANUP);
+        assert!(gc_probed(&deb));
+        assert_eq!(get(&deb, catalog::GC_PAUSE_END), (ProbeState::Usable, Some(0x2000)));
     }
 
     #[test]
@@ -306,7 +345,7 @@ mod tests {
         let libc: HashMap<&'static str, u64> = [("epoll_wait", 0x10), ("epoll_pwait", 0x20)].into();
         let states = |libc: Option<&HashMap<&'static str, u64>>, waits_by_uprobe| {
             let c = Conditions { waits_by_uprobe, ..AT_CLEANUP };
-            let p = plan_symbols(&full, libc, Detail::default(), c);
+            let p = plan_on(&full, libc, Detail::default(), c);
             [get(&p, "epoll_wait"), get(&p, "epoll_pwait")]
         };
         assert_eq!(states(Some(&libc), true), [(ProbeState::Usable, Some(0x10)), (ProbeState::Usable, Some(0x20))]);
@@ -314,17 +353,17 @@ mod tests {
         assert_eq!(states(Some(&libc), false), [(ProbeState::NotNeeded, None), (ProbeState::NotNeeded, None)]);
         // No libc found: said missing (the tracepoints take over).
         assert_eq!(states(None, true), [(ProbeState::Missing, None), (ProbeState::Missing, None)]);
-        let p = plan_symbols(&full, Some(&libc), Detail::default(), Conditions { waits_by_uprobe: true, ..AT_CLEANUP });
+        let p = plan_on(&full, Some(&libc), Detail::default(), Conditions { waits_by_uprobe: true, ..AT_CLEANUP });
         assert!(p.iter().filter(|r| r.kind == probe_kind::PROBE_EPOLL_WAIT).all(|r| r.image == ImageKind::Libc));
     }
 
     #[test]
     fn default_plan_is_the_cheap_set() {
         let full: HashMap<&'static str, u64> =
-            catalog::all_probes().iter().filter(|p| p.image == ImageKind::Libuv).map(|p| (p.symbol, 0x1000)).collect();
+            catalog::all_probes().iter().filter(|p| p.image != ImageKind::Libc).map(|p| (p.symbol, 0x1000)).collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
         let attached = |d: Detail| -> Vec<&'static str> {
-            let mut v: Vec<_> = plan_symbols(&full, Some(&libc), d, AT_CLEANUP)
+            let mut v: Vec<_> = plan_on(&full, Some(&libc), d, AT_CLEANUP)
                 .into_iter()
                 .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
                 .map(|r| r.symbol)
@@ -360,7 +399,7 @@ mod tests {
             assert!(rq.contains(&s), "{s}");
         }
         assert_eq!(rq.len(), 6 + 8 + 6);
-        let off = plan_symbols(&full, Some(&libc), Detail::default(), AT_CLEANUP);
+        let off = plan_on(&full, Some(&libc), Detail::default(), AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));
     }

@@ -37,6 +37,9 @@ struct Listing<'a> {
     node_version: Option<&'a str>,
     libuv: ImageInfo<'a>,
     libc: Option<ImageInfo<'a>>,
+    /// V8's image when it is not libuv's (libnode.so).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    v8: Option<ImageInfo<'a>>,
     probes: &'a [ProbeStatus],
 }
 
@@ -55,6 +58,7 @@ pub fn render_json(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) ->
         node_version: images.node_version.as_deref(),
         libuv: ImageInfo::of(&images.libuv),
         libc: images.libc.as_ref().map(ImageInfo::of),
+        v8: images.v8.as_ref().map(ImageInfo::of),
         probes,
     };
     serde_json::to_string_pretty(&l).unwrap_or_default()
@@ -116,6 +120,9 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
         Some(c) => out.push_str(&format!("libc:    {}\n", c.path)),
         None => out.push_str("libc:    not found\n"),
     }
+    if let Some(v) = &images.v8 {
+        out.push_str(&format!("v8:      {}\n", v.path));
+    }
     let attachable = probes.iter().filter(|r| r.state == ProbeState::Usable).count();
     let off = probes.iter().filter(|r| matches!(r.state, ProbeState::Off(_))).count();
     if off > 0 {
@@ -128,6 +135,7 @@ pub fn render_table(pid: Option<u32>, images: &Images, probes: &[ProbeStatus]) -
         let image = match r.image {
             crate::probes::catalog::ImageKind::Libuv => "libuv",
             crate::probes::catalog::ImageKind::Libc => "libc",
+            crate::probes::catalog::ImageKind::V8 => "v8",
         };
         let off = r.offset.map_or_else(|| "-".to_string(), |o| format!("{o:#x}"));
         out.push_str(format!("{:<24} {:<6} {:<12} {:<11} {}\n", r.symbol, image, off, state_word(r), note(r)).trim_end());

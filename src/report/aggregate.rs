@@ -123,8 +123,9 @@ pub struct LoopReport {
     /// The process's cgroup's CFS throttling (iterations of processes with a quota).
     pub throttled: PartStats,
     /// V8 garbage collections on the loop thread (iterations of processes
-    /// whose collections are seen: `uvspan.loop.gc_ms`).
-    pub gc: PartStats,
+    /// whose collections are seen: `uvspan.loop.gc_ms`); null where no
+    /// reported iteration carries it (not seen, not 0).
+    pub gc: Option<PartStats>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -196,8 +197,17 @@ pub struct Worst {
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct BudgetResult {
     pub expr: String,
-    pub value: f64,
+    /// None: the run did not measure it (null in the report); the budget
+    /// is then broken, not held on nothing.
+    pub value: Option<f64>,
     pub ok: bool,
+}
+
+impl BudgetResult {
+    /// The value as shown beside the budget.
+    pub fn shown(&self) -> String {
+        self.value.map_or_else(|| "not measured".to_string(), |v| v.to_string())
+    }
 }
 
 /// One span, as the report sees it.
@@ -260,7 +270,7 @@ struct Acc {
     worst: Option<Worst>,
     /// on-CPU, off-CPU, run queue, throttled
     parts: [PartStats; 4],
-    gc: PartStats,
+    gc: Option<PartStats>,
 }
 
 impl Acc {
@@ -292,7 +302,7 @@ impl Acc {
                 self.iterations += 1 + fast_before;
                 self.blocked.push(ms);
                 if let Some(g) = gc_ms {
-                    self.gc.add(*g);
+                    self.gc.get_or_insert_with(PartStats::default).add(*g);
                 }
                 if let Some(s) = split {
                     let [on, off, rq, thr] = &mut self.parts;

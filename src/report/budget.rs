@@ -81,6 +81,7 @@ fn shape() -> Value {
     let mut r = super::aggregate::Aggregate::default().report(&Default::default());
     r.total.fs.by_op.insert("op".into(), Default::default());
     r.total.event_loop.blocked.worst = None;
+    r.total.event_loop.gc = Some(Default::default());
     serde_json::to_value(&r).unwrap_or(Value::Null)
 }
 
@@ -112,14 +113,24 @@ impl Budget {
         }
     }
 
-    /// The budget's value in `report` (0 for an fs op that did not happen).
-    pub fn value(&self, report: &Value) -> f64 {
-        lookup(report, &self.path).and_then(Value::as_f64).unwrap_or(0.0)
+    /// The budget's value in `report` (0 for an fs op that did not happen;
+    /// None for a number the run did not measure: null in the report, as
+    /// `loop.gc` where V8's collections are not seen).
+    pub fn value(&self, report: &Value) -> Option<f64> {
+        let mut v = report;
+        for k in &self.path {
+            match v.get(k.as_str()) {
+                Some(Value::Null) => return None,
+                Some(next) => v = next,
+                None => return Some(0.0),
+            }
+        }
+        Some(v.as_f64().unwrap_or(0.0))
     }
 
     pub fn check(&self, report: &Value) -> BudgetResult {
         let value = self.value(report);
-        BudgetResult { expr: self.expr.clone(), value, ok: self.cmp.holds(value, self.limit) }
+        BudgetResult { expr: self.expr.clone(), value, ok: value.is_some_and(|v| self.cmp.holds(v, self.limit)) }
     }
 }
 
@@ -182,7 +193,7 @@ mod tests {
         .map(|e| Budget::parse(e).unwrap())
         .collect();
         evaluate(&mut r, &budgets);
-        let got: Vec<(f64, bool)> = r.budgets.iter().map(|b| (b.value, b.ok)).collect();
+        let got: Vec<(f64, bool)> = r.budgets.iter().map(|b| (b.value.unwrap_or(f64::NAN), b.ok)).collect();
         assert_eq!(
             got,
             [
@@ -197,5 +208,18 @@ mod tests {
                 (30.5, false)
             ]
         );
+    }
+
+    #[test]
+    fn a_number_not_measured_breaks_its_budget() {
+        // No iteration carries a GC time (V8's collections not seen): the
+        // report says null, not 0, and a GC budget does not hold on nothing.
+        let mut r = super::super::aggregate::Aggregate::default().report(&Default::default());
+        assert_eq!(r.total.event_loop.gc, None);
+        let json = serde_json::to_value(&r).unwrap();
+        assert_eq!(json["total"]["loop"]["gc"], Value::Null, "{json}");
+        evaluate(&mut r, &[Budget::parse("loop.gc.max_ms<=20").unwrap(), Budget::parse("dns.count==0").unwrap()]);
+        let got: Vec<(Option<f64>, bool, String)> = r.budgets.iter().map(|b| (b.value, b.ok, b.shown())).collect();
+        assert_eq!(got, [(None, false, "not measured".into()), (Some(0.0), true, "0".into())]);
     }
 }

@@ -18,7 +18,7 @@ pub fn junit(r: &Report) -> String {
         if b.ok {
             s.push_str("</testcase>\n");
         } else {
-            let msg = escape(&format!("budget {} broken: the value is {}", b.expr, b.value));
+            let msg = escape(&format!("budget {} broken: the value is {}", b.expr, b.shown()));
             s.push_str(&format!("\n      <failure type=\"budget\" message=\"{msg}\">{msg}</failure>\n    </testcase>\n"));
         }
     }

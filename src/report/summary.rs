@@ -157,11 +157,7 @@ pub fn tables(r: &Report) -> Vec<Table> {
         out.push(Table {
             title: "Budgets".into(),
             header: vec!["budget", "value", "result"],
-            rows: r
-                .budgets
-                .iter()
-                .map(|b| vec![b.expr.clone(), format!("{}", b.value), if b.ok { "ok" } else { "BROKEN" }.into()])
-                .collect(),
+            rows: r.budgets.iter().map(|b| vec![b.expr.clone(), b.shown(), if b.ok { "ok" } else { "BROKEN" }.into()]).collect(),
         });
     }
     out
@@ -196,7 +192,7 @@ pub fn text(r: &Report) -> String {
         s.push_str(&format!("\n{w}\n"));
     }
     for b in r.budgets.iter().filter(|b| !b.ok) {
-        s.push_str(&format!("budget broken: {} (value {})\n", b.expr, b.value));
+        s.push_str(&format!("budget broken: {} (value {})\n", b.expr, b.shown()));
     }
     s
 }
@@ -239,7 +235,7 @@ pub fn markdown(r: &Report) -> String {
         s.push_str(&format!("\n{}\n", md_escape(&w)));
     }
     for b in r.budgets.iter().filter(|b| !b.ok) {
-        s.push_str(&format!("\n**budget broken:** {} (value {})\n", md_escape(&b.expr), b.value));
+        s.push_str(&format!("\n**budget broken:** {} (value {})\n", md_escape(&b.expr), b.shown()));
     }
     s
 }

@@ -40,6 +40,13 @@ impl Image {
     pub fn has_libuv(&self) -> bool {
         self.offsets.contains_key("uv_fs_open") || self.offsets.contains_key("uv_run")
     }
+
+    /// Whether V8's garbage collection points are here (any of them).
+    pub fn has_v8(&self) -> bool {
+        crate::probes::catalog::all_probes()
+            .iter()
+            .any(|p| p.image == crate::probes::catalog::ImageKind::V8 && self.offsets.contains_key(p.symbol))
+    }
 }
 
 fn cache() -> &'static Mutex<HashMap<String, Arc<Image>>> {

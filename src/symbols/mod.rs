@@ -8,6 +8,8 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 
+use crate::probes::catalog::ImageKind;
+
 pub mod cache;
 pub mod elf;
 pub mod point;
@@ -23,6 +25,9 @@ pub use elf::{inspect, Image};
 pub struct Images {
     pub libuv: Located,
     pub libc: Option<Located>,
+    /// V8's image when it is not libuv's: the libnode.so beside a shared
+    /// libuv.so (Debian's node). None: V8 is in libuv's image (or absent).
+    pub v8: Option<Located>,
     /// Node's version: from the libuv image, or from the libnode.so next to
     /// a shared libuv.
     pub node_version: Option<String>,
@@ -30,25 +35,44 @@ pub struct Images {
 
 impl Images {
     pub fn new(libuv: Located, libc: Option<Located>) -> Images {
-        let node_version = libuv.image.node_version.clone().or_else(|| {
-            // A shared libuv: Node's version is in the libnode.so beside it.
-            let dir = Path::new(&libuv.path).parent()?.to_path_buf();
-            let root = libuv.attach_path.to_string_lossy().split("/map_files/").next().map(|p| PathBuf::from(p).join("root"));
-            let dir = match root.filter(|r| r.exists()) {
-                Some(r) => r.join(dir.strip_prefix("/").unwrap_or(&dir)),
-                None => dir,
-            };
-            std::fs::read_dir(dir).ok()?.flatten().find_map(|e| {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.starts_with("libnode.so") {
-                    inspect(&e.path()).ok()?.node_version.clone()
-                } else {
-                    None
-                }
-            })
-        });
-        Images { libuv, libc, node_version }
+        // A shared libuv: V8 and Node's version are in the libnode.so beside it.
+        let libnode = if libuv.image.has_v8() { None } else { libnode_beside(&libuv) };
+        let node_version = libuv.image.node_version.clone().or_else(|| libnode.as_ref()?.image.node_version.clone());
+        let v8 = libnode.filter(|l| l.image.has_v8());
+        Images { libuv, libc, v8, node_version }
     }
+
+    /// The file a probe of `kind` goes to.
+    pub fn of(&self, kind: ImageKind) -> Option<&Located> {
+        match kind {
+            ImageKind::Libuv => Some(&self.libuv),
+            ImageKind::Libc => self.libc.as_ref(),
+            ImageKind::V8 => Some(self.v8.as_ref().unwrap_or(&self.libuv)),
+        }
+    }
+}
+
+/// The libnode.so in the directory of a shared libuv (as the process sees
+/// it: through /proc/PID/root when libuv was found in a process).
+fn libnode_beside(libuv: &Located) -> Option<Located> {
+    let dir = Path::new(&libuv.path).parent()?.to_path_buf();
+    let root = libuv.attach_path.to_string_lossy().split("/map_files/").next().map(|p| PathBuf::from(p).join("root"));
+    let (seen, real) = match root.filter(|r| r.exists()) {
+        Some(r) => (dir.clone(), r.join(dir.strip_prefix("/").unwrap_or(&dir))),
+        None => (dir.clone(), dir),
+    };
+    let mut names: Vec<String> = std::fs::read_dir(&real)
+        .ok()?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("libnode.so"))
+        .collect();
+    names.sort();
+    names.into_iter().find_map(|name| {
+        let attach = real.join(&name);
+        let image = inspect(&attach).ok()?;
+        Some(Located { attach_path: attach, path: seen.join(&name).display().to_string(), image })
+    })
 }
 
 /// One ELF file of a process.

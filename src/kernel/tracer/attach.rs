@@ -92,14 +92,19 @@ impl Tracer {
         self.attach_waits(images, pid, &mut report);
         let filter = if per_file { -1 } else { pid as i32 };
         let (mut live, mut new) = (0, false);
-        for (kind, loc) in [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref())] {
+        // V8's probes go with libuv's file when V8 is in it (a node executable).
+        let file_of = |k: ImageKind| if k == ImageKind::V8 && images.v8.is_none() { ImageKind::Libuv } else { k };
+        let files = [(ImageKind::Libuv, Some(&images.libuv)), (ImageKind::Libc, images.libc.as_ref()), (ImageKind::V8, images.v8.as_ref())];
+        for (kind, loc) in files {
             let Some(loc) = loc else { continue };
             let Some(id) = file_id(&loc.attach_path) else {
                 if kind == ImageKind::Libuv {
                     bail!("{} is gone", loc.path);
                 }
-                // libc only serves fallbacks and the epoll waits: the rest is traced.
-                let here = |r: &ProbeStatus| r.image == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && r.state == ProbeState::Usable;
+                // libc only serves fallbacks and the epoll waits, libnode.so
+                // V8's collections: the rest is traced.
+                let here =
+                    |r: &ProbeStatus| file_of(r.image) == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && r.state == ProbeState::Usable;
                 for r in report.iter_mut().filter(|r| here(r)) {
                     r.state = ProbeState::Failed(format!("{} is gone", loc.path));
                 }
@@ -113,7 +118,7 @@ impl Tracer {
                 Some(done) => {
                     live += done.spec.probes.len();
                     let mut extra = Vec::new();
-                    for r in report.iter_mut().filter(|r| r.image == kind) {
+                    for r in report.iter_mut().filter(|r| file_of(r.image) == kind) {
                         let Some(was) = done.report.iter().find(|w| w.symbol == r.symbol) else { continue };
                         if per_file && r.state == ProbeState::Usable && was.state == ProbeState::NotNeeded {
                             extra.push(r.symbol);
@@ -132,7 +137,7 @@ impl Tracer {
                 }
             };
             let wanted = |r: &ProbeStatus| {
-                r.image == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && only.as_ref().is_none_or(|o| o.contains(&r.symbol))
+                file_of(r.image) == kind && r.kind != probe_kind::PROBE_EPOLL_WAIT && only.as_ref().is_none_or(|o| o.contains(&r.symbol))
             };
             let mine: Vec<&mut ProbeStatus> = report.iter_mut().filter(|r| wanted(r) && r.state == ProbeState::Usable).collect();
             if mine.is_empty() {
