@@ -1462,3 +1462,44 @@ fn bad_input_sample_time() {
     let out = run(uvspan_cmd(["--sample-time", "10%", "--detail", "phases", "--", "node", "-e", "1"]));
     assert_one_line_error(&out, 2, &["--sample-time cannot be combined with --detail phases"]);
 }
+
+// ===========================================================================
+// The benchmark's hit count (UVSPAN_BENCH_COUNT_HITS=1)
+// ===========================================================================
+
+/// With the benchmark's hit count on, uvspan prints at exit how often each
+/// probe point fired: every fs.statSync is one hit of `uv_fs_stat` and one
+/// `fs.stat` span, so the count equals the spans.
+fn hit_count_in(topology: Topology) {
+    require_root();
+    let dir = TempDir::new("hits");
+    let target = dir.join("hit-target");
+    std::fs::write(&target, "x").expect("write the stat target");
+    let script = format!("const fs = require('fs'); for (let i = 0; i < 300; i++) fs.statSync({target:?});");
+    let mut c = topology.command(&["--loop-threshold", "1s", "--requests", "off"], &["node", "-e", &script]);
+    c.env("UVSPAN_BENCH_COUNT_HITS", "1");
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = out.stdout.lines().filter(|l| l.split_whitespace().nth(2) == Some("fs.stat")).count();
+    let want_path = format!("file.path={target}");
+    let ours = out.stdout.lines().filter(|l| l.split_whitespace().any(|w| w == want_path)).count();
+    assert_eq!(ours, 300, "the script's 300 stats are spans ({topology:?})\n{}", out.context());
+    let hits: Vec<u64> =
+        out.stderr.lines().filter_map(|l| l.strip_prefix("uvspan: hits ")?.strip_suffix(" uv_fs_stat")?.parse().ok()).collect();
+    assert_eq!(hits, [spans as u64], "one uv_fs_stat hit per fs.stat span ({topology:?})\n{}", out.context());
+}
+
+#[test]
+fn hit_count_on_the_host() {
+    hit_count_in(Topology::Host);
+}
+
+#[test]
+fn hit_count_with_uvspan_and_the_app_in_one_pid_namespace() {
+    hit_count_in(Topology::BothInOne);
+}
+
+#[test]
+fn hit_count_with_the_app_alone_in_its_pid_namespace() {
+    hit_count_in(Topology::AppAlone);
+}
