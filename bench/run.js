@@ -456,14 +456,72 @@ async function overhead(mode = 'paced') {
     ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added = round(addedWithSidecar('uvspan_ratio10') / added('otel_sdk_ratio10'));
   }
   ratios.uvspan_added_over_sdk_added = round(added('uvspan') / addSdk);
+  const anatomy = await hitAnatomy(c, configs);
   return {
     mode,
+    anatomy,
     config: { ...c, load: c.rate ? 'wrk -t1, paced per connection (pace.lua)' : 'wrk -t1, closed loop', app: 'bench/app.js: fs.readFile + dns.lookup(localhost) per request', cpu: 'sum of /proc/PID/task/*/schedstat on-CPU ns (utime+stime ticks also recorded)' },
     configs,
     runs,
     median: med,
     ratios,
   };
+}
+
+// Probe hits per request and BPF ns per program run, per traced configuration:
+// one more run each after the interleaved rounds (kernel.bpf_stats_enabled=1,
+// which adds ~20-40 ns per program run, is off during those), and for the
+// default configuration one with UVSPAN_BENCH_COUNT_HITS=1: every uprobe hit
+// counted by probe point (uvspan prints the counts at exit; the count adds a
+// map update per hit, so that run's ns are not used). Hits are divided by
+// every request from attach to exit (warm-up and measured window).
+async function hitAnatomy(c, configs) {
+  const old = sysctl('kernel.bpf_stats_enabled');
+  if (old === null || bpftool(['prog', 'show']) === null) return null;
+  const out = {};
+  const traced = configs.filter((cfg) => UVSPAN_CONFIGS[cfg] && !UVSPAN_CONFIGS[cfg].stopAfterAttach && !('bin' in UVSPAN_CONFIGS[cfg]));
+  const runs = traced.map((cfg) => ({ cfg, count: false }));
+  if (traced.includes('uvspan')) runs.push({ cfg: 'uvspan', count: true });
+  for (const { cfg, count } of runs) {
+    const u = UVSPAN_CONFIGS[cfg];
+    const app = await startNode([path.join(BENCH, 'app.js')]);
+    const env = { ...(u.env || {}), ...(count ? { UVSPAN_BENCH_COUNT_HITS: '1' } : {}) };
+    const uv = await startUvspan(['--pid', String(app.pid), ...u.args], { env });
+    sysctl('kernel.bpf_stats_enabled', 1);
+    const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
+    const before = progStatsOf(uv.pid);
+    const w = await runWrk(app.info.port, c.measure_s, c.rate, c.conns);
+    const after = progStatsOf(uv.pid);
+    sysctl('kernel.bpf_stats_enabled', old);
+    await stop(app.child, 'SIGTERM');
+    await uv.done('SIGINT');
+    const all = warm.requests + w.requests;
+    if (count) {
+      const points = {};
+      let hits = 0;
+      for (const l of uv.errLines) {
+        const m = /^uvspan: hits (\d+) (.*)$/.exec(l);
+        if (!m) continue;
+        points[m[2]] = round(Number(m[1]) / all, 3);
+        hits += Number(m[1]);
+      }
+      out[cfg].points = points;
+      out[cfg].uprobe_hits_per_req = round(hits / all, 2);
+      continue;
+    }
+    const progs = {};
+    let runsN = 0, ns = 0;
+    for (const [name, a] of Object.entries(after)) {
+      const b = before[name] || { run_cnt: 0, run_time_ns: 0 };
+      const cnt = a.run_cnt - b.run_cnt;
+      if (!cnt) continue;
+      progs[name] = { runs_per_req: round(cnt / w.requests, 2), ns_per_run: round((a.run_time_ns - b.run_time_ns) / cnt, 0) };
+      runsN += cnt; ns += a.run_time_ns - b.run_time_ns;
+    }
+    out[cfg] = { requests: w.requests, runs_per_req: round(runsN / w.requests, 2), bpf_ns_per_run: round(ns / Math.max(1, runsN), 0), bpf_ns_per_req: round(ns / w.requests, 0), programs: progs };
+    log(`  anatomy ${cfg}: ${out[cfg].runs_per_req} BPF program runs/req, ${out[cfg].bpf_ns_per_run} ns/run`);
+  }
+  return out;
 }
 
 // ---------------------------------------------------------------- 2. statloop
@@ -785,6 +843,20 @@ function markdown(R) {
         cfg === 'uvspan_ratio10' && o.ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added !== undefined
           ? `${o.ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added} (of cr)`
           : o.ratios[`${cfg}_with_sidecar_over_sdk_added`]);
+    }
+    if (o.anatomy) {
+      L.push('', `BPF program runs per request and ns per run (one more run per configuration with kernel.bpf_stats_enabled=1; the programs that ran):`, '');
+      row('config', 'runs/req', 'BPF ns/run', 'BPF µs/req', 'by program (runs/req × ns/run)');
+      row('---', '---', '---', '---', '---');
+      for (const [cfg, a] of Object.entries(o.anatomy))
+        row(LABELS[cfg], a.runs_per_req, a.bpf_ns_per_run, round(a.bpf_ns_per_req / 1e3, 2), Object.entries(a.programs).map(([n, p]) => `${n} ${p.runs_per_req} × ${p.ns_per_run}`).join(', '));
+      const d = o.anatomy.uvspan;
+      if (d && d.points) {
+        L.push('', `Uprobe hits per request by probe point, default configuration (UVSPAN_BENCH_COUNT_HITS=1): ${d.uprobe_hits_per_req} in all.`, '');
+        row('probe point', 'hits/req');
+        row('---', '---');
+        for (const [pt, n] of Object.entries(d.points)) row(`\`${pt}\``, n);
+      }
     }
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
   }

@@ -26,6 +26,9 @@ const volatile unsigned int discover = 0;
  * fire, their programs return at once (no spans). Measures what the kernel
  * charges for the probes alone. */
 const volatile unsigned int trap_only = 0;
+/* Benchmark only (UVSPAN_BENCH_COUNT_HITS=1): every uprobe hit is counted by
+ * its attach point (hit_counts), for hits per request by probe point. */
+const volatile unsigned int count_hits = 0;
 /* Request context (--requests): off, the hot paths skip the thread's cause. */
 const volatile unsigned int requests = 0;
 /* --sample-time: user space attaches the uprobes only during sampling

@@ -27,6 +27,16 @@ struct {
 	__type(value, __u8);
 } traced SEC(".maps");
 
+/* Benchmark only (count_hits): uprobe hits by attach cookie (without
+ * COOKIE_ONE_PROCESS; a session probe's returns with HIT_RETURN set). */
+#define HIT_RETURN (1ULL << 54)
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 512);
+	__type(key, __u64);
+	__type(value, __u64);
+} hit_counts SEC(".maps");
+
 struct req_key {
 	__u32 pid;
 	__u32 _pad;

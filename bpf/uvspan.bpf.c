@@ -61,6 +61,20 @@ static __always_inline int for_traced(__u64 cookie)
 	return (cookie & (1ULL << COOKIE_ONE_PROCESS_SHIFT)) || is_traced(current_ids() >> 32);
 }
 
+/* Benchmark only: one more hit at this attach point (of a traced process:
+ * links attached for every process of a file fire in others too). */
+static __always_inline void count_hit(__u64 cookie, int is_return)
+{
+	__u64 key = (cookie & ~(1ULL << COOKIE_ONE_PROCESS_SHIFT)) | (is_return ? HIT_RETURN : 0);
+	__u64 *n = bpf_map_lookup_elem(&hit_counts, &key);
+	if (n) {
+		__sync_fetch_and_add(n, 1);
+	} else {
+		__u64 one = 1;
+		bpf_map_update_elem(&hit_counts, &key, &one, BPF_NOEXIST);
+	}
+}
+
 static __always_inline int dispatch(struct pt_regs *ctx)
 {
 	if (trap_only)
@@ -72,6 +86,8 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	if (!for_traced(cookie))
 		return 0;
+	if (count_hits)
+		count_hit(cookie, 0);
 	switch (cookie >> COOKIE_KIND_SHIFT) {
 	case PROBE_FS_SUBMIT: fs_submit(ctx, cookie); return 0;
 	case PROBE_FS_WORK: return fs_work(ctx, cookie);
@@ -120,6 +136,8 @@ int uv_session(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	int epoll = cookie >> COOKIE_KIND_SHIFT == PROBE_EPOLL_WAIT;
+	if (count_hits && for_traced(cookie))
+		count_hit(cookie, bpf_session_is_return());
 	/* The benchmark's trap floor: an epoll wait that can block traps at
 	 * its return too, so it does here. */
 	if (trap_only)

@@ -1033,8 +1033,9 @@ fn probes_listing_follows_detail() {
     }
     let usable = |l: &BTreeMap<String, String>| l.values().filter(|s| *s == "usable").count();
     // Request context is on by default: the parser, stream callbacks, the
-    // two writes, SSL_write, node's timers and immediates; HTTP/2 streams'
-    // headers, frames, body pieces, response, trailers and close.
+    // two writes, SSL_write, node's timers, immediates and handle closes;
+    // HTTP/2 streams' headers, frames, body pieces, response, trailers and
+    // close.
     let requests = [
         "llhttp_execute",
         "uv__stream_io",
@@ -1060,7 +1061,7 @@ fn probes_listing_follows_detail() {
     // V8's two GC callbacks, always on.
     let gc = 2;
     assert_eq!(default.iter().filter(|(s, v)| s.contains("CallGC") && *v == "usable").count(), gc, "{default:?}");
-    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 8 + 6, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 8 for requests + 6 for HTTP/2: {default:?}");
+    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 9 + 6, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2: {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 3 + cleanup + gc, "{off:?}");
     for sym in requests {
@@ -1073,7 +1074,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 8 + 6 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 9 + 6 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 
@@ -1461,4 +1462,45 @@ fn bad_input_sample_time() {
     assert_clap_value_error(&out, "--sample-time", "0%", "must be more than 0%");
     let out = run(uvspan_cmd(["--sample-time", "10%", "--detail", "phases", "--", "node", "-e", "1"]));
     assert_one_line_error(&out, 2, &["--sample-time cannot be combined with --detail phases"]);
+}
+
+// ===========================================================================
+// The benchmark's hit count (UVSPAN_BENCH_COUNT_HITS=1)
+// ===========================================================================
+
+/// With the benchmark's hit count on, uvspan prints at exit how often each
+/// probe point fired: every fs.statSync is one hit of `uv_fs_stat` and one
+/// `fs.stat` span, so the count equals the spans.
+fn hit_count_in(topology: Topology) {
+    require_root();
+    let dir = TempDir::new("hits");
+    let target = dir.join("hit-target");
+    std::fs::write(&target, "x").expect("write the stat target");
+    let script = format!("const fs = require('fs'); for (let i = 0; i < 300; i++) fs.statSync({target:?});");
+    let mut c = topology.command(&["--loop-threshold", "1s", "--requests", "off"], &["node", "-e", &script]);
+    c.env("UVSPAN_BENCH_COUNT_HITS", "1");
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let spans = out.stdout.lines().filter(|l| l.split_whitespace().nth(2) == Some("fs.stat")).count();
+    let want_path = format!("file.path={target}");
+    let ours = out.stdout.lines().filter(|l| l.split_whitespace().any(|w| w == want_path)).count();
+    assert_eq!(ours, 300, "the script's 300 stats are spans ({topology:?})\n{}", out.context());
+    let hits: Vec<u64> =
+        out.stderr.lines().filter_map(|l| l.strip_prefix("uvspan: hits ")?.strip_suffix(" uv_fs_stat")?.parse().ok()).collect();
+    assert_eq!(hits, [spans as u64], "one uv_fs_stat hit per fs.stat span ({topology:?})\n{}", out.context());
+}
+
+#[test]
+fn hit_count_on_the_host() {
+    hit_count_in(Topology::Host);
+}
+
+#[test]
+fn hit_count_with_uvspan_and_the_app_in_one_pid_namespace() {
+    hit_count_in(Topology::BothInOne);
+}
+
+#[test]
+fn hit_count_with_the_app_alone_in_its_pid_namespace() {
+    hit_count_in(Topology::AppAlone);
 }

@@ -117,7 +117,7 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 14] = [
+const REQUEST_PROBES: [&str; 15] = [
     "llhttp_execute",
     "uv__stream_io",
     "uv_try_write",
@@ -125,7 +125,8 @@ const REQUEST_PROBES: [&str; 14] = [
     "uv_tcp_connect",
     "SSL_write",
     "_ZN4node11Environment9RunTimersEP10uv_timer_s",
-    "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
+    "_ZN4node12MakeCallbackEPN2v87IsolateENS0_5LocalINS0_6ObjectEEENS3_INS0_8FunctionEEEiPNS3_INS0_5ValueEEENS_13async_contextE",
+    "_ZN4node10HandleWrap7OnCloseEP11uv_handle_s",
     "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv",
     "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
     "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",

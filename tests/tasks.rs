@@ -304,3 +304,53 @@ fn npm_install_leaves_no_more_traces_than_processes() {
     assert!(traces.len() <= processes.len(), "{} traces for {} processes\n{ctx}", traces.len(), processes.len());
     parents_exported(&spans, &ctx);
 }
+
+/// The callbacks that run after a request's own (tests/fixtures/
+/// close_and_immediate.js): its setImmediate's work is an `immediate`
+/// task, its socket's 'close' handler's work an `io` task; neither joins
+/// the request (whose own stat is under its SERVER span), none is in a
+/// request's trace.
+fn close_and_immediate_in(topology: Topology) {
+    require_root();
+    const N: usize = 8;
+    let dir = TempDir::new("tasks-close");
+    let script = fixture("close_and_immediate.js");
+    let (out, spans) = traced(topology, &["--trace-per", "task"], &["node", &script, &dir.str(), &N.to_string()]);
+    let ctx = format!("{topology:?}\n{}\n{}", out.context(), dump_all(&spans));
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let ids = by_id(&spans);
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2).collect();
+    assert_eq!(servers.len(), N, "a SERVER span per request\n{ctx}");
+    for i in 1..=N {
+        let stat = |name: &str| -> &Span {
+            let file = dir.join(&format!("{name}-{i}"));
+            let found: Vec<&Span> = spans.iter().filter(|s| s.str("file.path") == Some(file.as_str())).collect();
+            assert_eq!(found.len(), 1, "one span of {file}\n{ctx}");
+            found[0]
+        };
+        let parent = |s: &Span| ids.get(s.parent_span_id.as_str()).copied();
+        let req = stat("req");
+        assert_eq!(parent(req).map(|p| p.kind), Some(2), "request {i}'s stat under its SERVER span\n{ctx}");
+        for (name, kind) in [("imm", "immediate"), ("close", "io")] {
+            let s = stat(name);
+            let p = parent(s).unwrap_or_else(|| panic!("{name}-{i} has no exported parent\n{ctx}"));
+            assert_eq!(p.name, kind, "{name}-{i}'s parent is an {kind} task\n{ctx}");
+            assert!(servers.iter().all(|srv| srv.trace_id != s.trace_id), "{name}-{i} is in no request's trace\n{ctx}");
+        }
+    }
+}
+
+#[test]
+fn close_and_immediate_callbacks_are_tasks_on_the_host() {
+    close_and_immediate_in(Topology::Host);
+}
+
+#[test]
+fn close_and_immediate_callbacks_are_tasks_with_uvspan_and_the_app_in_one_pid_namespace() {
+    close_and_immediate_in(Topology::BothInOne);
+}
+
+#[test]
+fn close_and_immediate_callbacks_are_tasks_with_the_app_alone_in_its_pid_namespace() {
+    close_and_immediate_in(Topology::AppAlone);
+}

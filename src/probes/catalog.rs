@@ -335,6 +335,10 @@ pub const GC_INCREMENTAL_END: &str = "_ZN2v88internal4Heap41InvokeIncrementalMar
 pub const GC_V10: [&str; 6] = [GC_PROLOGUE_V10, GC_EPILOGUE_V10, GC_PAUSE_START, GC_PAUSE_END, GC_INCREMENTAL_START, GC_INCREMENTAL_END];
 /// What is lost without V8's GC points.
 const NO_GC: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
+/// node's public `MakeCallback(Isolate*, Local<Object>, Local<Function>, int,
+/// Local<Value>*, async_context)`: the call that runs a batch of JS immediates.
+pub const MAKE_CALLBACK: &str =
+    "_ZN4node12MakeCallbackEPN2v87IsolateENS0_5LocalINS0_6ObjectEEENS3_INS0_8FunctionEEEiPNS3_INS0_5ValueEEENS_13async_contextE";
 /// node's `Http2Session::OnHeaderCallback`: HTTP/2 request context needs it.
 const H2_HEADER: &str = "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv";
 
@@ -457,17 +461,30 @@ pub const OTHER: &[Probe] = &[
         requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
-    // Node runs its check phase (this) on every loop iteration, immediates
-    // or not: a trap per iteration. Clearing at the one call that runs JS
-    // immediates instead (node::MakeCallback) was tried and dropped: an
-    // HTTP/2 request's work then joined an earlier HTTP/1 request
-    // (tests/requests.rs), a request outliving its iteration (by which
-    // path was not traced down).
+    // The one call that runs JS immediates (node::Environment::CheckImmediate
+    // calls this public node::MakeCallback overload once per batch of
+    // immediates; within node, nothing else calls it: native addons do,
+    // through napi_make_callback and node::AsyncResource, and their
+    // callbacks are then a task too). Node runs its check phase on every
+    // loop iteration, immediates or not: CheckImmediate itself would cost a
+    // trap per iteration.
     Probe {
-        symbol: "_ZN4node11Environment14CheckImmediateEP10uv_check_s",
+        symbol: MAKE_CALLBACK,
         kind: probe_kind::PROBE_CAUSE_CLEAR,
         cookie: cause_kind::CAUSE_IMMEDIATE.0 as u64,
         if_missing: "work started by setImmediate is no task of its own and can be joined to the request whose callback ran just before",
+        detail: RQ,
+        requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    // A handle's close callback (the closing-handles phase, after the check
+    // phase: a socket's 'close' handlers): a task of its own, not the cause
+    // of the callback that ran before it. One hit per closed handle.
+    Probe {
+        symbol: "_ZN4node10HandleWrap7OnCloseEP11uv_handle_s",
+        kind: probe_kind::PROBE_CAUSE_CLEAR,
+        cookie: cause_kind::CAUSE_IO.0 as u64,
+        if_missing: "work started by a handle's close callback (a socket's 'close' handlers) can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some("llhttp_execute"),
         ..Probe::ROW

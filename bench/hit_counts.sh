@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Probe hits per request, by probe point, and what uvspan's BPF programs
+# cost per run: bench/app.js (fs.readFile + dns.lookup per request) on a
+# private copy of node, driven by wrk, traced by uvspan --pid with
+# UVSPAN_BENCH_COUNT_HITS=1 (the kernel counts every uprobe hit by attach
+# point; uvspan prints the counts at exit) and kernel.bpf_stats_enabled=1
+# (run_cnt and run_time_ns of this uvspan's programs, read before it exits).
+# Hits before the load starts (an idle loop's few iterations) are counted
+# too; requests are wrk's completed ones.
+#
+#   sudo [BENCH_MODE=saturated|paced] [BENCH_SECONDS=5] bench/hit_counts.sh [UVSPAN_BINARY] [extra uvspan options...]
+# saturated (default): wrk -t1 -c16, closed loop, as bench.sh's saturated
+# part; paced: wrk -t1 -c10 with 10 ms between a connection's requests
+# (~1000 requests/s, the loop sleeps between them).
+# Needs wrk, bpftool and jq. Not part of bench.sh.
+set -euo pipefail
+cd "$(dirname "$0")"
+bin=$(realpath "${1:-../target/release/uvspan}"); shift || true
+mode=${BENCH_MODE:-saturated}
+secs=${BENCH_SECONDS:-5}
+[ "$(id -u)" -eq 0 ] || { echo "hit_counts: run as root" >&2; exit 1; }
+for t in wrk bpftool jq; do command -v $t >/dev/null || { echo "hit_counts: needs $t" >&2; exit 1; }; done
+case $mode in
+  saturated) conns=16; delay=0 ;;
+  paced) conns=10; delay=10 ;;
+  *) echo "hit_counts: BENCH_MODE is saturated or paced, not $mode" >&2; exit 2 ;;
+esac
+
+work=$(mktemp -d /tmp/uvspan-hits.XXXXXX)
+was=$(sysctl -n kernel.bpf_stats_enabled)
+app=; up=
+cleanup() {
+  [ -n "$up" ] && kill -INT "$up" 2>/dev/null && wait "$up" 2>/dev/null || true
+  [ -n "$app" ] && kill "$app" 2>/dev/null && wait "$app" 2>/dev/null || true
+  sysctl -qw kernel.bpf_stats_enabled="$was"
+  rm -rf "$work"
+}
+trap cleanup EXIT
+cp "$(command -v node)" "$work/node"
+"$work/node" app.js > "$work/app.out" &
+app=$!
+for _ in $(seq 100); do grep -q port "$work/app.out" && break; sleep 0.05; done
+port=$(jq -r .port "$work/app.out")
+sysctl -qw kernel.bpf_stats_enabled=1
+UVSPAN_BENCH_COUNT_HITS=1 "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2> "$work/uvspan.err" &
+up=$!
+for _ in $(seq 200); do grep -q '^prog_id:' /proc/"$up"/fdinfo/* 2>/dev/null && [ "$(grep -c 'uvspan' "$work/uvspan.err")" -gt 0 ] && break; sleep 0.05; done
+sleep 1 # attached: its first lines are out
+BENCH_DELAY_MS=$delay wrk -t1 -c"$conns" -d"${secs}s" --timeout 5s -s pace.lua "http://127.0.0.1:$port/" > "$work/wrk.out"
+reqs=$(sed -n 's/^WRKJSON //p' "$work/wrk.out" | jq .requests)
+ids=$(grep -h '^prog_id:' /proc/"$up"/fdinfo/* 2>/dev/null | awk '{print $2}' | sort -un | paste -sd, -)
+progs=$(bpftool prog show -j | jq -r --arg ids "[$ids]" '
+  ($ids | fromjson) as $mine
+  | [.[] | select(.id as $i | $mine | index($i)) | select(.run_cnt > 0)]
+  | sort_by(-.run_cnt)[] | "\(.name) \(.run_cnt) \(.run_time_ns)"')
+kill -INT "$up"; wait "$up" || true; up=
+echo "mode $mode: wrk -t1 -c$conns, ${delay} ms between a connection's requests, ${secs} s: $reqs requests"
+echo "$progs" | awk -v n="$reqs" '
+  BEGIN { printf "%-22s %12s %10s %12s\n", "BPF program", "runs", "ns/run", "runs/request" }
+  NF == 3 { printf "%-22s %12d %10.0f %12.2f\n", $1, $2, $3 / $2, $2 / n; runs += $2; ns += $3 }
+  END { printf "%-22s %12d %10.0f %12.2f   (BPF ns/request %.0f)\n", "all", runs, runs ? ns / runs : 0, runs / n, ns / n }'
+echo
+sed -n 's/^uvspan: hits //p' "$work/uvspan.err" | awk -v n="$reqs" '
+  BEGIN { printf "%-60s %10s %12s\n", "probe point", "hits", "hits/request" }
+  { c = $1; $1 = ""; sub(/^ /, ""); s = $0; if (length(s) > 60) s = substr(s, 1, 57) "..."; printf "%-60s %10d %12.2f\n", s, c, c / n; t += c }
+  END { printf "%-60s %10d %12.2f\n", "all uprobe hits", t, t / n }'
