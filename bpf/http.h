@@ -154,6 +154,43 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	return 0;
 }
 
+/* llhttp__on_message_begin(parser, p, endp): llhttp starts a message at
+ * p. A server parser's first message of a request was started by
+ * http_parse (its cause in parser_cause); a second one begun under that
+ * same cause is a request pipelined behind it in the same bytes: a new
+ * cause from here, made current before its handler runs (inside the same
+ * llhttp_execute), its head sent up (its peer is its connection's first
+ * request's). Client parsers (responses) have no parser_cause: one lookup,
+ * nothing else. Not inlined: a stack frame of its own (inlined, dispatch's
+ * would pass 512 bytes). */
+static __noinline int http_message(struct pt_regs *ctx)
+{
+	__u64 parser = PT_REGS_PARM1(ctx), p = PT_REGS_PARM2(ctx), endp = PT_REGS_PARM3(ctx);
+	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
+	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
+	if (!c)
+		return 0;
+	__u64 cause = *c;
+	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &key);
+	if (!begun || *begun != cause) {
+		/* the request's own first message */
+		bpf_map_update_elem(&parser_begun, &key, &cause, BPF_ANY);
+		return 0;
+	}
+	char head[8] = {};
+	if (endp < p + 5 || endp - p > 0xFFFFFFFF || bpf_probe_read_user(head, sizeof(head), (void *)p) || !is_request(head))
+		return 0;
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	cause = new_cause(CAUSE_REQUEST);
+	bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
+	bpf_map_update_elem(&parser_begun, &key, &cause, BPF_ANY);
+	t->ctx.cause = cause;
+	emit_http(HTTP_PIPELINED, cause, t->ctx.stream, p, endp - p, endp - p, 1, 0);
+	return 0;
+}
+
 /* uv__stream_io(loop, w, events): a stream's callback is about to run; it
  * belongs to the cause of the stream's last write, or is a task of its own
  * (an I/O callback no request caused: a request line parsed in it makes the
