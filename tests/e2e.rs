@@ -1074,7 +1074,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 8 + 6 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 9 + 6 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 
