@@ -271,11 +271,10 @@ static __always_inline __u64 emit_http(__u32 what, __u64 cause, __u64 conn, __u6
 		n = avail < UVSPAN_HTTP_CAPTURE ? avail : UVSPAN_HTTP_CAPTURE;
 	}
 	e->captured = n;
-	if (what == HTTP_REQUEST) {
+	if (what == HTTP_REQUEST)
 		peer_of(e, conn);
-		if (ksample_requests)
-			e->cause = cause = sample_request(cause, n);
-	}
+	if (ksample_requests && (what == HTTP_REQUEST || what == HTTP_PIPELINED))
+		e->cause = cause = sample_request(cause, n);
 	/* Sent with what was captured only (8-byte aligned). */
 	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)n + 7) & ~7ULL);
 	if (size > sizeof(*e))
@@ -323,6 +322,43 @@ static __always_inline int http_parse(struct pt_regs *ctx)
 	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
 	if (c)
 		t->ctx.cause = *c;
+	return 0;
+}
+
+/* llhttp__on_message_begin(parser, p, endp): llhttp starts a message at
+ * p. A server parser's first message of a request was started by
+ * http_parse (its cause in parser_cause); a second one begun under that
+ * same cause is a request pipelined behind it in the same bytes: a new
+ * cause from here, made current before its handler runs (inside the same
+ * llhttp_execute), its head sent up (its peer is its connection's first
+ * request's). Client parsers (responses) have no parser_cause: one lookup,
+ * nothing else. Not inlined: a stack frame of its own (inlined, dispatch's
+ * would pass 512 bytes). */
+static __noinline int http_message(struct pt_regs *ctx)
+{
+	__u64 parser = PT_REGS_PARM1(ctx), p = PT_REGS_PARM2(ctx), endp = PT_REGS_PARM3(ctx);
+	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
+	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
+	if (!c)
+		return 0;
+	__u64 cause = *c;
+	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &key);
+	if (!begun || *begun != cause) {
+		/* the request's own first message */
+		bpf_map_update_elem(&parser_begun, &key, &cause, BPF_ANY);
+		return 0;
+	}
+	char head[8] = {};
+	if (endp < p + 5 || endp - p > 0xFFFFFFFF || bpf_probe_read_user(head, sizeof(head), (void *)p) || !is_request(head))
+		return 0;
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	/* sent first: the sampler decides the request's cause there */
+	cause = emit_http(HTTP_PIPELINED, new_cause(CAUSE_REQUEST), t->ctx.stream, p, endp - p, endp - p, 1, 0);
+	bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
+	bpf_map_update_elem(&parser_begun, &key, &cause, BPF_ANY);
+	t->ctx.cause = cause;
 	return 0;
 }
 

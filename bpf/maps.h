@@ -162,6 +162,16 @@ struct {
 	__type(value, __u64);
 } stream_cause SEC(".maps");
 
+/* A server parser's request whose first message llhttp has begun
+ * (llhttp__on_message_begin): a second message begun under the same cause
+ * is a pipelined request of its own (http_message). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} parser_begun SEC(".maps");
+
 /* An HTTP/2 server stream's request (cause): (process, nghttp2 session,
  * stream id). Made at its first request header, gone at its close. */
 struct h2_key {

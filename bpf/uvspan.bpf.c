@@ -114,6 +114,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_H2_DATA: { __u64 prev; h2_data(ctx, &prev); return 0; }
 	case PROBE_H2_RESPONSE: return h2_response(ctx);
 	case PROBE_H2_CLOSE: return h2_close(ctx);
+	case PROBE_HTTP_MESSAGE: return http_message(ctx);
 	}
 	return 0;
 }

@@ -147,6 +147,7 @@ enum probe_kind {
 	PROBE_H2_RESPONSE = 23, /* nghttp2_submit_response / _trailer: a stream's :status, grpc-status */
 	PROBE_H2_CLOSE = 24,    /* Http2Session::OnStreamClose: a stream is over */
 	PROBE_H2_DATA = 25,     /* Http2Session::OnDataChunkReceived: its 'data' handlers run (session uprobe, as PROBE_H2_FRAME) */
+	PROBE_HTTP_MESSAGE = 26, /* llhttp__on_message_begin: a message starts in a parser's bytes (a pipelined request: a new cause) */
 };
 
 /* What an HTTP record says. */
@@ -160,6 +161,7 @@ enum http_what {
 	 * starts its request (a new cause) and carries the peer. */
 	HTTP2_HEADER = 4,
 	HTTP2_CLOSE = 5,   /* an HTTP/2 stream is over (`len`: its error code) */
+	HTTP_PIPELINED = 6, /* a request begun in the bytes of an earlier one (pipelined, one read): a new cause; the connection's responses come in its order */
 };
 
 /* What caused an operation: the bits of a cause under its time (a cause is

@@ -338,3 +338,83 @@ fn unsampled_streams_send_no_record_of_their_work_in_one_namespace() {
 fn unsampled_streams_send_no_record_of_their_work_app_alone() {
     unsampled_streams_in(Topology::AppAlone);
 }
+
+/// A real @grpc/grpc-js server and client (bench/node_modules; a service
+/// defined by hand, JSON messages): unary, server-streaming and failing
+/// (UNAVAILABLE) calls, all at once on one client connection, each with a
+/// traceparent in its metadata (tests/fixtures/grpc_js.js). Each call is a
+/// SERVER span named `{package.Service}/{Method}` with `rpc.*`, its
+/// grpc-status, ERROR for the failing one, in the caller's trace under the
+/// caller's span, the handler's stat under it. On the host, in one
+/// namespace, with the app alone in its own.
+fn grpc_js_in(topology: Topology, tag: &str) {
+    const CALLS: usize = 18;
+    let modules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/node_modules");
+    assert!(
+        modules.join("@grpc/grpc-js").is_dir(),
+        "@grpc/grpc-js is not installed in {}: run `npm ci` in bench/ (scripts/test.sh does)",
+        modules.display()
+    );
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new(tag);
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
+    let (script, d, n) = (fixture("grpc_js.js"), dir.str(), CALLS.to_string());
+    let mut c = topology.command(&uv, &["node", &script, &d, &n]);
+    c.env("NODE_PATH", &modules);
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    let calls: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"marker\":\"call\""))
+        .map(|l| serde_json::from_str(l).expect("call marker"))
+        .collect();
+    assert_eq!(calls.len(), CALLS, "{}", out.context());
+    for call in &calls {
+        let (i, method, code) =
+            (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));
+        assert_eq!(code, if method == "Fail" { 14 } else { 0 }, "the fixture's own view of call {i}: {call}");
+        let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
+        let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
+        let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
+        assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
+        assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
+        assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
+        assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
+        assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
+        assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+        assert_eq!(srv.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", srv.brief());
+        let file = dir.join(&format!("g{i}"));
+        let stat = spans.iter().find(|s| s.str("file.path") == Some(file.as_str())).unwrap_or_else(|| panic!("no stat of {file}"));
+        assert_eq!(
+            (stat.trace_id.as_str(), stat.parent_span_id.as_str()),
+            (srv.trace_id.as_str(), srv.span_id.as_str()),
+            "call {i}'s stat under it\n{}\n{}",
+            stat.brief(),
+            srv.brief()
+        );
+    }
+    eprintln!("grpc-js ({tag}): {CALLS} calls (unary, server-streaming, UNAVAILABLE), each a SERVER span with rpc.* and its stat under it");
+}
+
+#[test]
+fn grpc_js_calls_are_server_spans_with_their_work() {
+    require_root();
+    grpc_js_in(Topology::Host, "grpcjs-host");
+}
+
+#[test]
+fn grpc_js_calls_in_one_namespace() {
+    require_root();
+    grpc_js_in(Topology::BothInOne, "grpcjs-both");
+}
+
+#[test]
+fn grpc_js_calls_of_an_app_alone_in_its_namespace() {
+    require_root();
+    grpc_js_in(Topology::AppAlone, "grpcjs-alone");
+}

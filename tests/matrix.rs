@@ -117,8 +117,9 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 15] = [
+const REQUEST_PROBES: [&str; 16] = [
     "llhttp_execute",
+    "llhttp__on_message_begin",
     "uv__stream_io",
     "uv_try_write",
     "uv_write2",

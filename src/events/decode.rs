@@ -249,6 +249,9 @@ pub struct StackRecord {
 pub enum HttpWhat {
     /// A request's first bytes reached a server parser: a new cause.
     Request,
+    /// A request begun in the bytes of an earlier one on its connection
+    /// (pipelined): a new cause; the connection's responses come in order.
+    Pipelined,
     /// A response's first bytes reached a client parser.
     Response,
     /// Bytes written while a cause was current.
@@ -507,6 +510,7 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
     let e: http_event = read(data, ev_kind::EV_HTTP.0, head)?;
     let what = match e.what {
         w if w == http_what::HTTP_REQUEST.0 => HttpWhat::Request,
+        w if w == http_what::HTTP_PIPELINED.0 => HttpWhat::Pipelined,
         w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
         w if w == http_what::HTTP2_HEADER.0 => HttpWhat::Http2Header,
         w if w == http_what::HTTP2_CLOSE.0 => HttpWhat::Http2Close,

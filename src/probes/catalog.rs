@@ -408,6 +408,14 @@ pub const OTHER: &[Probe] = &[
         ..Probe::ROW
     },
     Probe {
+        symbol: "llhttp__on_message_begin",
+        kind: probe_kind::PROBE_HTTP_MESSAGE,
+        if_missing: "requests pipelined in one read share the first one's SERVER span",
+        detail: RQ,
+        requires: Some("llhttp_execute"),
+        ..Probe::ROW
+    },
+    Probe {
         symbol: "uv__stream_io",
         kind: probe_kind::PROBE_STREAM_IO,
         if_missing: "replies on a stream (an outgoing call's response, a database answer) do not keep their request",

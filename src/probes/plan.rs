@@ -383,13 +383,15 @@ mod tests {
         let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
         assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
         assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 14);
-        // Request context: the parser, stream callbacks, writes, and node's
-        // timers/immediates (which fire only when JS timers or immediates
-        // run) and handle closes; the HTTP/2 stream points (which HTTP/1
-        // requests never reach).
+        // Request context: the parser and where its messages begin (one
+        // hit per HTTP/1 message: a pipelined request's start), stream
+        // callbacks, writes, and node's timers/immediates (which fire only
+        // when JS timers or immediates run) and handle closes; the HTTP/2
+        // stream points (which HTTP/1 requests never reach).
         let rq = attached(Detail::default().with_requests(true));
         for s in [
             "llhttp_execute",
+            "llhttp__on_message_begin",
             "uv__stream_io",
             "uv_try_write",
             "uv_write2",
@@ -399,7 +401,7 @@ mod tests {
         ] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 6 + 9 + 6);
+        assert_eq!(rq.len(), 6 + 10 + 6);
         let off = plan_on(&full, Some(&libc), Detail::default(), AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));

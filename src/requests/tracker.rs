@@ -78,6 +78,9 @@ pub struct RequestStats {
 #[derive(Clone, Debug)]
 pub(super) struct Call {
     conn: u64,
+    /// An HTTPS call: the socket its ciphertext went out on (`conn` is the
+    /// TLS connection), where its response comes back.
+    stream: Option<u64>,
     pub(super) start_ns: u64,
     pub(super) end_ns: Option<u64>,
     pub(super) head: Head,
@@ -152,6 +155,14 @@ pub struct Requests {
     order: VecDeque<u64>,
     /// (pid, server connection) -> its request in progress.
     by_conn: FxHashMap<(u32, u64), u64>,
+    /// (pid, server connection) -> its pipelined requests still open, in
+    /// the order they came (their responses come in that order). Only
+    /// connections that pipelined have one.
+    pipelines: FxHashMap<(u32, u64), VecDeque<u64>>,
+    /// An HTTPS call's request just written (pid, thread, cause, TLS
+    /// connection): the next write of that thread and cause is its
+    /// ciphertext, on its socket.
+    tls_call: Option<(u32, u32, u64, u64)>,
     recent: FxHashMap<u64, (u32, Parent, Option<RequestKey>)>,
     recent_order: VecDeque<u64>,
     /// A SERVER span per request also where the app's SDK makes its own.
@@ -248,6 +259,8 @@ impl Requests {
             open: FxHashMap::default(),
             order: VecDeque::new(),
             by_conn: FxHashMap::default(),
+            pipelines: FxHashMap::default(),
+            tls_call: None,
             recent: FxHashMap::default(),
             recent_order: VecDeque::new(),
             always_server_spans,
@@ -294,8 +307,11 @@ impl Requests {
     /// span stands for the request.
     pub fn http(&mut self, r: &HttpRecord, app_sdk: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
         match r.what {
-            HttpWhat::Request => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
-            HttpWhat::Write => self.write(r, src, ready),
+            HttpWhat::Request | HttpWhat::Pipelined => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
+            HttpWhat::Write => {
+                let target = self.response_target(r);
+                self.write(r, target, src, ready);
+            }
             HttpWhat::Response => self.response(r),
             HttpWhat::Http2Header => self.h2_header(r, !app_sdk || self.always_server_spans || self.join, src, ready),
             HttpWhat::Http2Close => {
@@ -346,13 +362,26 @@ impl Requests {
     }
 
     fn start(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        // Keep-alive: the previous request on the connection is over. (An
-        // unknown connection, 0: a socket that reached the server without a
-        // libuv stream callback, says nothing about other requests.)
+        // Keep-alive: the previous request on the connection is over, but
+        // one a pipelined request came behind (in the same bytes): that one
+        // waits for its response, which comes first. (An unknown
+        // connection, 0: a socket that reached the server without a libuv
+        // stream callback, says nothing about other requests.)
         if r.conn != 0 {
-            if let Some(prev) = self.by_conn.insert((r.pid, r.conn), r.cause) {
-                if prev != r.cause {
+            let key = (r.pid, r.conn);
+            let prev = self.by_conn.insert(key, r.cause).filter(|p| *p != r.cause);
+            if let Some(prev) = prev {
+                if r.what == HttpWhat::Pipelined {
+                    let queue = self.pipelines.entry(key).or_default();
+                    if queue.is_empty() && self.open.contains_key(&prev) {
+                        queue.push_back(prev);
+                    }
+                    queue.push_back(r.cause);
+                } else {
                     self.finish(prev, src, ready);
+                    for c in self.pipelines.remove(&key).unwrap_or_default() {
+                        self.finish(c, src, ready);
+                    }
                 }
             }
         }
@@ -366,7 +395,13 @@ impl Requests {
             (Some(_), Some(ts)) => ts.parse().unwrap_or_default(),
             _ => TraceState::NONE,
         };
-        let req = self.new_request(r, head, incoming, state, server_span, src);
+        let mut req = self.new_request(r, head, incoming, state, server_span, src);
+        if r.what == HttpWhat::Pipelined && req.peer.is_none() {
+            // The kernel reads the peer at a connection's first request.
+            if let Some(prev) = self.pipelines.get(&(r.pid, r.conn)).and_then(|q| q.front()).and_then(|c| self.open.get(c)) {
+                (req.peer, req.local_port) = (prev.peer, prev.local_port);
+            }
+        }
         self.insert(r.cause, req, src, ready);
     }
 
@@ -423,8 +458,31 @@ impl Requests {
         }
     }
 
-    fn write(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        let Some(req) = self.open.get_mut(&r.cause) else { return };
+    /// The request a write belongs to: its cause's, but on a connection
+    /// that pipelined, the first request there not answered yet (a
+    /// response's head) or still being answered (its body). Node writes a
+    /// pipelined request's response once the one before it is done, from
+    /// whichever callback finished that one.
+    fn response_target(&self, r: &HttpRecord) -> u64 {
+        let Some(queue) = self.pipelines.get(&(r.pid, r.conn)) else { return r.cause };
+        let head = parse_status(&r.data).is_some();
+        let waiting =
+            |c: &&u64| self.open.get(*c).is_some_and(|q| if head { q.status.is_none() } else { q.status.is_some() && !q.complete() });
+        queue.iter().find(waiting).copied().unwrap_or(r.cause)
+    }
+
+    fn write(&mut self, r: &HttpRecord, target: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        // node encrypts a TLS write at once (SSL_write, then the socket
+        // write of its ciphertext, on the same thread in the same call):
+        // an HTTPS call's socket, where its response is parsed.
+        if let Some((.., tls_conn)) = self.tls_call.take().filter(|c| !r.tls && (c.0, c.1, c.2) == (r.pid, r.tid, r.cause)) {
+            let call = self.open.get_mut(&r.cause).and_then(|q| q.calls.iter_mut().rev().find(|c| c.tls && c.conn == tls_conn));
+            if let Some(c) = call {
+                c.stream = Some(r.conn);
+            }
+            return;
+        }
+        let Some(req) = self.open.get_mut(&target) else { return };
         req.last_ns = r.ts_ns;
         if req.response_conn.is_none() {
             if let Some(st) = parse_status(&r.data) {
@@ -442,14 +500,26 @@ impl Requests {
                 if req.incoming.is_none() && req.adopted.is_none() {
                     req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
                 }
-                req.calls.push(Call { conn: r.conn, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls });
+                // node retries an SSL_write the handshake held back: a
+                // call still unanswered on the same TLS connection is the
+                // same call (HTTP/1 clients send one at a time), its
+                // socket learned again from the ciphertext that follows.
+                match req.calls.iter_mut().find(|c| r.tls && c.conn == r.conn && c.end_ns.is_none()) {
+                    Some(c) => c.stream = None,
+                    None => {
+                        req.calls.push(Call { conn: r.conn, stream: None, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls })
+                    }
+                }
+                if r.tls {
+                    self.tls_call = Some((r.pid, r.tid, r.cause, r.conn));
+                }
                 return;
             }
         }
         if req.response_conn == Some(r.conn) {
             req.response_written += u64::from(r.len);
             if req.complete() {
-                self.finish(r.cause, src, ready);
+                self.finish(target, src, ready);
             }
         }
     }
@@ -458,7 +528,7 @@ impl Requests {
         let Some(req) = self.open.get_mut(&r.cause) else { return };
         req.last_ns = r.ts_ns;
         let status = parse_status(&r.data).map(|s| s.status);
-        if let Some(call) = req.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()) {
+        if let Some(call) = req.calls.iter_mut().find(|c| (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none()) {
             call.end_ns = Some(r.ts_ns);
             call.status = status;
         }
@@ -522,6 +592,7 @@ impl Requests {
             self.finish(c, src, ready);
         }
         self.by_conn.retain(|(p, _), _| *p != pid);
+        self.pipelines.retain(|(p, _), _| *p != pid);
     }
 
     /// --sample-time: the probes stopped (every record of the window is
@@ -536,6 +607,7 @@ impl Requests {
             if self.by_conn.get(&(req.pid, req.conn)) == Some(&c) {
                 self.by_conn.remove(&(req.pid, req.conn));
             }
+            self.unqueue(req.pid, req.conn, c);
             self.stats.straddled += 1;
             self.stats.straddled_ops += req.held.len() as u64;
         }
@@ -549,12 +621,23 @@ impl Requests {
         }
     }
 
+    /// A request over: out of its connection's pipeline.
+    fn unqueue(&mut self, pid: u32, conn: u64, cause: u64) {
+        if let Some(queue) = self.pipelines.get_mut(&(pid, conn)) {
+            queue.retain(|c| *c != cause);
+            if queue.is_empty() {
+                self.pipelines.remove(&(pid, conn));
+            }
+        }
+    }
+
     /// A request is over: its spans, and its context kept for late work.
     fn finish(&mut self, cause: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
         let Some(mut req) = self.open.remove(&cause) else { return };
         if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
             self.by_conn.remove(&(req.pid, req.conn));
         }
+        self.unqueue(req.pid, req.conn, cause);
         if let Some(f) = self.finished.as_mut() {
             f.push(Finished::of(&req));
         }
@@ -616,7 +699,7 @@ fn send_late(
 
 #[cfg(test)]
 mod tests {
-    use opentelemetry::trace::{SpanId, TraceId};
+    use opentelemetry::trace::{SpanId, SpanKind, TraceId};
 
     use super::*;
     use crate::events::spans::Value;
@@ -726,6 +809,82 @@ mod tests {
         }
     }
 
+    /// Three requests pipelined in one read: each its own request, none
+    /// ended by the next; their responses, written in order from whichever
+    /// callback (here all from the first's), go to them in that order; the
+    /// next request that is not pipelined ends whatever is left.
+    #[test]
+    fn pipelined_requests_take_their_responses_in_order() {
+        let ok = |body: &str| format!("HTTP/1.1 {body} X\r\nContent-Length: 2\r\n\r\nok");
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /a HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Pipelined, 2, 100, 1_010, "GET /b HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Pipelined, 3, 100, 1_020, "GET /c HTTP/1.1\r\n\r\n"), false, src, ready);
+            assert_eq!(r.open(), 3, "pipelined requests do not end each other");
+            for c in 1..=3 {
+                r.work(fs(c, 1_100, 1_200 + c), src, ready);
+            }
+            // Response /b's head and body in two writes, all from cause 1.
+            r.http(&http(HttpWhat::Write, 1, 100, 2_000, &ok("200")), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 100, 2_100, "HTTP/1.1 404 X\r\nContent-Length: 4\r\n\r\nno"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 100, 2_150, "ne"), false, src, ready);
+            assert_eq!(r.open(), 1, "/a and /b answered whole");
+            // A write on another connection is not the pipeline's.
+            r.http(&http(HttpWhat::Write, 1, 200, 2_160, &ok("503")), false, src, ready);
+            r.http(&http(HttpWhat::Write, 3, 100, 2_200, "HTTP/1.1 500 X\r\nTransfer-Encoding: chunked\r\n\r\n"), false, src, ready);
+            assert_eq!(r.open(), 1, "/c's length unsaid");
+            r.http(&http(HttpWhat::Request, 4, 100, 3_000, "GET /d HTTP/1.1\r\n\r\n"), false, src, ready);
+            assert_eq!(r.open(), 1, "the next request ends /c");
+            assert!(r.pipelines.is_empty());
+            r.finish_all(src, ready);
+        });
+        let server = |path: &'static str| spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
+        for (path, code, end, cause) in [("/a", 200, 2_000, 1), ("/b", 404, 2_150, 2), ("/c", 500, 2_200, 3)] {
+            let s = server(path);
+            assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(code)), "{path}");
+            assert_eq!(s.end_ns, end, "{path}");
+            let work: Vec<_> = spans.iter().filter(|w| w.parent_span_id == s.span_context.span_id()).collect();
+            assert_eq!(work.len(), 1, "{path}'s stat under it");
+            assert_eq!(work[0].end_ns, 1_200 + cause, "{path}'s own stat");
+        }
+    }
+
+    /// HTTPS calls: seen as SSL_write's plaintext (on the TLS connection),
+    /// their responses parsed from their sockets: each call's socket is the
+    /// one its ciphertext went out on, right after (a write the handshake
+    /// held back is retried: the same call).
+    #[test]
+    fn https_calls_are_matched_to_their_responses_by_their_sockets() {
+        let tls = |conn: u64, ts: u64, data: &str| HttpRecord { tls: true, ..http(HttpWhat::Write, 1, conn, ts, data) };
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET / HTTP/1.1\r\n\r\n"), false, src, ready);
+            // Call a's first try, before its handshake: the next write is
+            // call b's socket's hello, not a's ciphertext.
+            r.http(&tls(0xa, 1_100, "GET /a HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 0xb0, 1_110, "\x16\x03"), false, src, ready);
+            r.http(&tls(0xb, 1_120, "GET /b HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 2, 0xc0, 1_130, "\x16\x03"), false, src, ready);
+            // Both retried, each followed by its ciphertext.
+            r.http(&tls(0xa, 1_200, "GET /a HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 0xa0, 1_210, "\x17\x03"), false, src, ready);
+            r.http(&tls(0xb, 1_300, "GET /b HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 0xb0, 1_310, "\x17\x03"), false, src, ready);
+            r.http(&http(HttpWhat::Response, 1, 0xb0, 1_400, "HTTP/1.1 503 X\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Response, 1, 0xa0, 1_500, "HTTP/1.1 200 OK\r\n\r\n"), false, src, ready);
+            r.finish_all(src, ready);
+        });
+        let call = |path: &'static str| {
+            spans.iter().find(|s| s.span_kind == SpanKind::Client && attr(s, "url.path") == Some(&Value::from(path))).unwrap()
+        };
+        assert_eq!(spans.iter().filter(|s| s.span_kind == SpanKind::Client).count(), 2, "a retried write is the same call");
+        for (path, code, start, end) in [("/a", 200, 1_100, 1_500), ("/b", 503, 1_120, 1_400)] {
+            let c = call(path);
+            assert_eq!(attr(c, "http.response.status_code"), Some(&Value::I64(code)), "{path}");
+            assert_eq!(attr(c, "url.scheme"), Some(&Value::from("https")));
+            assert_eq!((c.start_ns, c.end_ns), (start, end), "{path}");
+        }
+    }
+
     /// At a sampling window's close, a request not answered whole is
     /// dropped with its work, counted; an answer of unsaid length ends
     /// after a quiet period, as it would have.
@@ -777,13 +936,14 @@ mod tests {
                     for (what, cause, conn, ts, head) in &records {
                         let data = &heads[head.index(heads.len())];
                         let what = match what {
-                            0 | 1 => HttpWhat::Request,
+                            0 => HttpWhat::Request,
+                            1 => HttpWhat::Pipelined,
                             2 => HttpWhat::Write,
                             3 => HttpWhat::Response,
                             4 | 5 => HttpWhat::Http2Header,
                             _ => HttpWhat::Http2Close,
                         };
-                        started += usize::from(matches!(what, HttpWhat::Request | HttpWhat::Http2Header));
+                        started += usize::from(matches!(what, HttpWhat::Request | HttpWhat::Pipelined | HttpWhat::Http2Header));
                         let mut rec = http(what, *cause, *conn, *ts, "");
                         rec.data = data.clone();
                         rec.len = data.len() as u32;
