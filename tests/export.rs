@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use common::collector::{histogram_buckets, histogram_points, metric_values, Ca, Collector, Issued, Listen};
+use common::collector::{histogram_buckets, histogram_count, histogram_points, metric_values, Ca, Collector, Issued, Listen};
 use common::*;
 
 /// A node app whose work uvspan sees: fs and a DNS lookup, then exit.
@@ -484,13 +484,7 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     assert!(col.spans().is_empty(), "always_off: no span");
-    let count = |name: &str, want: &[(&str, &str)]| -> u64 {
-        histogram_points(&col, name)
-            .iter()
-            .filter(|(a, _, _)| want.iter().all(|(k, v)| a.get(*k).is_some_and(|x| x.contains(v))))
-            .map(|(_, n, _)| n)
-            .sum()
-    };
+    let count = |name: &str, want: &[(&str, &str)]| histogram_count(&col, name, want);
     let ok = [("http.request.method", "GET"), ("http.response.status_code", "200"), ("url.scheme", "http")];
     assert_eq!(count("http.server.request.duration", &ok), N as u64, "every request, none sampled\n{}", out.context());
     assert_eq!(count("http.server.request.duration", &[]), N as u64);
@@ -674,13 +668,7 @@ fn kernel_sampled_in(topology: Topology, sampler: &str, arg: &str) -> Vec<Span> 
     let out = run(c);
     let ctx = format!("{topology:?} {sampler} {arg}\n{}", out.context());
     assert_eq!(out.code(), Some(0), "{ctx}");
-    let count = |name: &str, want: &[(&str, &str)]| -> u64 {
-        histogram_points(&col, name)
-            .iter()
-            .filter(|(a, _, _)| want.iter().all(|(k, v)| a.get(*k).is_some_and(|x| x.contains(v))))
-            .map(|(_, n, _)| n)
-            .sum()
-    };
+    let count = |name: &str, want: &[(&str, &str)]| histogram_count(&col, name, want);
     let n = KERNEL_N as u64;
     assert_eq!(count("http.server.request.duration", &[("http.response.status_code", "200")]), n, "every request\n{ctx}");
     assert_eq!(count("dns.lookup.duration", &[]), n, "one lookup per request\n{ctx}");

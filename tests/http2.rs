@@ -25,6 +25,18 @@ use common::*;
 const N: usize = 40;
 const SESSIONS: &str = "2";
 
+/// The gRPC fixtures' `{"marker":"call",...}` lines, `n` of them.
+fn call_markers(out: &Output, n: usize) -> Vec<serde_json::Value> {
+    let calls: Vec<serde_json::Value> = out
+        .stdout
+        .lines()
+        .filter(|l| l.starts_with("{\"marker\":\"call\""))
+        .map(|l| serde_json::from_str(l).expect("call marker"))
+        .collect();
+    assert_eq!(calls.len(), n, "{}", out.context());
+    calls
+}
+
 /// What the fixture says about one request it sent: (traceparent, status).
 fn sent(stdout: &str) -> BTreeMap<usize, (String, i64)> {
     let mut out = BTreeMap::new();
@@ -242,13 +254,7 @@ fn grpc_calls_are_named_by_service_and_method() {
     assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
     let spans = rx.spans();
     check_summary(&out, spans.len());
-    let calls: Vec<serde_json::Value> = out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("{\"marker\":\"call\""))
-        .map(|l| serde_json::from_str(l).expect("call marker"))
-        .collect();
-    assert_eq!(calls.len(), CALLS, "{}", out.context());
+    let calls = call_markers(&out, CALLS);
     let mut joined = 0;
     for call in &calls {
         let (i, method, code) =
@@ -315,12 +321,11 @@ fn unsampled_streams_in(topology: Topology) {
     // The unsampled streams' work was not sent up: the kernel counted it.
     let counted = summary_number(&out.stderr, " operations of unsampled traces counted in the kernel");
     assert_eq!(counted, N as u64, "two stats of each of the {} unsampled streams\n{ctx}", N / 2);
-    let stats: u64 = common::collector::histogram_points(&col, "uvspan.fs.duration")
-        .iter()
-        .filter(|(a, _, _)| a.get("uvspan.fs.operation").is_some_and(|v| v.contains("\"fs.stat\"")))
-        .filter(|(a, _, _)| a.get("uvspan.fs.sync").is_some_and(|v| v.contains("false")))
-        .map(|(_, n, _)| n)
-        .sum();
+    let stats = common::collector::histogram_count(
+        &col,
+        "uvspan.fs.duration",
+        &[("uvspan.fs.operation", "\"fs.stat\""), ("uvspan.fs.sync", "false")],
+    );
     assert_eq!(stats, 2 * N as u64, "the metric counts every stream's stats\n{ctx}");
 }
 
@@ -367,13 +372,7 @@ fn grpc_js_in(topology: Topology, tag: &str) {
     assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
     let spans = rx.spans();
     check_summary(&out, spans.len());
-    let calls: Vec<serde_json::Value> = out
-        .stdout
-        .lines()
-        .filter(|l| l.starts_with("{\"marker\":\"call\""))
-        .map(|l| serde_json::from_str(l).expect("call marker"))
-        .collect();
-    assert_eq!(calls.len(), CALLS, "{}", out.context());
+    let calls = call_markers(&out, CALLS);
     for call in &calls {
         let (i, method, code) =
             (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));

@@ -314,6 +314,17 @@ pub fn histogram_points(col: &Collector, name: &str) -> Vec<(Attrs, u64, Attrs)>
     out
 }
 
+/// How many values `name`'s histogram points counted, over the points whose
+/// attributes hold each `(key, text)` of `want` (attribute values as
+/// [`histogram_points`] writes them: `x.contains(text)`).
+pub fn histogram_count(col: &Collector, name: &str, want: &[(&str, &str)]) -> u64 {
+    histogram_points(col, name)
+        .iter()
+        .filter(|(a, _, _)| want.iter().all(|(k, v)| a.get(*k).is_some_and(|x| x.contains(v))))
+        .map(|(_, n, _)| n)
+        .sum()
+}
+
 /// The bucket counts of `name`'s histogram points, added up (delta
 /// temporality), and its bounds.
 pub fn histogram_buckets(col: &Collector, name: &str) -> (Vec<u64>, Vec<f64>) {
