@@ -51,6 +51,36 @@ fn metrics_env(c: &mut Command) {
 }
 
 /// Node's count per type (a `gcs` or `gcs_in_slow` marker).
+/// The fixture started with `wait` (`c`), once it has printed its info
+/// marker: it collects when told to go on its stdin.
+fn spawn_waiting(mut c: Command) -> (Running, std::process::ChildStdin) {
+    c.stdin(Stdio::piped());
+    let mut app = Running::spawn(c);
+    let stdin = app.child.stdin.take().expect("piped stdin");
+    app.wait_stdout(RUN_TIMEOUT, "the app's info marker", |o| o.contains("\"info\""));
+    (app, stdin)
+}
+
+/// uvspan attached by --pid to `pid` (the waiting app, as uvspan sees it),
+/// exporting to `col`; then the app is told to go. The app's output,
+/// uvspan's, and both as a failure's context; both exited 0.
+fn trace_then_go(col: &Collector, pid: u32, app: Running, mut stdin: std::process::ChildStdin) -> (Output, Output, String) {
+    let mut args = exporting(col);
+    args.extend(["--pid".into(), pid.to_string()]);
+    let mut uv = uvspan_cmd(args);
+    metrics_env(&mut uv);
+    let mut uv = Running::spawn(uv);
+    uv.wait_stderr(RUN_TIMEOUT, "uvspan tracing the app", |e| e.contains(&format!("tracing process {pid}")));
+    stdin.write_all(b"go\n").expect("tell the app to go");
+    drop(stdin);
+    let out = app.finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let uv = uv.finish(RUN_TIMEOUT);
+    let ctx = format!("{}\n--- uvspan ---\n{}", out.context(), uv.context());
+    assert_eq!(uv.code(), Some(0), "{ctx}");
+    (out, uv, ctx)
+}
+
 fn oracle(m: &Markers, marker: &str) -> BTreeMap<&'static str, u64> {
     assert_eq!(m.i64(marker, "other"), 0, "Node reported a kind of collection it has no constant for: {:?}", m.get(marker));
     TYPES.iter().map(|t| (*t, m.i64(marker, t) as u64)).filter(|(_, n)| *n > 0).collect()
@@ -186,16 +216,8 @@ fn no_gc_seen(label: &str, node: &Path, env: &[(&str, &str)]) {
     c.envs(env.iter().copied());
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
-    let lost = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
-    for sym in [
-        "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
-        "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
-        "_ZN2v88internal4Heap25GarbageCollectionPrologueENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE",
-        "_ZN2v88internal4Heap25GarbageCollectionEpilogueENS0_16GarbageCollectorE",
-        "_ZN2v88internal4Heap41InvokeIncrementalMarkingPrologueCallbacksEv",
-        "_ZN2v88internal4Heap41InvokeIncrementalMarkingEpilogueCallbacksEv",
-    ] {
-        let line = format!("fallback {sym} unavailable: {lost}");
+    for sym in GC_V10 {
+        let line = format!("fallback {sym} unavailable: {GC_LOST}");
         assert!(out.stderr.contains(&line), "{label}: no notice {line:?}\n{}", out.context());
     }
     let m = Markers::parse(&out.stdout);
@@ -233,23 +255,9 @@ fn debian_node_with_libnode() {
     let mut c = Command::new(&d.node);
     scrub_env(&mut c);
     c.env("LD_LIBRARY_PATH", &lib).args([fixture("gc.js").as_str(), "wait"]);
-    c.stdin(Stdio::piped());
-    let mut app = Running::spawn(c);
-    let mut stdin = app.child.stdin.take().expect("piped stdin");
-    app.wait_stdout(RUN_TIMEOUT, "the app's info marker", |o| o.contains("\"info\""));
-    let mut args = exporting(&col);
-    args.extend(["--pid".into(), app.pid.to_string()]);
-    let mut uv = uvspan_cmd(args);
-    metrics_env(&mut uv);
-    let mut uv = Running::spawn(uv);
-    uv.wait_stderr(RUN_TIMEOUT, "uvspan tracing the app", |e| e.contains(&format!("tracing process {}", app.pid)));
-    stdin.write_all(b"go\n").expect("tell the app to go");
-    drop(stdin);
-    let out = app.finish(RUN_TIMEOUT);
-    assert_eq!(out.code(), Some(0), "{}", out.context());
-    let uv = uv.finish(RUN_TIMEOUT);
-    let ctx = format!("{}\n--- uvspan ---\n{}", out.context(), uv.context());
-    assert_eq!(uv.code(), Some(0), "{ctx}");
+    let (app, stdin) = spawn_waiting(c);
+    let pid = app.pid;
+    let (out, uv, ctx) = trace_then_go(&col, pid, app, stdin);
     // V8 10.2's points, in libnode.so (libuv.so.1 has none).
     let pause = "fallback in use: _ZN2v88internal4Heap25GarbageCollectionPrologueENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE";
     assert!(uv.stderr.contains(pause), "{ctx}");
@@ -306,27 +314,12 @@ fn node_alone_in_its_own_pid_namespace() {
     let mut c = Command::new("unshare");
     scrub_env(&mut c);
     c.args(["--pid", "--fork", "--mount", "--mount-proc", "node", &fixture("gc.js"), "wait"]);
-    c.stdin(Stdio::piped());
-    let mut app = Running::spawn(c);
-    let mut stdin = app.child.stdin.take().expect("piped stdin");
-    app.wait_stdout(RUN_TIMEOUT, "the app's info marker", |o| o.contains("\"info\""));
+    let (app, stdin) = spawn_waiting(c);
     let host_pid = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", app.pid))
         .ok()
         .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok())
         .expect("unshare's child, the app");
-    let mut args = exporting(&col);
-    args.extend(["--pid".into(), host_pid.to_string()]);
-    let mut uv = uvspan_cmd(args);
-    metrics_env(&mut uv);
-    let mut uv = Running::spawn(uv);
-    uv.wait_stderr(RUN_TIMEOUT, "uvspan tracing the app", |e| e.contains(&format!("tracing process {host_pid}")));
-    stdin.write_all(b"go\n").expect("tell the app to go");
-    drop(stdin);
-    let out = app.finish(RUN_TIMEOUT);
-    assert_eq!(out.code(), Some(0), "{}", out.context());
-    let uv = uv.finish(RUN_TIMEOUT);
-    let ctx = format!("{}\n--- uvspan ---\n{}", out.context(), uv.context());
-    assert_eq!(uv.code(), Some(0), "{ctx}");
+    let (out, _uv, ctx) = trace_then_go(&col, host_pid, app, stdin);
     assert_eq!(Markers::parse(&out.stdout).i64("info", "pid"), 1, "the app is its namespace's first process");
     check_run("own namespace", &out.stdout, &col, 1, &ctx, "gcs");
 }

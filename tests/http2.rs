@@ -37,6 +37,22 @@ fn call_markers(out: &Output, n: usize) -> Vec<serde_json::Value> {
     calls
 }
 
+/// A gRPC call's SERVER span (its fixture's call marker): the only one in
+/// the caller's trace, under the caller's span, named and attributed as
+/// `test.Echo/{method}` with the call's grpc-status.
+fn grpc_server_span<'a>(spans: &'a [Span], call: &serde_json::Value, i: u64, method: &str, code: i64) -> &'a Span {
+    let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
+    let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
+    assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
+    assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
+    assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
+    assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+    srv
+}
+
 /// What the fixture says about one request it sent: (traceparent, status).
 fn sent(stdout: &str) -> BTreeMap<usize, (String, i64)> {
     let mut out = BTreeMap::new();
@@ -259,15 +275,7 @@ fn grpc_calls_are_named_by_service_and_method() {
     for call in &calls {
         let (i, method, code) =
             (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));
-        let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
-        let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
-        let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
-        assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
-        assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
-        assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
-        assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
-        assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
-        assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+        let srv = grpc_server_span(&spans, call, i, method, code);
         assert_eq!(srv.int("http.response.status_code"), Some(200), "{}", srv.brief());
         assert_eq!(srv.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", srv.brief());
         let under = |x: &str| {
@@ -377,15 +385,7 @@ fn grpc_js_in(topology: Topology, tag: &str) {
         let (i, method, code) =
             (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));
         assert_eq!(code, if method == "Fail" { 14 } else { 0 }, "the fixture's own view of call {i}: {call}");
-        let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
-        let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
-        let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
-        assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
-        assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
-        assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
-        assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
-        assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
-        assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+        let srv = grpc_server_span(&spans, call, i, method, code);
         assert_eq!(srv.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", srv.brief());
         let file = dir.join(&format!("g{i}"));
         let stat = spans.iter().find(|s| s.str("file.path") == Some(file.as_str())).unwrap_or_else(|| panic!("no stat of {file}"));

@@ -152,17 +152,6 @@ const GC: [&str; 2] = [
     "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE",
 ];
 const GC_PRIMARY_LOST: &str = "V8 10.2's GC points stand in (Node 18), if present";
-/// V8 10.2's GC points (Node 18; Debian's libnode.so), in catalog order:
-/// fallbacks for [`GC`], and what is lost without them.
-const GC_V10: [&str; 6] = [
-    "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
-    "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
-    "_ZN2v88internal4Heap25GarbageCollectionPrologueENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE",
-    "_ZN2v88internal4Heap25GarbageCollectionEpilogueENS0_16GarbageCollectorE",
-    "_ZN2v88internal4Heap41InvokeIncrementalMarkingPrologueCallbacksEv",
-    "_ZN2v88internal4Heap41InvokeIncrementalMarkingEpilogueCallbacksEv",
-];
-const GC_LOST: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
 
 /// Which of V8's GC points a build has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -78,3 +78,16 @@ pub fn outside_requests(spans: &[Span], s: &Span) -> bool {
             && (matches!(p.name.as_str(), "startup" | "main" | "timers" | "immediate" | "io") || p.str("process.command_line").is_some())
     })
 }
+
+/// V8 10.2's GC points (Node 18; Debian's libnode.so), in catalog order:
+/// fallbacks for V8's GC callbacks of Node 20–26.
+pub const GC_V10: [&str; 6] = [
+    "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
+    "_ZN2v88internal4Heap23CallGCEpilogueCallbacksENS_6GCTypeENS_15GCCallbackFlagsE",
+    "_ZN2v88internal4Heap25GarbageCollectionPrologueENS0_23GarbageCollectionReasonENS_15GCCallbackFlagsE",
+    "_ZN2v88internal4Heap25GarbageCollectionEpilogueENS0_16GarbageCollectorE",
+    "_ZN2v88internal4Heap41InvokeIncrementalMarkingPrologueCallbacksEv",
+    "_ZN2v88internal4Heap41InvokeIncrementalMarkingEpilogueCallbacksEv",
+];
+/// What uvspan says is lost without them.
+pub const GC_LOST: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.gc_ms or v8js.gc.duration";
