@@ -160,9 +160,12 @@ pub struct Requests {
     /// connections that pipelined have one.
     pipelines: FxHashMap<(u32, u64), VecDeque<u64>>,
     /// An HTTPS call's request just written (pid, thread, cause, TLS
-    /// connection): the next write of that thread and cause is its
-    /// ciphertext, on its socket.
-    tls_call: Option<(u32, u32, u64, u64)>,
+    /// connection, the request whose call it is): the next write of that
+    /// thread and cause is its ciphertext, on its socket.
+    tls_call: Option<(u32, u32, u64, u64, u64)>,
+    /// (pid, TLS connection) -> the request whose call on it is not
+    /// answered yet (HTTP/1 clients send one at a time).
+    tls_calls: FxHashMap<(u32, u64), u64>,
     recent: FxHashMap<u64, (u32, Parent, Option<RequestKey>)>,
     recent_order: VecDeque<u64>,
     /// A SERVER span per request also where the app's SDK makes its own.
@@ -261,6 +264,7 @@ impl Requests {
             by_conn: FxHashMap::default(),
             pipelines: FxHashMap::default(),
             tls_call: None,
+            tls_calls: FxHashMap::default(),
             recent: FxHashMap::default(),
             recent_order: VecDeque::new(),
             always_server_spans,
@@ -475,12 +479,28 @@ impl Requests {
         // node encrypts a TLS write at once (SSL_write, then the socket
         // write of its ciphertext, on the same thread in the same call):
         // an HTTPS call's socket, where its response is parsed.
-        if let Some((.., tls_conn)) = self.tls_call.take().filter(|c| !r.tls && (c.0, c.1, c.2) == (r.pid, r.tid, r.cause)) {
-            let call = self.open.get_mut(&r.cause).and_then(|q| q.calls.iter_mut().rev().find(|c| c.tls && c.conn == tls_conn));
+        if let Some((.., tls_conn, owner)) = self.tls_call.take().filter(|c| !r.tls && (c.0, c.1, c.2) == (r.pid, r.tid, r.cause)) {
+            let call = self.open.get_mut(&owner).and_then(|q| q.calls.iter_mut().rev().find(|c| c.tls && c.conn == tls_conn));
             if let Some(c) = call {
                 c.stream = Some(r.conn);
             }
             return;
+        }
+        // node retries an SSL_write the handshake held back, in whichever
+        // callback runs next (another request's, too): a request written
+        // on a TLS connection whose call is unanswered is that call, its
+        // socket learned again from the ciphertext that follows.
+        if r.tls && parse_request(&r.data).is_some() {
+            if let Some(&owner) = self.tls_calls.get(&(r.pid, r.conn)) {
+                let call =
+                    self.open.get_mut(&owner).and_then(|q| q.calls.iter_mut().find(|c| c.tls && c.conn == r.conn && c.end_ns.is_none()));
+                if let Some(c) = call {
+                    c.stream = None;
+                    self.tls_call = Some((r.pid, r.tid, r.cause, r.conn, owner));
+                    return;
+                }
+                self.tls_calls.remove(&(r.pid, r.conn));
+            }
         }
         let Some(req) = self.open.get_mut(&target) else { return };
         req.last_ns = r.ts_ns;
@@ -500,18 +520,10 @@ impl Requests {
                 if req.incoming.is_none() && req.adopted.is_none() {
                     req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
                 }
-                // node retries an SSL_write the handshake held back: a
-                // call still unanswered on the same TLS connection is the
-                // same call (HTTP/1 clients send one at a time), its
-                // socket learned again from the ciphertext that follows.
-                match req.calls.iter_mut().find(|c| r.tls && c.conn == r.conn && c.end_ns.is_none()) {
-                    Some(c) => c.stream = None,
-                    None => {
-                        req.calls.push(Call { conn: r.conn, stream: None, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls })
-                    }
-                }
+                req.calls.push(Call { conn: r.conn, stream: None, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls });
                 if r.tls {
-                    self.tls_call = Some((r.pid, r.tid, r.cause, r.conn));
+                    self.tls_calls.insert((r.pid, r.conn), target);
+                    self.tls_call = Some((r.pid, r.tid, r.cause, r.conn, target));
                 }
                 return;
             }
@@ -531,6 +543,9 @@ impl Requests {
         if let Some(call) = req.calls.iter_mut().find(|c| (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none()) {
             call.end_ns = Some(r.ts_ns);
             call.status = status;
+            if call.tls {
+                self.tls_calls.remove(&(r.pid, call.conn));
+            }
         }
     }
 
@@ -636,6 +651,11 @@ impl Requests {
         let Some(mut req) = self.open.remove(&cause) else { return };
         if self.by_conn.get(&(req.pid, req.conn)) == Some(&cause) {
             self.by_conn.remove(&(req.pid, req.conn));
+        }
+        for c in req.calls.iter().filter(|c| c.tls && c.end_ns.is_none()) {
+            if self.tls_calls.get(&(req.pid, c.conn)) == Some(&cause) {
+                self.tls_calls.remove(&(req.pid, c.conn));
+            }
         }
         self.unqueue(req.pid, req.conn, cause);
         if let Some(f) = self.finished.as_mut() {
@@ -864,6 +884,15 @@ mod tests {
             r.http(&http(HttpWhat::Write, 1, 0xb0, 1_110, "\x16\x03"), false, src, ready);
             r.http(&tls(0xb, 1_120, "GET /b HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
             r.http(&http(HttpWhat::Write, 2, 0xc0, 1_130, "\x16\x03"), false, src, ready);
+            // Call a retried in another request's callback, still held back.
+            r.http(&http(HttpWhat::Request, 2, 200, 1_140, "GET /two HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(
+                &HttpRecord { tls: true, ..http(HttpWhat::Write, 2, 0xa, 1_150, "GET /a HTTP/1.1\r\nHost: up:8443\r\n\r\n") },
+                false,
+                src,
+                ready,
+            );
+            r.http(&http(HttpWhat::Write, 2, 0xa0, 1_160, "\x16\x03"), false, src, ready);
             // Both retried, each followed by its ciphertext.
             r.http(&tls(0xa, 1_200, "GET /a HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
             r.http(&http(HttpWhat::Write, 1, 0xa0, 1_210, "\x17\x03"), false, src, ready);
@@ -877,6 +906,8 @@ mod tests {
             spans.iter().find(|s| s.span_kind == SpanKind::Client && attr(s, "url.path") == Some(&Value::from(path))).unwrap()
         };
         assert_eq!(spans.iter().filter(|s| s.span_kind == SpanKind::Client).count(), 2, "a retried write is the same call");
+        let one = spans.iter().find(|s| s.span_kind == SpanKind::Server && attr(s, "url.path") == Some(&Value::from("/"))).unwrap();
+        assert!(spans.iter().filter(|s| s.span_kind == SpanKind::Client).all(|c| c.parent_span_id == one.span_context.span_id()));
         for (path, code, start, end) in [("/a", 200, 1_100, 1_500), ("/b", 503, 1_120, 1_400)] {
             let c = call(path);
             assert_eq!(attr(c, "http.response.status_code"), Some(&Value::I64(code)), "{path}");
