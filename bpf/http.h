@@ -283,82 +283,48 @@ static __always_inline __u64 emit_http(__u32 what, __u64 cause, __u64 conn, __u6
 	return cause;
 }
 
-/* llhttp_execute(parser, data, len): HTTP bytes reach a parser. A request
- * line starts a new cause (the request; on keep-alive connections one per
- * request), its bytes sent up for the method, path and trace context; a
- * status line is the response to an outgoing call; anything else continues
- * the parser's request. The 'request' handler runs inside this call. */
-static __always_inline int http_parse(struct pt_regs *ctx)
-{
-	__u64 parser = PT_REGS_PARM1(ctx), data = PT_REGS_PARM2(ctx), len = PT_REGS_PARM3(ctx);
-	/* The probe point is past llhttp_execute's `add %rsi,%rdx` (the first
-	 * instruction the kernel can emulate is the jmp after it): the third
-	 * register then holds data + len, never less than data (a buffer is
-	 * not as long as its own address: node's heap can sit below 4 GiB,
-	 * so the address is no bound). */
-	if (len >= data)
-		len -= data;
-	char head[8] = {};
-	if (len < 5 || bpf_probe_read_user(head, sizeof(head), (void *)data))
-		return 0;
-	struct thread_state *t = thread_state_of(1);
-	if (!t)
-		return 0;
-	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
-	if (is_response(head)) {
-		/* the stream's writer's cause, restored by uv__stream_io */
-		__u64 cause = fresh_cause(t->ctx.cause);
-		if (is_task(cause))
-			return 0;
-		emit_http(HTTP_RESPONSE, cause, t->ctx.stream, data, len, len, 1, 0);
-		return 0;
-	}
-	if (is_request(head)) {
-		__u64 cause = emit_http(HTTP_REQUEST, new_cause(CAUSE_REQUEST), t->ctx.stream, data, len, len, 1, 0);
-		bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
-		t->ctx.cause = cause;
-		return 0;
-	}
-	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
-	if (c)
-		t->ctx.cause = *c;
-	return 0;
-}
-
 /* llhttp__on_message_begin(parser, p, endp): llhttp starts a message at
- * p. A server parser's first message of a request was started by
- * http_parse (its cause in parser_cause); a second one begun under that
- * same cause is a request pipelined behind it in the same bytes: a new
- * cause from here, made current before its handler runs (inside the same
- * llhttp_execute), its head sent up (its peer is its connection's first
- * request's). Client parsers (responses) have no parser_cause: one lookup,
- * nothing else. Not inlined: a stack frame of its own (inlined, dispatch's
- * would pass 512 bytes). */
+ * p, once per message, whatever the reads (every official build 18-26 has
+ * it in .dynsym). A request line starts a new cause (on keep-alive
+ * connections one per request), current before its
+ * 'request' handler runs (inside this llhttp_execute), its head sent up;
+ * a status line is the response to an outgoing call. The connection's next
+ * reads (a body in later packets) belong to the request: it becomes the
+ * stream's cause. A request begun in the same stream callback as the
+ * parser's last one was pipelined behind it (its peer is its connection's
+ * first request's). Not inlined: a stack frame of its own (inlined,
+ * dispatch's would pass 512 bytes). */
 static __noinline int http_message(struct pt_regs *ctx)
 {
 	__u64 parser = PT_REGS_PARM1(ctx), p = PT_REGS_PARM2(ctx), endp = PT_REGS_PARM3(ctx);
-	struct conn_key key = { .pid = current_ids() >> 32, .ptr = parser };
-	__u64 *c = bpf_map_lookup_elem(&parser_cause, &key);
-	if (!c)
-		return 0;
-	__u64 cause = *c;
-	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &key);
-	if (!begun || *begun != cause) {
-		/* the request's own first message */
-		bpf_map_update_elem(&parser_begun, &key, &cause, BPF_ANY);
-		return 0;
-	}
 	char head[8] = {};
-	if (endp < p + 5 || endp - p > 0xFFFFFFFF || bpf_probe_read_user(head, sizeof(head), (void *)p) || !is_request(head))
+	if (endp < p + 5 || endp - p > 0xFFFFFFFF || bpf_probe_read_user(head, sizeof(head), (void *)p))
 		return 0;
+	__u64 len = endp - p;
 	struct thread_state *t = thread_state_of(1);
 	if (!t)
 		return 0;
+	if (is_response(head)) {
+		/* the stream's writer's cause, restored by uv__stream_io */
+		__u64 cause = fresh_cause(t->ctx.cause);
+		if (!is_task(cause))
+			emit_http(HTTP_RESPONSE, cause, t->ctx.stream, p, len, len, 1, 0);
+		return 0;
+	}
+	if (!is_request(head))
+		return 0;
+	__u32 pid = current_ids() >> 32;
+	struct conn_key key = { .pid = pid, .ptr = parser };
+	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &key);
+	__u32 what = begun && *begun == t->ctx.callbacks ? HTTP_PIPELINED : HTTP_REQUEST;
 	/* sent first: the sampler decides the request's cause there */
-	cause = emit_http(HTTP_PIPELINED, new_cause(CAUSE_REQUEST), t->ctx.stream, p, endp - p, endp - p, 1, 0);
-	bpf_map_update_elem(&parser_cause, &key, &cause, BPF_ANY);
-	bpf_map_update_elem(&parser_begun, &key, &cause, BPF_ANY);
+	__u64 cause = emit_http(what, new_cause(CAUSE_REQUEST), t->ctx.stream, p, len, len, 1, 0);
+	bpf_map_update_elem(&parser_begun, &key, &t->ctx.callbacks, BPF_ANY);
 	t->ctx.cause = cause;
+	if (t->ctx.stream) {
+		struct conn_key sk = { .pid = pid, .ptr = t->ctx.stream };
+		bpf_map_update_elem(&stream_cause, &sk, &cause, BPF_ANY);
+	}
 	return 0;
 }
 
@@ -375,6 +341,7 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 	if (!t)
 		return 0;
 	t->ctx.stream = stream;
+	t->ctx.callbacks++;
 	t->ctx.cause = c ? *c : new_task_cause(CAUSE_IO);
 	return 0;
 }
@@ -460,6 +427,7 @@ static __always_inline int task_start(struct pt_regs *ctx, __u64 cookie)
 	if (t) {
 		t->ctx.cause = new_task_cause(cookie & CAUSE_KIND_MASK);
 		t->ctx.stream = 0;
+		t->ctx.callbacks++;
 	}
 	return 0;
 }

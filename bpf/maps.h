@@ -106,6 +106,9 @@ struct sync_slot {
 struct thread_ctx {
 	__u64 cause;
 	__u64 stream;
+	/* callbacks begun on this thread (uv__stream_io, a task's start): two
+	 * requests a parser begins in the same one were pipelined */
+	__u64 callbacks;
 };
 
 /* Per thread: the V8 garbage collections in progress (gc.h): when each
@@ -139,9 +142,9 @@ struct {
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
-/* The request in progress on a server parser (keep-alive connections get a
- * new one per request), and the cause of a stream's last write (its
- * replies belong to it: an outgoing call's response, a database answer). */
+/* The cause of a stream's last write (its replies belong to it: an outgoing
+ * call's response, a database answer), or of the request last begun on it
+ * (its body's reads belong to it). */
 struct conn_key {
 	__u32 pid;
 	__u32 _pad;
@@ -153,18 +156,11 @@ struct {
 	__uint(max_entries, 16384);
 	__type(key, struct conn_key);
 	__type(value, __u64);
-} parser_cause SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, struct conn_key);
-	__type(value, __u64);
 } stream_cause SEC(".maps");
 
-/* A server parser's request whose first message llhttp has begun
- * (llhttp__on_message_begin): a second message begun under the same cause
- * is a pipelined request of its own (http_message). */
+/* The stream callback (thread_ctx.callbacks) in which a server parser last
+ * began a request (llhttp__on_message_begin): a second one begun in the
+ * same callback was pipelined behind it (http_message). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);

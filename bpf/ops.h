@@ -17,7 +17,7 @@ static __always_inline struct thread_state *thread_state_of(int create)
 }
 
 /* The request context.
- * A cause is a request uvspan saw start (llhttp_execute on a server
+ * A cause is a request uvspan saw start (llhttp begins one on a server
  * parser) or a task (a callback no request caused: a batch of timers or
  * immediates, the I/O callbacks after an epoll wait). Each thread has a
  * current cause; fs and DNS requests submitted while it is set carry it,

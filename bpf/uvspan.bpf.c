@@ -101,7 +101,6 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_DNS_WORK_LIBC: return dns_work_libc(ctx, cookie);
 	case PROBE_DNS_FREE: return dns_free(ctx, cookie);
 	case PROBE_LOOP_RUN: return loop_run(ctx, cookie);
-	case PROBE_HTTP_PARSE: return http_parse(ctx);
 	case PROBE_STREAM_IO: return stream_io(ctx);
 	case PROBE_STREAM_WRITE: return stream_write(ctx, cookie);
 	case PROBE_TLS_WRITE: return tls_write(ctx);

@@ -123,7 +123,6 @@ enum probe_kind {
 	PROBE_DNS_FREE = 11,      /* uv_freeaddrinfo: DNS completion */
 	PROBE_LOOP_RUN = 12,      /* uv_run: epoll waits delimit iterations */
 	/* request context (--requests) */
-	PROBE_HTTP_PARSE = 13,    /* llhttp_execute: HTTP bytes reach a parser */
 	PROBE_STREAM_IO = 14,     /* uv__stream_io: a stream's callback is about to run */
 	PROBE_STREAM_WRITE = 15,  /* uv_try_write / uv_write2; low bits: see stream_write */
 	PROBE_TLS_WRITE = 16,     /* SSL_write: plaintext of a TLS write */
@@ -147,7 +146,7 @@ enum probe_kind {
 	PROBE_H2_RESPONSE = 23, /* nghttp2_submit_response / _trailer: a stream's :status, grpc-status */
 	PROBE_H2_CLOSE = 24,    /* Http2Session::OnStreamClose: a stream is over */
 	PROBE_H2_DATA = 25,     /* Http2Session::OnDataChunkReceived: its 'data' handlers run (session uprobe, as PROBE_H2_FRAME) */
-	PROBE_HTTP_MESSAGE = 26, /* llhttp__on_message_begin: a message starts in a parser's bytes (a pipelined request: a new cause) */
+	PROBE_HTTP_MESSAGE = 26, /* llhttp__on_message_begin: a message starts in a parser's bytes (a request: a new cause; a response: an outgoing call's) */
 };
 
 /* What an HTTP record says. */

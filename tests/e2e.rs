@@ -1032,12 +1032,11 @@ fn probes_listing_follows_detail() {
         assert_eq!(default[sym], format!("off: --detail {group}"), "{sym} by default: {default:?}");
     }
     let usable = |l: &BTreeMap<String, String>| l.values().filter(|s| *s == "usable").count();
-    // Request context is on by default: the parser and its message starts,
-    // stream callbacks, the two writes, SSL_write, node's timers, immediates
+    // Request context is on by default: llhttp's message starts, stream
+    // callbacks, the two writes, SSL_write, node's timers, immediates
     // and handle closes; HTTP/2 streams' headers, frames, body pieces,
     // response, trailers and close.
     let requests = [
-        "llhttp_execute",
         "llhttp__on_message_begin",
         "uv__stream_io",
         "uv_try_write",
@@ -1062,7 +1061,7 @@ fn probes_listing_follows_detail() {
     // V8's two GC callbacks, always on.
     let gc = 2;
     assert_eq!(default.iter().filter(|(s, v)| s.contains("CallGC") && *v == "usable").count(), gc, "{default:?}");
-    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 10 + 6, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 10 for requests + 6 for HTTP/2: {default:?}");
+    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 9 + 6, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2: {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 3 + cleanup + gc, "{off:?}");
     for sym in requests {
@@ -1075,7 +1074,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 10 + 6 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 9 + 6 + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

@@ -117,8 +117,7 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 16] = [
-    "llhttp_execute",
+const REQUEST_PROBES: [&str; 15] = [
     "llhttp__on_message_begin",
     "uv__stream_io",
     "uv_try_write",

@@ -309,6 +309,10 @@ const TP: Option<DetailKind> = Some(DetailKind::Threadpool);
 const PH: Option<DetailKind> = Some(DetailKind::Phases);
 const RQ: Option<DetailKind> = Some(DetailKind::Requests);
 
+/// llhttp's `llhttp__on_message_begin(parser, p, endp)`: where HTTP/1
+/// requests start (the other request probes are useful only with it).
+pub const HTTP_MESSAGE: &str = "llhttp__on_message_begin";
+
 /// V8's `Heap::CallGCPrologueCallbacks(GCType, GCCallbackFlags,
 /// GCTracer::Scope::ScopeId)` (Node 20-26).
 pub const GC_PROLOGUE: &str = "_ZN2v88internal4Heap23CallGCPrologueCallbacksENS_6GCTypeENS_15GCCallbackFlagsENS0_8GCTracer5Scope7ScopeIdE";
@@ -397,22 +401,15 @@ pub const OTHER: &[Probe] = &[
     },
     // Request context (--requests, on by default): where requests start,
     // where callbacks run, what is written on their behalf.
+    // Where requests start: llhttp's message callback, once per HTTP/1
+    // message (a request, or the response to an outgoing call), however
+    // the bytes came (one read, several messages: pipelined). Exported
+    // (.dynsym) by every official build 18-26: stripped copies keep it.
     Probe {
-        symbol: "llhttp_execute",
-        kind: probe_kind::PROBE_HTTP_PARSE,
+        symbol: HTTP_MESSAGE,
+        kind: probe_kind::PROBE_HTTP_MESSAGE,
         if_missing: "no HTTP request spans: fs and DNS spans are not joined to the requests that caused them",
         detail: RQ,
-        // Every build starts with `add %rsi,%rdx` (len becomes data + len),
-        // then a jmp the kernel emulates: the handler takes either.
-        args_may_change: true,
-        ..Probe::ROW
-    },
-    Probe {
-        symbol: "llhttp__on_message_begin",
-        kind: probe_kind::PROBE_HTTP_MESSAGE,
-        if_missing: "requests pipelined in one read share the first one's SERVER span",
-        detail: RQ,
-        requires: Some("llhttp_execute"),
         ..Probe::ROW
     },
     Probe {
@@ -420,7 +417,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_STREAM_IO,
         if_missing: "replies on a stream (an outgoing call's response, a database answer) do not keep their request",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     Probe {
@@ -429,7 +426,7 @@ pub const OTHER: &[Probe] = &[
         cookie: 0, // uv_try_write(stream, bufs, nbufs)
         if_missing: "responses written at once are not seen: no status, the request span ends at its last callback",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     Probe {
@@ -438,7 +435,7 @@ pub const OTHER: &[Probe] = &[
         cookie: 1, // uv_write2(req, stream, bufs, nbufs, send_handle, cb)
         if_missing: "queued writes are not seen: long responses may end early",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     Probe {
@@ -446,7 +443,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_STREAM_CONNECT,
         if_missing: "outgoing calls on new connections are not seen: no CLIENT spans for them",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         // Node 18-24 start with `cmpl $0xc,0x10(%rsi); mov %rcx,%r8; jne`:
         // the handler reads only the handle (%rsi), which those leave alone.
         args_may_change: true,
@@ -457,7 +454,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_TLS_WRITE,
         if_missing: "HTTPS responses have no status (their bytes are encrypted on the socket)",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     Probe {
@@ -466,7 +463,7 @@ pub const OTHER: &[Probe] = &[
         cookie: cause_kind::CAUSE_TIMERS.0 as u64,
         if_missing: "work started by JS timers is no task of its own and can be joined to the request whose callback ran just before",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     // The one call that runs JS immediates (node::Environment::CheckImmediate
@@ -482,7 +479,7 @@ pub const OTHER: &[Probe] = &[
         cookie: cause_kind::CAUSE_IMMEDIATE.0 as u64,
         if_missing: "work started by setImmediate is no task of its own and can be joined to the request whose callback ran just before",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     // A handle's close callback (the closing-handles phase, after the check
@@ -494,7 +491,7 @@ pub const OTHER: &[Probe] = &[
         cookie: cause_kind::CAUSE_IO.0 as u64,
         if_missing: "work started by a handle's close callback (a socket's 'close' handlers) can be joined to the request whose callback ran just before",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     // V8's garbage collections: the embedder GC callbacks V8 calls around
@@ -525,7 +522,7 @@ pub const OTHER: &[Probe] = &[
         kind: probe_kind::PROBE_H2_HEADER,
         if_missing: "no HTTP/2 request spans: work of HTTP/2 requests joins no request",
         detail: RQ,
-        requires: Some("llhttp_execute"),
+        requires: Some(HTTP_MESSAGE),
         ..Probe::ROW
     },
     Probe {

@@ -267,11 +267,13 @@ mod tests {
         assert_eq!(get(&plan_on(&stripped, None, Detail::all(), AT_CLEANUP), "getaddrinfo").0, ProbeState::Missing);
         assert!(epoll_only(&plan_s));
         assert!(!epoll_only(&plan_full));
-        // Without llhttp_execute, no request probe is attached (it would only cost).
-        let no_parser: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "llhttp_execute").map(|(k, v)| (*k, *v)).collect();
+        // Without llhttp's message callback, no request probe is attached
+        // (it would only cost).
+        let no_parser: HashMap<&'static str, u64> =
+            full.iter().filter(|(k, _)| **k != catalog::HTTP_MESSAGE).map(|(k, v)| (*k, *v)).collect();
         let plan_np = plan_on(&no_parser, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_np, "uv_try_write"), (ProbeState::NotNeeded, None));
-        assert_eq!(get(&plan_np, "llhttp_execute"), (ProbeState::Missing, None));
+        assert_eq!(get(&plan_np, catalog::HTTP_MESSAGE), (ProbeState::Missing, None));
     }
 
     #[test]
@@ -383,14 +385,12 @@ mod tests {
         let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
         assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
         assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 14);
-        // Request context: the parser and where its messages begin (one
-        // hit per HTTP/1 message: a pipelined request's start), stream
-        // callbacks, writes, and node's timers/immediates (which fire only
+        // Request context: where HTTP/1 messages begin (one hit per
+        // message), stream callbacks, writes, and node's timers/immediates (which fire only
         // when JS timers or immediates run) and handle closes; the HTTP/2
         // stream points (which HTTP/1 requests never reach).
         let rq = attached(Detail::default().with_requests(true));
         for s in [
-            "llhttp_execute",
             "llhttp__on_message_begin",
             "uv__stream_io",
             "uv_try_write",
@@ -401,7 +401,7 @@ mod tests {
         ] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 6 + 10 + 6);
+        assert_eq!(rq.len(), 6 + 9 + 6);
         let off = plan_on(&full, Some(&libc), Detail::default(), AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));
