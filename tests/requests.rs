@@ -340,15 +340,26 @@ fn outgoing_calls_of_a_request_are_its_client_spans() {
 /// others' responses wait in node's queue and are written from its
 /// callback), each handler's fs work under its own request. On the host,
 /// with uvspan and the app in one PID+mount namespace, with the app alone
-/// in its own.
+/// in its own. Over HTTP and HTTPS (the responses are SSL_write's
+/// plaintext on the TLS connection, the requests the socket's).
 fn pipelined_in(topology: Topology, tag: &str) {
+    let certs = TempDir::new(&format!("{tag}-certs"));
+    let (key, cert) = self_signed(&certs);
+    pipelined_over(topology, tag, None);
+    pipelined_over(topology, &format!("{tag}-tls"), Some((&key, &cert)));
+}
+
+fn pipelined_over(topology: Topology, tag: &str, tls: Option<(&str, &str)>) {
     const ROUNDS: usize = 4;
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let dir = TempDir::new(tag);
     let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
     let (script, d, rounds) = (fixture("pipelined.js"), dir.str(), ROUNDS.to_string());
-    let out = run(topology.command(&uv, &["node", &script, &d, &rounds]));
+    let mut app = vec!["node", &script, &d, &rounds];
+    app.extend(tls.map_or(vec![], |(k, c)| vec![k, c]));
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let out = run(topology.command(&uv, &app));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     assert_eq!(out.stdout.matches("\"codes\":[200,404,201]").count(), ROUNDS, "every round answered in order\n{}", out.context());
     let spans = rx.spans();
@@ -383,6 +394,7 @@ fn pipelined_in(topology: Topology, tag: &str) {
                 .find(|s| s.str("url.path") == Some(path.as_str()))
                 .unwrap_or_else(|| panic!("no SERVER span for {path}\n{}", dump(&servers)));
             assert_eq!(srv.int("http.response.status_code"), Some(status), "{path}: its own response\n{}", srv.brief());
+            assert_eq!(srv.str("url.scheme"), Some(scheme), "{}", srv.brief());
             assert_eq!(srv.str("client.address"), Some("127.0.0.1"), "{}", srv.brief());
             for w in work {
                 let file = dir.join(&format!("{w}-{round}"));

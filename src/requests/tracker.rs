@@ -27,6 +27,9 @@ const HELD_MAX: usize = 512;
 const OPEN_MAX: usize = 8192;
 /// Finished requests remembered for work that arrives late.
 const RECENT_MAX: usize = 8192;
+/// TLS connections whose socket is remembered (all forgotten past it, and
+/// learned again at their next write).
+const TLS_SOCKETS_MAX: usize = 16384;
 /// A request with its response started and no write since: over.
 const QUIET_NS: u64 = 1_000_000_000;
 /// A request with no response seen: over after this.
@@ -166,6 +169,12 @@ pub struct Requests {
     /// (pid, TLS connection) -> the request whose call on it is not
     /// answered yet (HTTP/1 clients send one at a time).
     tls_calls: FxHashMap<(u32, u64), u64>,
+    /// The last TLS write (pid, thread, TLS connection): the next write of
+    /// that thread is its ciphertext, on the connection's socket.
+    tls_last: Option<(u32, u32, u64)>,
+    /// (pid, TLS connection) -> its socket (a server's responses go to
+    /// the requests pipelined on the socket, in order).
+    tls_sockets: FxHashMap<(u32, u64), u64>,
     recent: FxHashMap<u64, (u32, Parent, Option<RequestKey>)>,
     recent_order: VecDeque<u64>,
     /// A SERVER span per request also where the app's SDK makes its own.
@@ -265,6 +274,8 @@ impl Requests {
             pipelines: FxHashMap::default(),
             tls_call: None,
             tls_calls: FxHashMap::default(),
+            tls_last: None,
+            tls_sockets: FxHashMap::default(),
             recent: FxHashMap::default(),
             recent_order: VecDeque::new(),
             always_server_spans,
@@ -468,7 +479,9 @@ impl Requests {
     /// pipelined request's response once the one before it is done, from
     /// whichever callback finished that one.
     fn response_target(&self, r: &HttpRecord) -> u64 {
-        let Some(queue) = self.pipelines.get(&(r.pid, r.conn)) else { return r.cause };
+        // A TLS write's connection is the TLS one; requests are the socket's.
+        let conn = if r.tls { self.tls_sockets.get(&(r.pid, r.conn)).copied().unwrap_or(r.conn) } else { r.conn };
+        let Some(queue) = self.pipelines.get(&(r.pid, conn)) else { return r.cause };
         let head = parse_status(&r.data).is_some();
         let waiting =
             |c: &&u64| self.open.get(*c).is_some_and(|q| if head { q.status.is_none() } else { q.status.is_some() && !q.complete() });
@@ -476,6 +489,14 @@ impl Requests {
     }
 
     fn write(&mut self, r: &HttpRecord, target: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        if r.tls {
+            self.tls_last = Some((r.pid, r.tid, r.conn));
+        } else if let Some((.., tls)) = self.tls_last.take().filter(|l| (l.0, l.1) == (r.pid, r.tid)) {
+            if self.tls_sockets.len() >= TLS_SOCKETS_MAX {
+                self.tls_sockets.clear();
+            }
+            self.tls_sockets.insert((r.pid, tls), r.conn);
+        }
         // node encrypts a TLS write at once (SSL_write, then the socket
         // write of its ciphertext, on the same thread in the same call):
         // an HTTPS call's socket, where its response is parsed.
@@ -866,6 +887,30 @@ mod tests {
             let work: Vec<_> = spans.iter().filter(|w| w.parent_span_id == s.span_context.span_id()).collect();
             assert_eq!(work.len(), 1, "{path}'s stat under it");
             assert_eq!(work[0].end_ns, 1_200 + cause, "{path}'s own stat");
+        }
+    }
+
+    /// Pipelined over TLS: the responses are SSL_write's plaintext, on the
+    /// TLS connection; its socket (where the requests were read) is learned
+    /// from the ciphertext written right after, so the later responses,
+    /// written from the first's callback, go to the socket's requests in
+    /// order.
+    #[test]
+    fn pipelined_https_requests_take_their_responses_in_order() {
+        let tls = |cause: u64, ts: u64, data: &str| HttpRecord { tls: true, ..http(HttpWhat::Write, cause, 0x55, ts, data) };
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /a HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Pipelined, 2, 100, 1_010, "GET /b HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&tls(1, 2_000, "HTTP/1.1 200 X\r\nContent-Length: 2\r\n\r\nok"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 100, 2_010, "\x17\x03"), false, src, ready);
+            r.http(&tls(1, 2_100, "HTTP/1.1 404 X\r\nContent-Length: 2\r\n\r\nno"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 1, 100, 2_110, "\x17\x03"), false, src, ready);
+            r.finish_all(src, ready);
+        });
+        for (path, code) in [("/a", 200), ("/b", 404)] {
+            let s = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
+            assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(code)), "{path}");
+            assert_eq!(attr(s, "url.scheme"), Some(&Value::from("https")), "{path}");
         }
     }
 
