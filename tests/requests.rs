@@ -345,18 +345,18 @@ fn outgoing_calls_of_a_request_are_its_client_spans() {
 fn pipelined_in(topology: Topology, tag: &str) {
     let certs = TempDir::new(&format!("{tag}-certs"));
     let (key, cert) = self_signed(&certs);
-    pipelined_over(topology, tag, None);
-    pipelined_over(topology, &format!("{tag}-tls"), Some((&key, &cert)));
+    pipelined_over(topology, tag, "node", None);
+    pipelined_over(topology, &format!("{tag}-tls"), "node", Some((&key, &cert)));
 }
 
-fn pipelined_over(topology: Topology, tag: &str, tls: Option<(&str, &str)>) {
+fn pipelined_over(topology: Topology, tag: &str, node: &str, tls: Option<(&str, &str)>) {
     const ROUNDS: usize = 4;
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let dir = TempDir::new(tag);
     let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
     let (script, d, rounds) = (fixture("pipelined.js"), dir.str(), ROUNDS.to_string());
-    let mut app = vec!["node", &script, &d, &rounds];
+    let mut app = vec![node, &script, &d, &rounds];
     app.extend(tls.map_or(vec![], |(k, c)| vec![k, c]));
     let scheme = if tls.is_some() { "https" } else { "http" };
     let out = run(topology.command(&uv, &app));
@@ -413,6 +413,17 @@ fn pipelined_over(topology: Topology, tag: &str, tls: Option<(&str, &str)>) {
         }
     }
     eprintln!("pipelined ({tag}): {} requests in {ROUNDS} rounds of 3, each its own SERVER span with its status and its work", 3 * ROUNDS);
+}
+
+/// Pipelining on every official build (18, 20, 22, 24, 26), over HTTP, on
+/// the host.
+#[test]
+fn pipelined_requests_on_every_official_build() {
+    require_root();
+    for major in [18, 20, 22, 24, 26] {
+        let node = official_node(major);
+        pipelined_over(Topology::Host, &format!("pipe-node{major}"), &node.to_string_lossy(), None);
+    }
 }
 
 #[test]
