@@ -305,10 +305,9 @@ static __noinline int http_message(struct pt_regs *ctx)
 	if (!t)
 		return 0;
 	if (is_response(head)) {
-		/* the stream's writer's cause, restored by uv__stream_io */
-		__u64 cause = fresh_cause(t->ctx.cause);
-		if (!is_task(cause))
-			emit_http(HTTP_RESPONSE, cause, t->ctx.stream, p, len, len, 1, 0);
+		/* the stream's writer's cause (a request's or a task's call),
+		 * restored by uv__stream_io */
+		emit_http(HTTP_RESPONSE, fresh_cause(t->ctx.cause), t->ctx.stream, p, len, len, 1, 0);
 		return 0;
 	}
 	if (!is_request(head))
@@ -365,8 +364,6 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	}
 	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
-	if (is_task(cause))
-		return 0;
 	/* struct uv_buf_t { char *base; size_t len; } */
 	__u64 total = 0, first = 0, first_len = 0;
 	for (int b = 0; b < UVSPAN_WRITE_BUFS; b++) {
@@ -382,8 +379,12 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	}
 	char head[8] = {};
 	bpf_probe_read_user(head, sizeof(head), (void *)first);
+	int call = is_request(head);
+	/* A task's writes: only its calls (their replies are its). */
+	if (is_task(cause) && !call)
+		return 0;
 	/* Only a head (status line, request line) is worth its bytes. */
-	emit_http(HTTP_WRITE, cause, stream, first, first_len, total, is_response(head) || is_request(head), 0);
+	emit_http(HTTP_WRITE, cause, stream, first, first_len, total, is_response(head) || call, 0);
 	return 0;
 }
 

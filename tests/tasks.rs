@@ -21,6 +21,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
+use common::collector::{histogram_count, Collector, Listen};
 use common::*;
 
 const TICKS: usize = 6;
@@ -353,4 +354,67 @@ fn close_and_immediate_callbacks_are_tasks_with_uvspan_and_the_app_in_one_pid_na
 #[test]
 fn close_and_immediate_callbacks_are_tasks_with_the_app_alone_in_its_pid_namespace() {
     close_and_immediate_in(Topology::AppAlone);
+}
+
+/// HTTP calls a background task makes (tests/fixtures/task_calls.js: a
+/// timer calls the process's own server each tick, every third answered
+/// 503, and stats a file in the response's 'end' handler): a CLIENT span
+/// each under its `timers` task with its own status (503: ERROR), the
+/// response handler's stat under the same task, the server's side a request
+/// of its own, and `http.client.request.duration` counting every call.
+fn task_calls_in(topology: Topology) {
+    require_root();
+    const N: usize = 6;
+    let col = Collector::start(Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let dir = TempDir::new("tasks-calls");
+    let script = fixture("task_calls.js");
+    let uv = ["--status-interval", "0", "--loop-threshold", "10m", "--otlp-endpoint", ep.as_str()];
+    let mut cmd = topology.command(&uv, &["node", &script, &dir.str(), &N.to_string()]);
+    cmd.env("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta");
+    let out = run(cmd);
+    let spans = col.spans();
+    check_summary(&out, spans.len());
+    let ctx = format!("{topology:?}\n{}\n{}", out.context(), dump_all(&spans));
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert_eq!(out.stdout.matches("\"marker\":\"tick\"").count(), N, "{ctx}");
+    let ids = by_id(&spans);
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3).collect();
+    assert_eq!(clients.len(), N, "a CLIENT span per call\n{ctx}");
+    for i in 0..N {
+        let path = format!("/t/{i}");
+        let c =
+            clients.iter().find(|c| c.str("url.path") == Some(path.as_str())).unwrap_or_else(|| panic!("no CLIENT span of {path}\n{ctx}"));
+        let want = if i % 3 == 2 { 503 } else { 200 };
+        assert_eq!(c.int("http.response.status_code"), Some(want), "{}\n{ctx}", c.brief());
+        assert_eq!(c.status == StatusCode::Error, want >= 400, "{}", c.brief());
+        let task = ids.get(c.parent_span_id.as_str()).unwrap_or_else(|| panic!("{path}'s parent not exported\n{ctx}"));
+        assert_eq!(task.name, "timers", "{path} under its timer's task\n{ctx}");
+        let file = dir.join(&format!("t-{i}"));
+        let stat = spans.iter().find(|s| s.str("file.path") == Some(file.as_str())).unwrap_or_else(|| panic!("no stat of {file}\n{ctx}"));
+        assert_eq!(stat.parent_span_id, task.span_id, "the response handler's stat under the same task\n{ctx}");
+        let srv = spans
+            .iter()
+            .find(|s| s.kind == 2 && s.str("url.path") == Some(path.as_str()))
+            .unwrap_or_else(|| panic!("no SERVER span of {path}\n{ctx}"));
+        assert_ne!(srv.parent_span_id, task.span_id, "{ctx}");
+    }
+    assert_eq!(histogram_count(&col, "http.client.request.duration", &[]), N as u64, "{ctx}");
+    assert_eq!(histogram_count(&col, "http.client.request.duration", &[("http.response.status_code", "503")]), 2, "{ctx}");
+    eprintln!("task calls ({topology:?}): {N} CLIENT spans under their timers tasks, each with its status and its response handler's work");
+}
+
+#[test]
+fn a_tasks_http_calls_are_its_client_spans_on_the_host() {
+    task_calls_in(Topology::Host);
+}
+
+#[test]
+fn a_tasks_http_calls_with_uvspan_and_the_app_in_one_pid_namespace() {
+    task_calls_in(Topology::BothInOne);
+}
+
+#[test]
+fn a_tasks_http_calls_with_the_app_alone_in_its_pid_namespace() {
+    task_calls_in(Topology::AppAlone);
 }

@@ -187,6 +187,9 @@ impl Agent {
             procs.commands = Some(HashMap::new());
         }
         procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off).startup_ops(cli.startup_ops);
+        if op_metrics.is_some() {
+            procs.tasks.finished_calls = Some(Vec::new());
+        }
         let mut agent = Agent {
             procs,
             requests: (cli.requests != RequestsMode::Off).then(|| {
@@ -417,6 +420,10 @@ impl Agent {
                 let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
                 done.drain(..).for_each(|f| m.request(&f));
             }
+        }
+        if let (Some(calls), Some(m)) = (self.procs.tasks.finished_calls.as_mut().filter(|c| !c.is_empty()), self.procs.metrics.as_ref()) {
+            let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+            calls.drain(..).for_each(|(pid, c)| m.call(pid, &c));
         }
     }
 

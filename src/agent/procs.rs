@@ -298,6 +298,11 @@ impl Procs {
         let spare = &mut self.spare;
         out.entry(pid).or_insert_with(|| spare.pop().unwrap_or_else(|| Vec::with_capacity(hint)));
         let rec = match (requests, rec) {
+            // A task's outgoing call, or its response.
+            (Some(_), Record::Http(h)) if crate::tasks::cause::task_of(h.cause).is_some() => {
+                self.tasks.http(&h, &src, out);
+                None
+            }
             (Some(r), Record::Http(h)) => {
                 r.http(&h, self.with_sdk.contains(&h.pid), &src, out);
                 None

@@ -16,7 +16,7 @@ use rustc_hash::FxHashMap;
 
 use crate::events::decode::{DnsRecord, FsRecord, GcRecord};
 pub use crate::events::loop_time::{BusySplit, Iterations, LoopTime, ITER_BUCKETS};
-use crate::requests::Finished;
+use crate::requests::{Finished, FinishedCall};
 
 /// The metrics uvspan makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -369,23 +369,28 @@ impl Metrics {
         attrs.sort();
         self.add(f.pid, Metric::HttpServer, attrs, secs(f.start_ns, f.end_ns));
         for c in &f.calls {
-            let mut attrs = vec![
-                ("http.request.method", Val::Str(Cow::Borrowed(method(&c.method)))),
-                ("url.scheme", Val::Str(Cow::Borrowed(if c.tls { "https" } else { "http" }))),
-            ];
-            if let Some((host, port)) = &c.server {
-                attrs.push(("server.address", Val::Str(host.clone().into())));
-                attrs.push(("server.port", Val::Int(i64::from(*port))));
-            }
-            if let Some(code) = c.status {
-                attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
-                if code >= 400 {
-                    attrs.push(("error.type", Val::Str(code.to_string().into())));
-                }
-            }
-            attrs.sort();
-            self.add(f.pid, Metric::HttpClient, attrs, secs(c.start_ns, c.end_ns));
+            self.call(f.pid, c);
         }
+    }
+
+    /// An outgoing HTTP call (a request's or a task's), over.
+    pub fn call(&mut self, pid: u32, c: &FinishedCall) {
+        let mut attrs = vec![
+            ("http.request.method", Val::Str(Cow::Borrowed(method(&c.method)))),
+            ("url.scheme", Val::Str(Cow::Borrowed(if c.tls { "https" } else { "http" }))),
+        ];
+        if let Some((host, port)) = &c.server {
+            attrs.push(("server.address", Val::Str(host.clone().into())));
+            attrs.push(("server.port", Val::Int(i64::from(*port))));
+        }
+        if let Some(code) = c.status {
+            attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
+            if code >= 400 {
+                attrs.push(("error.type", Val::Str(code.to_string().into())));
+            }
+        }
+        attrs.sort();
+        self.add(pid, Metric::HttpClient, attrs, secs(c.start_ns, c.end_ns));
     }
 
     /// What there is to export: per process with a resource, its series.

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 
-use super::head::{host_port, redact_query};
+use super::head::{host_port, redact_query, Head};
 use super::tracker::{Call, Request};
 use crate::events::spans::{build_into, span_under, Family, KeyValue, Parent, Span, SpanContextSource};
 
@@ -129,23 +129,28 @@ fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut at
 
 /// A CLIENT span for an outgoing call the request made.
 fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> Span {
-    let h = &call.head;
+    let end = call.end_ns.unwrap_or(req.last_ns.max(call.start_ns));
+    call_span(&call.head, call.tls, call.status, (call.start_ns, end), parent, src)
+}
+
+/// The CLIENT span of an outgoing HTTP/1 call (a request's or a task's):
+/// its request's head, its response's status when seen.
+pub(crate) fn call_span(h: &Head, tls: bool, status: Option<u16>, times: (u64, u64), parent: &Parent, src: &SpanContextSource<'_>) -> Span {
     let mut attrs = vec![
         KeyValue::new("http.request.method", h.method.clone()),
         KeyValue::new("url.path", h.path.clone()),
-        KeyValue::new("url.scheme", if call.tls { "https" } else { "http" }),
+        KeyValue::new("url.scheme", if tls { "https" } else { "http" }),
     ];
     if let Some(host) = h.header("host") {
-        let (name, port) = host_port(host, if call.tls { 443 } else { 80 });
+        let (name, port) = host_port(host, if tls { 443 } else { 80 });
         attrs.push(KeyValue::new("server.address", name.to_string()));
         attrs.push(KeyValue::new("server.port", i64::from(port)));
     }
     if let Some(tp) = h.header("traceparent") {
         attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
     }
-    let end = call.end_ns.unwrap_or(req.last_ns.max(call.start_ns));
-    let mut s = span(src, parent, src.ids.new_span_id(), h.method.clone(), SpanKind::Client, (call.start_ns, end), attrs);
-    if let Some(code) = call.status {
+    let mut s = span(src, parent, src.ids.new_span_id(), h.method.clone(), SpanKind::Client, times, attrs);
+    if let Some(code) = status {
         s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
         if code >= 400 {
             s.status = Status::error(format!("HTTP {code}"));

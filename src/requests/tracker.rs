@@ -231,22 +231,29 @@ pub struct FinishedCall {
     pub end_ns: u64,
 }
 
+impl FinishedCall {
+    /// A call from its request's head (the server from its Host header).
+    pub fn of(head: &Head, tls: bool, status: Option<u16>, (start_ns, end_ns): (u64, u64)) -> FinishedCall {
+        FinishedCall {
+            method: head.method.to_string(),
+            status,
+            tls,
+            server: head.header("host").map(|h| {
+                let (name, port) = super::head::host_port(h, if tls { 443 } else { 80 });
+                (name.to_string(), port)
+            }),
+            start_ns,
+            end_ns,
+        }
+    }
+}
+
 impl Finished {
     fn of(req: &Request) -> Finished {
         let calls = req
             .calls
             .iter()
-            .map(|c| FinishedCall {
-                method: c.head.method.to_string(),
-                status: c.status,
-                tls: c.tls,
-                server: c.head.header("host").map(|h| {
-                    let (name, port) = super::head::host_port(h, if c.tls { 443 } else { 80 });
-                    (name.to_string(), port)
-                }),
-                start_ns: c.start_ns,
-                end_ns: c.end_ns.unwrap_or(req.last_ns.max(c.start_ns)),
-            })
+            .map(|c| FinishedCall::of(&c.head, c.tls, c.status, (c.start_ns, c.end_ns.unwrap_or(req.last_ns.max(c.start_ns)))))
             .collect();
         Finished {
             pid: req.pid,

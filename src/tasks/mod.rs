@@ -5,7 +5,8 @@
 //! start-up, its tasks, its slow loop iterations under its root span).
 //!
 //! The kernel tags each operation with its cause ([`cause`]); records the
-//! request tracker gave back come here ([`Tasks::work`]). A task's work is
+//! request tracker gave back come here ([`Tasks::work`]), and the HTTP/1
+//! calls tasks make ([`Tasks::http`]: CLIENT spans under them). A task's work is
 //! held until the task is quiet, then its spans are built in one batch; a
 //! process's spans are held until it exits (within bounds), so a CLI run
 //! leaves as one tree. Pure: no kernel, no clock of its own.

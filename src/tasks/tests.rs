@@ -212,3 +212,53 @@ fn sync_stat(start: u64, end: u64, path: &str, result: i64) -> Record {
         path2: None,
     })
 }
+
+/// A task's HTTP/1 calls: a CLIENT span each under the task, with the
+/// status of the response parsed on its connection; the task is not over
+/// while a call waits for its response (up to CALL_WAIT_NS), and the
+/// calls are handed to the metrics, answered or not.
+#[test]
+fn a_tasks_calls_are_client_spans_under_it() {
+    use crate::events::decode::{HttpRecord, HttpWhat};
+    let rec = |what, cause, conn, ts, data: &str| HttpRecord {
+        pid: 7,
+        tid: 7,
+        ts_ns: ts,
+        cause,
+        dropped: false,
+        conn,
+        what,
+        len: data.len() as u32,
+        tls: false,
+        peer: None,
+        local_port: None,
+        data: data.as_bytes().to_vec(),
+    };
+    let mut calls = Vec::new();
+    let (spans, _) = run(TracePer::Task, Sampler::default(), |t, src, ready| {
+        t.finished_calls = Some(Vec::new());
+        let c = make(TaskKind::Timers, ms(1_000), 1);
+        t.http(&rec(HttpWhat::Write, c, 0xa, ms(1_001), "GET /a HTTP/1.1\r\nHost: up:81\r\n\r\n"), src, ready);
+        t.http(&rec(HttpWhat::Write, c, 0xb, ms(1_002), "GET /b HTTP/1.1\r\nHost: up:81\r\n\r\n"), src, ready);
+        t.http(&rec(HttpWhat::Response, c, 0xb, ms(1_003), "HTTP/1.1 503 X\r\n\r\n"), src, ready);
+        t.expire(ms(1_003) + QUIET_NS, src, ready);
+        assert_eq!(t.open(), 1, "waiting for /a's response");
+        t.http(&rec(HttpWhat::Response, c, 0xa, ms(1_600), "HTTP/1.1 200 OK\r\n\r\n"), src, ready);
+        assert!(t.work(stat(c, ms(1_601), ms(1_602)), src, ready).is_none());
+        t.expire(ms(1_602) + QUIET_NS, src, ready);
+        assert_eq!(t.open(), 0);
+        calls = t.finished_calls.take().unwrap_or_default();
+    });
+    let task = &named(&spans, "timers")[0];
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.span_kind == opentelemetry::trace::SpanKind::Client).collect();
+    assert_eq!(clients.len(), 2);
+    for (c, path, code) in [(clients[0], "/a", 200), (clients[1], "/b", 503)] {
+        assert_eq!(c.parent_span_id, task.span_context.span_id());
+        assert_eq!(c.attributes.iter().find(|kv| kv.key.as_str() == "url.path").map(|kv| kv.value.clone()), Some(Value::from(path)));
+        let status = c.attributes.iter().find(|kv| kv.key.as_str() == "http.response.status_code").map(|kv| kv.value.clone());
+        assert_eq!(status, Some(Value::I64(code)), "{path}");
+    }
+    assert_eq!(named(&spans, "fs.stat")[0].parent_span_id, task.span_context.span_id());
+    assert_eq!(calls.len(), 2);
+    assert!(calls.iter().all(|(pid, c)| *pid == 7 && c.server == Some(("up".into(), 81))));
+}

@@ -11,10 +11,11 @@ use rustc_hash::FxHashMap;
 
 use super::cause::{started_ns, task_of, TaskKind};
 use super::spans::{process_span, startup_span, task_span};
-use crate::events::decode::{DnsRecord, FsRecord, Record};
+use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{build_into, Parent, Span, SpanContextSource};
-use crate::requests::Ready;
+use crate::requests::head::{parse_request, parse_status, Head};
+use crate::requests::{call_span, FinishedCall, Ready};
 
 /// Operations held per task before they are sent as they come.
 const HELD_MAX: usize = 512;
@@ -24,6 +25,8 @@ const OPEN_MAX: usize = 8192;
 const RECENT_MAX: usize = 8192;
 /// A task with no new work for this long is over.
 pub(super) const QUIET_NS: u64 = 500_000_000;
+/// A task waiting for a call's response is over after this all the same.
+const CALL_WAIT_NS: u64 = 30_000_000_000;
 /// A process's spans held (for one tree at its exit) before they go out as
 /// they come: at most this many, for at most this long.
 const PROCESS_HELD_MAX: usize = 8192;
@@ -84,9 +87,29 @@ pub(super) struct Task {
     pub(super) span_id: SpanId,
     trace_id: TraceId,
     held: Vec<Record>,
+    /// Its outgoing HTTP/1 calls (their CLIENT spans).
+    calls: Vec<TaskCall>,
     pub(super) ops: u32,
     /// The kernel's sampler dropped it (its work sent no record).
     dropped: bool,
+}
+
+/// An outgoing HTTP/1 call of a task: its request written on `conn`, its
+/// response parsed there.
+#[derive(Debug)]
+struct TaskCall {
+    conn: u64,
+    head: Head,
+    start_ns: u64,
+    end_ns: Option<u64>,
+    status: Option<u16>,
+}
+
+impl Task {
+    /// Waiting for a call's response (not over while quiet).
+    fn waiting(&self) -> bool {
+        self.calls.iter().any(|c| c.end_ns.is_none())
+    }
 }
 
 /// A process's trace (`--trace-per process`).
@@ -179,6 +202,9 @@ pub struct Tasks {
     /// When processes started (their fork or exec), before their trace is made.
     starts: FxHashMap<u32, u64>,
     pub stats: TaskStats,
+    /// With metrics: the calls of finished tasks, sampled or not (pid,
+    /// call), for `http.client.request.duration`; drained by the agent.
+    pub finished_calls: Option<Vec<(u32, FinishedCall)>>,
 }
 
 /// Where a process's spans go now: held for its tree, or out.
@@ -207,6 +233,7 @@ impl Tasks {
             lives: FxHashMap::default(),
             starts: FxHashMap::default(),
             stats: TaskStats::default(),
+            finished_calls: None,
         }
     }
 
@@ -337,22 +364,76 @@ impl Tasks {
             }
             return;
         }
-        let (pid, tid, dropped) = match &rec {
-            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.pid, op.tid, op.dropped),
-            _ => (key.0, 0, false),
+        let (tid, dropped) = match &rec {
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.tid, op.dropped),
+            _ => (0, false),
         };
+        self.new_task(key, kind, tid, dropped, end, src, ready).held.push(rec);
+    }
+
+    /// A task's first record: the task, open (the oldest ones sent as they
+    /// are past OPEN_MAX).
+    #[allow(clippy::too_many_arguments)]
+    fn new_task(
+        &mut self,
+        key: (u32, u64),
+        kind: TaskKind,
+        tid: u32,
+        dropped: bool,
+        end: u64,
+        src: &SpanContextSource<'_>,
+        ready: &mut Ready,
+    ) -> &mut Task {
+        let pid = key.0;
         let trace_id = self.lives.get(&pid).map_or_else(|| src.trace_for(key.1), |l| l.trace_id);
         let start_ns = started_ns(key.1).min(end);
-        let task =
-            Task { pid, tid, kind, start_ns, last_ns: end, span_id: src.ids.new_span_id(), trace_id, held: vec![rec], ops: 1, dropped };
+        let span_id = src.ids.new_span_id();
+        let task = Task { pid, tid, kind, start_ns, last_ns: end, span_id, trace_id, held: Vec::new(), calls: Vec::new(), ops: 1, dropped };
         self.open.insert(key, task);
         self.order.push_back(key);
         while self.open.len() > OPEN_MAX {
             let Some(oldest) = self.order.pop_front() else { break };
-            if self.open.contains_key(&oldest) {
+            if self.open.contains_key(&oldest) && oldest != key {
                 self.stats.not_held += 1;
                 self.finish(oldest, src, ready);
             }
+        }
+        self.open.get_mut(&key).expect("just opened")
+    }
+
+    /// An HTTP record of a task's (its cause is a task's): the request of
+    /// an outgoing call it made, or that call's response.
+    pub fn http(&mut self, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let Some(kind) = task_of(r.cause) else { return };
+        let key = (r.pid, r.cause);
+        match r.what {
+            HttpWhat::Write => {
+                let Some(head) = parse_request(&r.data) else { return };
+                let call = TaskCall { conn: r.conn, head, start_ns: r.ts_ns, end_ns: None, status: None };
+                if let Some(t) = self.open.get_mut(&key) {
+                    t.last_ns = t.last_ns.max(r.ts_ns);
+                    if t.calls.len() < HELD_MAX {
+                        t.ops += 1;
+                        t.calls.push(call);
+                    } else {
+                        self.stats.not_held += 1;
+                    }
+                } else if self.recent.contains_key(&key) {
+                    // A finished task's late call: its span is not made.
+                    self.stats.not_held += 1;
+                } else {
+                    self.new_task(key, kind, r.tid, r.dropped, r.ts_ns, src, ready).calls.push(call);
+                }
+            }
+            HttpWhat::Response => {
+                let Some(t) = self.open.get_mut(&key) else { return };
+                if let Some(c) = t.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()) {
+                    c.end_ns = Some(r.ts_ns);
+                    c.status = parse_status(&r.data).map(|s| s.status);
+                    t.last_ns = t.last_ns.max(r.ts_ns);
+                }
+            }
+            _ => {}
         }
     }
 
@@ -370,6 +451,10 @@ impl Tasks {
     fn finish(&mut self, key: (u32, u64), src: &SpanContextSource<'_>, ready: &mut Ready) {
         let Some(mut t) = self.open.remove(&key) else { return };
         self.stats.tasks += 1;
+        if let Some(f) = self.finished_calls.as_mut() {
+            let end = |c: &TaskCall| c.end_ns.unwrap_or(t.last_ns.max(c.start_ns));
+            f.extend(t.calls.iter().map(|c| (t.pid, FinishedCall::of(&c.head, false, c.status, (c.start_ns, end(c))))));
+        }
         let sampled = self.keeps(t.pid, t.dropped, t.trace_id, src);
         let under = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
         self.recent.insert(key, if sampled { under.clone() } else { Parent { trace_id: TraceId::INVALID, ..under.clone() } });
@@ -394,6 +479,9 @@ impl Tasks {
         let out = sink(&mut self.lives, ready, t.pid, t.last_ns);
         out.reserve(t.held.len() + 1);
         out.push(task_span(&t, &root, src));
+        for c in &t.calls {
+            out.push(call_span(&c.head, false, c.status, (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns))), &under, src));
+        }
         for rec in std::mem::take(&mut t.held) {
             build_into(rec, src, Some(&under), out);
         }
@@ -402,8 +490,15 @@ impl Tasks {
     /// Tasks over by now (`now_ns`, kernel time), and process holds past
     /// their bounds: their spans.
     pub fn expire(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        let over: Vec<(u32, u64)> =
-            self.open.iter().filter(|(_, t)| now_ns.saturating_sub(t.last_ns) >= QUIET_NS).map(|(k, _)| *k).collect();
+        let over: Vec<(u32, u64)> = self
+            .open
+            .iter()
+            .filter(|(_, t)| {
+                let quiet = now_ns.saturating_sub(t.last_ns);
+                quiet >= QUIET_NS && (!t.waiting() || quiet >= CALL_WAIT_NS)
+            })
+            .map(|(k, _)| *k)
+            .collect();
         for k in over {
             self.finish(k, src, ready);
         }
