@@ -380,9 +380,14 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	char head[8] = {};
 	bpf_probe_read_user(head, sizeof(head), (void *)first);
 	int call = is_request(head);
-	/* A task's writes: only its calls (their replies are its). */
-	if (is_task(cause) && !call)
-		return 0;
+	/* A task's writes: only its calls (their replies are its), and the
+	 * ciphertext of its HTTPS call (its socket) right after its SSL_write. */
+	if (is_task(cause) && !call) {
+		struct thread_state *t = thread_state_of(0);
+		if (!t || !t->ctx.tls_call)
+			return 0;
+		t->ctx.tls_call = 0;
+	}
 	/* Only a head (status line, request line) is worth its bytes. */
 	emit_http(HTTP_WRITE, cause, stream, first, first_len, total, is_response(head) || call, 0);
 	return 0;
@@ -405,14 +410,22 @@ static __always_inline int stream_connect(struct pt_regs *ctx)
  * only sees ciphertext). */
 static __always_inline int tls_write(struct pt_regs *ctx)
 {
-	__u64 cause = current_cause();
-	if (!cause || is_task(cause))
+	struct thread_state *t = requests ? thread_state_of(0) : 0;
+	__u64 cause = t ? fresh_cause(t->ctx.cause) : 0;
+	if (!cause)
 		return 0;
 	__u64 buf = PT_REGS_PARM2(ctx);
 	__u64 len = (int)PT_REGS_PARM3(ctx);
 	char head[8] = {};
 	bpf_probe_read_user(head, sizeof(head), (void *)buf);
-	emit_http(HTTP_WRITE, cause, PT_REGS_PARM1(ctx), buf, len, len, is_response(head) || is_request(head), 1);
+	int call = is_request(head);
+	/* A task's: only its calls (then their ciphertext, see stream_write). */
+	if (is_task(cause)) {
+		if (!call)
+			return 0;
+		t->ctx.tls_call = 1;
+	}
+	emit_http(HTTP_WRITE, cause, PT_REGS_PARM1(ctx), buf, len, len, is_response(head) || call, 1);
 	return 0;
 }
 

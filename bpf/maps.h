@@ -109,6 +109,9 @@ struct thread_ctx {
 	/* callbacks begun on this thread (uv__stream_io, a task's start): two
 	 * requests a parser begins in the same one were pipelined */
 	__u64 callbacks;
+	/* a task's HTTPS call was just written (SSL_write): the thread's next
+	 * socket write is its ciphertext, sent up for its socket */
+	__u64 tls_call;
 };
 
 /* Per thread: the V8 garbage collections in progress (gc.h): when each

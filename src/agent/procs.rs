@@ -299,7 +299,7 @@ impl Procs {
         out.entry(pid).or_insert_with(|| spare.pop().unwrap_or_else(|| Vec::with_capacity(hint)));
         let rec = match (requests, rec) {
             // A task's outgoing call, or its response.
-            (Some(_), Record::Http(h)) if crate::tasks::cause::task_of(h.cause).is_some() => {
+            (Some(r), Record::Http(h)) if crate::tasks::cause::task_of(h.cause).is_some() && !r.claims(&h) => {
                 self.tasks.http(&h, &src, out);
                 None
             }

@@ -166,8 +166,9 @@ pub struct Requests {
     /// connection, the request whose call it is): the next write of that
     /// thread and cause is its ciphertext, on its socket.
     tls_call: Option<(u32, u32, u64, u64, u64)>,
-    /// (pid, TLS connection) -> the request whose call on it is not
-    /// answered yet (HTTP/1 clients send one at a time).
+    /// (pid, TLS connection, or the socket its ciphertext went out on) ->
+    /// the request whose call on it is not answered yet (HTTP/1 clients
+    /// send one at a time).
     tls_calls: FxHashMap<(u32, u64), u64>,
     /// The last TLS write (pid, thread, TLS connection): the next write of
     /// that thread is its ciphertext, on the connection's socket.
@@ -317,6 +318,19 @@ impl Requests {
             parent: req.parent().span_id,
             own_server: (req.server_span && !self.always_server_spans).then_some(req.span_id),
         })
+    }
+
+    /// Whether an HTTP record of a task's cause is a request's HTTPS
+    /// call's: its SSL_write retried (node retries one the handshake held
+    /// back in whichever callback runs next), the ciphertext that follows,
+    /// or its response (read under the cause of that last write).
+    pub fn claims(&self, r: &HttpRecord) -> bool {
+        match r.what {
+            HttpWhat::Write if r.tls => self.tls_calls.contains_key(&(r.pid, r.conn)),
+            HttpWhat::Write => self.tls_call.is_some_and(|c| (c.0, c.1, c.2) == (r.pid, r.tid, r.cause)),
+            HttpWhat::Response => self.tls_calls.contains_key(&(r.pid, r.conn)),
+            _ => false,
+        }
     }
 
     /// Requests open now.
@@ -511,6 +525,9 @@ impl Requests {
             let call = self.open.get_mut(&owner).and_then(|q| q.calls.iter_mut().rev().find(|c| c.tls && c.conn == tls_conn));
             if let Some(c) = call {
                 c.stream = Some(r.conn);
+                // Its response is read there, maybe under this write's
+                // cause (a retry in another request's callback).
+                self.tls_calls.insert((r.pid, r.conn), owner);
             }
             return;
         }
@@ -565,14 +582,21 @@ impl Requests {
     }
 
     fn response(&mut self, r: &HttpRecord) {
-        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        let waits = |c: &Call| (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none();
+        // An HTTPS call's response is read under the cause of the last
+        // write on its socket: another request's, when that request's
+        // callback retried the call's SSL_write.
+        let mine = self.open.get(&r.cause).is_some_and(|q| q.calls.iter().any(waits));
+        let target = if mine { r.cause } else { self.tls_calls.get(&(r.pid, r.conn)).copied().unwrap_or(r.cause) };
+        let Some(req) = self.open.get_mut(&target) else { return };
         req.last_ns = r.ts_ns;
         let status = parse_status(&r.data).map(|s| s.status);
-        if let Some(call) = req.calls.iter_mut().find(|c| (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none()) {
+        if let Some(call) = req.calls.iter_mut().find(|c| waits(c)) {
             call.end_ns = Some(r.ts_ns);
             call.status = status;
             if call.tls {
                 self.tls_calls.remove(&(r.pid, call.conn));
+                self.tls_calls.remove(&(r.pid, r.conn));
             }
         }
     }
@@ -945,13 +969,19 @@ mod tests {
                 ready,
             );
             r.http(&http(HttpWhat::Write, 2, 0xa0, 1_160, "\x16\x03"), false, src, ready);
-            // Both retried, each followed by its ciphertext.
-            r.http(&tls(0xa, 1_200, "GET /a HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
-            r.http(&http(HttpWhat::Write, 1, 0xa0, 1_210, "\x17\x03"), false, src, ready);
+            // Both retried, each followed by its ciphertext; /a's from
+            // request 2's callback, so its response is read under cause 2.
+            r.http(
+                &HttpRecord { tls: true, ..http(HttpWhat::Write, 2, 0xa, 1_200, "GET /a HTTP/1.1\r\nHost: up:8443\r\n\r\n") },
+                false,
+                src,
+                ready,
+            );
+            r.http(&http(HttpWhat::Write, 2, 0xa0, 1_210, "\x17\x03"), false, src, ready);
             r.http(&tls(0xb, 1_300, "GET /b HTTP/1.1\r\nHost: up:8443\r\n\r\n"), false, src, ready);
             r.http(&http(HttpWhat::Write, 1, 0xb0, 1_310, "\x17\x03"), false, src, ready);
             r.http(&http(HttpWhat::Response, 1, 0xb0, 1_400, "HTTP/1.1 503 X\r\n\r\n"), false, src, ready);
-            r.http(&http(HttpWhat::Response, 1, 0xa0, 1_500, "HTTP/1.1 200 OK\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Response, 2, 0xa0, 1_500, "HTTP/1.1 200 OK\r\n\r\n"), false, src, ready);
             r.finish_all(src, ready);
         });
         let call = |path: &'static str| {

@@ -98,7 +98,11 @@ pub(super) struct Task {
 /// response parsed there.
 #[derive(Debug)]
 struct TaskCall {
+    /// The socket, or for HTTPS the TLS connection.
     conn: u64,
+    tls: bool,
+    /// An HTTPS call's socket (its ciphertext's), where its response is read.
+    socket: Option<u64>,
     head: Head,
     start_ns: u64,
     end_ns: Option<u64>,
@@ -205,6 +209,13 @@ pub struct Tasks {
     /// With metrics: the calls of finished tasks, sampled or not (pid,
     /// call), for `http.client.request.duration`; drained by the agent.
     pub finished_calls: Option<Vec<(u32, FinishedCall)>>,
+    /// The last HTTPS call written (pid, thread, TLS connection): the
+    /// thread's next write is its ciphertext, on its socket.
+    tls_last: Option<(u32, u32, u64)>,
+    /// (pid, TLS connection or socket) -> the task whose HTTPS call on it
+    /// is not answered yet: node retries an SSL_write the handshake held
+    /// back in whichever callback runs next (another task's too).
+    tls_owner: FxHashMap<(u32, u64), (u32, u64)>,
 }
 
 /// Where a process's spans go now: held for its tree, or out.
@@ -234,6 +245,8 @@ impl Tasks {
             starts: FxHashMap::default(),
             stats: TaskStats::default(),
             finished_calls: None,
+            tls_last: None,
+            tls_owner: FxHashMap::default(),
         }
     }
 
@@ -408,8 +421,37 @@ impl Tasks {
         let key = (r.pid, r.cause);
         match r.what {
             HttpWhat::Write => {
-                let Some(head) = parse_request(&r.data) else { return };
-                let call = TaskCall { conn: r.conn, head, start_ns: r.ts_ns, end_ns: None, status: None };
+                let Some(head) = parse_request(&r.data) else {
+                    // An HTTPS call's ciphertext, right after its SSL_write.
+                    if let Some((.., tls)) = self.tls_last.take().filter(|l| !r.tls && (l.0, l.1) == (r.pid, r.tid)) {
+                        if let Some(owner) = self.tls_owner.get(&(r.pid, tls)).copied() {
+                            if let Some(c) =
+                                self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.conn == tls && c.end_ns.is_none()))
+                            {
+                                c.socket = Some(r.conn);
+                                self.tls_owner.insert((r.pid, r.conn), owner);
+                            }
+                        }
+                    }
+                    return;
+                };
+                if r.tls {
+                    self.tls_last = Some((r.pid, r.tid, r.conn));
+                    // The same call again: its SSL_write retried.
+                    if let Some(owner) = self.tls_owner.get(&(r.pid, r.conn)).copied() {
+                        if let Some(c) =
+                            self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()))
+                        {
+                            c.socket = None;
+                            return;
+                        }
+                    }
+                    if self.tls_owner.len() >= OPEN_MAX {
+                        self.tls_owner.clear();
+                    }
+                    self.tls_owner.insert((r.pid, r.conn), key);
+                }
+                let call = TaskCall { conn: r.conn, tls: r.tls, socket: None, head, start_ns: r.ts_ns, end_ns: None, status: None };
                 if let Some(t) = self.open.get_mut(&key) {
                     t.last_ns = t.last_ns.max(r.ts_ns);
                     if t.calls.len() < HELD_MAX {
@@ -426,11 +468,18 @@ impl Tasks {
                 }
             }
             HttpWhat::Response => {
-                let Some(t) = self.open.get_mut(&key) else { return };
-                if let Some(c) = t.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()) {
+                // Read on the socket the call went out on, under the cause
+                // of its last write there (an HTTPS call's retry: maybe
+                // another task's).
+                let owner = self.tls_owner.remove(&(r.pid, r.conn)).filter(|o| self.open.contains_key(o)).unwrap_or(key);
+                let Some(t) = self.open.get_mut(&owner) else { return };
+                if let Some(c) = t.calls.iter_mut().find(|c| (c.conn == r.conn || c.socket == Some(r.conn)) && c.end_ns.is_none()) {
                     c.end_ns = Some(r.ts_ns);
                     c.status = parse_status(&r.data).map(|s| s.status);
                     t.last_ns = t.last_ns.max(r.ts_ns);
+                    if c.tls {
+                        self.tls_owner.remove(&(r.pid, c.conn));
+                    }
                 }
             }
             _ => {}
@@ -453,7 +502,7 @@ impl Tasks {
         self.stats.tasks += 1;
         if let Some(f) = self.finished_calls.as_mut() {
             let end = |c: &TaskCall| c.end_ns.unwrap_or(t.last_ns.max(c.start_ns));
-            f.extend(t.calls.iter().map(|c| (t.pid, FinishedCall::of(&c.head, false, c.status, (c.start_ns, end(c))))));
+            f.extend(t.calls.iter().map(|c| (t.pid, FinishedCall::of(&c.head, c.tls, c.status, (c.start_ns, end(c))))));
         }
         let sampled = self.keeps(t.pid, t.dropped, t.trace_id, src);
         let under = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
@@ -480,7 +529,7 @@ impl Tasks {
         out.reserve(t.held.len() + 1);
         out.push(task_span(&t, &root, src));
         for c in &t.calls {
-            out.push(call_span(&c.head, false, c.status, (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns))), &under, src));
+            out.push(call_span(&c.head, c.tls, c.status, (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns))), &under, src));
         }
         for rec in std::mem::take(&mut t.held) {
             build_into(rec, src, Some(&under), out);
