@@ -260,8 +260,14 @@ pub enum HttpWhat {
     /// response's `:status`): `data` is `name\0value`. A stream's first
     /// starts its request (a new cause).
     Http2Header,
-    /// An HTTP/2 stream is over (`len`: its error code).
+    /// An HTTP/2 stream is over (`len`: its error code); a client stream's
+    /// (`stream` set): its response ended, or it was reset.
     Http2Close,
+    /// A request header of an outgoing HTTP/2 stream (`stream`), as
+    /// `Http2Header`'s: `cause` is its caller's. That stream's response
+    /// `:status` and `grpc-status` come as `Http2Header`, its end as
+    /// `Http2Close`, with its `stream`.
+    Http2Client,
 }
 
 /// HTTP bytes seen at a parser or written on behalf of a cause.
@@ -275,8 +281,11 @@ pub struct HttpRecord {
     /// The kernel's sampler dropped the request's trace (`CAUSE_DROP`; an
     /// HTTP/2 stream's decision can change at its traceparent header).
     pub dropped: bool,
-    /// The stream (or TLS connection) the bytes are on.
+    /// The stream (or TLS connection) the bytes are on; HTTP/2: the session.
     pub conn: u64,
+    /// An outgoing HTTP/2 stream's id (0: a server stream's record, or not
+    /// HTTP/2).
+    pub stream: i32,
     pub what: HttpWhat,
     /// Bytes in the call (all buffers of a write).
     pub len: u32,
@@ -514,13 +523,14 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
         w if w == http_what::HTTP2_HEADER.0 => HttpWhat::Http2Header,
         w if w == http_what::HTTP2_CLOSE.0 => HttpWhat::Http2Close,
+        w if w == http_what::HTTP2_CLIENT.0 => HttpWhat::Http2Client,
         _ => HttpWhat::Write,
     };
     // The captured bytes, straight from the record (one copy).
     let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
     let at = std::mem::offset_of!(http_event, data);
     let mut bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
-    if what == HttpWhat::Http2Header {
+    if matches!(what, HttpWhat::Http2Header | HttpWhat::Http2Client) {
         bytes = h2_field(&bytes);
     }
     Ok(HttpRecord {
@@ -530,6 +540,7 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         cause: e.cause & !CAUSE_DROP,
         dropped: e.cause & CAUSE_DROP != 0,
         conn: e.conn,
+        stream: e.stream_id,
         what,
         len: e.len,
         tls: e.tls != 0,
