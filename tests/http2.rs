@@ -590,3 +590,62 @@ fn tls_h2_calls_too() {
     require_root();
     h2_calls_in(Topology::Host, "h2call-tls", true);
 }
+
+/// Calls of callers that did not sample their trace (the kernel decides
+/// each request at its head; parentbased_always_on): their streams keep
+/// their caller's cause, so their response handlers' work is counted in
+/// the kernel as unsampled, and the kernel sends no record of them (none
+/// of a recording's client stream records is of an unsampled caller); the
+/// sampled callers' calls are whole.
+fn unsampled_callers_in(topology: Topology) {
+    require_root();
+    let col = common::collector::Collector::start(common::collector::Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let dir = TempDir::new("h2call-sampled");
+    let recording = dir.join("records");
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0"];
+    let app = ["node".to_string(), fixture("http2_client.js"), dir.str(), CALLERS.to_string()];
+    let app: Vec<&str> = app.iter().map(String::as_str).collect();
+    let mut c = topology.command(&uv, &app);
+    c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("FIXTURE_UNSAMPLED_ODD", "1"), ("UVSPAN_RECORD", recording.as_str())]);
+    let out = run(c);
+    let ctx = format!("{topology:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let spans = col.spans();
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("network.protocol.version") == Some("2")).collect();
+    let mut paths: Vec<String> = clients.iter().map(|c| c.str("url.path").unwrap_or_default().to_string()).collect();
+    paths.sort();
+    let mut want: Vec<String> = (0..CALLERS).filter(|i| i % 2 == 0).flat_map(|i| [format!("/b/{i}/a"), format!("/b/{i}/b")]).collect();
+    want.sort();
+    assert_eq!(paths, want, "CLIENT spans of the sampled callers only\n{ctx}");
+    // Each odd caller's two 'response' stats: counted, not sent.
+    let counted = summary_number(&out.stderr, " operations of unsampled traces counted in the kernel");
+    assert_eq!(counted, CALLERS as u64, "the unsampled callers' response handlers' stats\n{ctx}");
+    let bytes = std::fs::read(&recording).unwrap_or_else(|e| panic!("{recording}: {e}"));
+    let mut client_records = 0;
+    for data in uvspan::events::decode::read_recording(&bytes) {
+        if let Ok(uvspan::events::decode::Record::Http(r)) = uvspan::events::decode::decode(data) {
+            if r.stream != 0 {
+                assert!(!r.dropped, "a record of an unsampled caller's call: {r:?}\n{ctx}");
+                client_records += 1;
+            }
+        }
+    }
+    // Per sampled call: 5 request headers, :status, its end.
+    assert_eq!(client_records, CALLERS * 7, "client stream records\n{ctx}");
+}
+
+#[test]
+fn unsampled_callers_send_no_record_of_their_calls() {
+    unsampled_callers_in(Topology::Host);
+}
+
+#[test]
+fn unsampled_callers_send_no_record_of_their_calls_in_one_namespace() {
+    unsampled_callers_in(Topology::BothInOne);
+}
+
+#[test]
+fn unsampled_callers_send_no_record_of_their_calls_app_alone() {
+    unsampled_callers_in(Topology::AppAlone);
+}
