@@ -369,30 +369,54 @@ static __always_inline int h2_close(struct pt_regs *ctx, __u64 *prev)
 	return 1;
 }
 
-/* The request headers of an outgoing stream sent up: the pseudo-headers,
- * its traceparent and content type (gRPC). */
-static __always_inline int h2_client_kept(const char *n, __u64 len)
-{
-	if (len && n[0] == ':')
-		return 1;
-	if (len == 11)
-		return same_n(n, "traceparent", 11);
-	return len == 12 && same_n(n, "content-type", 12);
-}
+/* A value of `len` bytes at `v` into its slot of `e` (`size` bytes, one
+ * left for the NUL). */
+#define H2C_PUT(e, slot, size, v, len)                                                        \
+	bpf_probe_read_user((e)->data + (slot), (len) < (size) - 1 ? (len) : (size) - 1, (void *)(v))
 
-/* One nghttp2_nv of an outgoing stream's request (`at`), sent up if kept.
- * Not inlined: verified once, not once per header. */
-static __noinline int h2_client_nv(__u64 at, __u64 cause, __u64 session, __s32 stream_id)
+/* One nghttp2_nv of an outgoing stream's request (`at`) into the slot its
+ * name has in `e` (enum h2_client_slot), if any. Returns the :path's
+ * bytes kept for a :path (else 0); -1: unreadable. Not inlined: verified
+ * once, not once per header. */
+static __noinline int h2_client_nv(__u64 at, struct http_event *e)
 {
 	/* nghttp2_nv: name, value, namelen, valuelen */
 	__u64 nv[4] = {};
-	if (bpf_probe_read_user(nv, sizeof(nv), (void *)at))
-		return 1;
+	if (!e || bpf_probe_read_user(nv, sizeof(nv), (void *)at))
+		return -1;
 	char n[16] = {};
-	__u32 k = nv[2] < sizeof(n) ? nv[2] : sizeof(n);
-	if (!k || bpf_probe_read_user(n, k, (void *)nv[0]) || !h2_client_kept(n, nv[2]))
+	__u64 k = nv[2];
+	if (k < 5 || k > 12 || bpf_probe_read_user(n, k < sizeof(n) ? k : sizeof(n), (void *)nv[0]))
 		return 0;
-	emit_h2(HTTP2_CLIENT, cause, session, nv[0], nv[2], nv[1], nv[3], 0, stream_id);
+	__u64 v = nv[1], len = nv[3];
+	switch (k) {
+	case 5:
+		if (same_n(n, ":path", 5)) {
+			__u32 kept = len < UVSPAN_HTTP_CAPTURE - H2C_PATH ? len : UVSPAN_HTTP_CAPTURE - H2C_PATH;
+			if (kept && bpf_probe_read_user(e->data + H2C_PATH, kept, (void *)v))
+				return 0;
+			return kept;
+		}
+		break;
+	case 7:
+		if (same_n(n, ":method", 7))
+			H2C_PUT(e, H2C_METHOD, 16, v, len);
+		else if (same_n(n, ":scheme", 7))
+			H2C_PUT(e, H2C_SCHEME, 16, v, len);
+		break;
+	case 10:
+		if (same_n(n, ":authority", 10))
+			H2C_PUT(e, H2C_AUTHORITY, 128, v, len);
+		break;
+	case 11:
+		if (same_n(n, "traceparent", 11))
+			H2C_PUT(e, H2C_TRACEPARENT, 64, v, len);
+		break;
+	case 12:
+		if (same_n(n, "content-type", 12))
+			H2C_PUT(e, H2C_CONTENT_TYPE, 64, v, len);
+		break;
+	}
 	return 0;
 }
 
@@ -416,8 +440,8 @@ static __always_inline int h2_submit(struct pt_regs *ctx)
 
 /* Its return: the new stream's id (negative: an error, no stream). The
  * stream keeps its caller's cause; a sampled request's call sends its
- * request headers (among the first H2_NV_CLIENT: node puts the
- * pseudo-headers first). */
+ * request headers in one record (among the first H2_NV_CLIENT: node puts
+ * the pseudo-headers first). */
 #define H2_NV_CLIENT 16
 static __always_inline int h2_submit_return(struct pt_regs *ctx)
 {
@@ -435,12 +459,38 @@ static __always_inline int h2_submit_return(struct pt_regs *ctx)
 	bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
 	if (!h2_client_sends(s.cause))
 		return 0;
+	struct scratch *sc = get_scratch();
+	if (!sc)
+		return 0;
+	struct http_event *e = &sc->http;
+	/* the header and the fixed slots; :path's bytes are the last sent */
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE + H2C_PATH);
+	e->hdr.kind = EV_HTTP;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cause = s.cause;
+	e->conn = s.session;
+	e->what = HTTP2_CLIENT;
+	e->stream_id = stream_id;
+	__u32 path = 0;
 	for (int i = 0; i < H2_NV_CLIENT; i++) {
 		if (i >= s.nvlen)
 			break;
-		if (h2_client_nv(s.nva + i * H2_NV_SIZE, s.cause, s.session, stream_id))
+		int r = h2_client_nv(s.nva + i * H2_NV_SIZE, e);
+		if (r < 0)
 			break;
+		if (r > 0)
+			path = r;
 	}
+	path &= UVSPAN_HTTP_CAPTURE - 1;
+	if (path > UVSPAN_HTTP_CAPTURE - H2C_PATH)
+		path = UVSPAN_HTTP_CAPTURE - H2C_PATH;
+	e->captured = H2C_PATH + path;
+	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + ((e->captured + 7) & ~7ULL);
+	if (size > sizeof(*e))
+		size = sizeof(*e);
+	emit(e, size);
 	return 0;
 }
 

@@ -292,6 +292,7 @@ struct scratch {
 			enum cause_kind cause;
 			enum loop_split split;
 			enum hist_family hist;
+			enum h2_client_slot h2c;
 		} enums; /* likewise, for the enums */
 	};
 };

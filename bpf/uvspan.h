@@ -165,12 +165,25 @@ enum http_what {
 	HTTP2_HEADER = 4,
 	HTTP2_CLOSE = 5,   /* an HTTP/2 stream is over (`len`: its error code) */
 	HTTP_PIPELINED = 6, /* a request begun in the bytes of an earlier one (pipelined, one read): a new cause; the connection's responses come in its order */
-	/* A request header of an outgoing HTTP/2 stream (a client's), as
-	 * HTTP2_HEADER's; `cause` is the caller's, `stream_id` the stream's.
-	 * That stream's response :status and grpc-status come as HTTP2_HEADER,
-	 * its end (the response's END_STREAM, or a reset) as HTTP2_CLOSE, both
-	 * with its `stream_id` (a server stream's records have none, 0). */
+	/* An outgoing HTTP/2 stream (a client's) is submitted: its request
+	 * headers in data's slots (enum h2_client_slot); `cause` is the
+	 * caller's, `stream_id` the stream's. That stream's response :status
+	 * and grpc-status come as HTTP2_HEADER, its end (the response's
+	 * END_STREAM, or a reset) as HTTP2_CLOSE, both with its `stream_id` (a
+	 * server stream's records have none, 0). */
 	HTTP2_CLIENT = 7,
+};
+
+/* An HTTP2_CLIENT record's data: each request header uvspan reads in a
+ * slot of its own at a fixed offset, its value NUL-padded (cut to the
+ * slot's size less one); :path last, the record's bytes end with it. */
+enum h2_client_slot {
+	H2C_METHOD = 0,         /* :method, 16 bytes */
+	H2C_SCHEME = 16,        /* :scheme, 16 */
+	H2C_CONTENT_TYPE = 32,  /* content-type, 64 */
+	H2C_TRACEPARENT = 96,   /* traceparent, 64 */
+	H2C_AUTHORITY = 160,    /* :authority, 128 */
+	H2C_PATH = 288,         /* :path, to the end of data */
 };
 
 /* What caused an operation: the bits of a cause under its time (a cause is

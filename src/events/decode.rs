@@ -263,10 +263,11 @@ pub enum HttpWhat {
     /// An HTTP/2 stream is over (`len`: its error code); a client stream's
     /// (`stream` set): its response ended, or it was reset.
     Http2Close,
-    /// A request header of an outgoing HTTP/2 stream (`stream`), as
-    /// `Http2Header`'s: `cause` is its caller's. That stream's response
-    /// `:status` and `grpc-status` come as `Http2Header`, its end as
-    /// `Http2Close`, with its `stream`.
+    /// An outgoing HTTP/2 stream (`stream`) was submitted: `data` is its
+    /// request headers uvspan reads, `name\0value` pairs joined by `\0`;
+    /// `cause` is its caller's. That stream's response `:status` and
+    /// `grpc-status` come as `Http2Header`, its end as `Http2Close`, with
+    /// its `stream`.
     Http2Client,
 }
 
@@ -530,7 +531,9 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
     let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
     let at = std::mem::offset_of!(http_event, data);
     let mut bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
-    if matches!(what, HttpWhat::Http2Header | HttpWhat::Http2Client) {
+    if what == HttpWhat::Http2Client {
+        bytes = h2_client_fields(&bytes);
+    } else if what == HttpWhat::Http2Header {
         bytes = h2_field(&bytes);
     }
     Ok(HttpRecord {
@@ -560,6 +563,38 @@ fn h2_field(bytes: &[u8]) -> Vec<u8> {
     out.extend_from_slice(name);
     out.push(0);
     out.extend_from_slice(value);
+    out
+}
+
+/// An HTTP2_CLIENT record's slots (enum h2_client_slot: each value
+/// NUL-padded at its offset, :path last) as `name\0value` pairs joined by
+/// `\0` (values hold no NUL: the kernel's are cut at one), empty ones left
+/// out.
+fn h2_client_fields(bytes: &[u8]) -> Vec<u8> {
+    use crate::kernel::skel::types::h2_client_slot as slot;
+    let slots = [
+        (":method", slot::H2C_METHOD.0, slot::H2C_SCHEME.0),
+        (":scheme", slot::H2C_SCHEME.0, slot::H2C_CONTENT_TYPE.0),
+        ("content-type", slot::H2C_CONTENT_TYPE.0, slot::H2C_TRACEPARENT.0),
+        ("traceparent", slot::H2C_TRACEPARENT.0, slot::H2C_AUTHORITY.0),
+        (":authority", slot::H2C_AUTHORITY.0, slot::H2C_PATH.0),
+        (":path", slot::H2C_PATH.0, u32::MAX),
+    ];
+    let mut out = Vec::with_capacity(bytes.len().min(256));
+    for (name, from, to) in slots {
+        let (from, to) = (from as usize, (to as usize).min(bytes.len()));
+        let Some(v) = bytes.get(from..to) else { continue };
+        let v = &v[..v.iter().position(|&b| b == 0).unwrap_or(v.len())];
+        if v.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(0);
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v);
+    }
     out
 }
 

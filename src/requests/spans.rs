@@ -274,9 +274,9 @@ mod tests {
     /// once, in the request's trace, by a process without an SDK.
     #[test]
     fn http2_calls_are_client_spans_matched_per_stream() {
-        let c = |stream: i32, ts: u64, name: &str, value: &str| HttpRecord {
+        let c = |stream: i32, ts: u64, fields: &[(&str, &str)]| HttpRecord {
             stream,
-            ..http(HttpWhat::Http2Client, 1, 500, ts, &format!("{name}\0{value}"))
+            ..http(HttpWhat::Http2Client, 1, 500, ts, &fields.iter().map(|(n, v)| format!("{n}\0{v}")).collect::<Vec<_>>().join("\0"))
         };
         let h = |stream: i32, ts: u64, name: &str, value: &str| HttpRecord {
             stream,
@@ -290,18 +290,16 @@ mod tests {
                 [(1, "/a", "00000000000000a1"), (3, "/b", "00000000000000a1"), (5, "/test.Echo/Say", "00000000000000c5")]
             {
                 let ts = 1_100 + stream as u64;
-                for (n, v) in [
-                    (":method", if stream == 5 { "POST" } else { "GET" }),
-                    (":path", path),
-                    (":scheme", "https"),
-                    (":authority", "up:8443"),
-                ] {
-                    r.http(&c(stream, ts, n, v), false, src, ready);
-                }
-                r.http(&c(stream, ts, "traceparent", &tp(span)), false, src, ready);
+                let tp = tp(span);
+                let mut fields =
+                    vec![(":method", if stream == 5 { "POST" } else { "GET" }), (":scheme", "https"), (":authority", "up:8443")];
                 if stream == 5 {
-                    r.http(&c(stream, ts, "content-type", "application/grpc"), false, src, ready);
+                    fields.push(("content-type", "application/grpc"));
                 }
+                fields.extend([("traceparent", tp.as_str()), (":path", path)]);
+                r.http(&c(stream, ts, &fields), false, src, ready);
+                // Its stream's again (a repeat): the same call.
+                r.http(&c(stream, ts + 1, &[(":path", "/again")]), false, src, ready);
             }
             // Answers in another order; another session's stream 1 is not these.
             r.http(&HttpRecord { conn: 600, ..h(1, 1_150, ":status", "200") }, false, src, ready);
@@ -347,16 +345,14 @@ mod tests {
     /// SDK (its own CLIENT span has it), nor from another trace.
     #[test]
     fn a_written_span_id_is_taken_only_in_the_trace_without_an_sdk() {
-        let c = |stream: i32, name: &str, value: &str| HttpRecord {
+        let c = |stream: i32, path: &str, tp: &str| HttpRecord {
             stream,
-            ..http(HttpWhat::Http2Client, 1, 500, 1_100, &format!("{name}\0{value}"))
+            ..http(HttpWhat::Http2Client, 1, 500, 1_100, &format!(":path\0{path}\0traceparent\0{tp}"))
         };
         let spans = run(|r, src, ready| {
             r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
-            r.http(&c(1, ":path", "/sdk"), true, src, ready);
-            r.http(&c(1, "traceparent", "00-0af7651916cd43dd8448eb211c80319c-00000000000000a1-01"), true, src, ready);
-            r.http(&c(3, ":path", "/other"), false, src, ready);
-            r.http(&c(3, "traceparent", "00-11111111111111111111111111111111-00000000000000a3-01"), false, src, ready);
+            r.http(&c(1, "/sdk", "00-0af7651916cd43dd8448eb211c80319c-00000000000000a1-01"), true, src, ready);
+            r.http(&c(3, "/other", "00-11111111111111111111111111111111-00000000000000a3-01"), false, src, ready);
             r.finish_all(src, ready);
         });
         for (path, span) in [("/sdk", "00000000000000a1"), ("/other", "00000000000000a3")] {

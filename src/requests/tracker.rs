@@ -372,37 +372,39 @@ impl Requests {
         }
     }
 
-    /// A request header of an outgoing HTTP/2 stream: its first makes the
-    /// call (of its caller's request, if still open); an app that writes a
-    /// traceparent says which trace the request is in, as on HTTP/1.
+    /// An outgoing HTTP/2 stream's request headers: a call of its caller's
+    /// request, if still open; an app that writes a traceparent says which
+    /// trace the request is in, as on HTTP/1.
     fn h2_call(&mut self, r: &HttpRecord, app_sdk: bool) {
         let Some(req) = self.open.get_mut(&r.cause) else { return };
         req.last_ns = req.last_ns.max(r.ts_ns);
-        let at = match req.calls.iter().position(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) {
-            Some(at) => at,
-            None => {
-                req.calls.push(Call {
-                    conn: r.conn,
-                    stream: None,
-                    start_ns: r.ts_ns,
-                    end_ns: None,
-                    head: Head::h2(),
-                    status: None,
-                    tls: false,
-                    h2_stream: Some(r.stream),
-                    grpc_status: None,
-                    app_sdk,
-                });
-                req.calls.len() - 1
-            }
-        };
-        let call = &mut req.calls[at];
-        if call.head.apply_h2(&r.data) == H2Field::Request {
-            call.tls = call.head.header(":scheme") == Some("https");
-            if req.incoming.is_none() && req.adopted.is_none() {
-                req.adopted = call.head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
-            }
+        if req.calls.iter().any(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) {
+            return;
         }
+        let mut head = Head::h2();
+        let mut fields = r.data.split(|&b| b == 0);
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            let mut field = Vec::with_capacity(name.len() + 1 + value.len());
+            field.extend_from_slice(name);
+            field.push(0);
+            field.extend_from_slice(value);
+            head.apply_h2(&field);
+        }
+        if req.incoming.is_none() && req.adopted.is_none() {
+            req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
+        }
+        req.calls.push(Call {
+            conn: r.conn,
+            stream: None,
+            start_ns: r.ts_ns,
+            end_ns: None,
+            tls: head.header(":scheme") == Some("https"),
+            head,
+            status: None,
+            h2_stream: Some(r.stream),
+            grpc_status: None,
+            app_sdk,
+        });
     }
 
     /// An outgoing HTTP/2 stream's response: its `:status`, `grpc-status`,
