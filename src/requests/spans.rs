@@ -132,8 +132,10 @@ fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut at
 /// HTTP/2 stream: a gRPC call's named and attributed as such). Its span id
 /// is the one the traceparent the app wrote on the call names, when that is
 /// in the span's own trace, the app runs no OpenTelemetry SDK (whose own
-/// CLIENT span that id is) and no earlier call of the request took it
-/// (`taken`): the callee's spans are then under it. Else an id of its own.
+/// CLIENT span that id is), it is not the request's own or its caller's
+/// (a traceparent passed on unchanged) and no earlier call of the request
+/// took it (`taken`): the callee's spans are then under it. Else an id of
+/// its own.
 fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>, taken: &mut Vec<SpanId>) -> Span {
     let h = &call.head;
     let mut attrs = Vec::with_capacity(12);
@@ -155,7 +157,14 @@ fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSou
         attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
     }
     let span_id = match written.and_then(parse_traceparent) {
-        Some((trace, span, _)) if !call.app_sdk && trace == parent.trace_id && span != SpanId::INVALID && !taken.contains(&span) => {
+        Some((trace, span, _))
+            if !call.app_sdk
+                && trace == parent.trace_id
+                && span != SpanId::INVALID
+                && span != req.span_id
+                && req.incoming.is_none_or(|i| i.1 != span)
+                && !taken.contains(&span) =>
+        {
             taken.push(span);
             span
         }
@@ -342,7 +351,8 @@ mod tests {
     }
 
     /// The span id the app wrote is not taken by a process that runs the
-    /// SDK (its own CLIENT span has it), nor from another trace.
+    /// SDK (its own CLIENT span has it), nor from another trace, nor when it
+    /// is the caller's (a traceparent passed on unchanged).
     #[test]
     fn a_written_span_id_is_taken_only_in_the_trace_without_an_sdk() {
         let c = |stream: i32, path: &str, tp: &str| HttpRecord {
@@ -353,9 +363,11 @@ mod tests {
             r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
             r.http(&c(1, "/sdk", "00-0af7651916cd43dd8448eb211c80319c-00000000000000a1-01"), true, src, ready);
             r.http(&c(3, "/other", "00-11111111111111111111111111111111-00000000000000a3-01"), false, src, ready);
+            // The caller's traceparent passed on unchanged: its span is the caller's.
+            r.http(&c(5, "/passed", TP), false, src, ready);
             r.finish_all(src, ready);
         });
-        for (path, span) in [("/sdk", "00000000000000a1"), ("/other", "00000000000000a3")] {
+        for (path, span) in [("/sdk", "00000000000000a1"), ("/other", "00000000000000a3"), ("/passed", "b7ad6b7169203331")] {
             let s = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
             assert_ne!(s.span_context.span_id(), SpanId::from_hex(span).unwrap(), "{path}");
             assert!(attr(s, "uvspan.http.traceparent_written").is_some());
