@@ -9,6 +9,15 @@
  * at nghttp2_submit_response, its end at Http2Session::OnStreamClose.
  * Streams are keyed by (process, nghttp2 session, stream id): every one of
  * these functions has both. HTTP/1 requests never reach them.
+ *
+ * HTTP/2 clients: a stream node submits (nghttp2_submit_request, a session
+ * uprobe: the stream id is its return value) under a cause keeps that
+ * cause (its caller's), its request headers sent up (HTTP2_CLIENT); its
+ * response's frames make it current again (the response handlers' work is
+ * the caller's), its :status and grpc-status come through OnHeaderCallback
+ * (response and trailer categories), its end at the frame that ends the
+ * response (or at OnStreamClose: a reset). An unsampled caller's, or a
+ * task's, streams keep their cause but send nothing.
  */
 #ifndef UVSPAN_H2_H
 #define UVSPAN_H2_H
@@ -56,7 +65,7 @@ static __always_inline int h2_kept(const char *n, __u64 len)
 /* One HTTP/2 record: the header's name and value (a close: none); with
  * `peer`, the libuv stream whose peer the record carries. */
 static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u64 name, __u64 name_len, __u64 value,
-				    __u64 value_len, __u64 peer)
+				    __u64 value_len, __u64 peer, __s32 stream_id)
 {
 	struct scratch *s = get_scratch();
 	if (!s)
@@ -71,6 +80,7 @@ static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u6
 	e->cause = cause;
 	e->conn = session;
 	e->what = what;
+	e->stream_id = stream_id;
 	e->len = value_len > 0xFFFFFFFF ? 0xFFFFFFFF : value_len;
 	__u32 nl = name_len < UVSPAN_H2_NAME - 1 ? name_len : UVSPAN_H2_NAME - 1;
 	if (nl && bpf_probe_read_user(e->data, nl, (void *)name))
@@ -116,9 +126,54 @@ __attribute__((noinline)) __u64 h2_sample(__u64 cause, __u64 base, __u64 len)
 	return sample_incoming(cause, flag, low56);
 }
 
+/* As `same`, a loop the verifier bounds (not unrolled: clang may merge
+ * calls with different lengths). */
+static __always_inline int same_n(const char *a, const char *lit, int n)
+{
+	for (int i = 0; i < 16; i++) {
+		if (i >= n)
+			break;
+		if (a[i] != lit[i])
+			return 0;
+	}
+	return 1;
+}
+
+/* Whether a client stream's records are sent: its caller is a sampled
+ * request (a task's calls are not CLIENT spans yet). */
+static __always_inline int h2_client_sends(__u64 cause)
+{
+	return cause && !dropped(cause) && !is_task(cause);
+}
+
+/* A response header or trailer of a stream: a client stream's :status
+ * and grpc-status are sent up with its stream id (server streams' trailers,
+ * and streams not known, are not looked at). */
+static __always_inline int h2_client_header(__u64 session, __s32 stream_id, __u64 name, __u64 value)
+{
+	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = stream_id, .session = session };
+	struct h2_stream *st = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	if (!st || !st->client)
+		return 0;
+	__u64 cause = fresh_cause(st->cause);
+	if (!h2_client_sends(cause))
+		return 0;
+	__u64 nb[2] = {}, vb[2] = {};
+	if (bpf_probe_read_user(nb, sizeof(nb), (void *)(name + H2_RCBUF_BASE_OFF)) || (nb[1] != 7 && nb[1] != 11) ||
+	    bpf_probe_read_user(vb, sizeof(vb), (void *)(value + H2_RCBUF_BASE_OFF)))
+		return 0;
+	char n[16] = {};
+	if (bpf_probe_read_user(n, nb[1] == 7 ? 7 : 11, (void *)nb[0]))
+		return 0;
+	if (nb[1] == 7 ? same_n(n, ":status", 7) : same_n(n, "grpc-status", 11))
+		emit_h2(HTTP2_HEADER, cause, session, nb[0], nb[1], vb[0], vb[1], 0, stream_id);
+	return 0;
+}
+
 /* Http2Session::OnHeaderCallback(session, frame, name, value, flags,
  * user_data): one header of a HEADERS frame. A request's (category
- * NGHTTP2_HCAT_REQUEST) first header makes the stream's cause. */
+ * NGHTTP2_HCAT_REQUEST) first header makes the stream's cause; a
+ * response's or trailer's is a client stream's (h2_client_header). */
 static __always_inline int h2_header(struct pt_regs *ctx)
 {
 	if (!requests)
@@ -130,6 +185,8 @@ static __always_inline int h2_header(struct pt_regs *ctx)
 		return 0;
 	__s32 cat = -1;
 	bpf_probe_read_user(&cat, sizeof(cat), (void *)(frame + H2_HEADERS_CAT_OFF));
+	if (cat == H2_HCAT_RESPONSE || cat == H2_HCAT_HEADERS)
+		return h2_client_header(session, hd.stream_id, name, value);
 	if (cat != H2_HCAT_REQUEST)
 		return 0;
 	/* nghttp2_rcbuf: base, len */
@@ -142,31 +199,34 @@ static __always_inline int h2_header(struct pt_regs *ctx)
 	if (!k || bpf_probe_read_user(n, k, (void *)nb[0]) || !h2_kept(n, nb[1]))
 		return 0;
 	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = hd.stream_id, .session = session };
-	__u64 *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
-	__u64 cause, peer = 0;
+	struct h2_stream *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+	struct h2_stream st = {};
+	__u64 peer = 0;
 	if (c) {
-		cause = *c;
+		st = *c;
 	} else {
-		cause = new_cause(CAUSE_REQUEST);
+		st.cause = new_cause(CAUSE_REQUEST);
 		/* the sampler, as for a root; again at its traceparent */
 		if (ksample_requests)
-			cause = sample_root(cause);
-		bpf_map_update_elem(&h2_stream_cause, &key, &cause, BPF_ANY);
+			st.cause = sample_root(st.cause);
+		bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
 		/* the connection whose read this is (uv__stream_io) */
 		struct thread_state *t = thread_state_of(0);
 		peer = t ? t->ctx.stream : 0;
 	}
+	if (st.client)
+		return 0;
 	if (ksample_requests && ksample_reads_parent() && nb[1] == 11 && same(n, "traceparent", 11)) {
-		cause = h2_sample(cause, vb[0], vb[1]);
-		bpf_map_update_elem(&h2_stream_cause, &key, &cause, BPF_ANY);
+		st.cause = h2_sample(st.cause, vb[0], vb[1]);
+		bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
 	}
-	emit_h2(HTTP2_HEADER, cause, session, nb[0], nb[1], vb[0], vb[1], peer);
+	emit_h2(HTTP2_HEADER, st.cause, session, nb[0], nb[1], vb[0], vb[1], peer, 0);
 	return 0;
 }
 
 /* A known stream's cause (NULL: a stream uvspan did not see start), with
  * its key filled in. */
-static __always_inline __u64 *h2_lookup(struct h2_key *key, __u64 session, __s32 stream_id)
+static __always_inline struct h2_stream *h2_lookup(struct h2_key *key, __u64 session, __s32 stream_id)
 {
 	key->pid = current_ids() >> 32;
 	key->stream_id = stream_id;
@@ -175,11 +235,13 @@ static __always_inline __u64 *h2_lookup(struct h2_key *key, __u64 session, __s32
 }
 
 /* A known stream's handlers run: its cause becomes the thread's, the one
- * it replaced is left in `prev`. 1: a stream's cause set. */
-static __always_inline int h2_enter(__u64 session, __s32 stream_id, __u64 *prev)
+ * it replaced is left in `prev`. 1: a stream's cause set. With
+ * `end_stream` (its peer's last frame), a client stream's response is
+ * over: its end sent up. */
+static __always_inline int h2_enter(__u64 session, __s32 stream_id, __u64 *prev, int end_stream)
 {
 	struct h2_key key = {};
-	__u64 *c = h2_lookup(&key, session, stream_id);
+	struct h2_stream *c = h2_lookup(&key, session, stream_id);
 	if (!c)
 		return 0;
 	struct thread_state *t = thread_state_of(1);
@@ -187,7 +249,13 @@ static __always_inline int h2_enter(__u64 session, __s32 stream_id, __u64 *prev)
 		return 0;
 	*prev = t->ctx.cause;
 	/* --sample-time: a stream from before this window is no request */
-	t->ctx.cause = fresh_cause(*c);
+	__u64 cause = fresh_cause(c->cause);
+	t->ctx.cause = cause;
+	if (end_stream && c->client == H2_CLIENT_OPEN) {
+		c->client = H2_CLIENT_ENDED;
+		if (h2_client_sends(cause))
+			emit_h2(HTTP2_CLOSE, cause, session, 0, 0, 0, 0, 0, stream_id);
+	}
 	return 1;
 }
 
@@ -205,7 +273,7 @@ static __always_inline int h2_frame(struct pt_regs *ctx, __u64 *prev)
 		return 0;
 	if (hd.type != H2_TYPE_HEADERS && !(hd.type == H2_TYPE_DATA && (hd.flags & H2_FLAG_END_STREAM)))
 		return 0;
-	return h2_enter(PT_REGS_PARM1(ctx), hd.stream_id, prev);
+	return h2_enter(PT_REGS_PARM1(ctx), hd.stream_id, prev, hd.flags & H2_FLAG_END_STREAM);
 }
 
 /* Http2Session::OnDataChunkReceived(session, flags, stream_id, data, len,
@@ -215,7 +283,7 @@ static __always_inline int h2_data(struct pt_regs *ctx, __u64 *prev)
 {
 	if (!requests)
 		return 0;
-	return h2_enter(PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM3(ctx), prev);
+	return h2_enter(PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM3(ctx), prev, 0);
 }
 
 /* The return of OnFrameReceive: the cause before it is the thread's again
@@ -229,15 +297,15 @@ static __always_inline int h2_frame_return(__u64 prev)
 }
 
 /* The stream of a call whose first two arguments are (session, stream
- * id), if uvspan saw it start: its key and cause. 1: known. */
-static __always_inline int h2_known(struct pt_regs *ctx, struct h2_key *key, __u64 *cause)
+ * id), if uvspan saw it start: its key and what is kept of it. 1: known. */
+static __always_inline int h2_known(struct pt_regs *ctx, struct h2_key *key, struct h2_stream *st)
 {
 	if (!requests)
 		return 0;
-	__u64 *c = h2_lookup(key, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx));
+	struct h2_stream *c = h2_lookup(key, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx));
 	if (!c)
 		return 0;
-	*cause = *c;
+	*st = *c;
 	return 1;
 }
 
@@ -251,10 +319,11 @@ static __always_inline int h2_known(struct pt_regs *ctx, struct h2_key *key, __u
 static __always_inline int h2_response(struct pt_regs *ctx)
 {
 	struct h2_key key = {};
-	__u64 cause;
-	if (!h2_known(ctx, &key, &cause))
+	struct h2_stream st;
+	/* a client's trailers are no response */
+	if (!h2_known(ctx, &key, &st) || st.client)
 		return 0;
-	__u64 session = key.session;
+	__u64 cause = st.cause, session = key.session;
 	__u64 nva = PT_REGS_PARM3(ctx), nvlen = PT_REGS_PARM4(ctx);
 	for (int i = 0; i < H2_NV_SCAN; i++) {
 		if (i >= nvlen)
@@ -267,21 +336,161 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 		if ((nv[2] != 7 && nv[2] != 11) || bpf_probe_read_user(n, nv[2] == 7 ? 7 : 11, (void *)nv[0]))
 			continue;
 		if ((nv[2] == 7 && same(n, ":status", 7)) || (nv[2] == 11 && same(n, "grpc-status", 11)))
-			emit_h2(HTTP2_HEADER, cause, session, nv[0], nv[2], nv[1], nv[3], 0);
+			emit_h2(HTTP2_HEADER, cause, session, nv[0], nv[2], nv[1], nv[3], 0, 0);
 	}
 	return 0;
 }
 
-/* Http2Session::OnStreamClose(session, stream_id, error_code, user_data). */
-static __always_inline int h2_close(struct pt_regs *ctx)
+/* Http2Session::OnStreamClose(session, stream_id, error_code, user_data):
+ * a stream's end. A client stream's 'close' handlers run inside (grpc-js
+ * ends its calls there): its caller's cause becomes the thread's, the one
+ * it replaced left in `prev` (for the return, as a session uprobe); one
+ * whose response did not end was reset: its end is sent up here. 1: a
+ * stream's cause set. */
+static __always_inline int h2_close(struct pt_regs *ctx, __u64 *prev)
 {
 	struct h2_key key = {};
-	__u64 cause;
-	if (!h2_known(ctx, &key, &cause))
+	struct h2_stream st;
+	if (!h2_known(ctx, &key, &st))
 		return 0;
-	__u64 session = key.session;
 	bpf_map_delete_elem(&h2_stream_cause, &key);
-	emit_h2(HTTP2_CLOSE, cause, session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0);
+	if (!st.client) {
+		emit_h2(HTTP2_CLOSE, st.cause, key.session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0, 0);
+		return 0;
+	}
+	__u64 cause = fresh_cause(st.cause);
+	if (st.client == H2_CLIENT_OPEN && h2_client_sends(cause))
+		emit_h2(HTTP2_CLOSE, cause, key.session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0, key.stream_id);
+	struct thread_state *t = thread_state_of(1);
+	if (!t)
+		return 0;
+	*prev = t->ctx.cause;
+	t->ctx.cause = cause;
+	return 1;
+}
+
+/* A value of `len` bytes at `v` into its slot of `e` (`size` bytes, one
+ * left for the NUL). */
+#define H2C_PUT(e, slot, size, v, len)                                                        \
+	bpf_probe_read_user((e)->data + (slot), (len) < (size) - 1 ? (len) : (size) - 1, (void *)(v))
+
+/* One nghttp2_nv of an outgoing stream's request (`at`) into the slot its
+ * name has in `e` (enum h2_client_slot), if any. Returns the :path's
+ * bytes kept for a :path (else 0); -1: unreadable. Not inlined: verified
+ * once, not once per header. */
+static __noinline int h2_client_nv(__u64 at, struct http_event *e)
+{
+	/* nghttp2_nv: name, value, namelen, valuelen */
+	__u64 nv[4] = {};
+	if (!e || bpf_probe_read_user(nv, sizeof(nv), (void *)at))
+		return -1;
+	char n[16] = {};
+	__u64 k = nv[2];
+	if (k < 5 || k > 12 || bpf_probe_read_user(n, k < sizeof(n) ? k : sizeof(n), (void *)nv[0]))
+		return 0;
+	__u64 v = nv[1], len = nv[3];
+	switch (k) {
+	case 5:
+		if (same_n(n, ":path", 5)) {
+			__u32 kept = len < UVSPAN_HTTP_CAPTURE - H2C_PATH ? len : UVSPAN_HTTP_CAPTURE - H2C_PATH;
+			if (kept && bpf_probe_read_user(e->data + H2C_PATH, kept, (void *)v))
+				return 0;
+			return kept;
+		}
+		break;
+	case 7:
+		if (same_n(n, ":method", 7))
+			H2C_PUT(e, H2C_METHOD, 16, v, len);
+		else if (same_n(n, ":scheme", 7))
+			H2C_PUT(e, H2C_SCHEME, 16, v, len);
+		break;
+	case 10:
+		if (same_n(n, ":authority", 10))
+			H2C_PUT(e, H2C_AUTHORITY, 128, v, len);
+		break;
+	case 11:
+		if (same_n(n, "traceparent", 11))
+			H2C_PUT(e, H2C_TRACEPARENT, 64, v, len);
+		break;
+	case 12:
+		if (same_n(n, "content-type", 12))
+			H2C_PUT(e, H2C_CONTENT_TYPE, 64, v, len);
+		break;
+	}
+	return 0;
+}
+
+/* nghttp2_submit_request(session, pri_spec, nva, nvlen, data_prd,
+ * stream_user_data), at its entry: under a cause, its arguments kept for
+ * the return. 1: the return is wanted. */
+static __always_inline int h2_submit(struct pt_regs *ctx)
+{
+	__u64 cause = current_cause();
+	if (!cause)
+		return 0;
+	struct h2_submit s = {
+		.session = PT_REGS_PARM1(ctx),
+		.nva = PT_REGS_PARM3(ctx),
+		.nvlen = PT_REGS_PARM4(ctx),
+		.cause = cause,
+	};
+	__u64 id = current_ids();
+	return !bpf_map_update_elem(&h2_submits, &id, &s, BPF_ANY);
+}
+
+/* Its return: the new stream's id (negative: an error, no stream). The
+ * stream keeps its caller's cause; a sampled request's call sends its
+ * request headers in one record (among the first H2_NV_CLIENT: node puts
+ * the pseudo-headers first). */
+#define H2_NV_CLIENT 16
+static __always_inline int h2_submit_return(struct pt_regs *ctx)
+{
+	__u64 id = current_ids();
+	struct h2_submit *p = bpf_map_lookup_elem(&h2_submits, &id);
+	if (!p)
+		return 0;
+	struct h2_submit s = *p;
+	bpf_map_delete_elem(&h2_submits, &id);
+	__s32 stream_id = (__s32)PT_REGS_RC(ctx);
+	if (stream_id <= 0)
+		return 0;
+	struct h2_key key = { .pid = id >> 32, .stream_id = stream_id, .session = s.session };
+	struct h2_stream st = { .cause = s.cause, .client = H2_CLIENT_OPEN };
+	bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
+	if (!h2_client_sends(s.cause))
+		return 0;
+	struct scratch *sc = get_scratch();
+	if (!sc)
+		return 0;
+	struct http_event *e = &sc->http;
+	/* the header and the fixed slots; :path's bytes are the last sent */
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE + H2C_PATH);
+	e->hdr.kind = EV_HTTP;
+	e->hdr.pid = id >> 32;
+	e->hdr.tid = (__u32)id;
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cause = s.cause;
+	e->conn = s.session;
+	e->what = HTTP2_CLIENT;
+	e->stream_id = stream_id;
+	__u32 path = 0;
+	for (int i = 0; i < H2_NV_CLIENT; i++) {
+		if (i >= s.nvlen)
+			break;
+		int r = h2_client_nv(s.nva + i * H2_NV_SIZE, e);
+		if (r < 0)
+			break;
+		if (r > 0)
+			path = r;
+	}
+	path &= UVSPAN_HTTP_CAPTURE - 1;
+	if (path > UVSPAN_HTTP_CAPTURE - H2C_PATH)
+		path = UVSPAN_HTTP_CAPTURE - H2C_PATH;
+	e->captured = H2C_PATH + path;
+	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + ((e->captured + 7) & ~7ULL);
+	if (size > sizeof(*e))
+		size = sizeof(*e);
+	emit(e, size);
 	return 0;
 }
 

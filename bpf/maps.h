@@ -171,20 +171,46 @@ struct {
 	__type(value, __u64);
 } parser_begun SEC(".maps");
 
-/* An HTTP/2 server stream's request (cause): (process, nghttp2 session,
- * stream id). Made at its first request header, gone at its close. */
+/* An HTTP/2 stream's cause: (process, nghttp2 session, stream id). A
+ * server stream's is its request, made at its first request header; a
+ * client stream's (an outgoing one, `client`) is its caller's, kept at
+ * nghttp2_submit_request's return. Gone at its close. */
 struct h2_key {
 	__u32 pid;
 	__s32 stream_id;
 	__u64 session;
 };
 
+struct h2_stream {
+	__u64 cause;
+	__u64 client; /* 0: a server stream; H2_CLIENT_OPEN, H2_CLIENT_ENDED (its response's end seen) */
+};
+
+#define H2_CLIENT_OPEN 1
+#define H2_CLIENT_ENDED 2
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct h2_key);
-	__type(value, __u64);
+	__type(value, struct h2_stream);
 } h2_stream_cause SEC(".maps");
+
+/* nghttp2_submit_request's arguments from its entry to its return (the
+ * stream id), per thread (process << 32 | thread). */
+struct h2_submit {
+	__u64 session;
+	__u64 nva;
+	__u64 nvlen;
+	__u64 cause;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, struct h2_submit);
+} h2_submits SEC(".maps");
 
 /* Per loop thread: the scheduler's counters where the current busy part
  * (outside epoll waits) started (loop.h). */
@@ -265,6 +291,7 @@ struct scratch {
 			enum cause_kind cause;
 			enum loop_split split;
 			enum hist_family hist;
+			enum h2_client_slot h2c;
 		} enums; /* likewise, for the enums */
 	};
 };

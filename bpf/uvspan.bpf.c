@@ -112,8 +112,10 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_H2_FRAME: { __u64 prev; h2_frame(ctx, &prev); return 0; }
 	case PROBE_H2_DATA: { __u64 prev; h2_data(ctx, &prev); return 0; }
 	case PROBE_H2_RESPONSE: return h2_response(ctx);
-	case PROBE_H2_CLOSE: return h2_close(ctx);
+	case PROBE_H2_CLOSE: { __u64 prev; h2_close(ctx, &prev); return 0; }
 	case PROBE_HTTP_MESSAGE: return http_message(ctx);
+	/* a session uprobe only (the stream id is its return value) */
+	case PROBE_H2_SUBMIT: return 0;
 	}
 	return 0;
 }
@@ -128,9 +130,11 @@ int uv_single(struct pt_regs *ctx) { return dispatch(ctx); }
  * return too, which only sync calls do (their end, exact). Async requests
  * return 1: no return trap. The session cookie carries the request from
  * entry to return. The same program serves libc's epoll waits
- * (epoll_wait_probe, epoll.h) and HTTP/2 frames and body pieces (h2_frame,
+ * (epoll_wait_probe, epoll.h), HTTP/2 frames and body pieces (h2_frame,
  * h2_data, h2.h: only a known stream's asks for its return, where the
- * cause before it is put back). */
+ * cause before it is put back; and a client stream's close), and outgoing
+ * HTTP/2 streams (h2_submit: under a cause, its return gives the stream
+ * id). */
 SEC("uprobe.session")
 int uv_session(struct pt_regs *ctx)
 {
@@ -148,11 +152,20 @@ int uv_session(struct pt_regs *ctx)
 	if (!req)
 		return 1;
 	__u64 kind = cookie >> COOKIE_KIND_SHIFT;
-	if (kind == PROBE_H2_FRAME || kind == PROBE_H2_DATA) {
+	if (kind == PROBE_H2_SUBMIT) {
+		if (bpf_session_is_return())
+			return h2_submit_return(ctx);
+		if ((sampling && window_closed) || !for_traced(cookie))
+			return 1;
+		return !h2_submit(ctx);
+	}
+	if (kind == PROBE_H2_FRAME || kind == PROBE_H2_DATA || kind == PROBE_H2_CLOSE) {
 		if (bpf_session_is_return())
 			return h2_frame_return(*req);
 		if ((sampling && window_closed) || !for_traced(cookie))
 			return 1;
+		if (kind == PROBE_H2_CLOSE)
+			return !h2_close(ctx, req);
 		return kind == PROBE_H2_FRAME ? !h2_frame(ctx, req) : !h2_data(ctx, req);
 	}
 	if (bpf_session_is_return())

@@ -93,6 +93,8 @@ enum nghttp2_layout {
 	H2_TYPE_HEADERS = 1,
 	H2_FLAG_END_STREAM = 1,
 	H2_HCAT_REQUEST = 0,       /* nghttp2_headers_category: a request's headers */
+	H2_HCAT_RESPONSE = 1,      /* a response's headers (a client stream's) */
+	H2_HCAT_HEADERS = 3,       /* trailers (or a response's headers after a 1xx); 2 is a pushed response's */
 };
 
 enum ev_kind {
@@ -144,9 +146,10 @@ enum probe_kind {
 	PROBE_H2_HEADER = 21,   /* Http2Session::OnHeaderCallback: a request header of a stream */
 	PROBE_H2_FRAME = 22,    /* Http2Session::OnFrameReceive: a stream's handlers run (session uprobe: its cause restored at the return) */
 	PROBE_H2_RESPONSE = 23, /* nghttp2_submit_response / _trailer: a stream's :status, grpc-status */
-	PROBE_H2_CLOSE = 24,    /* Http2Session::OnStreamClose: a stream is over */
+	PROBE_H2_CLOSE = 24,    /* Http2Session::OnStreamClose: a stream is over (session uprobe: a client stream's cause current while its close handlers run) */
 	PROBE_H2_DATA = 25,     /* Http2Session::OnDataChunkReceived: its 'data' handlers run (session uprobe, as PROBE_H2_FRAME) */
 	PROBE_HTTP_MESSAGE = 26, /* llhttp__on_message_begin: a message starts in a parser's bytes (a request: a new cause; a response: an outgoing call's) */
+	PROBE_H2_SUBMIT = 27,   /* nghttp2_submit_request: an outgoing HTTP/2 stream (session uprobe: its id is the return value) */
 };
 
 /* What an HTTP record says. */
@@ -161,6 +164,25 @@ enum http_what {
 	HTTP2_HEADER = 4,
 	HTTP2_CLOSE = 5,   /* an HTTP/2 stream is over (`len`: its error code) */
 	HTTP_PIPELINED = 6, /* a request begun in the bytes of an earlier one (pipelined, one read): a new cause; the connection's responses come in its order */
+	/* An outgoing HTTP/2 stream (a client's) is submitted: its request
+	 * headers in data's slots (enum h2_client_slot); `cause` is the
+	 * caller's, `stream_id` the stream's. That stream's response :status
+	 * and grpc-status come as HTTP2_HEADER, its end (the response's
+	 * END_STREAM, or a reset) as HTTP2_CLOSE, both with its `stream_id` (a
+	 * server stream's records have none, 0). */
+	HTTP2_CLIENT = 7,
+};
+
+/* An HTTP2_CLIENT record's data: each request header uvspan reads in a
+ * slot of its own at a fixed offset, its value NUL-padded (cut to the
+ * slot's size less one); :path last, the record's bytes end with it. */
+enum h2_client_slot {
+	H2C_METHOD = 0,         /* :method, 16 bytes */
+	H2C_SCHEME = 16,        /* :scheme, 16 */
+	H2C_CONTENT_TYPE = 32,  /* content-type, 64 */
+	H2C_TRACEPARENT = 96,   /* traceparent, 64 */
+	H2C_AUTHORITY = 160,    /* :authority, 128 */
+	H2C_PATH = 288,         /* :path, to the end of data */
 };
 
 /* What caused an operation: the bits of a cause under its time (a cause is
@@ -373,7 +395,8 @@ struct http_event {
 	unsigned short peer_port;
 	unsigned short local_port;
 	unsigned char tls;
-	unsigned char _pad[5];
+	unsigned char _pad;
+	int stream_id;            /* HTTP/2 client streams' records: the stream (0: none) */
 	unsigned char peer_addr[16];
 	char data[UVSPAN_HTTP_CAPTURE];
 };

@@ -1035,7 +1035,8 @@ fn probes_listing_follows_detail() {
     // Request context is on by default: llhttp's message starts, stream
     // callbacks, the two writes, SSL_write, node's timers, immediates
     // and handle closes; HTTP/2 streams' headers, frames, body pieces,
-    // response, trailers and close.
+    // response, trailers and close, and outgoing streams (with session
+    // uprobes only: the stream id is the return value).
     let requests = [
         "llhttp__on_message_begin",
         "uv__stream_io",
@@ -1049,6 +1050,13 @@ fn probes_listing_follows_detail() {
     for sym in requests {
         assert_eq!(default[sym], "usable", "{sym}: {default:?}");
     }
+    let h2_client = usize::from(session_uprobes());
+    let submit = &default["nghttp2_submit_request"];
+    if session_uprobes() {
+        assert_eq!(submit, "usable", "{default:?}");
+    } else {
+        assert!(submit.starts_with("failed: the kernel has no session uprobes"), "{default:?}");
+    }
     // uv_fs_req_cleanup only where sync calls cannot end at their return
     // (no session uprobes): async ones end at uv__fs_done.
     let cleanup = usize::from(!session_uprobes());
@@ -1061,11 +1069,11 @@ fn probes_listing_follows_detail() {
     // V8's two GC callbacks, always on.
     let gc = 2;
     assert_eq!(default.iter().filter(|(s, v)| s.contains("CallGC") && *v == "usable").count(), gc, "{default:?}");
-    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 9 + 6, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2: {default:?}");
+    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 9 + 6 + h2_client, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2 servers (+ 1 for HTTP/2 clients): {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 3 + cleanup + gc, "{off:?}");
-    for sym in requests {
-        assert_eq!(off[sym], "off: --requests on", "{sym}: {off:?}");
+    for sym in requests.iter().chain(&["nghttp2_submit_request"]) {
+        assert_eq!(off[*sym], "off: --requests on", "{sym}: {off:?}");
     }
     assert_eq!(default["uv__fs_done"], "usable");
     assert_eq!(default["uv_fs_req_cleanup"], if session_uprobes() { "not_needed" } else { "usable" });
@@ -1074,7 +1082,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 9 + 6 + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 9 + 6 + h2_client + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

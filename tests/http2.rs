@@ -13,7 +13,12 @@
 //! non-host PID and mount namespace, and with the app alone in its own; on
 //! every official build and a stripped node. gRPC as @grpc/grpc-js answers
 //! on the wire (tests/fixtures/grpc_server.js): `{package.Service}/{Method}`
-//! spans with `rpc.*` and the call's grpc-status. Root only; never skipped.
+//! spans with `rpc.*` and the call's grpc-status. Clients: HTTP/2 calls
+//! (h2c and TLS) made under incoming HTTP/1 requests, each a CLIENT span in
+//! its caller's trace matched to its own response per stream
+//! (tests/fixtures/http2_client.js); a real @grpc/grpc-js client's calls
+//! under requests, CLIENT spans with `rpc.*` and the server's SERVER span
+//! under them (tests/fixtures/grpc_js.js). Root only; never skipped.
 
 mod common;
 
@@ -37,13 +42,13 @@ fn call_markers(out: &Output, n: usize) -> Vec<serde_json::Value> {
     calls
 }
 
-/// A gRPC call's SERVER span (its fixture's call marker): the only one in
-/// the caller's trace, under the caller's span, named and attributed as
-/// `test.Echo/{method}` with the call's grpc-status.
+/// A gRPC call's SERVER span (its fixture's call marker): the only gRPC
+/// one in the caller's trace, under the caller's span, named and
+/// attributed as `test.Echo/{method}` with the call's grpc-status.
 fn grpc_server_span<'a>(spans: &'a [Span], call: &serde_json::Value, i: u64, method: &str, code: i64) -> &'a Span {
     let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
-    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1]).collect();
-    let [srv] = servers[..] else { panic!("call {i}: one SERVER span in the caller's trace\n{}", dump(&servers)) };
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1] && s.str("rpc.system").is_some()).collect();
+    let [srv] = servers[..] else { panic!("call {i}: one gRPC SERVER span in the caller's trace\n{}", dump(&servers)) };
     assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
     assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
     assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
@@ -201,21 +206,23 @@ fn tls_h2_streams_too() {
     check_streams(&dir, &out, &spans, "https", "TLS, ALPN h2", true);
 }
 
-/// The HTTP/2 probe points of a node build, as `uvspan probes` lists them.
-const H2_SYMBOLS: [&str; 6] = [
+/// The HTTP/2 probe points of a node build, as `uvspan probes` lists them
+/// (nghttp2_submit_request: with session uprobes).
+const H2_SYMBOLS: [&str; 7] = [
     "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv",
     "_ZN4node5http212Http2Session14OnFrameReceiveEP15nghttp2_sessionPK13nghttp2_framePv",
     "_ZN4node5http212Http2Session19OnDataChunkReceivedEP15nghttp2_sessionhiPKhmPv",
     "nghttp2_submit_response",
     "nghttp2_submit_trailer",
     "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
+    "nghttp2_submit_request",
 ];
 
 /// Every official build (18, 20, 22, 24, 26 from the test cache) and the
 /// stripped node (only .dynsym, where node exports these symbols too):
 /// `uvspan probes` lists the HTTP/2 points usable and not single-stepped,
 /// and the h2c case holds (on the stripped node as far as it can: see
-/// check_streams).
+/// check_streams), its calls too (check_h2_calls).
 #[test]
 fn h2c_on_every_official_build_and_the_stripped_node() {
     require_root();
@@ -241,6 +248,7 @@ fn h2c_on_every_official_build_and_the_stripped_node() {
         let (dir, out, spans) = run_h2_on(&node.to_string_lossy(), &format!("h2c-{}", name.replace(' ', "-")), Topology::Host, &[]);
         // The stripped node keeps only libuv's exported API.
         check_streams(&dir, &out, &spans, "http", &name, !name.starts_with("stripped"));
+        h2_calls_on(&node.to_string_lossy(), Topology::Host, &format!("h2call-{}", name.replace(' ', "-")), false);
     }
 }
 
@@ -354,12 +362,16 @@ fn unsampled_streams_send_no_record_of_their_work_app_alone() {
 
 /// A real @grpc/grpc-js server and client (bench/node_modules; a service
 /// defined by hand, JSON messages): unary, server-streaming and failing
-/// (UNAVAILABLE) calls, all at once on one client connection, each with a
-/// traceparent in its metadata (tests/fixtures/grpc_js.js). Each call is a
-/// SERVER span named `{package.Service}/{Method}` with `rpc.*`, its
-/// grpc-status, ERROR for the failing one, in the caller's trace under the
-/// caller's span, the handler's stat under it. On the host, in one
-/// namespace, with the app alone in its own.
+/// (UNAVAILABLE) calls, each made under an incoming HTTP/1 request (all at
+/// once, on one client connection), each with a traceparent in its
+/// metadata: the request's trace, a span id of its own
+/// (tests/fixtures/grpc_js.js). Each call is a CLIENT span named
+/// `{package.Service}/{Method}` with `rpc.*` and its grpc-status (ERROR for
+/// the failing one), in its caller's trace under the caller's SERVER span,
+/// with the span id the app wrote; the work of its callback under the
+/// caller; and a SERVER span of the same name, its grpc-status, ERROR for
+/// the failing one, under the CLIENT span, the handler's stat under it. On
+/// the host, in one namespace, with the app alone in its own.
 fn grpc_js_in(topology: Topology, tag: &str) {
     const CALLS: usize = 18;
     let modules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/node_modules");
@@ -381,10 +393,42 @@ fn grpc_js_in(topology: Topology, tag: &str) {
     let spans = rx.spans();
     check_summary(&out, spans.len());
     let calls = call_markers(&out, CALLS);
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("rpc.system") == Some("grpc")).collect();
+    assert_eq!(clients.len(), CALLS, "a CLIENT span per call\n{}", dump(&clients));
     for call in &calls {
         let (i, method, code) =
             (call["i"].as_u64().expect("i"), call["method"].as_str().expect("method"), call["code"].as_i64().expect("code"));
         assert_eq!(code, if method == "Fail" { 14 } else { 0 }, "the fixture's own view of call {i}: {call}");
+        let caller_tp: Vec<&str> = call["caller"].as_str().expect("caller").split('-').collect();
+        let written: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
+        let path = format!("/call/{i}");
+        let caller = spans
+            .iter()
+            .find(|s| s.kind == 2 && s.str("url.path") == Some(path.as_str()))
+            .unwrap_or_else(|| panic!("no SERVER span of {path}"));
+        assert_eq!((caller.trace_id.as_str(), caller.parent_span_id.as_str()), (caller_tp[1], caller_tp[2]), "{}", caller.brief());
+        // The client's span: in its caller's trace, under its SERVER span.
+        let mine: Vec<&&Span> = clients.iter().filter(|c| c.trace_id == caller_tp[1]).collect();
+        let [client] = mine[..] else { panic!("call {i}: one gRPC CLIENT span in the caller's trace\n{}", dump(&clients)) };
+        assert_eq!(client.name, format!("test.Echo/{method}"), "{}", client.brief());
+        assert_eq!(client.parent_span_id, caller.span_id, "call {i}: under its caller's SERVER span\n{}", client.brief());
+        assert_eq!(client.span_id, written[2], "call {i}: the span id the app wrote\n{}", client.brief());
+        assert_eq!(client.str("rpc.service"), Some("test.Echo"), "{}", client.brief());
+        assert_eq!(client.str("rpc.method"), Some(method), "{}", client.brief());
+        assert_eq!(client.int("rpc.grpc.status_code"), Some(code), "{}\nall:\n{}", client.brief(), dump(&clients));
+        assert_eq!(client.int("http.response.status_code"), Some(200), "{}", client.brief());
+        assert_eq!(client.str("network.protocol.version"), Some("2"), "{}", client.brief());
+        assert_eq!(client.str("server.address"), Some("127.0.0.1"), "{}", client.brief());
+        assert_eq!(client.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", client.brief());
+        let done = dir.join(&format!("r{i}"));
+        let stat = spans.iter().find(|s| s.str("file.path") == Some(done.as_str())).unwrap_or_else(|| panic!("no stat of {done}"));
+        assert_eq!(
+            (stat.trace_id.as_str(), stat.parent_span_id.as_str()),
+            (caller.trace_id.as_str(), caller.span_id.as_str()),
+            "call {i}: its callback's stat under its caller\n{}",
+            stat.brief()
+        );
+        // The server's span: under the client's.
         let srv = grpc_server_span(&spans, call, i, method, code);
         assert_eq!(srv.status == StatusCode::Error, code != 0, "grpc-status {code}: {}", srv.brief());
         let file = dir.join(&format!("g{i}"));
@@ -397,7 +441,9 @@ fn grpc_js_in(topology: Topology, tag: &str) {
             srv.brief()
         );
     }
-    eprintln!("grpc-js ({tag}): {CALLS} calls (unary, server-streaming, UNAVAILABLE), each a SERVER span with rpc.* and its stat under it");
+    eprintln!(
+        "grpc-js ({tag}): {CALLS} calls (unary, server-streaming, UNAVAILABLE) under HTTP/1 requests: each a CLIENT span under its caller, a SERVER span under it with rpc.* and its stat"
+    );
 }
 
 #[test]
@@ -416,4 +462,190 @@ fn grpc_js_calls_in_one_namespace() {
 fn grpc_js_calls_of_an_app_alone_in_its_namespace() {
     require_root();
     grpc_js_in(Topology::AppAlone, "grpcjs-alone");
+}
+
+/// HTTP/2 calls a request makes (tests/fixtures/http2_client.js: N HTTP/1
+/// requests at once, each making two calls at once on one HTTP/2 session
+/// all share, each call with a traceparent in the request's trace and a
+/// span id of its own): a CLIENT span per stream, in its caller's trace
+/// under the caller's SERVER span, with its method, path, server, protocol
+/// version 2 and its own response's status (404 and 503 answers among
+/// 200 and 201: a pairing of a stream with another's response fails), ERROR
+/// for 4xx/5xx; its span id the one the app wrote, so the backend's SERVER
+/// span is under it; the stat its 'response' handler made under the
+/// caller's SERVER span (at least 95%).
+fn check_h2_calls(dir: &TempDir, out: &Output, spans: &[Span], n: usize, scheme: &str, what: &str) {
+    let sent: Vec<serde_json::Value> =
+        out.stdout.lines().filter(|l| l.starts_with("{\"marker\":\"req\"")).map(|l| serde_json::from_str(l).expect("req marker")).collect();
+    assert_eq!(sent.len(), n, "{}", out.context());
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("network.protocol.version") == Some("2")).collect();
+    assert_eq!(clients.len(), 2 * n, "a CLIENT span per HTTP/2 call ({what})\n{}", dump(&clients));
+    let (mut joined, mut errors) = (0, 0);
+    for v in &sent {
+        let i = v["i"].as_u64().expect("i");
+        let p: Vec<&str> = v["traceparent"].as_str().expect("traceparent").split('-').collect();
+        let path = format!("/call/{i}");
+        let caller = spans
+            .iter()
+            .find(|s| s.kind == 2 && s.str("url.path") == Some(path.as_str()))
+            .unwrap_or_else(|| panic!("no SERVER span of {path} ({what})"));
+        assert_eq!((caller.trace_id.as_str(), caller.parent_span_id.as_str()), (p[1], p[2]), "{}", caller.brief());
+        for x in ["a", "b"] {
+            let call = &v["calls"][x];
+            let (span, status) = (call["span"].as_str().expect("span"), call["status"].as_i64().expect("status"));
+            let path = format!("/b/{i}/{x}");
+            let c = clients
+                .iter()
+                .find(|c| c.str("url.path") == Some(path.as_str()))
+                .unwrap_or_else(|| panic!("no CLIENT span of {path} ({what})\n{}", dump(&clients)));
+            assert_eq!(c.name, "GET", "{}", c.brief());
+            assert_eq!(c.str("http.request.method"), Some("GET"), "{}", c.brief());
+            assert_eq!(
+                (c.trace_id.as_str(), c.parent_span_id.as_str()),
+                (p[1], caller.span_id.as_str()),
+                "{path}: in its caller's trace, under its SERVER span\n{}",
+                c.brief()
+            );
+            assert_eq!(c.int("http.response.status_code"), Some(status), "{path}: its own response's status\n{}", c.brief());
+            assert_eq!(c.str("url.scheme"), Some(scheme), "{}", c.brief());
+            assert_eq!(c.str("server.address"), Some("127.0.0.1"), "{}", c.brief());
+            assert!(c.int("server.port").is_some_and(|p| p > 0), "{}", c.brief());
+            assert_eq!(c.status == StatusCode::Error, status >= 400, "ERROR for a 4xx/5xx answer: {}", c.brief());
+            errors += usize::from(status >= 400);
+            assert_eq!(c.span_id, span, "{path}: the span id the app wrote on the call\n{}", c.brief());
+            assert!(c.start_unix_nano >= caller.start_unix_nano && c.end_unix_nano <= caller.end_unix_nano, "{path}: within its caller");
+            let backend = spans
+                .iter()
+                .find(|s| s.kind == 2 && s.str("url.path") == Some(path.as_str()))
+                .unwrap_or_else(|| panic!("no backend SERVER span of {path}"));
+            assert_eq!(
+                (backend.trace_id.as_str(), backend.parent_span_id.as_str()),
+                (p[1], c.span_id.as_str()),
+                "{path}: the backend's SERVER span under the CLIENT span\n{}",
+                backend.brief()
+            );
+            let file = dir.join(&format!("c{i}-{x}"));
+            joined += usize::from(
+                spans.iter().any(|s| s.str("file.path") == Some(file.as_str()) && s.parent_span_id == caller.span_id && s.trace_id == p[1]),
+            );
+        }
+    }
+    assert!(errors > 0, "the fixture answered some calls 404 or 503");
+    eprintln!("http2 calls ({what}): {} CLIENT spans; 'response' handlers' stats under their caller: {joined}/{}", clients.len(), 2 * n);
+    assert!(joined * 100 >= 2 * n * 95, "{joined} of {} response handlers' stats under their caller (< 95%)", 2 * n);
+}
+
+const CALLERS: usize = 20;
+
+fn h2_calls_in(topology: Topology, tag: &str, tls: bool) {
+    h2_calls_on("node", topology, tag, tls);
+}
+
+fn h2_calls_on(node: &str, topology: Topology, tag: &str, tls: bool) {
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let dir = TempDir::new(tag);
+    let certs = TempDir::new(&format!("{tag}-certs"));
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
+    let mut app: Vec<String> = vec![node.into(), fixture("http2_client.js"), dir.str(), CALLERS.to_string()];
+    if tls {
+        require_tool("openssl", "makes the test server's certificate");
+        let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
+        let st = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
+            .output()
+            .expect("run openssl");
+        assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+        app.extend(["--tls".into(), key, cert]);
+    }
+    let app: Vec<&str> = app.iter().map(String::as_str).collect();
+    let out = run(topology.command(&uv, &app));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
+    let spans = rx.spans();
+    check_summary(&out, spans.len());
+    check_h2_calls(&dir, &out, &spans, CALLERS, if tls { "https" } else { "http" }, &format!("{tag}, {topology:?}"));
+}
+
+#[test]
+fn h2c_calls_of_a_request_are_client_spans_matched_per_stream() {
+    require_root();
+    h2_calls_in(Topology::Host, "h2call-host", false);
+}
+
+#[test]
+fn h2c_calls_in_one_namespace() {
+    require_root();
+    h2_calls_in(Topology::BothInOne, "h2call-both", false);
+}
+
+#[test]
+fn h2c_calls_of_an_app_alone_in_its_namespace() {
+    require_root();
+    h2_calls_in(Topology::AppAlone, "h2call-alone", false);
+}
+
+#[test]
+fn tls_h2_calls_too() {
+    require_root();
+    h2_calls_in(Topology::Host, "h2call-tls", true);
+}
+
+/// Calls of callers that did not sample their trace (the kernel decides
+/// each request at its head; parentbased_always_on): their streams keep
+/// their caller's cause, so their response handlers' work is counted in
+/// the kernel as unsampled, and the kernel sends no record of them (none
+/// of a recording's client stream records is of an unsampled caller); the
+/// sampled callers' calls are whole.
+fn unsampled_callers_in(topology: Topology) {
+    require_root();
+    let col = common::collector::Collector::start(common::collector::Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let dir = TempDir::new("h2call-sampled");
+    let recording = dir.join("records");
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0"];
+    let app = ["node".to_string(), fixture("http2_client.js"), dir.str(), CALLERS.to_string()];
+    let app: Vec<&str> = app.iter().map(String::as_str).collect();
+    let mut c = topology.command(&uv, &app);
+    c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("FIXTURE_UNSAMPLED_ODD", "1"), ("UVSPAN_RECORD", recording.as_str())]);
+    let out = run(c);
+    let ctx = format!("{topology:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let spans = col.spans();
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("network.protocol.version") == Some("2")).collect();
+    let mut paths: Vec<String> = clients.iter().map(|c| c.str("url.path").unwrap_or_default().to_string()).collect();
+    paths.sort();
+    let mut want: Vec<String> = (0..CALLERS).filter(|i| i % 2 == 0).flat_map(|i| [format!("/b/{i}/a"), format!("/b/{i}/b")]).collect();
+    want.sort();
+    assert_eq!(paths, want, "CLIENT spans of the sampled callers only\n{ctx}");
+    // Each odd caller's two 'response' stats: counted, not sent.
+    let counted = summary_number(&out.stderr, " operations of unsampled traces counted in the kernel");
+    assert_eq!(counted, CALLERS as u64, "the unsampled callers' response handlers' stats\n{ctx}");
+    let bytes = std::fs::read(&recording).unwrap_or_else(|e| panic!("{recording}: {e}"));
+    let mut client_records = 0;
+    for data in uvspan::events::decode::read_recording(&bytes) {
+        if let Ok(uvspan::events::decode::Record::Http(r)) = uvspan::events::decode::decode(data) {
+            if r.stream != 0 {
+                assert!(!r.dropped, "a record of an unsampled caller's call: {r:?}\n{ctx}");
+                client_records += 1;
+            }
+        }
+    }
+    // Per sampled call: its request headers, :status, its end.
+    assert_eq!(client_records, CALLERS * 3, "client stream records\n{ctx}");
+}
+
+#[test]
+fn unsampled_callers_send_no_record_of_their_calls() {
+    unsampled_callers_in(Topology::Host);
+}
+
+#[test]
+fn unsampled_callers_send_no_record_of_their_calls_in_one_namespace() {
+    unsampled_callers_in(Topology::BothInOne);
+}
+
+#[test]
+fn unsampled_callers_send_no_record_of_their_calls_app_alone() {
+    unsampled_callers_in(Topology::AppAlone);
 }

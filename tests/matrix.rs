@@ -117,7 +117,7 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 15] = [
+const REQUEST_PROBES: [&str; 16] = [
     "llhttp__on_message_begin",
     "uv__stream_io",
     "uv_try_write",
@@ -133,6 +133,7 @@ const REQUEST_PROBES: [&str; 15] = [
     "nghttp2_submit_response",
     "nghttp2_submit_trailer",
     "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
+    "nghttp2_submit_request",
 ];
 
 /// libc's epoll waits: attached (per process) where the kernel refuses

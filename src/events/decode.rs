@@ -260,8 +260,15 @@ pub enum HttpWhat {
     /// response's `:status`): `data` is `name\0value`. A stream's first
     /// starts its request (a new cause).
     Http2Header,
-    /// An HTTP/2 stream is over (`len`: its error code).
+    /// An HTTP/2 stream is over (`len`: its error code); a client stream's
+    /// (`stream` set): its response ended, or it was reset.
     Http2Close,
+    /// An outgoing HTTP/2 stream (`stream`) was submitted: `data` is its
+    /// request headers uvspan reads, `name\0value` pairs joined by `\0`;
+    /// `cause` is its caller's. That stream's response `:status` and
+    /// `grpc-status` come as `Http2Header`, its end as `Http2Close`, with
+    /// its `stream`.
+    Http2Client,
 }
 
 /// HTTP bytes seen at a parser or written on behalf of a cause.
@@ -275,8 +282,11 @@ pub struct HttpRecord {
     /// The kernel's sampler dropped the request's trace (`CAUSE_DROP`; an
     /// HTTP/2 stream's decision can change at its traceparent header).
     pub dropped: bool,
-    /// The stream (or TLS connection) the bytes are on.
+    /// The stream (or TLS connection) the bytes are on; HTTP/2: the session.
     pub conn: u64,
+    /// An outgoing HTTP/2 stream's id (0: a server stream's record, or not
+    /// HTTP/2).
+    pub stream: i32,
     pub what: HttpWhat,
     /// Bytes in the call (all buffers of a write).
     pub len: u32,
@@ -514,13 +524,16 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         w if w == http_what::HTTP_RESPONSE.0 => HttpWhat::Response,
         w if w == http_what::HTTP2_HEADER.0 => HttpWhat::Http2Header,
         w if w == http_what::HTTP2_CLOSE.0 => HttpWhat::Http2Close,
+        w if w == http_what::HTTP2_CLIENT.0 => HttpWhat::Http2Client,
         _ => HttpWhat::Write,
     };
     // The captured bytes, straight from the record (one copy).
     let n = (e.captured as usize).min(e.data.len()).min(data.len().saturating_sub(head));
     let at = std::mem::offset_of!(http_event, data);
     let mut bytes = data.get(at..at + n).map_or_else(Vec::new, <[u8]>::to_vec);
-    if what == HttpWhat::Http2Header {
+    if what == HttpWhat::Http2Client {
+        bytes = h2_client_fields(&bytes);
+    } else if what == HttpWhat::Http2Header {
         bytes = h2_field(&bytes);
     }
     Ok(HttpRecord {
@@ -530,6 +543,7 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         cause: e.cause & !CAUSE_DROP,
         dropped: e.cause & CAUSE_DROP != 0,
         conn: e.conn,
+        stream: e.stream_id,
         what,
         len: e.len,
         tls: e.tls != 0,
@@ -549,6 +563,38 @@ fn h2_field(bytes: &[u8]) -> Vec<u8> {
     out.extend_from_slice(name);
     out.push(0);
     out.extend_from_slice(value);
+    out
+}
+
+/// An HTTP2_CLIENT record's slots (enum h2_client_slot: each value
+/// NUL-padded at its offset, :path last) as `name\0value` pairs joined by
+/// `\0` (values hold no NUL: the kernel's are cut at one), empty ones left
+/// out.
+fn h2_client_fields(bytes: &[u8]) -> Vec<u8> {
+    use crate::kernel::skel::types::h2_client_slot as slot;
+    let slots = [
+        (":method", slot::H2C_METHOD.0, slot::H2C_SCHEME.0),
+        (":scheme", slot::H2C_SCHEME.0, slot::H2C_CONTENT_TYPE.0),
+        ("content-type", slot::H2C_CONTENT_TYPE.0, slot::H2C_TRACEPARENT.0),
+        ("traceparent", slot::H2C_TRACEPARENT.0, slot::H2C_AUTHORITY.0),
+        (":authority", slot::H2C_AUTHORITY.0, slot::H2C_PATH.0),
+        (":path", slot::H2C_PATH.0, u32::MAX),
+    ];
+    let mut out = Vec::with_capacity(bytes.len().min(256));
+    for (name, from, to) in slots {
+        let (from, to) = (from as usize, (to as usize).min(bytes.len()));
+        let Some(v) = bytes.get(from..to) else { continue };
+        let v = &v[..v.iter().position(|&b| b == 0).unwrap_or(v.len())];
+        if v.is_empty() {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(0);
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v);
+    }
     out
 }
 

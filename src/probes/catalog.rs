@@ -343,6 +343,8 @@ const NO_GC: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.g
 /// Local<Value>*, async_context)`: the call that runs a batch of JS immediates.
 pub const MAKE_CALLBACK: &str =
     "_ZN4node12MakeCallbackEPN2v87IsolateENS0_5LocalINS0_6ObjectEEENS3_INS0_8FunctionEEEiPNS3_INS0_5ValueEEENS_13async_contextE";
+/// nghttp2's `nghttp2_submit_request`: an outgoing HTTP/2 stream.
+pub const H2_SUBMIT: &str = "nghttp2_submit_request";
 /// node's `Http2Session::OnHeaderCallback`: HTTP/2 request context needs it.
 const H2_HEADER: &str = "_ZN4node5http212Http2Session16OnHeaderCallbackEP15nghttp2_sessionPK13nghttp2_frameP13nghttp2_rcbufS8_hPv";
 
@@ -561,6 +563,18 @@ pub const OTHER: &[Probe] = &[
         symbol: "_ZN4node5http212Http2Session13OnStreamCloseEP15nghttp2_sessionijPv",
         kind: probe_kind::PROBE_H2_CLOSE,
         if_missing: "HTTP/2 request spans end after a quiet second, at their last work",
+        detail: RQ,
+        requires: Some(H2_HEADER),
+        ..Probe::ROW
+    },
+    // HTTP/2 clients: the stream node submits for an outgoing request
+    // (node's Http2Session::SubmitRequest calls it in every official build;
+    // a session uprobe: the stream id is its return value). Its response
+    // comes through the callbacks above.
+    Probe {
+        symbol: H2_SUBMIT,
+        kind: probe_kind::PROBE_H2_SUBMIT,
+        if_missing: "no HTTP/2 CLIENT spans (outgoing HTTP/2 streams, gRPC calls); their response handlers' work joins no request",
         detail: RQ,
         requires: Some(H2_HEADER),
         ..Probe::ROW

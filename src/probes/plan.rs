@@ -130,6 +130,11 @@ fn state_of(p: &Probe, images: Symbols, detail: Detail, ends: Conditions) -> (Pr
         return (ProbeState::NotNeeded, None);
     }
     match syms.and_then(|s| s.get(p.symbol)) {
+        // An outgoing HTTP/2 stream's id is the return value: a session
+        // uprobe's (Linux >= 6.13), the only way it is read.
+        Some(_) if p.kind == probe_kind::PROBE_H2_SUBMIT && !ends.sync_at_return => {
+            (ProbeState::Failed("the kernel has no session uprobes (Linux >= 6.13)".into()), None)
+        }
         Some(&off) => (ProbeState::Usable, Some(off)),
         None => (ProbeState::Missing, None),
     }
@@ -402,6 +407,13 @@ mod tests {
             assert!(rq.contains(&s), "{s}");
         }
         assert_eq!(rq.len(), 6 + 9 + 6);
+        // Outgoing HTTP/2 streams: with session uprobes only (the stream id
+        // is the return value); without them, said so.
+        let at_return = Conditions { sync_at_return: true, ..AT_CLEANUP };
+        let rq_session = plan_on(&full, Some(&libc), Detail::default().with_requests(true), at_return);
+        assert_eq!(get(&rq_session, catalog::H2_SUBMIT), (ProbeState::Usable, Some(0x1000)));
+        let rq_plain = plan_on(&full, Some(&libc), Detail::default().with_requests(true), AT_CLEANUP);
+        assert!(matches!(get(&rq_plain, catalog::H2_SUBMIT).0, ProbeState::Failed(e) if e.contains("session uprobes")));
         let off = plan_on(&full, Some(&libc), Detail::default(), AT_CLEANUP);
         assert_eq!(get(&off, "uv__run_check").0, ProbeState::Off(DetailKind::Phases));
         assert!(epoll_only(&off));

@@ -17,5 +17,5 @@ mod tracker;
 #[cfg(test)]
 mod testing;
 
-pub(crate) use spans::call_span;
+pub(crate) use spans::{call_span, CallSpan};
 pub use tracker::{Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

@@ -6,7 +6,7 @@ use std::borrow::Cow;
 
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 
-use super::head::{host_port, redact_query, Head};
+use super::head::{host_port, parse_traceparent, redact_query, Head};
 use super::tracker::{Call, Request};
 use crate::events::spans::{build_into, span_under, Family, KeyValue, Parent, Span, SpanContextSource};
 
@@ -22,8 +22,9 @@ pub(super) fn request_spans(req: &mut Request, parent: &Parent, src: &SpanContex
     for rec in std::mem::take(&mut req.held) {
         build_into(rec, src, Some(parent), spans);
     }
+    let mut taken = Vec::new();
     for call in &req.calls {
-        spans.push(client_span(req, call, parent, src));
+        spans.push(client_span(req, call, parent, src, &mut taken));
     }
 }
 
@@ -127,35 +128,106 @@ fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut at
     s
 }
 
-/// A CLIENT span for an outgoing call the request made.
-fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>) -> Span {
+/// A CLIENT span for an outgoing call the request made (HTTP/1, or an
+/// HTTP/2 stream: a gRPC call's named and attributed as such). Its span id
+/// is the one the traceparent the app wrote on the call names, when that is
+/// in the span's own trace, the app runs no OpenTelemetry SDK (whose own
+/// CLIENT span that id is), it is not the request's own or its caller's
+/// (a traceparent passed on unchanged) and no earlier call of the request
+/// took it (`taken`): the callee's spans are then under it. Else an id of
+/// its own.
+fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSource<'_>, taken: &mut Vec<SpanId>) -> Span {
+    let span_id = match call.head.header("traceparent").and_then(parse_traceparent) {
+        Some((trace, span, _))
+            if !call.app_sdk
+                && trace == parent.trace_id
+                && span != SpanId::INVALID
+                && span != req.span_id
+                && req.incoming.is_none_or(|i| i.1 != span)
+                && !taken.contains(&span) =>
+        {
+            taken.push(span);
+            span
+        }
+        _ => src.ids.new_span_id(),
+    };
     let end = call.end_ns.unwrap_or(req.last_ns.max(call.start_ns));
-    call_span(&call.head, call.tls, call.status, (call.start_ns, end), parent, src)
+    let c = CallSpan {
+        head: &call.head,
+        tls: call.tls,
+        h2: call.h2_stream.is_some(),
+        status: call.status,
+        grpc_status: call.grpc_status,
+        times: (call.start_ns, end),
+    };
+    call_span(&c, span_id, parent, src)
 }
 
-/// The CLIENT span of an outgoing HTTP/1 call (a request's or a task's):
-/// its request's head, its response's status when seen.
-pub(crate) fn call_span(h: &Head, tls: bool, status: Option<u16>, times: (u64, u64), parent: &Parent, src: &SpanContextSource<'_>) -> Span {
-    let mut attrs = vec![
+/// What a CLIENT span is made of: an outgoing call (a request's or a
+/// task's), its request's head, its response's status when seen.
+pub(crate) struct CallSpan<'a> {
+    pub head: &'a Head,
+    pub tls: bool,
+    /// An HTTP/2 stream (not HTTP/1).
+    pub h2: bool,
+    pub status: Option<u16>,
+    pub grpc_status: Option<u8>,
+    pub times: (u64, u64),
+}
+
+/// The CLIENT span of an outgoing call, with `span_id`.
+pub(crate) fn call_span(c: &CallSpan<'_>, span_id: SpanId, parent: &Parent, src: &SpanContextSource<'_>) -> Span {
+    let h = c.head;
+    let mut attrs = Vec::with_capacity(12);
+    attrs.extend([
         KeyValue::new("http.request.method", h.method.clone()),
         KeyValue::new("url.path", h.path.clone()),
-        KeyValue::new("url.scheme", if tls { "https" } else { "http" }),
-    ];
+        KeyValue::new("url.scheme", if c.tls { "https" } else { "http" }),
+    ]);
+    if c.h2 {
+        attrs.push(KeyValue::new("network.protocol.version", "2"));
+    }
     if let Some(host) = h.header("host") {
-        let (name, port) = host_port(host, if tls { 443 } else { 80 });
+        let (name, port) = host_port(host, if c.tls { 443 } else { 80 });
         attrs.push(KeyValue::new("server.address", name.to_string()));
         attrs.push(KeyValue::new("server.port", i64::from(port)));
     }
     if let Some(tp) = h.header("traceparent") {
         attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
     }
-    let mut s = span(src, parent, src.ids.new_span_id(), h.method.clone(), SpanKind::Client, times, attrs);
-    if let Some(code) = status {
-        s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
-        if code >= 400 {
-            s.status = Status::error(format!("HTTP {code}"));
-            s.attributes.push(KeyValue::new("error.type", code.to_string()));
+    if let Some(code) = c.status {
+        attrs.push(KeyValue::new("http.response.status_code", i64::from(code)));
+    }
+    let http_error = c.status.filter(|c| *c >= 400);
+    if let Some((service, method)) = h.grpc() {
+        attrs.extend([
+            KeyValue::new("rpc.system", "grpc"),
+            KeyValue::new("rpc.service", service.to_string()),
+            KeyValue::new("rpc.method", method.to_string()),
+        ]);
+        let name = Cow::Owned(format!("{service}/{method}"));
+        let mut s = span(src, parent, span_id, name, SpanKind::Client, c.times, attrs);
+        // A client's view: every code but OK is an error.
+        match (c.grpc_status, http_error) {
+            (Some(code), _) => {
+                s.attributes.push(KeyValue::new("rpc.grpc.status_code", i64::from(code)));
+                if code != 0 {
+                    s.status = Status::error(format!("gRPC status {code}"));
+                    s.attributes.push(KeyValue::new("error.type", code.to_string()));
+                }
+            }
+            (None, Some(code)) => {
+                s.status = Status::error(format!("HTTP {code}"));
+                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+            }
+            (None, None) => {}
         }
+        return s;
+    }
+    let mut s = span(src, parent, span_id, h.method.clone(), SpanKind::Client, c.times, attrs);
+    if let Some(code) = http_error {
+        s.status = Status::error(format!("HTTP {code}"));
+        s.attributes.push(KeyValue::new("error.type", code.to_string()));
     }
     s
 }
@@ -165,7 +237,7 @@ mod tests {
     use opentelemetry::trace::TraceId;
 
     use super::*;
-    use crate::events::decode::HttpWhat;
+    use crate::events::decode::{HttpRecord, HttpWhat};
     use crate::events::spans::Value;
     use crate::requests::testing::{attr, fs, http, run, TP};
     use crate::requests::tracker::NO_RESPONSE_NS;
@@ -225,6 +297,104 @@ mod tests {
             assert_eq!(attr(s, "rpc.grpc.status_code"), Some(&Value::I64(code)));
             assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(200)));
             assert_eq!(matches!(s.status, Status::Error { .. }), error, "grpc-status {code}");
+        }
+    }
+
+    /// HTTP/2 calls of a request (streams of one session, interleaved):
+    /// each a CLIENT span matched to its own response by its stream id, a
+    /// gRPC call named by service and method with its grpc-status (every
+    /// code but OK an ERROR for a client); the span id the app wrote taken
+    /// once, in the request's trace, by a process without an SDK.
+    #[test]
+    fn http2_calls_are_client_spans_matched_per_stream() {
+        let c = |stream: i32, ts: u64, fields: &[(&str, &str)]| HttpRecord {
+            stream,
+            ..http(HttpWhat::Http2Client, 1, 500, ts, &fields.iter().map(|(n, v)| format!("{n}\0{v}")).collect::<Vec<_>>().join("\0"))
+        };
+        let h = |stream: i32, ts: u64, name: &str, value: &str| HttpRecord {
+            stream,
+            ..http(HttpWhat::Http2Header, 1, 500, ts, &format!("{name}\0{value}"))
+        };
+        let end = |stream: i32, ts: u64| HttpRecord { stream, ..http(HttpWhat::Http2Close, 1, 500, ts, "") };
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
+            let tp = |span: &str| format!("00-0af7651916cd43dd8448eb211c80319c-{span}-01");
+            for (stream, path, span) in
+                [(1, "/a", "00000000000000a1"), (3, "/b", "00000000000000a1"), (5, "/test.Echo/Say", "00000000000000c5")]
+            {
+                let ts = 1_100 + stream as u64;
+                let tp = tp(span);
+                let mut fields =
+                    vec![(":method", if stream == 5 { "POST" } else { "GET" }), (":scheme", "https"), (":authority", "up:8443")];
+                if stream == 5 {
+                    fields.push(("content-type", "application/grpc"));
+                }
+                fields.extend([("traceparent", tp.as_str()), (":path", path)]);
+                r.http(&c(stream, ts, &fields), false, src, ready);
+                // Its stream's again (a repeat): the same call.
+                r.http(&c(stream, ts + 1, &[(":path", "/again")]), false, src, ready);
+            }
+            // Answers in another order; another session's stream 1 is not these.
+            r.http(&HttpRecord { conn: 600, ..h(1, 1_150, ":status", "200") }, false, src, ready);
+            r.http(&h(5, 1_200, ":status", "200"), false, src, ready);
+            r.http(&h(3, 1_210, ":status", "503"), false, src, ready);
+            r.http(&h(1, 1_220, ":status", "404"), false, src, ready);
+            r.http(&h(5, 1_300, "grpc-status", "5"), false, src, ready);
+            for (stream, ts) in [(3, 1_310), (5, 1_320), (1, 1_330), (1, 1_340)] {
+                r.http(&end(stream, ts), false, src, ready);
+            }
+            r.http(&http(HttpWhat::Write, 1, 100, 2_000, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"), false, src, ready);
+        });
+        let server = spans.iter().find(|s| s.span_kind == SpanKind::Server).unwrap();
+        let call = |path: &'static str| {
+            spans.iter().find(|s| s.span_kind == SpanKind::Client && attr(s, "url.path") == Some(&Value::from(path))).unwrap()
+        };
+        assert_eq!(spans.iter().filter(|s| s.span_kind == SpanKind::Client).count(), 3);
+        for (path, code, start, end) in [("/a", 404, 1_101, 1_330), ("/b", 503, 1_103, 1_310)] {
+            let s = call(path);
+            assert_eq!(s.name, "GET");
+            assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(code)), "{path}: its own response");
+            assert_eq!((s.start_ns, s.end_ns), (start, end), "{path}: to its response's end");
+            assert_eq!(attr(s, "network.protocol.version"), Some(&Value::from("2")));
+            assert_eq!(attr(s, "url.scheme"), Some(&Value::from("https")));
+            assert_eq!(attr(s, "server.address"), Some(&Value::from("up")));
+            assert_eq!(attr(s, "server.port"), Some(&Value::I64(8443)));
+            assert!(matches!(s.status, Status::Error { .. }), "{path}: a 4xx/5xx answer");
+            assert_eq!(s.parent_span_id, server.span_context.span_id());
+        }
+        assert_eq!(call("/a").span_context.span_id(), SpanId::from_hex("00000000000000a1").unwrap(), "the id the app wrote");
+        assert_ne!(call("/b").span_context.span_id(), call("/a").span_context.span_id(), "an id is taken once");
+        let g = call("/test.Echo/Say");
+        assert_eq!(g.name, "test.Echo/Say");
+        assert_eq!(g.span_context.span_id(), SpanId::from_hex("00000000000000c5").unwrap());
+        assert_eq!(attr(g, "rpc.system"), Some(&Value::from("grpc")));
+        assert_eq!(attr(g, "rpc.service"), Some(&Value::from("test.Echo")));
+        assert_eq!(attr(g, "rpc.method"), Some(&Value::from("Say")));
+        assert_eq!(attr(g, "rpc.grpc.status_code"), Some(&Value::I64(5)));
+        assert!(matches!(g.status, Status::Error { .. }), "NOT_FOUND is a client's error");
+    }
+
+    /// The span id the app wrote is not taken by a process that runs the
+    /// SDK (its own CLIENT span has it), nor from another trace, nor when it
+    /// is the caller's (a traceparent passed on unchanged).
+    #[test]
+    fn a_written_span_id_is_taken_only_in_the_trace_without_an_sdk() {
+        let c = |stream: i32, path: &str, tp: &str| HttpRecord {
+            stream,
+            ..http(HttpWhat::Http2Client, 1, 500, 1_100, &format!(":path\0{path}\0traceparent\0{tp}"))
+        };
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), false, src, ready);
+            r.http(&c(1, "/sdk", "00-0af7651916cd43dd8448eb211c80319c-00000000000000a1-01"), true, src, ready);
+            r.http(&c(3, "/other", "00-11111111111111111111111111111111-00000000000000a3-01"), false, src, ready);
+            // The caller's traceparent passed on unchanged: its span is the caller's.
+            r.http(&c(5, "/passed", TP), false, src, ready);
+            r.finish_all(src, ready);
+        });
+        for (path, span) in [("/sdk", "00000000000000a1"), ("/other", "00000000000000a3"), ("/passed", "b7ad6b7169203331")] {
+            let s = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
+            assert_ne!(s.span_context.span_id(), SpanId::from_hex(span).unwrap(), "{path}");
+            assert!(attr(s, "uvspan.http.traceparent_written").is_some());
         }
     }
 

@@ -22,6 +22,7 @@ pub(super) fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -
         cause,
         dropped: false,
         conn,
+        stream: 0,
         what,
         len: data.len() as u32,
         tls: false,

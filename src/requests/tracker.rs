@@ -80,6 +80,7 @@ pub struct RequestStats {
 /// An outgoing HTTP call a request made.
 #[derive(Clone, Debug)]
 pub(super) struct Call {
+    /// The connection (HTTP/2: the nghttp2 session).
     conn: u64,
     /// An HTTPS call: the socket its ciphertext went out on (`conn` is the
     /// TLS connection), where its response comes back.
@@ -89,6 +90,13 @@ pub(super) struct Call {
     pub(super) head: Head,
     pub(super) status: Option<u16>,
     pub(super) tls: bool,
+    /// An HTTP/2 call: its stream on the session.
+    pub(super) h2_stream: Option<i32>,
+    /// A gRPC call's `grpc-status` (its response's headers or trailers).
+    pub(super) grpc_status: Option<u8>,
+    /// Made by a process that runs the OpenTelemetry SDK (whose own CLIENT
+    /// span the traceparent it wrote names).
+    pub(super) app_sdk: bool,
 }
 
 /// A request in progress (what the span builder reads is `pub(super)`).
@@ -346,9 +354,12 @@ impl Requests {
             HttpWhat::Request | HttpWhat::Pipelined => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
             HttpWhat::Write => {
                 let target = self.response_target(r);
-                self.write(r, target, src, ready);
+                self.write(r, target, app_sdk, src, ready);
             }
             HttpWhat::Response => self.response(r),
+            // An outgoing HTTP/2 stream's records (its caller's cause).
+            HttpWhat::Http2Client => self.h2_call(r, app_sdk),
+            HttpWhat::Http2Header | HttpWhat::Http2Close if r.stream != 0 => self.h2_call_response(r),
             HttpWhat::Http2Header => self.h2_header(r, !app_sdk || self.always_server_spans || self.join, src, ready),
             HttpWhat::Http2Close => {
                 if let Some(req) = self.open.get_mut(&r.cause) {
@@ -395,6 +406,58 @@ impl Requests {
             }
             H2Field::Other => {}
         }
+    }
+
+    /// An outgoing HTTP/2 stream's request headers: a call of its caller's
+    /// request, if still open; an app that writes a traceparent says which
+    /// trace the request is in, as on HTTP/1.
+    fn h2_call(&mut self, r: &HttpRecord, app_sdk: bool) {
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        req.last_ns = req.last_ns.max(r.ts_ns);
+        if req.calls.iter().any(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) {
+            return;
+        }
+        let mut head = Head::h2();
+        let mut fields = r.data.split(|&b| b == 0);
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            let mut field = Vec::with_capacity(name.len() + 1 + value.len());
+            field.extend_from_slice(name);
+            field.push(0);
+            field.extend_from_slice(value);
+            head.apply_h2(&field);
+        }
+        if req.incoming.is_none() && req.adopted.is_none() {
+            req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
+        }
+        req.calls.push(Call {
+            conn: r.conn,
+            stream: None,
+            start_ns: r.ts_ns,
+            end_ns: None,
+            tls: head.header(":scheme") == Some("https"),
+            head,
+            status: None,
+            h2_stream: Some(r.stream),
+            grpc_status: None,
+            app_sdk,
+        });
+    }
+
+    /// An outgoing HTTP/2 stream's response: its `:status`, `grpc-status`,
+    /// its end (the first one seen: the response's last frame, or a reset).
+    fn h2_call_response(&mut self, r: &HttpRecord) {
+        let Some(req) = self.open.get_mut(&r.cause) else { return };
+        let Some(call) = req.calls.iter_mut().find(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) else { return };
+        if r.what == HttpWhat::Http2Close {
+            call.end_ns.get_or_insert(r.ts_ns);
+        } else {
+            match Head::h2().apply_h2(&r.data) {
+                H2Field::Status(code) => call.status = Some(code),
+                H2Field::GrpcStatus(code) => call.grpc_status = Some(code),
+                _ => {}
+            }
+        }
+        req.last_ns = req.last_ns.max(r.ts_ns);
     }
 
     fn start(&mut self, r: &HttpRecord, server_span: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
@@ -509,7 +572,7 @@ impl Requests {
         queue.iter().find(waiting).copied().unwrap_or(r.cause)
     }
 
-    fn write(&mut self, r: &HttpRecord, target: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    fn write(&mut self, r: &HttpRecord, target: u64, app_sdk: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
         if r.tls {
             self.tls_last = Some((r.pid, r.tid, r.conn));
         } else if let Some((.., tls)) = self.tls_last.take().filter(|l| (l.0, l.1) == (r.pid, r.tid)) {
@@ -522,7 +585,10 @@ impl Requests {
         // write of its ciphertext, on the same thread in the same call):
         // an HTTPS call's socket, where its response is parsed.
         if let Some((.., tls_conn, owner)) = self.tls_call.take().filter(|c| !r.tls && (c.0, c.1, c.2) == (r.pid, r.tid, r.cause)) {
-            let call = self.open.get_mut(&owner).and_then(|q| q.calls.iter_mut().rev().find(|c| c.tls && c.conn == tls_conn));
+            let call = self
+                .open
+                .get_mut(&owner)
+                .and_then(|q| q.calls.iter_mut().rev().find(|c| c.tls && c.h2_stream.is_none() && c.conn == tls_conn));
             if let Some(c) = call {
                 c.stream = Some(r.conn);
                 // Its response is read there, maybe under this write's
@@ -537,8 +603,10 @@ impl Requests {
         // socket learned again from the ciphertext that follows.
         if r.tls && parse_request(&r.data).is_some() {
             if let Some(&owner) = self.tls_calls.get(&(r.pid, r.conn)) {
-                let call =
-                    self.open.get_mut(&owner).and_then(|q| q.calls.iter_mut().find(|c| c.tls && c.conn == r.conn && c.end_ns.is_none()));
+                let call = self
+                    .open
+                    .get_mut(&owner)
+                    .and_then(|q| q.calls.iter_mut().find(|c| c.tls && c.h2_stream.is_none() && c.conn == r.conn && c.end_ns.is_none()));
                 if let Some(c) = call {
                     c.stream = None;
                     self.tls_call = Some((r.pid, r.tid, r.cause, r.conn, owner));
@@ -565,7 +633,18 @@ impl Requests {
                 if req.incoming.is_none() && req.adopted.is_none() {
                     req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
                 }
-                req.calls.push(Call { conn: r.conn, stream: None, start_ns: r.ts_ns, end_ns: None, head, status: None, tls: r.tls });
+                req.calls.push(Call {
+                    conn: r.conn,
+                    stream: None,
+                    start_ns: r.ts_ns,
+                    end_ns: None,
+                    head,
+                    status: None,
+                    tls: r.tls,
+                    h2_stream: None,
+                    grpc_status: None,
+                    app_sdk,
+                });
                 if r.tls {
                     self.tls_calls.insert((r.pid, r.conn), target);
                     self.tls_call = Some((r.pid, r.tid, r.cause, r.conn, target));
@@ -582,7 +661,7 @@ impl Requests {
     }
 
     fn response(&mut self, r: &HttpRecord) {
-        let waits = |c: &Call| (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none();
+        let waits = |c: &Call| c.h2_stream.is_none() && (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none();
         // An HTTPS call's response is read under the cause of the last
         // write on its socket: another request's, when that request's
         // callback retried the call's SSL_write.
@@ -1030,7 +1109,7 @@ mod tests {
 
         /// (what, cause, connection, time, which of the heads).
         fn record() -> impl Strategy<Value = (u8, u64, u64, u64, prop::sample::Index)> {
-            (0u8..7, 0u64..4, 0u64..4, 0u64..3_000_000_000, any::<prop::sample::Index>())
+            (0u8..8, 0u64..4, 0u64..4, 0u64..3_000_000_000, any::<prop::sample::Index>())
         }
 
         proptest! {
@@ -1054,10 +1133,13 @@ mod tests {
                             2 => HttpWhat::Write,
                             3 => HttpWhat::Response,
                             4 | 5 => HttpWhat::Http2Header,
-                            _ => HttpWhat::Http2Close,
+                            6 => HttpWhat::Http2Close,
+                            _ => HttpWhat::Http2Client,
                         };
                         started += usize::from(matches!(what, HttpWhat::Request | HttpWhat::Pipelined | HttpWhat::Http2Header));
                         let mut rec = http(what, *cause, *conn, *ts, "");
+                        // Some of them an outgoing stream's.
+                        rec.stream = (*ts % 3) as i32;
                         rec.data = data.clone();
                         rec.len = data.len() as u32;
                         r.http(&rec, *cause == 3, src, ready);

@@ -227,6 +227,7 @@ fn a_tasks_calls_are_client_spans_under_it() {
         cause,
         dropped: false,
         conn,
+        stream: 0,
         what,
         len: data.len() as u32,
         tls: false,

@@ -15,7 +15,7 @@ use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{build_into, Parent, Span, SpanContextSource};
 use crate::requests::head::{parse_request, parse_status, Head};
-use crate::requests::{call_span, FinishedCall, Ready};
+use crate::requests::{call_span, CallSpan, FinishedCall, Ready};
 
 /// Operations held per task before they are sent as they come.
 const HELD_MAX: usize = 512;
@@ -529,7 +529,9 @@ impl Tasks {
         out.reserve(t.held.len() + 1);
         out.push(task_span(&t, &root, src));
         for c in &t.calls {
-            out.push(call_span(&c.head, c.tls, c.status, (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns))), &under, src));
+            let times = (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns)));
+            let call = CallSpan { head: &c.head, tls: c.tls, h2: false, status: c.status, grpc_status: None, times };
+            out.push(call_span(&call, src.ids.new_span_id(), &under, src));
         }
         for rec in std::mem::take(&mut t.held) {
             build_into(rec, src, Some(&under), out);

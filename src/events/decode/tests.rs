@@ -91,6 +91,30 @@ fn http2_records() {
     assert_eq!((r.what, r.data.len()), (HttpWhat::Http2Close, 0));
 }
 
+/// An HTTP/2 client record (each header in its slot, :path last, cut at
+/// the record's end) comes out as `name\0value` pairs, empty slots left
+/// out, with its stream id.
+#[test]
+fn http2_client_records() {
+    use crate::kernel::skel::types::h2_client_slot as slot;
+    let head = std::mem::size_of::<http_event>() - uvspan_sizes::UVSPAN_HTTP_CAPTURE.0 as usize;
+    let path = slot::H2C_PATH.0 as usize;
+    let bytes = record_bytes(head + path + 8, |e: &mut http_event| {
+        e.hdr.kind = ev_kind::EV_HTTP;
+        e.what = http_what::HTTP2_CLIENT.0;
+        e.stream_id = 7;
+        e.captured = (path + 6) as u32;
+        for (at, v) in [(slot::H2C_METHOD.0, &b"GET"[..]), (slot::H2C_AUTHORITY.0, b"up:80"), (slot::H2C_PATH.0, b"/a?b=c")] {
+            for (d, b) in e.data[at as usize..].iter_mut().zip(v) {
+                *d = *b as _;
+            }
+        }
+    });
+    let Record::Http(r) = decode(&bytes).unwrap() else { panic!("not http") };
+    assert_eq!((r.what, r.stream), (HttpWhat::Http2Client, 7));
+    assert_eq!(r.data, b":method\x00GET\x00:authority\x00up:80\x00:path\x00/a?b=c");
+}
+
 #[test]
 fn fs_record_without_second_path() {
     let bytes = record_bytes(std::mem::size_of::<fs_event>() - 256, |e: &mut fs_event| {

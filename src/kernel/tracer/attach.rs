@@ -190,13 +190,21 @@ impl Tracer {
         let one = if pid > 0 { 1u64 << cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0 } else { 0 };
         if self.multi {
             // With session uprobes, the fs submits (libc's epoll waits,
-            // HTTP/2 frames and body pieces) get their own link.
+            // HTTP/2 frames, body pieces, closes and outgoing streams) get
+            // their own link.
             let session = |&(_, cookie): &(usize, u64)| {
                 let kind = cookie >> cookie_layout::COOKIE_KIND_SHIFT.0;
                 self.session
-                    && [probe_kind::PROBE_FS_SUBMIT, probe_kind::PROBE_EPOLL_WAIT, probe_kind::PROBE_H2_FRAME, probe_kind::PROBE_H2_DATA]
-                        .iter()
-                        .any(|k| kind == u64::from(k.0))
+                    && [
+                        probe_kind::PROBE_FS_SUBMIT,
+                        probe_kind::PROBE_EPOLL_WAIT,
+                        probe_kind::PROBE_H2_FRAME,
+                        probe_kind::PROBE_H2_DATA,
+                        probe_kind::PROBE_H2_CLOSE,
+                        probe_kind::PROBE_H2_SUBMIT,
+                    ]
+                    .iter()
+                    .any(|k| kind == u64::from(k.0))
             };
             let mut links = Vec::new();
             for in_session in [false, true] {
