@@ -194,14 +194,8 @@ fn h2c_streams_with_the_app_alone_in_its_pid_namespace() {
 #[test]
 fn tls_h2_streams_too() {
     require_root();
-    require_tool("openssl", "makes the test server's certificate");
     let certs = TempDir::new("h2-certs");
-    let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
-    let st = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
-        .output()
-        .expect("run openssl");
-    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+    let (key, cert) = self_signed(&certs);
     let (dir, out, spans) = run_h2("h2-tls", Topology::Host, &["--tls".into(), key, cert]);
     check_streams(&dir, &out, &spans, "https", "TLS, ALPN h2", true);
 }
@@ -549,13 +543,7 @@ fn h2_calls_on(node: &str, topology: Topology, tag: &str, tls: bool) {
     let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
     let mut app: Vec<String> = vec![node.into(), fixture("http2_client.js"), dir.str(), CALLERS.to_string()];
     if tls {
-        require_tool("openssl", "makes the test server's certificate");
-        let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
-        let st = Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
-            .output()
-            .expect("run openssl");
-        assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+        let (key, cert) = self_signed(&certs);
         app.extend(["--tls".into(), key, cert]);
     }
     let app: Vec<&str> = app.iter().map(String::as_str).collect();

@@ -151,18 +151,6 @@ fn http_requests_are_server_spans_with_their_work_under_them() {
     }
 }
 
-/// A self-signed certificate for localhost in `certs`: (key, cert) paths.
-fn self_signed(certs: &TempDir) -> (String, String) {
-    require_tool("openssl", "makes the test server's certificate");
-    let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
-    let st = std::process::Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
-        .output()
-        .expect("run openssl");
-    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
-    (key, cert)
-}
-
 #[test]
 fn https_requests_too() {
     require_root();

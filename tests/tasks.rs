@@ -367,12 +367,7 @@ fn close_and_immediate_callbacks_are_tasks_with_the_app_alone_in_its_pid_namespa
 fn task_calls_in(topology: Topology) {
     require_root();
     let certs = TempDir::new("tasks-calls-certs");
-    let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
-    let st = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
-        .output()
-        .expect("run openssl");
-    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+    let (key, cert) = self_signed(&certs);
     task_calls_over(topology, None);
     task_calls_over(topology, Some((&key, &cert)));
 }

@@ -15,7 +15,7 @@ mod spans;
 mod tracker;
 
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub(crate) use spans::{call_span, CallSpan};
 pub use tracker::{Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

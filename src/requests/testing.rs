@@ -14,7 +14,7 @@ pub(super) fn attr<'a>(s: &'a Span, k: &str) -> Option<&'a Value> {
 }
 
 /// An HTTP record of process 7 on connection `conn` from 10.0.0.2 to port 8080.
-pub(super) fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -> HttpRecord {
+pub(crate) fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -> HttpRecord {
     HttpRecord {
         pid: 7,
         tid: 7,

@@ -137,6 +137,27 @@ pub(super) struct Request {
 }
 
 impl Request {
+    /// An outgoing call it made (`r`: its request's record); an app that
+    /// writes a traceparent (its SDK) says which trace the request is in.
+    fn call(&mut self, r: &HttpRecord, head: Head, tls: bool, h2_stream: Option<i32>, app_sdk: bool) {
+        if self.incoming.is_none() && self.adopted.is_none() {
+            self.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
+        }
+        let (conn, start_ns) = (r.conn, r.ts_ns);
+        self.calls.push(Call {
+            conn,
+            stream: None,
+            start_ns,
+            end_ns: None,
+            head,
+            status: None,
+            tls,
+            h2_stream,
+            grpc_status: None,
+            app_sdk,
+        });
+    }
+
     pub(super) fn trace_id(&self) -> TraceId {
         self.incoming.map(|i| i.0).or(self.adopted).unwrap_or(self.own_trace)
     }
@@ -426,21 +447,8 @@ impl Requests {
             field.extend_from_slice(value);
             head.apply_h2(&field);
         }
-        if req.incoming.is_none() && req.adopted.is_none() {
-            req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
-        }
-        req.calls.push(Call {
-            conn: r.conn,
-            stream: None,
-            start_ns: r.ts_ns,
-            end_ns: None,
-            tls: head.header(":scheme") == Some("https"),
-            head,
-            status: None,
-            h2_stream: Some(r.stream),
-            grpc_status: None,
-            app_sdk,
-        });
+        let tls = head.header(":scheme") == Some("https");
+        req.call(r, head, tls, Some(r.stream), app_sdk);
     }
 
     /// An outgoing HTTP/2 stream's response: its `:status`, `grpc-status`,
@@ -628,23 +636,7 @@ impl Requests {
                     _ => None,
                 };
             } else if let Some(head) = parse_request(&r.data) {
-                // An outgoing call; an app that writes a traceparent (its
-                // SDK) says which trace the request is in.
-                if req.incoming.is_none() && req.adopted.is_none() {
-                    req.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
-                }
-                req.calls.push(Call {
-                    conn: r.conn,
-                    stream: None,
-                    start_ns: r.ts_ns,
-                    end_ns: None,
-                    head,
-                    status: None,
-                    tls: r.tls,
-                    h2_stream: None,
-                    grpc_status: None,
-                    app_sdk,
-                });
+                req.call(r, head, r.tls, None, app_sdk);
                 if r.tls {
                     self.tls_calls.insert((r.pid, r.conn), target);
                     self.tls_call = Some((r.pid, r.tid, r.cause, r.conn, target));

@@ -220,21 +220,8 @@ fn sync_stat(start: u64, end: u64, path: &str, result: i64) -> Record {
 #[test]
 fn a_tasks_calls_are_client_spans_under_it() {
     use crate::events::decode::{HttpRecord, HttpWhat};
-    let rec = |what, cause, conn, ts, data: &str| HttpRecord {
-        pid: 7,
-        tid: 7,
-        ts_ns: ts,
-        cause,
-        dropped: false,
-        conn,
-        stream: 0,
-        what,
-        len: data.len() as u32,
-        tls: false,
-        peer: None,
-        local_port: None,
-        data: data.as_bytes().to_vec(),
-    };
+    use crate::requests::testing::http;
+    let rec = |what, cause, conn, ts, data: &str| HttpRecord { peer: None, local_port: None, ..http(what, cause, conn, ts, data) };
     let mut calls = Vec::new();
     let (spans, _) = run(TracePer::Task, Sampler::default(), |t, src, ready| {
         t.finished_calls = Some(Vec::new());

@@ -374,3 +374,16 @@ impl Drop for TempDir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A self-signed certificate for localhost in `certs` (openssl): the paths
+/// of its key and certificate, for a test's TLS server.
+pub fn self_signed(certs: &TempDir) -> (String, String) {
+    require_tool("openssl", "makes the test server's certificate");
+    let (key, cert) = (certs.join("key.pem"), certs.join("cert.pem"));
+    let st = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-days", "1", "-keyout", &key, "-out", &cert])
+        .output()
+        .expect("run openssl");
+    assert!(st.status.success(), "openssl: {}", String::from_utf8_lossy(&st.stderr));
+    (key, cert)
+}
