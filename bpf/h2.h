@@ -139,11 +139,11 @@ static __always_inline int same_n(const char *a, const char *lit, int n)
 	return 1;
 }
 
-/* Whether a client stream's records are sent: its caller is a sampled
- * request (a task's calls are not CLIENT spans yet). */
+/* Whether a client stream's records are sent: its caller (a request or a
+ * task) is sampled. */
 static __always_inline int h2_client_sends(__u64 cause)
 {
-	return cause && !dropped(cause) && !is_task(cause);
+	return cause && !dropped(cause);
 }
 
 /* A response header or trailer of a stream: a client stream's :status

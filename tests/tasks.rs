@@ -362,17 +362,19 @@ fn close_and_immediate_callbacks_are_tasks_with_the_app_alone_in_its_pid_namespa
 /// each under its `timers` task with its own status (503: ERROR), the
 /// response handler's stat under the same task, the server's side a request
 /// of its own, and `http.client.request.duration` counting every call.
-/// Over HTTP and HTTPS (an HTTPS call's socket is learned from the
-/// ciphertext written right after its SSL_write).
+/// Over HTTP, HTTPS (an HTTPS call's socket is learned from the ciphertext
+/// written right after its SSL_write) and HTTP/2 (h2c, streams of one
+/// session).
 fn task_calls_in(topology: Topology) {
     require_root();
     let certs = TempDir::new("tasks-calls-certs");
     let (key, cert) = self_signed(&certs);
-    task_calls_over(topology, None);
-    task_calls_over(topology, Some((&key, &cert)));
+    task_calls_over(topology, &[]);
+    task_calls_over(topology, &[&key, &cert]);
+    task_calls_over(topology, &["h2"]);
 }
 
-fn task_calls_over(topology: Topology, tls: Option<(&str, &str)>) {
+fn task_calls_over(topology: Topology, how: &[&str]) {
     const N: usize = 6;
     let col = Collector::start(Listen::Plain);
     let ep = format!("http://127.0.0.1:{}", col.port());
@@ -381,14 +383,20 @@ fn task_calls_over(topology: Topology, tls: Option<(&str, &str)>) {
     let uv = ["--status-interval", "0", "--loop-threshold", "10m", "--otlp-endpoint", ep.as_str()];
     let (d, n) = (dir.str(), N.to_string());
     let mut app = vec!["node", &script, &d, &n];
-    app.extend(tls.map_or(vec![], |(k, c)| vec![k, c]));
-    let scheme = if tls.is_some() { "https" } else { "http" };
+    app.extend(how);
+    let scheme = if how.len() == 2 { "https" } else { "http" };
+    let version = (how == ["h2"]).then_some("2");
+    let label = match how.len() {
+        0 => "HTTP",
+        2 => "HTTPS",
+        _ => "h2c",
+    };
     let mut cmd = topology.command(&uv, &app);
     cmd.env("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta");
     let out = run(cmd);
     let spans = col.spans();
     check_summary(&out, spans.len());
-    let ctx = format!("{topology:?} {scheme}\n{}\n{}", out.context(), dump_all(&spans));
+    let ctx = format!("{topology:?} {label}\n{}\n{}", out.context(), dump_all(&spans));
     assert_eq!(out.code(), Some(0), "{ctx}");
     assert_eq!(out.stdout.matches("\"marker\":\"tick\"").count(), N, "{ctx}");
     let ids = by_id(&spans);
@@ -402,6 +410,7 @@ fn task_calls_over(topology: Topology, tls: Option<(&str, &str)>) {
         assert_eq!(c.int("http.response.status_code"), Some(want), "{}\n{ctx}", c.brief());
         assert_eq!(c.status == StatusCode::Error, want >= 400, "{}", c.brief());
         assert_eq!(c.str("url.scheme"), Some(scheme), "{}", c.brief());
+        assert_eq!(c.str("network.protocol.version"), version, "{}", c.brief());
         let task = ids.get(c.parent_span_id.as_str()).unwrap_or_else(|| panic!("{path}'s parent not exported\n{ctx}"));
         assert_eq!(task.name, "timers", "{path} under its timer's task\n{ctx}");
         let file = dir.join(&format!("t-{i}"));
@@ -415,7 +424,7 @@ fn task_calls_over(topology: Topology, tls: Option<(&str, &str)>) {
     }
     assert_eq!(histogram_count(&col, "http.client.request.duration", &[]), N as u64, "{ctx}");
     assert_eq!(histogram_count(&col, "http.client.request.duration", &[("http.response.status_code", "503")]), 2, "{ctx}");
-    eprintln!("task calls ({topology:?}, {scheme}): {N} CLIENT spans under their timers tasks, each with its status and its response handler's work");
+    eprintln!("task calls ({topology:?}, {label}): {N} CLIENT spans under their timers tasks, each with its status and its response handler's work");
 }
 
 #[test]

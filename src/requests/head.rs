@@ -148,6 +148,21 @@ impl Head {
         H2Field::Request
     }
 
+    /// An outgoing HTTP/2 stream's head from its request-headers record
+    /// (`name\0value\0name\0value…`).
+    pub fn h2_request(data: &[u8]) -> Head {
+        let mut head = Head::h2();
+        let mut fields = data.split(|&b| b == 0);
+        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
+            let mut field = Vec::with_capacity(name.len() + 1 + value.len());
+            field.extend_from_slice(name);
+            field.push(0);
+            field.extend_from_slice(value);
+            head.apply_h2(&field);
+        }
+        head
+    }
+
     /// A gRPC call (`content-type: application/grpc…`): its service and
     /// method, from `/{package.Service}/{Method}`.
     pub fn grpc(&self) -> Option<(&str, &str)> {

@@ -438,15 +438,7 @@ impl Requests {
         if req.calls.iter().any(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) {
             return;
         }
-        let mut head = Head::h2();
-        let mut fields = r.data.split(|&b| b == 0);
-        while let (Some(name), Some(value)) = (fields.next(), fields.next()) {
-            let mut field = Vec::with_capacity(name.len() + 1 + value.len());
-            field.extend_from_slice(name);
-            field.push(0);
-            field.extend_from_slice(value);
-            head.apply_h2(&field);
-        }
+        let head = Head::h2_request(&r.data);
         let tls = head.header(":scheme") == Some("https");
         req.call(r, head, tls, Some(r.stream), app_sdk);
     }

@@ -14,7 +14,7 @@ use super::spans::{process_span, startup_span, task_span};
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{build_into, Parent, Span, SpanContextSource};
-use crate::requests::head::{parse_request, parse_status, Head};
+use crate::requests::head::{parse_request, parse_status, H2Field, Head};
 use crate::requests::{call_span, CallSpan, FinishedCall, Ready};
 
 /// Operations held per task before they are sent as they come.
@@ -98,8 +98,12 @@ pub(super) struct Task {
 /// response parsed there.
 #[derive(Debug)]
 struct TaskCall {
-    /// The socket, or for HTTPS the TLS connection.
+    /// The socket, or for HTTPS the TLS connection, or for HTTP/2 the
+    /// nghttp2 session.
     conn: u64,
+    /// An HTTP/2 stream's id.
+    h2_stream: Option<i32>,
+    grpc_status: Option<u8>,
     tls: bool,
     /// An HTTPS call's socket (its ciphertext's), where its response is read.
     socket: Option<u64>,
@@ -451,7 +455,17 @@ impl Tasks {
                     }
                     self.tls_owner.insert((r.pid, r.conn), key);
                 }
-                let call = TaskCall { conn: r.conn, tls: r.tls, socket: None, head, start_ns: r.ts_ns, end_ns: None, status: None };
+                let call = TaskCall {
+                    conn: r.conn,
+                    h2_stream: None,
+                    grpc_status: None,
+                    tls: r.tls,
+                    socket: None,
+                    head,
+                    start_ns: r.ts_ns,
+                    end_ns: None,
+                    status: None,
+                };
                 if let Some(t) = self.open.get_mut(&key) {
                     t.last_ns = t.last_ns.max(r.ts_ns);
                     if t.calls.len() < HELD_MAX {
@@ -467,13 +481,57 @@ impl Tasks {
                     self.new_task(key, kind, r.tid, r.dropped, r.ts_ns, src, ready).calls.push(call);
                 }
             }
+            HttpWhat::Http2Client => {
+                let head = Head::h2_request(&r.data);
+                let tls = head.header(":scheme") == Some("https");
+                let call = TaskCall {
+                    conn: r.conn,
+                    h2_stream: Some(r.stream),
+                    grpc_status: None,
+                    tls,
+                    socket: None,
+                    head,
+                    start_ns: r.ts_ns,
+                    end_ns: None,
+                    status: None,
+                };
+                match self.open.get_mut(&key) {
+                    Some(t) if t.calls.len() < HELD_MAX => {
+                        t.last_ns = t.last_ns.max(r.ts_ns);
+                        t.ops += 1;
+                        t.calls.push(call);
+                    }
+                    Some(_) => self.stats.not_held += 1,
+                    None if self.recent.contains_key(&key) => self.stats.not_held += 1,
+                    None => self.new_task(key, kind, r.tid, r.dropped, r.ts_ns, src, ready).calls.push(call),
+                }
+            }
+            // An outgoing HTTP/2 stream's :status, grpc-status, end.
+            HttpWhat::Http2Header | HttpWhat::Http2Close if r.stream != 0 => {
+                let Some(t) = self.open.get_mut(&key) else { return };
+                let Some(c) = t.calls.iter_mut().find(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) else { return };
+                if r.what == HttpWhat::Http2Close {
+                    c.end_ns.get_or_insert(r.ts_ns);
+                } else {
+                    match Head::h2().apply_h2(&r.data) {
+                        H2Field::Status(code) => c.status = Some(code),
+                        H2Field::GrpcStatus(code) => c.grpc_status = Some(code),
+                        _ => {}
+                    }
+                }
+                t.last_ns = t.last_ns.max(r.ts_ns);
+            }
             HttpWhat::Response => {
                 // Read on the socket the call went out on, under the cause
                 // of its last write there (an HTTPS call's retry: maybe
                 // another task's).
                 let owner = self.tls_owner.remove(&(r.pid, r.conn)).filter(|o| self.open.contains_key(o)).unwrap_or(key);
                 let Some(t) = self.open.get_mut(&owner) else { return };
-                if let Some(c) = t.calls.iter_mut().find(|c| (c.conn == r.conn || c.socket == Some(r.conn)) && c.end_ns.is_none()) {
+                if let Some(c) = t
+                    .calls
+                    .iter_mut()
+                    .find(|c| c.h2_stream.is_none() && (c.conn == r.conn || c.socket == Some(r.conn)) && c.end_ns.is_none())
+                {
                     c.end_ns = Some(r.ts_ns);
                     c.status = parse_status(&r.data).map(|s| s.status);
                     t.last_ns = t.last_ns.max(r.ts_ns);
@@ -530,7 +588,8 @@ impl Tasks {
         out.push(task_span(&t, &root, src));
         for c in &t.calls {
             let times = (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns)));
-            let call = CallSpan { head: &c.head, tls: c.tls, h2: false, status: c.status, grpc_status: None, times };
+            let call =
+                CallSpan { head: &c.head, tls: c.tls, h2: c.h2_stream.is_some(), status: c.status, grpc_status: c.grpc_status, times };
             out.push(call_span(&call, src.ids.new_span_id(), &under, src));
         }
         for rec in std::mem::take(&mut t.held) {
