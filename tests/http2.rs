@@ -367,6 +367,10 @@ fn unsampled_streams_send_no_record_of_their_work_app_alone() {
 /// the failing one, under the CLIENT span, the handler's stat under it. On
 /// the host, in one namespace, with the app alone in its own.
 fn grpc_js_in(topology: Topology, tag: &str) {
+    grpc_js_with(topology, tag, "node");
+}
+
+fn grpc_js_with(topology: Topology, tag: &str, node: &str) {
     const CALLS: usize = 18;
     let modules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/node_modules");
     assert!(
@@ -379,7 +383,7 @@ fn grpc_js_in(topology: Topology, tag: &str) {
     let dir = TempDir::new(tag);
     let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
     let (script, d, n) = (fixture("grpc_js.js"), dir.str(), CALLS.to_string());
-    let mut c = topology.command(&uv, &["node", &script, &d, &n]);
+    let mut c = topology.command(&uv, &[node, &script, &d, &n]);
     c.env("NODE_PATH", &modules);
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
@@ -444,6 +448,16 @@ fn grpc_js_in(topology: Topology, tag: &str) {
 fn grpc_js_calls_are_server_spans_with_their_work() {
     require_root();
     grpc_js_in(Topology::Host, "grpcjs-host");
+}
+
+/// The same on every official build (18, 20, 22, 24, 26), on the host.
+#[test]
+fn grpc_js_calls_on_every_official_build() {
+    require_root();
+    for major in [18, 20, 22, 24, 26] {
+        let node = official_node(major);
+        grpc_js_with(Topology::Host, &format!("grpcjs-node{major}"), &node.to_string_lossy());
+    }
 }
 
 #[test]
