@@ -358,38 +358,37 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	__u64 bufs = args.v[(i + 1) & 7];
 	__u32 nbufs = args.v[(i + 2) & 7];
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = stream };
-	__u64 cause = current_cause();
+	struct thread_state *t = requests ? thread_state_of(0) : 0;
+	__u64 cause = t ? fresh_cause(t->ctx.cause) : 0;
 	if (!cause) {
 		bpf_map_delete_elem(&stream_cause, &key);
 		return 0;
 	}
 	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
 	/* struct uv_buf_t { char *base; size_t len; } */
-	__u64 total = 0, first = 0, first_len = 0;
-	for (int b = 0; b < UVSPAN_WRITE_BUFS; b++) {
-		if (b >= nbufs)
-			break;
-		__u64 buf[2] = {};
-		bpf_probe_read_user(buf, sizeof(buf), (void *)(bufs + b * 16));
-		if (b == 0) {
-			first = buf[0];
-			first_len = buf[1];
-		}
-		total += buf[1];
-	}
+	__u64 first[2] = {};
+	if (nbufs)
+		bpf_probe_read_user(first, sizeof(first), (void *)bufs);
 	char head[8] = {};
-	bpf_probe_read_user(head, sizeof(head), (void *)first);
+	bpf_probe_read_user(head, sizeof(head), (void *)first[0]);
 	int call = is_request(head);
 	/* A task's writes: only its calls (their replies are its), and the
 	 * ciphertext of its HTTPS call (its socket) right after its SSL_write. */
 	if (is_task(cause) && !call) {
-		struct thread_state *t = thread_state_of(0);
-		if (!t || !t->ctx.tls_call)
+		if (!t->ctx.tls_call)
 			return 0;
 		t->ctx.tls_call = 0;
 	}
+	__u64 total = first[1];
+	for (int b = 1; b < UVSPAN_WRITE_BUFS; b++) {
+		if (b >= nbufs)
+			break;
+		__u64 buf[2] = {};
+		bpf_probe_read_user(buf, sizeof(buf), (void *)(bufs + b * 16));
+		total += buf[1];
+	}
 	/* Only a head (status line, request line) is worth its bytes. */
-	emit_http(HTTP_WRITE, cause, stream, first, first_len, total, is_response(head) || call, 0);
+	emit_http(HTTP_WRITE, cause, stream, first[0], first[1], total, is_response(head) || call, 0);
 	return 0;
 }
 

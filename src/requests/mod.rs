@@ -17,5 +17,6 @@ mod tracker;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub(crate) use spans::{call_span, CallSpan};
+pub(crate) use spans::call_span;
+pub(crate) use tracker::Call;
 pub use tracker::{Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

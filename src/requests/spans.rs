@@ -151,16 +151,7 @@ fn client_span(req: &Request, call: &Call, parent: &Parent, src: &SpanContextSou
         }
         _ => src.ids.new_span_id(),
     };
-    let end = call.end_ns.unwrap_or(req.last_ns.max(call.start_ns));
-    let c = CallSpan {
-        head: &call.head,
-        tls: call.tls,
-        h2: call.h2_stream.is_some(),
-        status: call.status,
-        grpc_status: call.grpc_status,
-        times: (call.start_ns, end),
-    };
-    call_span(&c, span_id, parent, src)
+    call_span(&call.span_parts(req.last_ns), span_id, parent, src)
 }
 
 /// What a CLIENT span is made of: an outgoing call (a request's or a

@@ -16,7 +16,7 @@ use opentelemetry::trace::{SpanId, TraceId, TraceState};
 use rustc_hash::FxHashMap;
 
 use super::head::{parse_request, parse_status, parse_traceparent, H2Field, Head};
-use super::spans::request_spans;
+use super::spans::{request_spans, CallSpan};
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{build_in, build_into, Parent, Span, SpanContextSource};
@@ -77,21 +77,21 @@ pub struct RequestStats {
     pub straddled_ops: u64,
 }
 
-/// An outgoing HTTP call a request made.
+/// An outgoing HTTP call a request (or a task) made.
 #[derive(Clone, Debug)]
-pub(super) struct Call {
+pub(crate) struct Call {
     /// The connection (HTTP/2: the nghttp2 session).
-    conn: u64,
+    pub(crate) conn: u64,
     /// An HTTPS call: the socket its ciphertext went out on (`conn` is the
     /// TLS connection), where its response comes back.
-    stream: Option<u64>,
+    pub(crate) stream: Option<u64>,
     pub(super) start_ns: u64,
-    pub(super) end_ns: Option<u64>,
+    pub(crate) end_ns: Option<u64>,
     pub(super) head: Head,
     pub(super) status: Option<u16>,
-    pub(super) tls: bool,
+    pub(crate) tls: bool,
     /// An HTTP/2 call: its stream on the session.
-    pub(super) h2_stream: Option<i32>,
+    pub(crate) h2_stream: Option<i32>,
     /// A gRPC call's `grpc-status` (its response's headers or trailers).
     pub(super) grpc_status: Option<u8>,
     /// Made by a process that runs the OpenTelemetry SDK (whose own CLIENT
@@ -136,6 +136,68 @@ pub(super) struct Request {
     kernel_dropped: bool,
 }
 
+impl Call {
+    /// A call whose request `r` wrote (`head`: its request's head), not
+    /// answered yet.
+    pub(crate) fn new(r: &HttpRecord, head: Head, tls: bool, h2_stream: Option<i32>, app_sdk: bool) -> Call {
+        let (conn, start_ns) = (r.conn, r.ts_ns);
+        Call { conn, stream: None, start_ns, end_ns: None, head, status: None, tls, h2_stream, grpc_status: None, app_sdk }
+    }
+
+    /// An HTTP/1 call still waiting for its response on `conn` (its
+    /// connection, or an HTTPS call's socket).
+    pub(crate) fn waits_on(&self, conn: u64) -> bool {
+        self.h2_stream.is_none() && (self.conn == conn || self.stream == Some(conn)) && self.end_ns.is_none()
+    }
+
+    /// Its HTTP/1 response, parsed (`r`).
+    pub(crate) fn answered(&mut self, r: &HttpRecord) {
+        self.end_ns = Some(r.ts_ns);
+        self.status = parse_status(&r.data).map(|s| s.status);
+    }
+
+    /// Whether `r` is a record of this HTTP/2 stream.
+    pub(crate) fn is_stream_of(&self, r: &HttpRecord) -> bool {
+        self.h2_stream == Some(r.stream) && self.conn == r.conn
+    }
+
+    /// An HTTP/2 stream's response record: its `:status`, `grpc-status`,
+    /// its end (the first one seen: the response's last frame, or a reset).
+    pub(crate) fn h2_record(&mut self, r: &HttpRecord) {
+        if r.what == HttpWhat::Http2Close {
+            self.end_ns.get_or_insert(r.ts_ns);
+            return;
+        }
+        match Head::h2().apply_h2(&r.data) {
+            H2Field::Status(code) => self.status = Some(code),
+            H2Field::GrpcStatus(code) => self.grpc_status = Some(code),
+            _ => {}
+        }
+    }
+
+    /// When it ended: at its response, or (none seen) with its caller.
+    fn end_or(&self, caller_end: u64) -> u64 {
+        self.end_ns.unwrap_or(caller_end.max(self.start_ns))
+    }
+
+    /// What its CLIENT span is made of (unanswered: ended with its caller).
+    pub(crate) fn span_parts(&self, caller_end: u64) -> CallSpan<'_> {
+        CallSpan {
+            head: &self.head,
+            tls: self.tls,
+            h2: self.h2_stream.is_some(),
+            status: self.status,
+            grpc_status: self.grpc_status,
+            times: (self.start_ns, self.end_or(caller_end)),
+        }
+    }
+
+    /// As the metrics see it (unanswered: ended with its caller).
+    pub(crate) fn finished(&self, caller_end: u64) -> FinishedCall {
+        FinishedCall::of(&self.head, self.tls, self.status, (self.start_ns, self.end_or(caller_end)))
+    }
+}
+
 impl Request {
     /// An outgoing call it made (`r`: its request's record); an app that
     /// writes a traceparent (its SDK) says which trace the request is in.
@@ -143,19 +205,7 @@ impl Request {
         if self.incoming.is_none() && self.adopted.is_none() {
             self.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
         }
-        let (conn, start_ns) = (r.conn, r.ts_ns);
-        self.calls.push(Call {
-            conn,
-            stream: None,
-            start_ns,
-            end_ns: None,
-            head,
-            status: None,
-            tls,
-            h2_stream,
-            grpc_status: None,
-            app_sdk,
-        });
+        self.calls.push(Call::new(r, head, tls, h2_stream, app_sdk));
     }
 
     pub(super) fn trace_id(&self) -> TraceId {
@@ -280,11 +330,7 @@ impl FinishedCall {
 
 impl Finished {
     fn of(req: &Request) -> Finished {
-        let calls = req
-            .calls
-            .iter()
-            .map(|c| FinishedCall::of(&c.head, c.tls, c.status, (c.start_ns, c.end_ns.unwrap_or(req.last_ns.max(c.start_ns)))))
-            .collect();
+        let calls = req.calls.iter().map(|c| c.finished(req.last_ns)).collect();
         Finished {
             pid: req.pid,
             method: req.head.method.to_string(),
@@ -447,16 +493,8 @@ impl Requests {
     /// its end (the first one seen: the response's last frame, or a reset).
     fn h2_call_response(&mut self, r: &HttpRecord) {
         let Some(req) = self.open.get_mut(&r.cause) else { return };
-        let Some(call) = req.calls.iter_mut().find(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) else { return };
-        if r.what == HttpWhat::Http2Close {
-            call.end_ns.get_or_insert(r.ts_ns);
-        } else {
-            match Head::h2().apply_h2(&r.data) {
-                H2Field::Status(code) => call.status = Some(code),
-                H2Field::GrpcStatus(code) => call.grpc_status = Some(code),
-                _ => {}
-            }
-        }
+        let Some(call) = req.calls.iter_mut().find(|c| c.is_stream_of(r)) else { return };
+        call.h2_record(r);
         req.last_ns = req.last_ns.max(r.ts_ns);
     }
 
@@ -645,7 +683,7 @@ impl Requests {
     }
 
     fn response(&mut self, r: &HttpRecord) {
-        let waits = |c: &Call| c.h2_stream.is_none() && (c.conn == r.conn || c.stream == Some(r.conn)) && c.end_ns.is_none();
+        let waits = |c: &Call| c.waits_on(r.conn);
         // An HTTPS call's response is read under the cause of the last
         // write on its socket: another request's, when that request's
         // callback retried the call's SSL_write.
@@ -653,10 +691,8 @@ impl Requests {
         let target = if mine { r.cause } else { self.tls_calls.get(&(r.pid, r.conn)).copied().unwrap_or(r.cause) };
         let Some(req) = self.open.get_mut(&target) else { return };
         req.last_ns = r.ts_ns;
-        let status = parse_status(&r.data).map(|s| s.status);
         if let Some(call) = req.calls.iter_mut().find(|c| waits(c)) {
-            call.end_ns = Some(r.ts_ns);
-            call.status = status;
+            call.answered(r);
             if call.tls {
                 self.tls_calls.remove(&(r.pid, call.conn));
                 self.tls_calls.remove(&(r.pid, r.conn));

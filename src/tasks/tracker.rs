@@ -14,8 +14,8 @@ use super::spans::{process_span, startup_span, task_span};
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
 use crate::events::spans::{build_into, Parent, Span, SpanContextSource};
-use crate::requests::head::{parse_request, parse_status, H2Field, Head};
-use crate::requests::{call_span, CallSpan, FinishedCall, Ready};
+use crate::requests::head::{parse_request, Head};
+use crate::requests::{call_span, Call, FinishedCall, Ready};
 
 /// Operations held per task before they are sent as they come.
 const HELD_MAX: usize = 512;
@@ -88,29 +88,10 @@ pub(super) struct Task {
     trace_id: TraceId,
     held: Vec<Record>,
     /// Its outgoing HTTP/1 calls (their CLIENT spans).
-    calls: Vec<TaskCall>,
+    calls: Vec<Call>,
     pub(super) ops: u32,
     /// The kernel's sampler dropped it (its work sent no record).
     dropped: bool,
-}
-
-/// An outgoing HTTP/1 call of a task: its request written on `conn`, its
-/// response parsed there.
-#[derive(Debug)]
-struct TaskCall {
-    /// The socket, or for HTTPS the TLS connection, or for HTTP/2 the
-    /// nghttp2 session.
-    conn: u64,
-    /// An HTTP/2 stream's id.
-    h2_stream: Option<i32>,
-    grpc_status: Option<u8>,
-    tls: bool,
-    /// An HTTPS call's socket (its ciphertext's), where its response is read.
-    socket: Option<u64>,
-    head: Head,
-    start_ns: u64,
-    end_ns: Option<u64>,
-    status: Option<u16>,
 }
 
 impl Task {
@@ -429,10 +410,8 @@ impl Tasks {
                     // An HTTPS call's ciphertext, right after its SSL_write.
                     if let Some((.., tls)) = self.tls_last.take().filter(|l| !r.tls && (l.0, l.1) == (r.pid, r.tid)) {
                         if let Some(owner) = self.tls_owner.get(&(r.pid, tls)).copied() {
-                            if let Some(c) =
-                                self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.conn == tls && c.end_ns.is_none()))
-                            {
-                                c.socket = Some(r.conn);
+                            if let Some(c) = self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.waits_on(tls))) {
+                                c.stream = Some(r.conn);
                                 self.tls_owner.insert((r.pid, r.conn), owner);
                             }
                         }
@@ -443,10 +422,8 @@ impl Tasks {
                     self.tls_last = Some((r.pid, r.tid, r.conn));
                     // The same call again: its SSL_write retried.
                     if let Some(owner) = self.tls_owner.get(&(r.pid, r.conn)).copied() {
-                        if let Some(c) =
-                            self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.conn == r.conn && c.end_ns.is_none()))
-                        {
-                            c.socket = None;
+                        if let Some(c) = self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.waits_on(r.conn))) {
+                            c.stream = None;
                             return;
                         }
                     }
@@ -455,70 +432,18 @@ impl Tasks {
                     }
                     self.tls_owner.insert((r.pid, r.conn), key);
                 }
-                let call = TaskCall {
-                    conn: r.conn,
-                    h2_stream: None,
-                    grpc_status: None,
-                    tls: r.tls,
-                    socket: None,
-                    head,
-                    start_ns: r.ts_ns,
-                    end_ns: None,
-                    status: None,
-                };
-                if let Some(t) = self.open.get_mut(&key) {
-                    t.last_ns = t.last_ns.max(r.ts_ns);
-                    if t.calls.len() < HELD_MAX {
-                        t.ops += 1;
-                        t.calls.push(call);
-                    } else {
-                        self.stats.not_held += 1;
-                    }
-                } else if self.recent.contains_key(&key) {
-                    // A finished task's late call: its span is not made.
-                    self.stats.not_held += 1;
-                } else {
-                    self.new_task(key, kind, r.tid, r.dropped, r.ts_ns, src, ready).calls.push(call);
-                }
+                self.add_call(key, kind, Call::new(r, head, r.tls, None, false), r, src, ready);
             }
             HttpWhat::Http2Client => {
                 let head = Head::h2_request(&r.data);
                 let tls = head.header(":scheme") == Some("https");
-                let call = TaskCall {
-                    conn: r.conn,
-                    h2_stream: Some(r.stream),
-                    grpc_status: None,
-                    tls,
-                    socket: None,
-                    head,
-                    start_ns: r.ts_ns,
-                    end_ns: None,
-                    status: None,
-                };
-                match self.open.get_mut(&key) {
-                    Some(t) if t.calls.len() < HELD_MAX => {
-                        t.last_ns = t.last_ns.max(r.ts_ns);
-                        t.ops += 1;
-                        t.calls.push(call);
-                    }
-                    Some(_) => self.stats.not_held += 1,
-                    None if self.recent.contains_key(&key) => self.stats.not_held += 1,
-                    None => self.new_task(key, kind, r.tid, r.dropped, r.ts_ns, src, ready).calls.push(call),
-                }
+                self.add_call(key, kind, Call::new(r, head, tls, Some(r.stream), false), r, src, ready);
             }
             // An outgoing HTTP/2 stream's :status, grpc-status, end.
             HttpWhat::Http2Header | HttpWhat::Http2Close if r.stream != 0 => {
                 let Some(t) = self.open.get_mut(&key) else { return };
-                let Some(c) = t.calls.iter_mut().find(|c| c.h2_stream == Some(r.stream) && c.conn == r.conn) else { return };
-                if r.what == HttpWhat::Http2Close {
-                    c.end_ns.get_or_insert(r.ts_ns);
-                } else {
-                    match Head::h2().apply_h2(&r.data) {
-                        H2Field::Status(code) => c.status = Some(code),
-                        H2Field::GrpcStatus(code) => c.grpc_status = Some(code),
-                        _ => {}
-                    }
-                }
+                let Some(c) = t.calls.iter_mut().find(|c| c.is_stream_of(r)) else { return };
+                c.h2_record(r);
                 t.last_ns = t.last_ns.max(r.ts_ns);
             }
             HttpWhat::Response => {
@@ -527,13 +452,8 @@ impl Tasks {
                 // another task's).
                 let owner = self.tls_owner.remove(&(r.pid, r.conn)).filter(|o| self.open.contains_key(o)).unwrap_or(key);
                 let Some(t) = self.open.get_mut(&owner) else { return };
-                if let Some(c) = t
-                    .calls
-                    .iter_mut()
-                    .find(|c| c.h2_stream.is_none() && (c.conn == r.conn || c.socket == Some(r.conn)) && c.end_ns.is_none())
-                {
-                    c.end_ns = Some(r.ts_ns);
-                    c.status = parse_status(&r.data).map(|s| s.status);
+                if let Some(c) = t.calls.iter_mut().find(|c| c.waits_on(r.conn)) {
+                    c.answered(r);
                     t.last_ns = t.last_ns.max(r.ts_ns);
                     if c.tls {
                         self.tls_owner.remove(&(r.pid, c.conn));
@@ -541,6 +461,25 @@ impl Tasks {
                 }
             }
             _ => {}
+        }
+    }
+
+    /// A call the task `key` made (`r`: its request's record): held with
+    /// the task (a new one if it is not open), up to HELD_MAX.
+    fn add_call(&mut self, key: (u32, u64), kind: TaskKind, call: Call, r: &HttpRecord, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        match self.open.get_mut(&key) {
+            Some(t) => {
+                t.last_ns = t.last_ns.max(r.ts_ns);
+                if t.calls.len() < HELD_MAX {
+                    t.ops += 1;
+                    t.calls.push(call);
+                } else {
+                    self.stats.not_held += 1;
+                }
+            }
+            // A finished task's late call: its span is not made.
+            None if self.recent.contains_key(&key) => self.stats.not_held += 1,
+            None => self.new_task(key, kind, r.tid, r.dropped, r.ts_ns, src, ready).calls.push(call),
         }
     }
 
@@ -559,8 +498,7 @@ impl Tasks {
         let Some(mut t) = self.open.remove(&key) else { return };
         self.stats.tasks += 1;
         if let Some(f) = self.finished_calls.as_mut() {
-            let end = |c: &TaskCall| c.end_ns.unwrap_or(t.last_ns.max(c.start_ns));
-            f.extend(t.calls.iter().map(|c| (t.pid, FinishedCall::of(&c.head, c.tls, c.status, (c.start_ns, end(c))))));
+            f.extend(t.calls.iter().map(|c| (t.pid, c.finished(t.last_ns))));
         }
         let sampled = self.keeps(t.pid, t.dropped, t.trace_id, src);
         let under = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
@@ -587,10 +525,7 @@ impl Tasks {
         out.reserve(t.held.len() + 1);
         out.push(task_span(&t, &root, src));
         for c in &t.calls {
-            let times = (c.start_ns, c.end_ns.unwrap_or(t.last_ns.max(c.start_ns)));
-            let call =
-                CallSpan { head: &c.head, tls: c.tls, h2: c.h2_stream.is_some(), status: c.status, grpc_status: c.grpc_status, times };
-            out.push(call_span(&call, src.ids.new_span_id(), &under, src));
+            out.push(call_span(&c.span_parts(t.last_ns), src.ids.new_span_id(), &under, src));
         }
         for rec in std::mem::take(&mut t.held) {
             build_into(rec, src, Some(&under), out);
