@@ -2,7 +2,8 @@
 # Installs what building and testing uvspan needs on a fresh Debian/Ubuntu
 # machine (run as root): clang (compiles bpf/), libelf and zlib (libbpf),
 # pkg-config, util-linux's setpriv and unshare (the privilege and no-tracefs
-# tests), bpftool (the tests read uvspan's kernel maps with it), and
+# tests), wrk (loads an app in tests/e2e.rs), bpftool (the tests read
+# uvspan's kernel maps with it), and
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
 # clang pulls binutils in on Debian, but not every clang install does), and
 # chromium (tests/run.rs renders the HTML report headless), podman and runc
@@ -21,6 +22,8 @@ command -v setpriv >/dev/null || need+=(util-linux)
 command -v strip >/dev/null || need+=(binutils)
 if [ $build_only -eq 0 ]; then
   command -v unshare >/dev/null || need+=(util-linux)
+  # tests/e2e.rs loads an app with wrk (--sample-time under a saturated load).
+  command -v wrk >/dev/null || need+=(wrk)
   command -v bpftool >/dev/null || need+=(bpftool)
   # tests/run.rs loads uvspan run's HTML report in a real headless browser.
   command -v chromium >/dev/null || need+=(chromium)

@@ -179,6 +179,7 @@ impl Agent {
         let status = cli.status_interval;
         let share = cli.sample_time.filter(|&s| s < 1.0);
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
+        health.sample_work_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
         let mut procs = Procs::new(cli.service_name.clone(), sampler);
         let op_metrics = start_op_metrics(&plan, &rt)?;
         procs.metrics = op_metrics.as_ref().map(|(m, _)| m.clone());
@@ -305,6 +306,7 @@ impl Agent {
             }
             self.stats.short = self.procs.short;
             self.stats.gc_events_dropped = self.gcs.dropped;
+            self.stats.sampling = self.sampled();
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
         if self.timers.clock.due() {
@@ -512,7 +514,7 @@ impl Agent {
         self.stats.undecodable = self.inbox.undecodable.get();
         self.stats.requests = self.requests.as_ref().map(|r| r.stats);
         self.stats.tasks = self.procs.tasks.stats;
-        self.stats.sampling = self.windows.as_ref().map(|w| (w.share, w.measured(Instant::now())));
+        self.stats.sampling = self.sampled();
         if let Some(s) = self.stats.sampler.as_mut() {
             s.1 = self.procs.unsampled;
         }

@@ -21,9 +21,8 @@ pub struct RunStats {
     pub undecodable: u64,
     /// Request context's counters (None: --requests off).
     pub requests: Option<RequestStats>,
-    /// --sample-time: the share asked for, and the share the probes were
-    /// live (None: not sampling).
-    pub sampling: Option<(f64, f64)>,
+    /// --sample-time (None: not sampling).
+    pub sampling: Option<Sampled>,
     /// OTEL_TRACES_SAMPLER when it is not the default, and the operations
     /// and loop iterations outside requests whose trace it dropped.
     pub sampler: Option<(String, u64)>,
@@ -36,6 +35,17 @@ pub struct RunStats {
     /// `v8js.gc` span events dropped: more collections than a thread holds
     /// waiting for its next slow iteration (the metrics count them all).
     pub gc_events_dropped: u64,
+}
+
+/// --sample-time: the share asked for and the shares the windows saw.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampled {
+    pub asked: f64,
+    /// Of the time, from when the probes went live to when they stopped.
+    pub time: f64,
+    /// Of the bytes the traced processes read and wrote (None: none): the
+    /// share of the work, to scale sampled counts by.
+    pub work: Option<f64>,
 }
 
 /// "uvspan: tracing …", and the notices of what this build loses (once per
@@ -87,13 +97,16 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         )
     });
     let stacks = if k.stack_samples > 0 { format!("; {} loop-thread stack samples", k.stack_samples) } else { String::new() };
-    let sampling = run.sampling.map_or_else(String::new, |(share, live)| {
+    let sampling = run.sampling.map_or_else(String::new, |s| {
         let cut = run.requests.unwrap_or_default();
+        let work = s.work.map_or_else(String::new, |w| {
+            format!(" and for {:.1}% of the traced processes' I/O bytes (scale sampled counts by this)", w * 100.0)
+        });
         format!(
-            "; --sample-time {}%: probes live {:.1}% of the time, {} operations crossing a window edge dropped \
+            "; --sample-time {}%: probes live {:.1}% of the time{work}, {} operations crossing a window edge dropped \
              ({} of them held by the {} requests crossing one)",
-            share * 100.0,
-            live * 100.0,
+            s.asked * 100.0,
+            s.time * 100.0,
             straddled(k, run),
             cut.straddled_ops,
             cut.straddled
@@ -153,6 +166,9 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
     health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
     health.straddled.store(straddled(k, run), Ordering::Relaxed);
+    if let Some(w) = run.sampling.and_then(|s| s.work) {
+        health.sample_work_ppm.store((w * 1e6).round() as u64, Ordering::Relaxed);
+    }
     health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1) + k.unsampled_ops, Ordering::Relaxed);
     health.operations_short.store(run.short, Ordering::Relaxed);
     if let Some(r) = run.requests {

@@ -6,7 +6,18 @@
 //! window's length is the time the probes are live: counted from when the
 //! tracer made them live (after attaching) to when it stopped them (before
 //! detaching), so the share stated is the share of the time they were.
+//!
+//! The share of the time is not the share of the app's work: under load the
+//! probes' traps slow the app while they are live, so a window holds fewer
+//! requests than its length says. [`IoShare`] counts the bytes the traced
+//! processes read and wrote (`/proc/PID/io`, no probe) in the windows and in
+//! all, the share of the work the windows saw: the one to scale counts by.
+//! Bytes, not system calls: how many calls a request takes changes with the
+//! slowdown itself (threadpool completions share a loop wake-up, one
+//! eventfd write and read, more often when the loop is slower), its bytes
+//! do not.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::events::spans::{Family, KeyValue, Span};
@@ -72,6 +83,10 @@ pub struct Windows {
     opened_at: Option<Instant>,
     live: Duration,
     started: Instant,
+    /// The traced processes' I/O bytes in the windows and in all.
+    pub io: IoShare,
+    /// When they were last read.
+    io_read: Instant,
 }
 
 impl Windows {
@@ -88,6 +103,8 @@ impl Windows {
             opened_at: Some(now),
             live: Duration::ZERO,
             started: now,
+            io: IoShare { open: true, ..Default::default() },
+            io_read: now,
         }
     }
 
@@ -138,7 +155,135 @@ impl Windows {
     }
 }
 
+/// A thread of a traced process: (pid, tid).
+pub type Thread = (u32, u32);
+
+/// One thread's I/O bytes, read at the window edges and every
+/// [`IO_EVERY`] between them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct IoCount {
+    /// When it was first read.
+    first: u64,
+    /// When it was last read.
+    last: u64,
+    /// At the open of the window it is in (None: no window open).
+    opened: Option<u64>,
+    /// Moved while the probes were live, in closed windows.
+    live: u64,
+}
+
+impl IoCount {
+    /// (live, all) bytes up to its last reading; a window open now counts
+    /// up to then.
+    fn counts(&self) -> (u64, u64) {
+        let open = self.opened.map_or(0, |o| self.last.saturating_sub(o));
+        (self.live + open, self.last.saturating_sub(self.first))
+    }
+}
+
+/// How often the counts are read between window edges, so that a process
+/// that exits leaves at most this much of its work uncounted.
+pub const IO_EVERY: Duration = Duration::from_millis(100);
+
+/// The bytes the traced processes read and wrote while the probes were live
+/// and in all (of the processes with a loop: see `loop_io`). Counted per
+/// thread: a process's own total also holds what the children it reaped
+/// moved (a build step, a load generator), all at once when it reaps them.
+/// Each reading lists every thread of the processes counted: a thread
+/// missing from one has exited, and its counts move to `gone` (so the
+/// table holds the threads alive, and a reused thread id starts anew).
+#[derive(Debug, Default)]
+pub struct IoShare {
+    threads: HashMap<Thread, IoCount>,
+    /// (live, all) bytes of the threads that have exited.
+    gone: (u64, u64),
+    /// A window is open (a thread first read now starts in it).
+    open: bool,
+}
+
+impl IoShare {
+    /// A reading: every thread of the processes counted, with its count now.
+    pub fn update(&mut self, now: impl IntoIterator<Item = (Thread, u64)>) {
+        let mut seen = HashMap::with_capacity(self.threads.len());
+        for (t, v) in now {
+            let opened = self.open.then_some(v);
+            let fresh = IoCount { first: v, last: v, opened, live: 0 };
+            let c = match self.threads.remove(&t) {
+                Some(c) if v >= c.last => IoCount { last: v, ..c },
+                // Lower than it was: the thread id was reused.
+                Some(c) => {
+                    self.exited(c);
+                    fresh
+                }
+                None => fresh,
+            };
+            seen.insert(t, c);
+        }
+        for c in std::mem::replace(&mut self.threads, seen).into_values() {
+            self.exited(c);
+        }
+    }
+
+    fn exited(&mut self, c: IoCount) {
+        let (live, all) = c.counts();
+        self.gone = (self.gone.0 + live, self.gone.1 + all);
+    }
+
+    /// The probes went live; `now` as for [`IoShare::update`].
+    pub fn opened(&mut self, now: impl IntoIterator<Item = (Thread, u64)>) {
+        self.update(now);
+        self.open = true;
+        for c in self.threads.values_mut() {
+            c.opened = Some(c.last);
+        }
+    }
+
+    /// The probes stopped: the bytes since each thread's open were live.
+    pub fn closed(&mut self, now: impl IntoIterator<Item = (Thread, u64)>) {
+        self.update(now);
+        self.open = false;
+        for c in self.threads.values_mut() {
+            if let Some(o) = c.opened.take() {
+                c.live += c.last.saturating_sub(o);
+            }
+        }
+    }
+
+    /// Whether the process `pid` is counted.
+    pub fn tracks(&self, pid: u32) -> bool {
+        self.threads.keys().any(|t| t.0 == pid)
+    }
+
+    /// (live, all) bytes up to the last reading; a window open now counts
+    /// up to then.
+    pub fn counts(&self) -> (u64, u64) {
+        self.threads.values().map(IoCount::counts).fold(self.gone, |(l, a), (cl, ca)| (l + cl, a + ca))
+    }
+}
+
+/// The bytes each thread of a process has read and written so far, files,
+/// sockets and pipes alike (none: the process is gone).
+pub fn thread_io(pid: u32) -> Vec<(Thread, u64)> {
+    let Ok(tasks) = procfs::process::Process::new(pid as i32).and_then(|p| p.tasks()) else { return Vec::new() };
+    tasks.flatten().filter_map(|t| t.io().ok().map(|io| ((pid, t.tid as u32), io.rchar.saturating_add(io.wchar)))).collect()
+}
+
+/// The I/O bytes of the traced processes whose event loop the probes have
+/// seen (a process a traced one started that runs another program, a load
+/// generator, say, has no operations to sample).
+fn loop_io(procs: &super::procs::Procs, tracer: &crate::kernel::tracer::Tracer, io: &IoShare) -> Vec<(Thread, u64)> {
+    procs.live_pids().into_iter().filter(|&p| io.tracks(p) || tracer.loop_seen(p)).flat_map(thread_io).collect()
+}
+
 impl super::Agent {
+    /// What the windows saw so far, for the summary (None: not sampling).
+    pub(super) fn sampled(&mut self) -> Option<super::report::Sampled> {
+        let w = self.windows.as_mut()?;
+        w.io.update(loop_io(&self.procs, &self.tracer, &w.io));
+        let (live, all) = w.io.counts();
+        Some(super::report::Sampled { asked: w.share, time: w.measured(Instant::now()), work: (all > 0).then(|| live as f64 / all as f64) })
+    }
+
     /// --sample-time: opens or closes the window when due. At a close, the
     /// window's records (all in the ring buffer once the probes are
     /// detached) are handled, then the requests the edge cut are dropped
@@ -147,6 +292,9 @@ impl super::Agent {
         let Some(w) = self.windows.as_mut() else { return };
         match w.step(Instant::now()) {
             Some(Edge::Close) => {
+                // Read as the probes stop: detaching them takes a while,
+                // and their programs do nothing from the start of it.
+                w.io.closed(loop_io(&self.procs, &self.tracer, &w.io));
                 w.closed(self.tracer.close_window());
                 let _ = self.rb.consume();
                 self.handle_records(false);
@@ -154,7 +302,15 @@ impl super::Agent {
                     r.window_closed();
                 }
             }
-            Some(Edge::Open) => w.opened(self.tracer.open_window()),
+            Some(Edge::Open) => {
+                w.opened(self.tracer.open_window());
+                w.io.opened(loop_io(&self.procs, &self.tracer, &w.io));
+            }
+            // A process that exits leaves at most IO_EVERY of its work uncounted.
+            None if w.io_read.elapsed() >= IO_EVERY => {
+                w.io.update(loop_io(&self.procs, &self.tracer, &w.io));
+                w.io_read = Instant::now();
+            }
             None => {}
         }
     }
@@ -259,5 +415,68 @@ mod tests {
         w.closed(late);
         // The next window is in the period that holds `late`, or after.
         assert!(w.until_next(late) < Duration::from_millis(1000));
+    }
+
+    /// Bytes moved while a window was open are live; a thread found in a
+    /// closed period starts counting there; one that exited keeps its last
+    /// count; a window open at the end counts up to the last reading.
+    #[test]
+    fn io_share_counts_bytes_inside_windows() {
+        let mut io = IoShare::default();
+        io.opened([((1, 1), 100)]);
+        // Thread 2 is first read at the close: nothing of it was live.
+        io.closed([((1, 1), 110), ((2, 2), 5000)]);
+        io.update([((1, 1), 200), ((2, 2), 5090)]);
+        assert_eq!(io.counts(), (10, 190));
+        io.opened([((1, 1), 200), ((2, 2), 5090)]);
+        io.update([((1, 1), 200), ((2, 2), 5095)]);
+        // Process 2 exits inside the window: its last count stands, its 5
+        // bytes since the open live.
+        io.closed([((1, 1), 205)]);
+        assert!(!io.tracks(2));
+        io.update([((1, 1), 300)]);
+        assert_eq!(io.counts(), (15 + 5, 200 + 95));
+        // A window open now counts to the last reading.
+        io.opened([((1, 1), 300)]);
+        io.update([((1, 1), 320)]);
+        assert_eq!(io.counts(), (35 + 5, 220 + 95));
+        // First read while a window is open (a new thread of process 1):
+        // counted live from there.
+        io.update([((1, 1), 320), ((1, 3), 1000)]);
+        io.closed([((1, 1), 330), ((1, 3), 1040)]);
+        assert_eq!(io.counts(), (45 + 40 + 5, 230 + 40 + 95));
+        assert!(io.tracks(1) && !io.tracks(2) && !io.tracks(3));
+        // A reused thread id (its count lower than the last) starts anew.
+        io.update([((1, 1), 7), ((1, 3), 1040)]);
+        io.update([((1, 1), 17), ((1, 3), 1040)]);
+        assert_eq!(io.counts(), (90, 365 + 10));
+        assert_eq!(IoShare::default().counts(), (0, 0));
+    }
+
+    /// A process's threads' bytes, without those of the children it reaped
+    /// (which its own total in /proc/PID/io holds).
+    #[test]
+    fn a_process_threads_bytes_leave_out_its_reaped_children() {
+        let me = std::process::id();
+        let sum = |pid| thread_io(pid).iter().map(|(_, v)| *v).sum::<u64>();
+        let before = sum(me);
+        std::fs::read("/proc/self/stat").expect("read");
+        assert!(sum(me) > before);
+        assert!(thread_io(me).iter().all(|((p, _), _)| *p == me));
+        assert_eq!(thread_io(u32::MAX >> 1), vec![]);
+        // A shell that reaps a child that moved 8 MB, then waits for stdin.
+        let mut sh = std::process::Command::new("sh")
+            .args(["-c", "head -c 4000000 /dev/zero > /dev/null; echo done; read x"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("sh");
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(sh.stdout.as_mut().expect("stdout")), &mut line).expect("done");
+        let whole = procfs::process::Process::new(sh.id() as i32).and_then(|p| p.io()).expect("io");
+        assert!(whole.rchar + whole.wchar >= 8_000_000, "{whole:?}");
+        assert!(sum(sh.id()) < 1_000_000, "{:?}", thread_io(sh.id()));
+        drop(sh.stdin.take());
+        sh.wait().expect("sh exits");
     }
 }

@@ -41,6 +41,9 @@ pub struct Health {
     pub requests_straddled: AtomicU64,
     /// --sample-time share in millionths (1_000_000 = probes always live).
     pub sample_time_ppm: AtomicU64,
+    /// --sample-time: share of the traced processes' I/O bytes moved while
+    /// the probes were live, in millionths.
+    pub sample_work_ppm: AtomicU64,
     /// --otlp-listen: the app's OTLP forwarded, and the joins.
     pub listen: Arc<crate::listen::ListenCounters>,
 }
@@ -137,6 +140,15 @@ impl HealthMetrics {
             .f64_observable_gauge("uvspan.sample_time")
             .with_description("Share of the time the fs/DNS/request probes are live (--sample-time; 1 = always)")
             .with_callback(move |o| o.observe(share() as f64 / 1e6, &[]))
+            .build();
+        let work = read_h(|h| &h.sample_work_ppm);
+        let _ = meter
+            .f64_observable_gauge("uvspan.sample_time.work")
+            .with_description(
+                "Share of the bytes the traced processes read and wrote while the probes were live \
+                 (--sample-time; 1 = always): the share to scale sampled counts by",
+            )
+            .with_callback(move |o| o.observe(work() as f64 / 1e6, &[]))
             .build();
         Ok(Some(HealthMetrics { provider, armed }))
     }
