@@ -19,14 +19,19 @@ ticks=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 printf "%-28s %9s %10s %10s %12s %14s %10s\n" sampler requests hits/req "ns/hit" "BPF ns/req" "uvspan µs/req" spans
 for r in $(seq "$rounds"); do
-  for s in always_on parentbased_traceidratio:0.1 always_off; do
+  # "/sent": unsampled HTTP/1 requests sent up as records, not followed in
+  # the kernel (UVSPAN_BENCH_NO_FOLLOW=1), for what following them saves.
+  for s in always_on parentbased_traceidratio:0.1 parentbased_traceidratio:0.1/sent always_off always_off/sent; do
+    sent=0
+    [ "${s%/sent}" != "$s" ] && sent=1
+    spec=${s%/sent}
     out=$(mktemp)
     : > "$out.err"
     node bench/app.js > "$out" &
     app=$!
     for _ in $(seq 100); do grep -q port "$out" && break; sleep 0.05; done
     port=$(jq .port "$out")
-    OTEL_TRACES_SAMPLER=${s%%:*} OTEL_TRACES_SAMPLER_ARG=$([ "${s#*:}" != "$s" ] && echo "${s#*:}" || true) \
+    UVSPAN_BENCH_NO_FOLLOW=$sent OTEL_TRACES_SAMPLER=${spec%%:*} OTEL_TRACES_SAMPLER_ARG=$([ "${spec#*:}" != "$spec" ] && echo "${spec#*:}" || true) \
       "$bin" --otlp-endpoint http://127.0.0.1:9 --status-interval 0 --pid "$app" 2> "$out.err" &
     up=$!
     for _ in $(seq 200); do grep -q "probes live\|attached in" "$out.err" && break; sleep 0.05; done

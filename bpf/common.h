@@ -57,6 +57,9 @@ const volatile unsigned int ksample_requests = 0;
 const volatile unsigned int ksample_tasks = 0;
 const volatile unsigned int ksample_parent = 0;
 const volatile unsigned long long ksample_threshold = 0;
+/* With ksample_requests: an unsampled HTTP/1 request is followed in the
+ * kernel to its end and counted in op_hist (http_follow.h), no record sent. */
+const volatile unsigned int khttp = 0;
 /* The bucket bounds (ns, inclusive) of op_hist per enum hist_family, as
  * user space's metrics have them; unused ones are 2^62 (op_hist_add). */
 const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUNDS] = {};

@@ -86,6 +86,7 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	if (dropped(e->op.cause)) {
 		if (!op_hist_add(key->pid, HIST_DNS, 0, 0, e->retcode, e->op.end_ns - e->op.start_ns))
 			queue_hist_add(key->pid, HIST_DNS, e->op.start_ns, e->op.work_start_ns);
+		http_work_end(key->pid, e->op.cause, e->op.end_ns);
 		if (end_kind == END_DONE)
 			set_cause(e->op.cause);
 		bpf_map_delete_elem(&inflight_dns, key);

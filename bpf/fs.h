@@ -55,6 +55,7 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
 	if (dropped(e->op.cause)) {
 		op_hist_add(e->op.hdr.pid, HIST_FS, e->op_id, 1, fs_err(e->result), e->op.end_ns - e->op.start_ns);
+		http_work_end(e->op.hdr.pid, e->op.cause, e->op.end_ns);
 		slot->req = 0;
 		return;
 	}
@@ -114,6 +115,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
 		if (!op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns))
 			queue_hist_add(pid, HIST_FS, a->start_ns, a->work_start_ns);
+		http_work_end(pid, a->cause, now);
 		if (end_kind == END_DONE)
 			set_cause(a->cause);
 		bpf_map_delete_elem(&inflight_fs, &key);

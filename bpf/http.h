@@ -239,15 +239,15 @@ __attribute__((noinline)) __u64 sample_request(__u64 cause, __u32 n)
 	return sample_root(cause);
 }
 
-/* One HTTP record: `total` bytes in the call; with `capture`, the first
- * UVSPAN_HTTP_CAPTURE bytes at `data` (of which `avail` are the call's).
- * Returns the cause sent: a request's, decided by the sampler. */
-static __always_inline __u64 emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
-				      int capture, __u8 tls)
+/* The scratch HTTP record of a call: `total` bytes in it; with `capture`,
+ * the first UVSPAN_HTTP_CAPTURE bytes at `data` (of which `avail` are the
+ * call's). None: no scratch. */
+static __always_inline struct http_event *fill_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail,
+						   __u64 total, int capture, __u8 tls)
 {
 	struct scratch *s = get_scratch();
 	if (!s)
-		return cause;
+		return 0;
 	struct http_event *e = &s->http;
 	__u64 id = current_ids();
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
@@ -271,15 +271,45 @@ static __always_inline __u64 emit_http(__u32 what, __u64 cause, __u64 conn, __u6
 		n = avail < UVSPAN_HTTP_CAPTURE ? avail : UVSPAN_HTTP_CAPTURE;
 	}
 	e->captured = n;
-	if (what == HTTP_REQUEST)
-		peer_of(e, conn);
-	if (ksample_requests && (what == HTTP_REQUEST || what == HTTP_PIPELINED))
-		e->cause = cause = sample_request(cause, n);
-	/* Sent with what was captured only (8-byte aligned). */
-	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)n + 7) & ~7ULL);
+	return e;
+}
+
+/* The scratch HTTP record sent, with what was captured only (8-byte
+ * aligned). */
+static __always_inline void send_http(struct http_event *e)
+{
+	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)e->captured + 7) & ~7ULL);
 	if (size > sizeof(*e))
 		size = sizeof(*e);
 	emit(e, size);
+}
+
+/* One HTTP record (fill_http), sent. */
+static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
+				      int capture, __u8 tls)
+{
+	struct http_event *e = fill_http(what, cause, conn, data, avail, total, capture, tls);
+	if (e)
+		send_http(e);
+}
+
+#include "http_follow.h"
+
+/* A request's first record, at its head (on `stream`): its cause decided
+ * by the sampler; an unsampled one is followed in the kernel instead where
+ * it can be (khttp). Returns its cause. */
+static __always_inline __u64 http_request(__u32 what, __u64 cause, __u64 stream, __u64 p, __u64 len)
+{
+	struct http_event *e = fill_http(what, cause, stream, p, len, len, 1, 0);
+	if (!e)
+		return cause;
+	if (ksample_requests)
+		e->cause = cause = sample_request(cause, e->captured);
+	if (khttp && what == HTTP_REQUEST && dropped(cause) && http_follow(e->hdr.pid, cause, stream, e->ts_ns, e->captured))
+		return cause;
+	if (what == HTTP_REQUEST)
+		peer_of(e, stream);
+	send_http(e);
 	return cause;
 }
 
@@ -316,8 +346,10 @@ static __noinline int http_message(struct pt_regs *ctx)
 	struct conn_key key = { .pid = pid, .ptr = parser };
 	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &key);
 	__u32 what = begun && *begun == t->ctx.callbacks ? HTTP_PIPELINED : HTTP_REQUEST;
+	if (khttp && t->ctx.stream)
+		http_next_on(pid, t->ctx.stream, what == HTTP_PIPELINED);
 	/* sent first: the sampler decides the request's cause there */
-	__u64 cause = emit_http(what, new_cause(CAUSE_REQUEST), t->ctx.stream, p, len, len, 1, 0);
+	__u64 cause = http_request(what, new_cause(CAUSE_REQUEST), t->ctx.stream, p, len);
 	bpf_map_update_elem(&parser_begun, &key, &t->ctx.callbacks, BPF_ANY);
 	t->ctx.cause = cause;
 	if (t->ctx.stream) {
@@ -387,6 +419,8 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 		bpf_probe_read_user(buf, sizeof(buf), (void *)(bufs + b * 16));
 		total += buf[1];
 	}
+	if (khttp && dropped(cause) && !is_task(cause) && http_follow_write(cause, stream, first[0], first[1], total, head, call, 0))
+		return 0;
 	/* Only a head (status line, request line) is worth its bytes. */
 	emit_http(HTTP_WRITE, cause, stream, first[0], first[1], total, is_response(head) || call, 0);
 	return 0;
@@ -424,6 +458,8 @@ static __always_inline int tls_write(struct pt_regs *ctx)
 			return 0;
 		t->ctx.tls_call = 1;
 	}
+	if (khttp && dropped(cause) && !is_task(cause) && http_follow_write(cause, PT_REGS_PARM1(ctx), buf, len, len, head, call, 1))
+		return 0;
 	emit_http(HTTP_WRITE, cause, PT_REGS_PARM1(ctx), buf, len, len, is_response(head) || call, 1);
 	return 0;
 }

@@ -259,6 +259,27 @@ struct {
 	__type(value, struct op_hist);
 } op_hists SEC(".maps");
 
+/* Unsampled HTTP/1 requests followed in the kernel (khttp), by (process,
+ * cause): gone at their end. Full: a request is sent up as before. User
+ * space ends the ones that stay (no response, or not all of it: a quiet
+ * period; their process gone), as it does its own. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct conn_key);
+	__type(value, struct http_req);
+} http_reqs SEC(".maps");
+
+/* Requests the kernel ended (http_reqs): their later writes (a TLS
+ * record's ciphertext) are not sent either. Forgotten: such a write is
+ * sent, and user space, which never saw its request, passes it by. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct conn_key);
+	__type(value, __u8);
+} http_done SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);

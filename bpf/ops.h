@@ -101,16 +101,16 @@ static __always_inline __u64 new_task_cause(__u64 kind)
 }
 
 /* An operation of an unsampled trace: its duration in its process's
- * histogram for its attributes (no record); `what` is family << 16 |
- * op_id << 8 | sync. Returns 0 when counted; else (the map full) it is lost
+ * histogram for its attributes (no record); `what` is ver << 24 | family
+ * << 16 | op_id << 8 | sync. Returns 0 when counted; else (the map full) it is lost
  * to the metrics, and counted (STAT_HIST_FULL). A global function: the verifier
  * checks it once, not in every path of the programs that call it. */
 __attribute__((noinline)) int op_hist_count(__u32 pid, __u32 what, int err, __u64 dur_ns)
 {
-	__u32 family = what >> 16;
+	__u32 family = (what >> 16) & 0xFF;
 	if (family >= HIST_FAMILIES)
 		return -1;
-	struct op_hist_key k = { .pid = pid, .family = family, .op_id = what >> 8, .sync = what & 1, .err = err };
+	struct op_hist_key k = { .pid = pid, .family = family, .op_id = what >> 8, .sync = what & 1, .ver = what >> 24, .err = err };
 	struct op_hist *h = bpf_map_lookup_elem(&op_hists, &k);
 	if (!h) {
 		struct op_hist zero = {};
@@ -132,8 +132,10 @@ __attribute__((noinline)) int op_hist_count(__u32 pid, __u32 what, int err, __u6
 	h->buckets[i] += 1;
 	h->count += 1;
 	h->sum_ns += dur_ns;
-	if (family != HIST_QUEUE)
+	if (family == HIST_FS || family == HIST_DNS)
 		stat_inc(STAT_UNSAMPLED_OPS);
+	else if (family == HIST_HTTP)
+		stat_inc(STAT_UNSAMPLED_REQS);
 	return 0;
 }
 
@@ -156,6 +158,19 @@ static __always_inline void queue_hist_add(__u32 pid, __u8 family, __u64 start_n
 static __always_inline int is_task(__u64 cause)
 {
 	return (cause >> CAUSE_KIND_SHIFT) & CAUSE_KIND_MASK;
+}
+
+/* An unsampled operation ended: if its request is one the kernel follows
+ * (http_follow.h), that request's last activity, where user space ends a
+ * request not answered whole (at its last write or work). */
+static __always_inline void http_work_end(__u32 pid, __u64 cause, __u64 end_ns)
+{
+	if (!khttp || !cause || is_task(cause))
+		return;
+	struct conn_key k = { .pid = pid, .ptr = cause };
+	struct http_req *r = bpf_map_lookup_elem(&http_reqs, &k);
+	if (r && r->last_ns < end_ns)
+		r->last_ns = end_ns;
 }
 
 /* A threadpool job ends: the worker wakes the loop (uv_async_send) right

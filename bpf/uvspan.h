@@ -246,7 +246,8 @@ enum stat_idx {
 	STAT_STACK_SAMPLES = 7,     /* loop-thread stacks sampled during slow iterations */
 	STAT_HIST_FULL = 8,         /* an unsampled operation not counted in op_hist (full): lost to the metrics */
 	STAT_UNSAMPLED_OPS = 9,     /* operations of unsampled traces counted in op_hist, no record sent */
-	STAT_MAX = 10,
+	STAT_UNSAMPLED_REQS = 10,   /* unsampled HTTP requests the kernel followed to their end and counted in op_hist */
+	STAT_MAX = 11,
 };
 
 /* What an op_hist entry counts: the operations of one process, family and
@@ -255,17 +256,49 @@ enum hist_family {
 	HIST_FS = 0,
 	HIST_DNS = 1,
 	HIST_QUEUE = 2, /* a threadpool job's wait in the queue; op_id: HIST_FS or HIST_DNS */
-	HIST_FAMILIES = 3,
+	HIST_HTTP = 3,  /* an HTTP/1 server request followed in the kernel (http_follow.h) */
+	HIST_FAMILIES = 4,
 };
 
 struct op_hist_key {
 	unsigned int pid;
 	unsigned char family; /* enum hist_family */
-	unsigned char op_id;  /* fs: the catalog operation id */
-	unsigned char sync;
-	unsigned char _pad;
-	int err;              /* fs: the negative errno, DNS: the UV_EAI_* code; 0: success */
+	unsigned char op_id;  /* fs: the catalog operation id; HTTP: the method (enum http_method) */
+	unsigned char sync;   /* HTTP: TLS (its response went through SSL_write) */
+	unsigned char ver;    /* HTTP: the request's minor version (HTTP/1.ver) */
+	int err;              /* fs: the negative errno, DNS: the UV_EAI_* code; 0: success; HTTP: the status (0: none) */
 	unsigned int _pad2;
+};
+
+/* The methods a request line starts with (is_request), in the order of
+ * src/kernel/tracer.rs (HTTP_METHODS). */
+enum http_method {
+	METHOD_GET = 0,
+	METHOD_POST = 1,
+	METHOD_PUT = 2,
+	METHOD_HEAD = 3,
+	METHOD_DELETE = 4,
+	METHOD_PATCH = 5,
+	METHOD_OPTIONS = 6,
+	METHOD_CONNECT = 7,
+	METHOD_TRACE = 8,
+};
+
+/* An unsampled HTTP/1 request the kernel follows to its end without a
+ * record (http_follow.h), keyed by (process, cause). */
+struct http_req {
+	unsigned long long start_ns;
+	unsigned long long last_ns;  /* its last write (start_ns: none yet) */
+	unsigned long long stream;   /* the connection it was read on */
+	unsigned long long conn;     /* where its response's head was written (0: not yet) */
+	unsigned long long expect;   /* its response's bytes: head and Content-Length */
+	unsigned long long written;  /* bytes written on conn so far */
+	unsigned short status;       /* 0: no response head yet */
+	unsigned char method;        /* enum http_method */
+	unsigned char ver;           /* HTTP/1.ver */
+	unsigned char tls;
+	unsigned char pipelined;     /* a request was pipelined behind it: what is written after it is that one's */
+	unsigned char _pad[2];
 };
 
 /* Durations of the operations of unsampled traces, which send no record:

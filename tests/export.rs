@@ -686,6 +686,10 @@ fn kernel_sampled_in(topology: Topology, sampler: &str, arg: &str) -> Vec<Span> 
     let dropped = n - servers.len() as u64;
     let counted = summary_number(&out.stderr, " operations of unsampled traces counted in the kernel");
     assert_eq!(counted, 5 * dropped, "the work of the {dropped} dropped requests, counted in the kernel\n{ctx}");
+    // And the dropped requests themselves: followed in the kernel to their
+    // end, no record sent.
+    let followed = summary_number(&out.stderr, " of them followed in the kernel");
+    assert_eq!(followed, dropped, "the {dropped} dropped requests, followed in the kernel\n{ctx}");
     servers
 }
 
@@ -725,4 +729,79 @@ fn traceidratio_is_decided_in_the_kernel_app_alone() {
 fn always_off_sends_no_record_of_request_work_and_metrics_stay_exact() {
     let servers = kernel_sampled_in(Topology::Host, "always_off", "");
     assert!(servers.is_empty(), "always_off: no request kept");
+}
+
+/// The HTTP metrics' series of a run of tests/fixtures/followed.js under
+/// `sampler`: (attributes, count) of `http.server.request.duration` and of
+/// the `http.client.request.duration` of the call a request makes (to
+/// upstream.test; the fixture's own client calls are not the point), and
+/// the requests the kernel followed.
+fn followed_run(topology: Topology, sampler: &str) -> (BTreeMap<String, u64>, BTreeMap<String, u64>, u64) {
+    require_root();
+    let col = Collector::start(Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let certs = TempDir::new("followed");
+    let (key, cert) = self_signed(&certs);
+    let mut c = topology.command(&["--loop-threshold", "10m", "--status-interval", "0"], &["node", &fixture("followed.js"), &key, &cert]);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_TRACES_SAMPLER", sampler),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+    ]);
+    let out = run(c);
+    let ctx = format!("{topology:?} {sampler}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert_eq!(Markers::parse(&out.stdout).i64("done", "n"), 18, "{ctx}");
+    let series = |name: &str| {
+        let mut m = BTreeMap::new();
+        for (attrs, n, _) in histogram_points(&col, name) {
+            if name.starts_with("http.server") || attrs.get("server.address").is_some_and(|a| a.contains("upstream.test")) {
+                *m.entry(format!("{attrs:?}")).or_default() += n;
+            }
+        }
+        m
+    };
+    let followed = if out.stderr.contains(" of them followed in the kernel") {
+        summary_number(&out.stderr, " of them followed in the kernel")
+    } else {
+        0
+    };
+    assert_eq!(summary_number(&out.stderr, " HTTP requests"), 18, "{ctx}");
+    (series("http.server.request.duration"), series("http.client.request.duration"), followed)
+}
+
+/// Unsampled requests the kernel follows (no record sent) are in the HTTP
+/// metrics exactly as the request tracker counts the requests it sees, one
+/// by one: with a Content-Length body, in several writes, chunked, failed,
+/// making a call, answered in part, never answered, a POST with a body, a
+/// HEAD, HTTP/1.0, pipelined, a request line longer than the capture, over
+/// HTTPS (pipelined too). What the kernel cannot end as the tracker does it hands over.
+fn followed_requests_in(topology: Topology) {
+    let (servers, clients, followed) = followed_run(topology, "always_off");
+    let (want_servers, want_clients, none) = followed_run(Topology::Host, "always_on");
+    assert_eq!(none, 0, "always_on follows no request in the kernel");
+    assert_eq!(servers, want_servers, "{topology:?}: http.server.request.duration, followed (left) vs seen (right)");
+    assert_eq!(clients, want_clients, "{topology:?}: http.client.request.duration of the call");
+    assert_eq!(clients.values().sum::<u64>(), 1, "{clients:#?}");
+    assert_eq!(servers.values().sum::<u64>(), 18, "{servers:#?}");
+    // /len, /big, /fail, /up, /partial, /never, the POST and HTTPS /len;
+    // the rest are handed over (no Content-Length, a call, pipelined, a
+    // long request line).
+    assert_eq!(followed, 8, "{topology:?}: requests followed in the kernel\n{servers:#?}");
+}
+
+#[test]
+fn followed_requests_count_as_the_tracker_does() {
+    followed_requests_in(Topology::Host);
+}
+
+#[test]
+fn followed_requests_count_as_the_tracker_does_in_one_namespace() {
+    followed_requests_in(Topology::BothInOne);
+}
+
+#[test]
+fn followed_requests_count_as_the_tracker_does_app_alone() {
+    followed_requests_in(Topology::AppAlone);
 }

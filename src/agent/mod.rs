@@ -102,6 +102,8 @@ pub struct Agent {
     /// The inbox's previous Vec, emptied: swapped in so the callback does not
     /// grow a new one from nothing at every read.
     spare_records: Vec<Record>,
+    /// Unsampled requests the kernel followed that uvspan ended itself.
+    followed_ended: u64,
     tracer: Tracer,
     exporter: Exporter,
     health: Arc<Health>,
@@ -217,6 +219,7 @@ impl Agent {
             sleeper,
             inbox,
             spare_records: Vec::new(),
+            followed_ended: 0,
             tracer,
             exporter,
             health,
@@ -299,7 +302,7 @@ impl Agent {
         }
         if self.timers.health.due() {
             self.read_loop_times();
-            self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+            self.stats.requests = self.request_stats();
             self.stats.tasks = self.procs.tasks.stats;
             if let Some(s) = self.stats.sampler.as_mut() {
                 s.1 = self.procs.unsampled;
@@ -313,7 +316,7 @@ impl Agent {
             self.clock = Clock::estimate(25);
         }
         if self.timers.status.due() {
-            self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+            self.stats.requests = self.request_stats();
             self.stats.tasks = self.procs.tasks.stats;
             let mut line = report::status_line(self.procs.live(), &self.exporter.summary(), &self.tracer.stats(), &self.stats);
             if self.listener.is_some() {
@@ -340,6 +343,7 @@ impl Agent {
                 }
             }
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), false, &mut out);
+            self.end_followed(false, None);
         }
         for rec in recs.drain(..) {
             match rec {
@@ -348,6 +352,7 @@ impl Agent {
                     if let Some(r) = self.report.as_mut() {
                         r.exited(pid, fast_iterations);
                     }
+                    self.end_followed(false, Some(pid));
                     self.read_kernel_ops(pid);
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     // Its last metrics go out soon, and its resource with them.
@@ -402,6 +407,7 @@ impl Agent {
         // process's exit among them ends its trace with its exit code).
         if shutdown {
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), true, &mut out);
+            self.end_followed(true, None);
         }
         self.join(shutdown, &mut out);
         for (pid, mut spans) in out {
@@ -441,6 +447,29 @@ impl Agent {
             m.loop_time(pid, crate::metrics::LoopTime::of(&t, now_ns));
         }
         m.kernel_ops(&kernel_ops);
+    }
+
+    /// Unsampled requests the kernel follows (bpf/http_follow.h) that are
+    /// over as the request tracker ends its own (not answered whole), whose
+    /// process is `gone`, or (`all`) every one: taken from the kernel,
+    /// counted in the metrics.
+    fn end_followed(&mut self, all: bool, gone: Option<u32>) {
+        if self.requests.is_none() {
+            return;
+        }
+        let now = crate::events::clock::monotonic_ns();
+        let ended = self.tracer.followed_over(|last, answered| all || crate::requests::request_over(now, last, answered), gone);
+        self.followed_ended += ended.len() as u64;
+        if let Some(m) = &self.procs.metrics {
+            let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
+            ended.iter().for_each(|r| m.followed(r));
+        }
+    }
+
+    /// The request tracker's counters, with the requests the kernel followed.
+    fn request_stats(&self) -> Option<crate::requests::RequestStats> {
+        let followed = self.tracer.stats().followed_requests + self.followed_ended;
+        self.requests.as_ref().map(|r| crate::requests::RequestStats { followed, ..r.stats })
     }
 
     /// With metrics: what the kernel counted of a process's unsampled
@@ -512,7 +541,7 @@ impl Agent {
         self.read_loop_times();
         let k = self.tracer.stats();
         self.stats.undecodable = self.inbox.undecodable.get();
-        self.stats.requests = self.requests.as_ref().map(|r| r.stats);
+        self.stats.requests = self.request_stats();
         self.stats.tasks = self.procs.tasks.stats;
         self.stats.sampling = self.sampled();
         if let Some(s) = self.stats.sampler.as_mut() {

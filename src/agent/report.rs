@@ -85,10 +85,14 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     let requests = run.requests.map_or_else(String::new, |r| {
         format!(
             "; {} HTTP requests ({} with a malformed traceparent, ignored; {} not sampled, not exported{})",
-            r.requests,
+            r.requests + r.followed,
             r.bad_traceparent,
-            r.unsampled,
-            if r.tail_kept > 0 { format!("; {} not sampled but kept: errors or slow", r.tail_kept) } else { String::new() }
+            r.unsampled + r.followed,
+            if r.followed > 0 {
+                format!(", {} of them followed in the kernel (metrics only, no record)", r.followed)
+            } else {
+                String::new()
+            } + &if r.tail_kept > 0 { format!("; {} not sampled but kept: errors or slow", r.tail_kept) } else { String::new() }
                 + &if r.not_held > 0 {
                     format!("; {} operations over what a request holds, sent alone (dropped when not sampled)", r.not_held)
                 } else {
@@ -172,9 +176,9 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1) + k.unsampled_ops, Ordering::Relaxed);
     health.operations_short.store(run.short, Ordering::Relaxed);
     if let Some(r) = run.requests {
-        health.requests.store(r.requests, Ordering::Relaxed);
+        health.requests.store(r.requests + r.followed, Ordering::Relaxed);
         health.requests_bad_traceparent.store(r.bad_traceparent, Ordering::Relaxed);
-        health.requests_unsampled.store(r.unsampled, Ordering::Relaxed);
+        health.requests_unsampled.store(r.unsampled + r.followed, Ordering::Relaxed);
         health.requests_straddled.store(r.straddled, Ordering::Relaxed);
     }
 }

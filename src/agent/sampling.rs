@@ -300,6 +300,9 @@ impl super::Agent {
                 self.handle_records(false);
                 if let Some(r) = self.requests.as_mut() {
                     r.window_closed();
+                    // The unsampled ones the kernel follows that are not
+                    // over: their ends went unseen, dropped the same way.
+                    r.stats.straddled += self.tracer.followed_over(|_, _| true, None).len() as u64;
                 }
             }
             Some(Edge::Open) => {

@@ -14,6 +14,13 @@ pub(super) fn bench_trap_only() -> bool {
     on
 }
 
+/// Benchmark only (`UVSPAN_BENCH_NO_FOLLOW=1`): unsampled HTTP/1 requests
+/// are sent up as records instead of followed in the kernel, to measure
+/// what following them saves.
+fn bench_no_follow() -> bool {
+    std::env::var_os("UVSPAN_BENCH_NO_FOLLOW").is_some_and(|v| v == "1")
+}
+
 /// Where the trace sampler runs: in the kernel (the work of a trace it
 /// drops sends no record) unless it keeps everything, or user space must
 /// see every request's work to decide at its end (tail exceptions), or
@@ -27,6 +34,8 @@ pub(super) fn kernel_sampling(cli: &Cli, sampler: &Sampler, per: TracePer) -> Op
     }
     Some(KernelSampling {
         requests: true,
+        // --otlp-listen joins the app's spans to requests uvspan saw.
+        follow_requests: cli.otlp_listen.is_empty() && !bench_no_follow(),
         tasks: per == TracePer::Task,
         parent_based: sampler.parent_based,
         threshold: sampler.kernel_threshold(),
@@ -48,7 +57,7 @@ pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::P
         stacks_all_ops: cli.stacks == StacksMode::AllOps,
         pidns,
         kernel_sampling: sampling,
-        hist_bounds: [Metric::Fs.bounds(), Metric::Dns.bounds(), Metric::QueueWait.bounds()],
+        hist_bounds: [Metric::Fs.bounds(), Metric::Dns.bounds(), Metric::QueueWait.bounds(), Metric::HttpServer.bounds()],
     }
 }
 

@@ -20,6 +20,9 @@ unsafe impl plain::Plain for types::loop_time {}
 unsafe impl plain::Plain for types::gc_event {}
 unsafe impl plain::Plain for types::op_hist_key {}
 unsafe impl plain::Plain for types::op_hist {}
+unsafe impl plain::Plain for types::http_req {}
+// (conn_key is bpf/maps.h's, of the same kind.)
+unsafe impl plain::Plain for types::conn_key {}
 
 /// The BPF sources the skeleton's object is compiled from (bpf/uvspan.bpf.c
 /// and the headers it includes, listed by build.rs), for the tests that

@@ -51,8 +51,8 @@ pub struct Settings {
     /// The trace sampler decided in the kernel (None: in user space).
     pub kernel_sampling: Option<KernelSampling>,
     /// The operation histograms' bucket bounds (s) per `enum hist_family`:
-    /// fs, DNS, threadpool queue wait.
-    pub hist_bounds: [&'static [f64]; 3],
+    /// fs, DNS, threadpool queue wait, HTTP server requests.
+    pub hist_bounds: [&'static [f64]; 4],
 }
 
 /// The trace sampler as the kernel runs it where traces start
@@ -61,6 +61,10 @@ pub struct Settings {
 pub struct KernelSampling {
     /// Requests (HTTP/1.x heads).
     pub requests: bool,
+    /// With `requests`: an unsampled HTTP/1 request is followed in the
+    /// kernel to its end and counted there, no record sent
+    /// (bpf/http_follow.h).
+    pub follow_requests: bool,
     /// Tasks (each a trace of its own).
     pub tasks: bool,
     /// An incoming traceparent's flag decides.
@@ -86,6 +90,9 @@ pub struct Stats {
     pub unsampled_ops: u64,
     /// Operations of unsampled traces not counted: the histogram map was full.
     pub hist_full: u64,
+    /// Unsampled HTTP requests the kernel followed to their end and
+    /// counted (no record); those uvspan ends itself are not in it.
+    pub followed_requests: u64,
 }
 
 /// One entry of the kernel's operation histograms (`op_hists`): a
@@ -98,7 +105,10 @@ pub struct KernelOps {
     /// fs: the catalog operation; queue wait: the job's family.
     pub op_id: u8,
     pub sync: bool,
-    /// fs: the negative errno; DNS: the UV_EAI_* code; 0: success.
+    /// HTTP: the request's minor version (HTTP/1.ver).
+    pub ver: u8,
+    /// fs: the negative errno; DNS: the UV_EAI_* code; 0: success; HTTP:
+    /// the status (0: none).
     pub err: i32,
     pub count: u64,
     pub sum_ns: u64,
@@ -287,6 +297,7 @@ impl Tracer {
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
             if let Some(k) = settings.kernel_sampling {
                 ro.ksample_requests = u32::from(k.requests);
+                ro.khttp = u32::from(k.requests && k.follow_requests);
                 ro.ksample_tasks = u32::from(k.tasks);
                 ro.ksample_parent = u32::from(k.parent_based);
                 ro.ksample_threshold = k.threshold;
@@ -543,6 +554,7 @@ impl Tracer {
             straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
             stack_samples: read(stat_idx::STAT_STACK_SAMPLES),
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
+            followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
             hist_full: read(stat_idx::STAT_HIST_FULL),
         }
     }
@@ -560,8 +572,15 @@ impl Tracer {
                 continue;
             }
             let Ok(Some(cpus)) = map.lookup_percpu(&k, MapFlags::ANY) else { continue };
-            let mut sum =
-                KernelOps { pid: key.pid, family: key.family, op_id: key.op_id, sync: key.sync != 0, err: key.err, ..Default::default() };
+            let mut sum = KernelOps {
+                pid: key.pid,
+                family: key.family,
+                op_id: key.op_id,
+                sync: key.sync != 0,
+                ver: key.ver,
+                err: key.err,
+                ..Default::default()
+            };
             for v in cpus {
                 let mut h = op_hist::default();
                 if plain::copy_from_bytes(&mut h, &v).is_err() {
@@ -575,6 +594,65 @@ impl Tracer {
                 }
             }
             out.push(sum);
+        }
+        out
+    }
+}
+
+/// An unsampled HTTP/1 request the kernel followed that uvspan ends
+/// itself (`http_reqs`): not answered whole, or its process gone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FollowedRequest {
+    pub pid: u32,
+    /// `enum http_method` (index into [`HTTP_METHODS`]).
+    pub method: u8,
+    /// HTTP/1.ver
+    pub ver: u8,
+    pub tls: bool,
+    pub status: Option<u16>,
+    pub start_ns: u64,
+    /// Its last write or work.
+    pub end_ns: u64,
+}
+
+/// `enum http_method` (bpf/uvspan.h), in order.
+pub const HTTP_METHODS: [&str; 9] = ["GET", "POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE"];
+
+impl Tracer {
+    /// The requests the kernel follows that are over by now (`now_ns`,
+    /// kernel time) as the request tracker ends its own (`over`: its
+    /// last activity and whether it has a status), or whose process is
+    /// `gone`: taken out of the map.
+    pub fn followed_over(&self, over: impl Fn(u64, bool) -> bool, gone: Option<u32>) -> Vec<FollowedRequest> {
+        use crate::kernel::skel::types::{conn_key, http_req};
+        let map = &self.skel.maps.http_reqs;
+        let mut out = Vec::new();
+        for k in map.keys() {
+            let mut key = conn_key::default();
+            let mut r = http_req::default();
+            if plain::copy_from_bytes(&mut key, &k).is_err() {
+                continue;
+            }
+            let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) else { continue };
+            if plain::copy_from_bytes(&mut r, &v).is_err() {
+                continue;
+            }
+            if gone != Some(key.pid) && !over(r.last_ns, r.status != 0) {
+                continue;
+            }
+            // Ended in the kernel meanwhile: it counted it.
+            if map.delete(&k).is_err() {
+                continue;
+            }
+            out.push(FollowedRequest {
+                pid: key.pid,
+                method: r.method,
+                ver: r.ver,
+                tls: r.tls != 0,
+                status: (r.status != 0).then_some(r.status),
+                start_ns: r.start_ns,
+                end_ns: r.last_ns,
+            });
         }
         out
     }

@@ -16,6 +16,7 @@ use rustc_hash::FxHashMap;
 
 use crate::events::decode::{DnsRecord, FsRecord, GcRecord};
 pub use crate::events::loop_time::{BusySplit, Iterations, LoopTime, ITER_BUCKETS};
+use crate::kernel::tracer::{FollowedRequest, HTTP_METHODS};
 use crate::requests::{Finished, FinishedCall};
 
 /// The metrics uvspan makes.
@@ -130,7 +131,7 @@ impl Hist {
 }
 
 /// A kernel histogram entry's identity (`struct op_hist_key`).
-type KernelKey = (u32, u8, u8, bool, i32);
+type KernelKey = (u32, u8, u8, bool, u8, i32);
 
 #[derive(Default)]
 struct Process {
@@ -253,6 +254,38 @@ fn queue_attrs(work: &'static str) -> Vec<(&'static str, Val)> {
 
 /// The HTTP methods the conventions name; any other is `_OTHER` (the
 /// attribute stays bounded whatever a client sends).
+/// An HTTP server request's attributes (the bounded ones of its SERVER
+/// span).
+fn server_attrs(m: &str, tls: bool, version: &'static str, status: Option<u16>) -> Vec<(&'static str, Val)> {
+    let mut attrs = vec![
+        ("http.request.method", Val::Str(Cow::Borrowed(method(m)))),
+        ("url.scheme", Val::Str(Cow::Borrowed(if tls { "https" } else { "http" }))),
+        ("network.protocol.version", Val::Str(Cow::Borrowed(version))),
+    ];
+    if let Some(code) = status {
+        attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
+        if code >= 500 {
+            attrs.push(("error.type", Val::Str(code.to_string().into())));
+        }
+    }
+    attrs.sort();
+    attrs
+}
+
+/// The kernel's `enum http_method`.
+fn followed_method(m: u8) -> &'static str {
+    HTTP_METHODS.get(usize::from(m)).copied().unwrap_or("_OTHER")
+}
+
+/// The kernel's HTTP/1 minor version.
+fn followed_version(ver: u8) -> &'static str {
+    if ver == 0 {
+        "1.0"
+    } else {
+        "1.1"
+    }
+}
+
 fn method(m: &str) -> &'static str {
     const KNOWN: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
     KNOWN.iter().find(|k| **k == m).copied().unwrap_or("_OTHER")
@@ -325,9 +358,13 @@ impl Metrics {
                 0 => (Metric::Fs, fs_attrs(e.op_id, e.sync, i64::from(e.err))),
                 1 => (Metric::Dns, dns_attrs(e.err)),
                 2 => (Metric::QueueWait, queue_attrs(if e.op_id == 0 { "fs" } else { "dns" })),
+                3 => (
+                    Metric::HttpServer,
+                    server_attrs(followed_method(e.op_id), e.sync, followed_version(e.ver), u16::try_from(e.err).ok().filter(|s| *s != 0)),
+                ),
                 _ => continue,
             };
-            let seen = self.kernel_seen.entry((e.pid, e.family, e.op_id, e.sync, e.err)).or_default();
+            let seen = self.kernel_seen.entry((e.pid, e.family, e.op_id, e.sync, e.ver, e.err)).or_default();
             // An entry made again (its process's were removed): all new.
             if e.count < seen.0 {
                 *seen = Default::default();
@@ -355,22 +392,17 @@ impl Metrics {
     /// A finished HTTP request (its SERVER span's attributes that are
     /// bounded), and the calls it made.
     pub fn request(&mut self, f: &Finished) {
-        let mut attrs = vec![
-            ("http.request.method", Val::Str(Cow::Borrowed(method(&f.method)))),
-            ("url.scheme", Val::Str(Cow::Borrowed(if f.tls { "https" } else { "http" }))),
-            ("network.protocol.version", Val::Str(Cow::Borrowed(f.version))),
-        ];
-        if let Some(code) = f.status {
-            attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
-            if code >= 500 {
-                attrs.push(("error.type", Val::Str(code.to_string().into())));
-            }
-        }
-        attrs.sort();
-        self.add(f.pid, Metric::HttpServer, attrs, secs(f.start_ns, f.end_ns));
+        self.add(f.pid, Metric::HttpServer, server_attrs(&f.method, f.tls, f.version, f.status), secs(f.start_ns, f.end_ns));
         for c in &f.calls {
             self.call(f.pid, c);
         }
+    }
+
+    /// An unsampled request the kernel followed and uvspan ended (not
+    /// answered whole, or its process gone).
+    pub fn followed(&mut self, r: &FollowedRequest) {
+        let attrs = server_attrs(followed_method(r.method), r.tls, followed_version(r.ver), r.status);
+        self.add(r.pid, Metric::HttpServer, attrs, secs(r.start_ns, r.end_ns));
     }
 
     /// An outgoing HTTP call (a request's or a task's), over.

@@ -246,3 +246,45 @@ fn the_threadpool_queue_wait_counts_async_work_whose_start_was_seen() {
     assert!(waits.iter().any(|(a, n, s)| a.contains("fs") && *n == 1 && (s - 0.002).abs() < 1e-12), "{waits:?}");
     assert!(waits.iter().any(|(a, n, s)| a.contains("dns") && *n == 1 && (s - 4e-9).abs() < 1e-15), "{waits:?}");
 }
+
+/// A request the kernel followed (counted in its histogram, or ended by
+/// uvspan) joins the series of a request the tracker saw with the same
+/// method, scheme, version and status.
+#[test]
+fn followed_requests_join_the_trackers_series() {
+    use crate::kernel::tracer::{FollowedRequest, KernelOps};
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    let seen = Finished {
+        pid: 7,
+        method: "POST".into(),
+        status: Some(503),
+        tls: true,
+        version: "1.0",
+        start_ns: 0,
+        end_ns: 2_000_000,
+        calls: vec![],
+    };
+    m.request(&seen);
+    // POST is 1 in the kernel's enum http_method; the 16 buckets it
+    // writes for the 14 bounds (the 2 past them empty).
+    let mut buckets = vec![0; 17];
+    buckets[0] = 2;
+    let kernel = KernelOps { pid: 7, family: 3, op_id: 1, sync: true, ver: 0, err: 503, count: 2, sum_ns: 4_000_000, buckets };
+    m.kernel_ops(std::slice::from_ref(&kernel));
+    let ended = FollowedRequest { pid: 7, method: 1, ver: 0, tls: true, status: Some(503), start_ns: 0, end_ns: 3_000_000 };
+    m.followed(&ended);
+    // Not answered: no status, a series of its own.
+    m.followed(&FollowedRequest { status: None, ..ended });
+    let got = m.collect(false);
+    let servers: Vec<_> = got[0].series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).collect();
+    assert_eq!(servers.len(), 2, "{servers:?}");
+    let answered = servers.iter().find(|((_, a), _)| a.iter().any(|(k, _)| *k == "http.response.status_code")).expect("503");
+    assert_eq!(answered.1.count, 4, "the tracker's, the kernel's two and the one uvspan ended");
+    assert_eq!(answered.1.buckets[0], 4);
+    assert!(answered.0 .1.contains(&("network.protocol.version", Val::Str("1.0".into()))));
+    assert!(answered.0 .1.contains(&("url.scheme", Val::Str("https".into()))));
+    // The kernel's histogram read again, unchanged: nothing new.
+    m.kernel_ops(&[kernel]);
+    assert_eq!(m.collect(false)[0].series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).map(|(_, h)| h.count).sum::<u64>(), 5);
+}

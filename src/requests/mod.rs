@@ -19,4 +19,4 @@ pub(crate) mod testing;
 
 pub(crate) use spans::call_span;
 pub(crate) use tracker::Call;
-pub use tracker::{Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};
+pub use tracker::{request_over, Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

@@ -35,6 +35,14 @@ const QUIET_NS: u64 = 1_000_000_000;
 /// A request with no response seen: over after this.
 pub(super) const NO_RESPONSE_NS: u64 = 30_000_000_000;
 
+/// Whether a request not answered whole is over by now (`now_ns`, kernel
+/// time): quiet since its last write or work (`last_ns`), for a while once
+/// its response began (`answered`), for long before.
+pub fn request_over(now_ns: u64, last_ns: u64, answered: bool) -> bool {
+    let quiet = now_ns.saturating_sub(last_ns);
+    (answered && quiet >= QUIET_NS) || quiet >= NO_RESPONSE_NS
+}
+
 /// What uvspan saw of a request whose SERVER span is the app's.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RequestKey {
@@ -75,6 +83,9 @@ pub struct RequestStats {
     /// answered whole by then), dropped, and the operations they held.
     pub straddled: u64,
     pub straddled_ops: u64,
+    /// Unsampled requests the kernel followed (metrics only, no record):
+    /// in none of the counts above.
+    pub followed: u64,
 }
 
 /// An outgoing HTTP call a request (or a task) made.
@@ -737,15 +748,8 @@ impl Requests {
 
     /// Requests over by now (`now_ns`, kernel time): their spans.
     pub fn expire(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
-        let over: Vec<u64> = self
-            .open
-            .iter()
-            .filter(|(_, r)| {
-                let quiet = now_ns.saturating_sub(r.last_ns);
-                (r.status.is_some() && quiet >= QUIET_NS) || quiet >= NO_RESPONSE_NS
-            })
-            .map(|(c, _)| *c)
-            .collect();
+        let over: Vec<u64> =
+            self.open.iter().filter(|(_, r)| request_over(now_ns, r.last_ns, r.status.is_some())).map(|(c, _)| *c).collect();
         for c in over {
             self.finish(c, src, ready);
         }

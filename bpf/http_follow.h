@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Unsampled HTTP/1 requests followed in the kernel (khttp): a request the
+ * sampler drops at its head sends no record; its method and version are
+ * read from its head, its status and length from its response's head, and
+ * its writes are counted until the response is whole. Then its duration
+ * goes to op_hist (HIST_HTTP: http.server.request.duration) and the
+ * request is done. What the kernel cannot follow exactly as user space
+ * does (src/requests/tracker.rs) is handed to user space before any of its
+ * response is taken: a request line longer than the capture, a response
+ * without Content-Length or chunked, an outgoing call, a request pipelined
+ * behind it. Handing over sends the request's head record as it would have
+ * been sent (its start, its connection, its method and version), and from
+ * then on its records are sent as before.
+ */
+#ifndef UVSPAN_HTTP_FOLLOW_H
+#define UVSPAN_HTTP_FOLLOW_H
+
+/* The method of a request line (its first 8 bytes), enum http_method; -1
+ * when the word does not end where a method does. */
+static __always_inline int method_of(const char *h)
+{
+	__u32 w = (__u8)h[0] | (__u8)h[1] << 8 | (__u8)h[2] << 16 | (__u32)(__u8)h[3] << 24;
+	switch (w) {
+	case 0x20544547: /* "GET " */
+		return METHOD_GET;
+	case 0x54534f50: /* "POST" */
+		return h[4] == ' ' ? METHOD_POST : -1;
+	case 0x20545550: /* "PUT " */
+		return METHOD_PUT;
+	case 0x44414548: /* "HEAD" */
+		return h[4] == ' ' ? METHOD_HEAD : -1;
+	case 0x454c4544: /* "DELE" */
+		return h[4] == 'T' && h[5] == 'E' && h[6] == ' ' ? METHOD_DELETE : -1;
+	case 0x43544150: /* "PATC" */
+		return h[4] == 'H' && h[5] == ' ' ? METHOD_PATCH : -1;
+	case 0x4954504f: /* "OPTI" */
+		return h[4] == 'O' && h[5] == 'N' && h[6] == 'S' && h[7] == ' ' ? METHOD_OPTIONS : -1;
+	case 0x4e4e4f43: /* "CONN" */
+		return h[4] == 'E' && h[5] == 'C' && h[6] == 'T' && h[7] == ' ' ? METHOD_CONNECT : -1;
+	case 0x43415254: /* "TRAC" */
+		return h[4] == 'E' && h[5] == ' ' ? METHOD_TRACE : -1;
+	}
+	return -1;
+}
+
+/* A scan of the captured head (the scratch record's data, n bytes) a word
+ * at a time: the first line break (a request line's end), or a
+ * response's head end and its Content-Length line. */
+struct head_scan {
+	__u32 n;
+	__u32 first_lf; /* the first '\n' + 1 (0: none) */
+	__u32 end;      /* the head's length, its empty line included (0: not within n) */
+	__u32 cl_at;    /* where the Content-Length value starts (0: none) */
+	__u32 lines;
+	__u32 bad;      /* a head user space would read otherwise: hand it over */
+	__u32 whole;    /* scan every line (a response), not just the first */
+	__u32 _pad;
+};
+
+/* Whether the header line at p is named `name` (8 + up to 8 bytes, letters
+ * compared with their case bit set, which '-' and ':' have too). */
+static __always_inline int header_at(const char *d, __u32 p, __u64 a8, __u64 b8, __u64 bmask)
+{
+	if (p > UVSPAN_HTTP_CAPTURE - 16)
+		return 0;
+	__u64 a = 0, b = 0;
+	__builtin_memcpy(&a, d + p, 8);
+	__builtin_memcpy(&b, d + p + 8, 8);
+	return (a | 0x2020202020202020ULL) == a8 && ((b | 0x2020202020202020ULL) & bmask) == b8;
+}
+
+/* bpf_loop callback: the captured head's 8-byte word i. */
+static long head_word(__u32 i, struct head_scan *sc)
+{
+	__u32 at = i * 8;
+	if (at >= sc->n)
+		return 1;
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s)
+		return 1;
+	const char *d = s->http.data;
+	__u64 w = *(const __u64 *)(d + (at & (UVSPAN_HTTP_CAPTURE - 8)));
+	__u64 x = w ^ 0x0a0a0a0a0a0a0a0aULL;
+	if (!((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL))
+		return 0;
+	for (int b = 0; b < 8; b++) {
+		if ((__u8)(w >> (b * 8)) != '\n')
+			continue;
+		__u32 q = at + b + 1; /* the next line */
+		if (q > sc->n)
+			return 1;
+		if (!sc->first_lf) {
+			sc->first_lf = q;
+			if (!sc->whole)
+				return 1;
+		}
+		if (q + 2 > sc->n)
+			return 1;
+		if (d[q & CAP_MASK] == '\r' && d[(q + 1) & CAP_MASK] == '\n') {
+			sc->end = q + 2;
+			return 1;
+		}
+		/* httparse reads 64 headers at the most */
+		if (++sc->lines > 64) {
+			sc->bad = 1;
+			return 1;
+		}
+		/* "content-length:" */
+		if (header_at(d, q, 0x2d746e65746e6f63ULL, 0x003a6874676e656cULL, 0x00FFFFFFFFFFFFFFULL)) {
+			if (sc->cl_at)
+				sc->bad = 1;
+			sc->cl_at = q + 15;
+		}
+		/* "transfer-encoding:" (chunked, or not: user space decides) */
+		else if (header_at(d, q, 0x726566736e617274ULL, 0x6e69646f636e652dULL, ~0ULL)) {
+			sc->bad = 1;
+			return 1;
+		}
+	}
+	return 0;
+}
+
+/* The request in the scratch record (n bytes captured) followed from now:
+ * 1 when it is (its method, and its version at the request line's end,
+ * read as user space reads them); 0: send it as before. A global function:
+ * verified once. */
+__attribute__((noinline)) int http_follow(__u32 pid, __u64 cause, __u64 stream, __u64 start_ns, __u32 n)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s || !stream || n > UVSPAN_HTTP_CAPTURE)
+		return 0;
+	const char *d = s->http.data;
+	int m = method_of(d);
+	if (m < 0)
+		return 0;
+	struct head_scan sc = { .n = n };
+	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, head_word, &sc, 0);
+	/* "... HTTP/1.x\r\n" */
+	__u32 p = sc.first_lf;
+	if (p < 16 || p > UVSPAN_HTTP_CAPTURE)
+		return 0;
+	char v[10] = {};
+	for (int k = 0; k < 10; k++)
+		v[k] = d[(p - 11 + k) & CAP_MASK];
+	if (v[0] != ' ' || v[1] != 'H' || v[2] != 'T' || v[3] != 'T' || v[4] != 'P' || v[5] != '/' || v[6] != '1' ||
+	    v[7] != '.' || (v[8] != '0' && v[8] != '1') || v[9] != '\r')
+		return 0;
+	struct http_req r = {
+		.start_ns = start_ns,
+		.last_ns = start_ns,
+		.stream = stream,
+		.method = m,
+		.ver = v[8] - '0',
+	};
+	struct conn_key k = { .pid = pid, .ptr = cause };
+	return !bpf_map_update_elem(&http_reqs, &k, &r, BPF_NOEXIST);
+}
+
+/* The response head in the scratch record (n bytes captured): its status,
+ * with *expect its whole length (head and Content-Length); 0 when the
+ * kernel cannot tell its end as user space does. A global function. */
+__attribute__((noinline)) int http_response(__u32 n, __u64 *expect)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s || !expect || n < 16 || n > UVSPAN_HTTP_CAPTURE)
+		return 0;
+	const char *d = s->http.data;
+	/* "HTTP/1.x ddd " */
+	if (d[5] != '1' || d[6] != '.' || d[7] < '0' || d[7] > '9' || d[8] != ' ')
+		return 0;
+	int status = 0;
+	for (int k = 9; k < 12; k++) {
+		if (d[k] < '0' || d[k] > '9')
+			return 0;
+		status = status * 10 + (d[k] - '0');
+	}
+	if ((d[12] != ' ' && d[12] != '\r') || status < 100)
+		return 0;
+	struct head_scan sc = { .n = n, .whole = 1 };
+	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, head_word, &sc, 0);
+	if (sc.bad || !sc.end || !sc.cl_at)
+		return 0;
+	__u32 p = sc.cl_at;
+	for (int k = 0; k < 4; k++)
+		if (d[p & CAP_MASK] == ' ' || d[p & CAP_MASK] == '\t')
+			p++;
+	__u64 len = 0;
+	int digits = 0;
+	for (int k = 0; k < 20; k++) {
+		if (p + k >= n)
+			return 0;
+		char c = d[(p + k) & CAP_MASK];
+		if (c == '\r')
+			break;
+		if (c < '0' || c > '9' || k == 19)
+			return 0;
+		len = len * 10 + (c - '0');
+		digits++;
+	}
+	if (!digits)
+		return 0;
+	*expect = sc.end + len;
+	return status;
+}
+
+/* A followed request is over: its duration counted. Over TLS, its later
+ * writes (the last record's ciphertext) are not sent (unless a request is
+ * pipelined behind it: they are that one's); in the clear there are none
+ * (one that comes is sent, and user space passes it by). */
+static __always_inline void http_end(struct conn_key *k, struct http_req *r)
+{
+	op_hist_count(k->pid, (__u32)r->ver << 24 | HIST_HTTP << 16 | (__u32)r->method << 8 | (r->tls & 1), r->status,
+		      r->last_ns - r->start_ns);
+	if (r->tls && !r->pipelined) {
+		__u8 one = 1;
+		bpf_map_update_elem(&http_done, k, &one, BPF_ANY);
+	}
+	bpf_map_delete_elem(&http_reqs, k);
+}
+
+/* The request line user space would have seen, of a method and version:
+ * "METHOD / HTTP/1.x\r\n\r\n" (user space needs no more of an unsampled
+ * request: not its path, not its headers). */
+static __always_inline __u32 request_line(char *d, __u8 method, __u8 ver)
+{
+	static const char names[9][8] = { "GET", "POST", "PUT", "HEAD", "DELETE", "PATCH", "OPTIONS", "CONNECT", "TRACE" };
+	static const __u8 lens[9] = { 3, 4, 3, 4, 6, 5, 7, 7, 5 };
+	if (method > METHOD_TRACE)
+		return 0;
+	__u32 n = lens[method];
+	for (int k = 0; k < 8; k++)
+		d[k] = names[method][k];
+	const char tail[18] = " / HTTP/1.0\r\n\r\n";
+	for (int k = 0; k < 16; k++)
+		d[(n + k) & 31] = tail[k];
+	d[(n + 10) & 31] = '0' + (ver & 1);
+	return n + 16;
+}
+
+/* A followed request becomes user space's: its head record, as it would
+ * have been sent at its start, goes first. */
+static __noinline void http_hand_over(struct conn_key *k, struct http_req *r)
+{
+	struct scratch *s = get_scratch();
+	if (s) {
+		struct http_event *e = &s->http;
+		__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
+		e->hdr.kind = EV_HTTP;
+		e->hdr.pid = k->pid;
+		e->hdr.tid = (__u32)current_ids();
+		e->ts_ns = r->start_ns;
+		e->cause = k->ptr;
+		e->conn = r->stream;
+		e->what = HTTP_REQUEST;
+		e->captured = request_line(e->data, r->method, r->ver);
+		e->len = e->captured;
+		peer_of(e, r->stream);
+		emit(e, sizeof(*e) - UVSPAN_HTTP_CAPTURE + 32);
+	}
+	bpf_map_delete_elem(&http_reqs, k);
+}
+
+/* A request begins on `stream` (`pipelined`: behind the one before it, in
+ * the same read). A followed request before it there is over, as user
+ * space ends it (at its last write); one a request is pipelined behind is
+ * handed over, or (its response under way) ends without taking what is
+ * written for the next one. */
+static __always_inline void http_next_on(__u32 pid, __u64 stream, int pipelined)
+{
+	struct conn_key sk = { .pid = pid, .ptr = stream };
+	__u64 *prev = bpf_map_lookup_elem(&stream_cause, &sk);
+	if (!prev)
+		return;
+	struct conn_key k = { .pid = pid, .ptr = *prev };
+	struct http_req *r = bpf_map_lookup_elem(&http_reqs, &k);
+	if (!r || r->stream != stream)
+		return;
+	if (!pipelined)
+		http_end(&k, r);
+	else if (!r->conn)
+		http_hand_over(&k, r);
+	else
+		r->pipelined = 1;
+}
+
+/* A write under an unsampled request's cause: 1 when the kernel took it
+ * (no record), 0 to send it as before. `head` is its first 8 bytes, `call`
+ * whether it is an outgoing request. */
+static __always_inline int http_follow_write(__u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
+					     const char *head, int call, __u8 tls)
+{
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = cause };
+	struct http_req *r = bpf_map_lookup_elem(&http_reqs, &k);
+	if (!r)
+		return bpf_map_lookup_elem(&http_done, &k) != NULL;
+	r->last_ns = bpf_ktime_get_ns();
+	if (!r->conn) {
+		if (call) {
+			http_hand_over(&k, r);
+			return 0;
+		}
+		/* user space passes by a write before the response's head */
+		if (!is_response(head))
+			return 1;
+		struct scratch *s = get_scratch();
+		if (!s)
+			return 0;
+		__u32 n = 0;
+		if (avail <= HTTP_SHORT_HEAD) {
+			if (!bpf_probe_read_user(s->http.data, HTTP_SHORT_HEAD, (void *)data))
+				n = avail;
+		} else if (!bpf_probe_read_user(s->http.data, UVSPAN_HTTP_CAPTURE, (void *)data)) {
+			n = avail < UVSPAN_HTTP_CAPTURE ? avail : UVSPAN_HTTP_CAPTURE;
+		}
+		__u64 expect = 0;
+		int status = http_response(n, &expect);
+		if (!status) {
+			http_hand_over(&k, r);
+			return 0;
+		}
+		r->status = status;
+		r->conn = conn;
+		r->tls = tls;
+		r->expect = expect;
+	}
+	/* a call after the response's head: user space passes it by too */
+	if (r->conn == conn && !call) {
+		r->written += total > 0xFFFFFFFF ? 0xFFFFFFFF : total;
+		if (r->written >= r->expect)
+			http_end(&k, r);
+	}
+	return 1;
+}
+
+#endif /* UVSPAN_HTTP_FOLLOW_H */
