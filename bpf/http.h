@@ -99,6 +99,25 @@ static __always_inline int tp_name_at(const char *d, __u32 p)
 	       (b | 0x20202020U) == 0x3a746e65U /* "ent:" */;
 }
 
+/* The captured head (the scratch record's data; 0: no scratch), and in *w
+ * its 8-byte word at `at`. */
+static __always_inline const char *head_word_at(__u32 at, __u64 *w)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s)
+		return 0;
+	*w = *(const __u64 *)(s->http.data + (at & (UVSPAN_HTTP_CAPTURE - 8)));
+	return s->http.data;
+}
+
+/* Whether a word holds a '\n' (a line starts in it). */
+static __always_inline int has_lf(__u64 w)
+{
+	__u64 x = w ^ 0x0a0a0a0a0a0a0a0aULL;
+	return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0;
+}
+
 /* bpf_loop callback: the captured head's 8-byte word i; a line starting
  * in it is looked at only when the word holds a '\n'. */
 static long tp_word(__u32 i, struct tp_scan *sc)
@@ -106,14 +125,11 @@ static long tp_word(__u32 i, struct tp_scan *sc)
 	__u32 at = i * 8;
 	if (at + 8 > sc->n)
 		return 1;
-	__u32 zero = 0;
-	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
-	if (!s)
+	__u64 w = 0;
+	const char *d = head_word_at(at, &w);
+	if (!d)
 		return 1;
-	const char *d = s->http.data;
-	__u64 w = *(const __u64 *)(d + (at & (UVSPAN_HTTP_CAPTURE - 8)));
-	__u64 x = w ^ 0x0a0a0a0a0a0a0a0aULL;
-	if (!((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL))
+	if (!has_lf(w))
 		return 0;
 	for (int b = 0; b < 8; b++) {
 		if ((__u8)(w >> (b * 8)) != '\n')

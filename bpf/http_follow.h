@@ -76,14 +76,11 @@ static long head_word(__u32 i, struct head_scan *sc)
 	__u32 at = i * 8;
 	if (at >= sc->n)
 		return 1;
-	__u32 zero = 0;
-	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
-	if (!s)
+	__u64 w = 0;
+	const char *d = head_word_at(at, &w);
+	if (!d)
 		return 1;
-	const char *d = s->http.data;
-	__u64 w = *(const __u64 *)(d + (at & (UVSPAN_HTTP_CAPTURE - 8)));
-	__u64 x = w ^ 0x0a0a0a0a0a0a0a0aULL;
-	if (!((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL))
+	if (!has_lf(w))
 		return 0;
 	for (int b = 0; b < 8; b++) {
 		if ((__u8)(w >> (b * 8)) != '\n')
