@@ -627,7 +627,9 @@ impl Tracer {
         use crate::kernel::skel::types::{conn_key, http_req};
         let map = &self.skel.maps.http_reqs;
         let mut out = Vec::new();
-        for k in map.keys() {
+        // Listed first: a key deleted while walking would start the walk over.
+        let keys: Vec<Vec<u8>> = map.keys().collect();
+        for k in keys {
             let mut key = conn_key::default();
             let mut r = http_req::default();
             if plain::copy_from_bytes(&mut key, &k).is_err() {
