@@ -21,10 +21,16 @@ printf "%-28s %9s %10s %10s %12s %14s %10s\n" sampler requests hits/req "ns/hit"
 for r in $(seq "$rounds"); do
   # "/sent": unsampled HTTP/1 requests sent up as records, not followed in
   # the kernel (UVSPAN_BENCH_NO_FOLLOW=1), for what following them saves.
-  for s in always_on parentbased_traceidratio:0.1 parentbased_traceidratio:0.1/sent always_off always_off/sent; do
-    sent=0
+  # "+tail": with the tail exceptions (--keep-errors --keep-slower-than
+  # 1s; the app's requests are all 200s and fast: none is kept), decided
+  # in the kernel, or ("/sent") in user space from every request's records.
+  for s in always_on parentbased_traceidratio:0.1 parentbased_traceidratio:0.1/sent always_off always_off/sent \
+    always_off+tail always_off+tail/sent; do
+    sent=0 tail=()
     [ "${s%/sent}" != "$s" ] && sent=1
     spec=${s%/sent}
+    [ "${spec%+tail}" != "$spec" ] && tail=(--keep-errors --keep-slower-than 1s)
+    spec=${spec%+tail}
     out=$(mktemp)
     : > "$out.err"
     node bench/app.js > "$out" &
@@ -32,7 +38,7 @@ for r in $(seq "$rounds"); do
     for _ in $(seq 100); do grep -q port "$out" && break; sleep 0.05; done
     port=$(jq .port "$out")
     UVSPAN_BENCH_NO_FOLLOW=$sent OTEL_TRACES_SAMPLER=${spec%%:*} OTEL_TRACES_SAMPLER_ARG=$([ "${spec#*:}" != "$spec" ] && echo "${spec#*:}" || true) \
-      "$bin" --otlp-endpoint http://127.0.0.1:9 --status-interval 0 --pid "$app" 2> "$out.err" &
+      "$bin" --otlp-endpoint http://127.0.0.1:9 --status-interval 0 ${tail[@]+"${tail[@]}"} --pid "$app" 2> "$out.err" &
     up=$!
     for _ in $(seq 200); do grep -q "probes live\|attached in" "$out.err" && break; sleep 0.05; done
     wrk -t2 -c16 -d1s "http://127.0.0.1:$port/" > /dev/null # warm

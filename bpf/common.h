@@ -60,6 +60,13 @@ const volatile unsigned long long ksample_threshold = 0;
 /* With ksample_requests: an unsampled HTTP/1 request is followed in the
  * kernel to its end and counted in op_hist (http_follow.h), no record sent. */
 const volatile unsigned int khttp = 0;
+/* Tail exceptions (--keep-errors, --keep-slower-than) with khttp: the
+ * records of a followed request are held (tail_recs) and go up when it
+ * ends with a 5xx (ktail_errors) or lasted over ktail_slow_ns (all ones:
+ * no bound); else they are dropped (its work already counted). */
+const volatile unsigned int ktail = 0;
+const volatile unsigned int ktail_errors = 0;
+const volatile unsigned long long ktail_slow_ns = ~0ULL;
 /* The bucket bounds (ns, inclusive) of op_hist per enum hist_family, as
  * user space's metrics have them; unused ones are 2^62 (op_hist_add). */
 const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUNDS] = {};

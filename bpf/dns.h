@@ -30,7 +30,7 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 	e->op.start_ns = bpf_ktime_get_ns();
 	e->op.sync = PT_REGS_PARM3(ctx) == 0;
 	e->host[0] = 0;
-	if (!dropped(e->op.cause))
+	if (!lean(e->op.cause))
 		bpf_probe_read_user_str(e->host, sizeof(e->host), (void *)PT_REGS_PARM4(ctx));
 	struct req_key key = { .pid = pid, .req = e->op.req };
 	if (bpf_map_update_elem(&inflight_dns, &key, e, BPF_NOEXIST)) {
@@ -83,14 +83,21 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 		e->retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
 	/* An unsampled trace's: counted, no record (DNS durations have no
 	 * sync attribute). */
+	int held = 0;
 	if (dropped(e->op.cause)) {
-		if (!op_hist_add(key->pid, HIST_DNS, 0, 0, e->retcode, e->op.end_ns - e->op.start_ns))
+		int lost = op_hist_add(key->pid, HIST_DNS, 0, 0, e->retcode, e->op.end_ns - e->op.start_ns);
+		if (!lost)
 			queue_hist_add(key->pid, HIST_DNS, e->op.start_ns, e->op.work_start_ns);
 		http_work_end(key->pid, e->op.cause, e->op.end_ns);
-		if (end_kind == END_DONE)
-			set_cause(e->op.cause);
-		bpf_map_delete_elem(&inflight_dns, key);
-		return 0;
+		if (!tail_wants(e->op.cause)) {
+			if (end_kind == END_DONE)
+				set_cause(e->op.cause);
+			bpf_map_delete_elem(&inflight_dns, key);
+			return 0;
+		}
+		/* ktail: its record is held with its request (tail_hold) */
+		e->op.flags = lost ? 0 : OP_COUNTED;
+		held = 1;
 	}
 
 	__u64 ai = r[0];
@@ -123,7 +130,13 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	/* uv__getaddrinfo_done runs the callback next, for the same request. */
 	if (end_kind == END_DONE)
 		set_cause(e->op.cause);
-	emit(e, sizeof(*e));
+	struct scratch *s = held ? get_scratch() : 0;
+	if (s) {
+		__builtin_memcpy(&s->dns, e, sizeof(*e));
+		tail_hold(key->pid, e->op.cause, sizeof(*e));
+	} else if (!held) {
+		emit(e, sizeof(*e));
+	}
 	bpf_map_delete_elem(&inflight_dns, key);
 	return 0;
 }

@@ -54,8 +54,14 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 	e->op.end_kind = end_kind;
 	bpf_probe_read_user(&e->result, sizeof(e->result), (void *)(slot->req + FS_RESULT_OFF));
 	if (dropped(e->op.cause)) {
-		op_hist_add(e->op.hdr.pid, HIST_FS, e->op_id, 1, fs_err(e->result), e->op.end_ns - e->op.start_ns);
+		int lost = op_hist_add(e->op.hdr.pid, HIST_FS, e->op_id, 1, fs_err(e->result), e->op.end_ns - e->op.start_ns);
 		http_work_end(e->op.hdr.pid, e->op.cause, e->op.end_ns);
+		struct scratch *s = tail_wants(e->op.cause) ? get_scratch() : 0;
+		if (s) {
+			__builtin_memcpy(&s->fs, e, sizeof(*e));
+			s->fs.op.flags = lost ? 0 : OP_COUNTED;
+			tail_hold(e->op.hdr.pid, e->op.cause, fs_record_size(&s->fs));
+		}
 		slot->req = 0;
 		return;
 	}
@@ -107,19 +113,25 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 		}
 		return 0;
 	}
+	__u64 now = bpf_ktime_get_ns();
+	__u16 flags = 0;
 	if (dropped(a->cause)) {
 		/* An unsampled trace's: counted (or, the map full, counted as
-		 * lost), no record, nothing read but its result. */
-		__u64 now = bpf_ktime_get_ns();
+		 * lost), no record, nothing read but its result (ktail: its
+		 * record held with its request, see tail_hold). */
 		long long result = 0;
 		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
-		if (!op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns))
+		int lost = op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns);
+		if (!lost)
 			queue_hist_add(pid, HIST_FS, a->start_ns, a->work_start_ns);
 		http_work_end(pid, a->cause, now);
-		if (end_kind == END_DONE)
-			set_cause(a->cause);
-		bpf_map_delete_elem(&inflight_fs, &key);
-		return 0;
+		if (!tail_wants(a->cause)) {
+			if (end_kind == END_DONE)
+				set_cause(a->cause);
+			bpf_map_delete_elem(&inflight_fs, &key);
+			return 0;
+		}
+		flags = lost ? 0 : OP_COUNTED;
 	}
 	struct scratch *s = get_scratch();
 	if (!s)
@@ -134,12 +146,12 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->op.start_ns = a->start_ns;
 	e->op.work_start_ns = a->work_start_ns;
 	e->op.work_end_ns = a->work_end_ns;
-	e->op.end_ns = bpf_ktime_get_ns();
+	e->op.end_ns = now;
 	e->op.worker_tid = a->worker_tid;
 	e->op_id = a->op_id;
 	e->op.sync = 0;
 	e->op.end_kind = end_kind;
-	e->op._pad = 0;
+	e->op.flags = flags;
 	e->path_len = 0;
 	/* Neighbouring fields in one read each (each read is a helper call):
 	 * result .. path, and new_path .. file. */
@@ -162,7 +174,10 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	if (end_kind == END_DONE)
 		set_cause(e->op.cause);
 	bpf_map_delete_elem(&inflight_fs, &key);
-	emit(e, fs_record_size(e));
+	if (flags || tail_wants(e->op.cause))
+		tail_hold(pid, e->op.cause, fs_record_size(e));
+	else
+		emit(e, fs_record_size(e));
 	return 0;
 }
 
@@ -228,7 +243,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->result = 0;
 	e->op.worker_tid = 0;
 	e->op.end_kind = 0;
-	e->op._pad = 0;
+	e->op.flags = 0;
 	e->path_len = 0;
 	e->op_id = cookie & 0xFF;
 	e->op.sync = 1;
@@ -239,7 +254,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->path[0] = 0;
 	e->has_path2 = 0;
 	/* An unsampled trace's call is only counted: no path to read. */
-	if (dropped(cause))
+	if (lean(cause))
 		return 1;
 	idx = cookie_field(cookie, COOKIE_PATH_SHIFT);
 	if (idx != COOKIE_NONE)

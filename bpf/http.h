@@ -292,12 +292,17 @@ static __always_inline struct http_event *fill_http(__u32 what, __u64 cause, __u
 
 /* The scratch HTTP record sent, with what was captured only (8-byte
  * aligned). */
+static __always_inline __u64 http_record_size(const struct http_event *e)
+{
+	__u64 n = e->captured;
+	if (n > UVSPAN_HTTP_CAPTURE)
+		n = UVSPAN_HTTP_CAPTURE;
+	return sizeof(*e) - UVSPAN_HTTP_CAPTURE + ((n + 7) & ~7ULL);
+}
+
 static __always_inline void send_http(struct http_event *e)
 {
-	__u64 size = sizeof(*e) - UVSPAN_HTTP_CAPTURE + (((__u64)e->captured + 7) & ~7ULL);
-	if (size > sizeof(*e))
-		size = sizeof(*e);
-	emit(e, size);
+	emit(e, http_record_size(e));
 }
 
 /* One HTTP record (fill_http), sent. */
@@ -321,8 +326,14 @@ static __always_inline __u64 http_request(__u32 what, __u64 cause, __u64 stream,
 		return cause;
 	if (ksample_requests)
 		e->cause = cause = sample_request(cause, e->captured);
-	if (khttp && what == HTTP_REQUEST && dropped(cause) && http_follow(e->hdr.pid, cause, stream, e->ts_ns, e->captured))
+	if (khttp && what == HTTP_REQUEST && dropped(cause) && http_follow(e->hdr.pid, cause, stream, e->ts_ns, e->captured)) {
+		/* tail exceptions: its head is held, the first of its records */
+		if (ktail) {
+			peer_of(e, stream);
+			tail_hold(e->hdr.pid, cause, http_record_size(e));
+		}
 		return cause;
+	}
 	if (what == HTTP_REQUEST)
 		peer_of(e, stream);
 	send_http(e);

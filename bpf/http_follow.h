@@ -204,14 +204,103 @@ __attribute__((noinline)) int http_response(__u32 n, __u64 *expect)
 	return status;
 }
 
-/* A followed request is over: its duration counted. Over TLS, its later
- * writes (the last record's ciphertext) are not sent (unless a request is
- * pipelined behind it: they are that one's); in the clear there are none
- * (one that comes is sent, and user space passes it by). */
+/* Tail exceptions: a request kept although its trace was not sampled
+ * (the rule of src/requests/tracker.rs, Tail::keeps). */
+static __always_inline int tail_keeps(const struct http_req *r)
+{
+	return (ktail_errors && r->status >= 500) || r->last_ns - r->start_ns > ktail_slow_ns;
+}
+
+struct tail_walk {
+	__u64 cause;
+	__u32 pid;
+	__u32 n;
+	__u32 send;
+	__u32 _pad;
+};
+
+/* bpf_loop callback: a request's held record i, sent (or not), forgotten. */
+static long tail_one(__u32 i, struct tail_walk *w)
+{
+	if (i >= w->n)
+		return 1;
+	struct tail_key k = { .pid = w->pid, .idx = i, .cause = w->cause };
+	struct tail_rec *v = bpf_map_lookup_elem(&tail_recs, &k);
+	if (!v) {
+		if (w->send)
+			stat_inc(STAT_TAIL_LOST); /* evicted */
+		return 0;
+	}
+	if (w->send) {
+		__u64 size = sizeof(struct dns_event);
+		if (v->hdr.kind == EV_FS)
+			size = fs_record_size(&v->fs);
+		else if (v->hdr.kind == EV_HTTP)
+			size = http_record_size(&v->http);
+		/* bounded after the branches meet (the verifier sees one value) */
+		asm volatile("" : "+r"(size));
+		if (size <= sizeof(*v))
+			emit(v, size);
+	}
+	bpf_map_delete_elem(&tail_recs, &k);
+	return 0;
+}
+
+/* A followed request's held records (ktail): sent in order (its head,
+ * then its work), or dropped. A global function. */
+__attribute__((noinline)) int tail_release(__u32 pid, __u64 cause, __u32 held, __u32 send)
+{
+	struct tail_walk w = { .cause = cause, .pid = pid, .n = held, .send = send };
+	bpf_loop(TAIL_HELD_MAX, tail_one, &w, 0);
+	return 0;
+}
+
+/* A kept request's response as user space needs it: its status line, at
+ * its last write, without a length (user space ends it once quiet, at
+ * that write). */
+static __noinline void http_status_record(struct conn_key *k, struct http_req *r)
+{
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	struct http_event *e = &s->http;
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
+	e->hdr.kind = EV_HTTP;
+	e->hdr.pid = k->pid;
+	e->hdr.tid = (__u32)current_ids();
+	e->ts_ns = r->last_ns;
+	e->cause = k->ptr;
+	e->conn = r->conn;
+	e->what = HTTP_WRITE;
+	e->tls = r->tls;
+	const char line[24] = "HTTP/1.1 000 \r\n\r\n";
+	for (int i = 0; i < 24; i++)
+		e->data[i] = line[i];
+	__u32 st = r->status;
+	e->data[9] = '0' + (st / 100) % 10;
+	e->data[10] = '0' + (st / 10) % 10;
+	e->data[11] = '0' + st % 10;
+	e->captured = 17;
+	e->len = 17;
+	emit(e, sizeof(*e) - UVSPAN_HTTP_CAPTURE + 24);
+}
+
+/* A followed request is over: its duration counted (or, kept by the tail
+ * exceptions, its records sent: user space counts it as it would have).
+ * Over TLS, its later writes (the last record's ciphertext) are not sent
+ * (unless a request is pipelined behind it: they are that one's); in the
+ * clear there are none (one that comes is sent, and user space passes it
+ * by). */
 static __always_inline void http_end(struct conn_key *k, struct http_req *r)
 {
-	op_hist_count(k->pid, (__u32)r->ver << 24 | HIST_HTTP << 16 | (__u32)r->method << 8 | (r->tls & 1), r->status,
-		      r->last_ns - r->start_ns);
+	int keep = ktail && tail_keeps(r);
+	if (ktail && r->held)
+		tail_release(k->pid, k->ptr, r->held, keep);
+	if (keep && r->status)
+		http_status_record(k, r);
+	if (!keep)
+		op_hist_count(k->pid, (__u32)r->ver << 24 | HIST_HTTP << 16 | (__u32)r->method << 8 | (r->tls & 1), r->status,
+			      r->last_ns - r->start_ns);
 	if (r->tls && !r->pipelined) {
 		__u8 one = 1;
 		bpf_map_update_elem(&http_done, k, &one, BPF_ANY);
@@ -242,7 +331,10 @@ static __always_inline __u32 request_line(char *d, __u8 method, __u8 ver)
  * have been sent at its start, goes first. */
 static __noinline void http_hand_over(struct conn_key *k, struct http_req *r)
 {
-	struct scratch *s = get_scratch();
+	/* tail exceptions: its head (and work) held are sent instead */
+	struct scratch *s = ktail && r->held ? 0 : get_scratch();
+	if (ktail && r->held)
+		tail_release(k->pid, k->ptr, r->held, 1);
 	if (s) {
 		struct http_event *e = &s->http;
 		__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);

@@ -160,6 +160,49 @@ static __always_inline int is_task(__u64 cause)
 	return (cause >> CAUSE_KIND_SHIFT) & CAUSE_KIND_MASK;
 }
 
+/* Tail exceptions (ktail): the work of an unsampled request (not a
+ * task's) is read whole, as if sampled, and held with its request. */
+static __always_inline int tail_wants(__u64 cause)
+{
+	return ktail && dropped(cause) && !is_task(cause);
+}
+
+/* Only counted: an unsampled trace's operation whose details (paths,
+ * host) no span will need. */
+static __always_inline int lean(__u64 cause)
+{
+	return dropped(cause) && !tail_wants(cause);
+}
+
+/* The most records held per request (its head and its work). */
+#define TAIL_HELD_MAX 64
+
+/* ktail: a record of an unsampled request, built in the scratch buffer
+ * (`size` bytes): held with its request while the kernel follows it (it
+ * goes up, or not, at its end: http_follow.h); else sent at once (user
+ * space follows that request: handed over, or never followed). A global
+ * function: verified once. */
+__attribute__((noinline)) int tail_hold(__u32 pid, __u64 cause, __u32 size)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s || size > sizeof(struct tail_rec))
+		return 0;
+	struct conn_key k = { .pid = pid, .ptr = cause };
+	struct http_req *r = khttp ? bpf_map_lookup_elem(&http_reqs, &k) : 0;
+	if (!r) {
+		emit(s, size);
+		return 0;
+	}
+	struct tail_key tk = { .pid = pid, .idx = r->held, .cause = cause };
+	if (r->held >= TAIL_HELD_MAX || bpf_map_update_elem(&tail_recs, &tk, s, BPF_ANY)) {
+		stat_inc(STAT_TAIL_LOST);
+		return 0;
+	}
+	r->held++;
+	return 1;
+}
+
 /* An unsampled operation ended: if its request is one the kernel follows
  * (http_follow.h), that request's last activity, where user space ends a
  * request not answered whole (at its last write or work). */

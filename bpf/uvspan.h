@@ -204,6 +204,13 @@ enum cause_kind {
 	CAUSE_DROP = 0x80,
 };
 
+/* op_event.flags */
+enum op_flags {
+	/* of an unsampled request, already counted in op_hist: sent (held
+	 * for its request's tail exceptions) for its span only */
+	OP_COUNTED = 1,
+};
+
 /* Where an operation was seen to finish. */
 enum ev_end {
 	END_DONE = 1,    /* libuv completion function (uv__fs_done / uv__getaddrinfo_done) */
@@ -247,7 +254,8 @@ enum stat_idx {
 	STAT_HIST_FULL = 8,         /* an unsampled operation not counted in op_hist (full): lost to the metrics */
 	STAT_UNSAMPLED_OPS = 9,     /* operations of unsampled traces counted in op_hist, no record sent */
 	STAT_UNSAMPLED_REQS = 10,   /* unsampled HTTP requests the kernel followed to their end and counted in op_hist */
-	STAT_MAX = 11,
+	STAT_TAIL_LOST = 11,        /* a record of an unsampled request not held for the tail exceptions (full, evicted) */
+	STAT_MAX = 12,
 };
 
 /* What an op_hist entry counts: the operations of one process, family and
@@ -298,8 +306,18 @@ struct http_req {
 	unsigned char ver;           /* HTTP/1.ver */
 	unsigned char tls;
 	unsigned char pipelined;     /* a request was pipelined behind it: what is written after it is that one's */
-	unsigned char _pad[2];
+	unsigned char held;          /* tail exceptions: its records held in tail_recs (0..held-1) */
+	unsigned char _pad;
 };
+
+/* Tail exceptions (ktail): a record of an unsampled request the kernel
+ * follows, held until the request's end decides whether it goes up. */
+struct tail_key {
+	unsigned int pid;
+	unsigned int idx; /* its request's records in order: its head first */
+	unsigned long long cause;
+};
+
 
 /* Durations of the operations of unsampled traces, which send no record:
  * buckets by the bounds user space wrote (hist_bounds_ns), their count and
@@ -330,7 +348,7 @@ struct op_event {
 	unsigned int worker_tid; /* the threadpool thread that ran it (0: none seen) */
 	unsigned char sync;
 	unsigned char end_kind; /* enum ev_end */
-	unsigned short _pad;
+	unsigned short flags;   /* enum op_flags */
 };
 
 struct fs_event {
@@ -432,6 +450,16 @@ struct http_event {
 	int stream_id;            /* HTTP/2 client streams' records: the stream (0: none) */
 	unsigned char peer_addr[16];
 	char data[UVSPAN_HTTP_CAPTURE];
+};
+
+/* A held record (tail_recs): any of the kinds an unsampled request sends. */
+struct tail_rec {
+	union {
+		struct ev_header hdr;
+		struct fs_event fs;
+		struct dns_event dns;
+		struct http_event http;
+	};
 };
 
 /* --stacks: one frame of a sampled stack. The words around the frame

@@ -731,18 +731,31 @@ fn always_off_sends_no_record_of_request_work_and_metrics_stay_exact() {
     assert!(servers.is_empty(), "always_off: no request kept");
 }
 
-/// The HTTP metrics' series of a run of tests/fixtures/followed.js under
-/// `sampler`: (attributes, count) of `http.server.request.duration` and of
-/// the `http.client.request.duration` of the call a request makes (to
-/// upstream.test; the fixture's own client calls are not the point), and
-/// the requests the kernel followed.
-fn followed_run(topology: Topology, sampler: &str) -> (BTreeMap<String, u64>, BTreeMap<String, u64>, u64) {
+/// A run of tests/fixtures/followed.js under `sampler` (and `flags`): the
+/// (attributes, count) series of `http.server.request.duration` and of the
+/// `http.client.request.duration` of the call a request makes (to
+/// upstream.test; the fixture's own client calls are not the point), the
+/// requests the kernel followed, the spans and the output.
+struct Followed {
+    servers: BTreeMap<String, u64>,
+    clients: BTreeMap<String, u64>,
+    followed: u64,
+    spans: Vec<Span>,
+    out: Output,
+}
+
+/// Requests followed.js sends.
+const FOLLOWED_N: u64 = 19;
+
+fn followed_run(topology: Topology, sampler: &str, flags: &[&str]) -> Followed {
     require_root();
     let col = Collector::start(Listen::Plain);
     let ep = format!("http://127.0.0.1:{}", col.port());
     let certs = TempDir::new("followed");
     let (key, cert) = self_signed(&certs);
-    let mut c = topology.command(&["--loop-threshold", "10m", "--status-interval", "0"], &["node", &fixture("followed.js"), &key, &cert]);
+    let mut args = vec!["--loop-threshold", "10m", "--status-interval", "0"];
+    args.extend(flags);
+    let mut c = topology.command(&args, &["node", &fixture("followed.js"), &key, &cert]);
     c.envs([
         ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
         ("OTEL_TRACES_SAMPLER", sampler),
@@ -752,7 +765,7 @@ fn followed_run(topology: Topology, sampler: &str) -> (BTreeMap<String, u64>, BT
     let out = run(c);
     let ctx = format!("{topology:?} {sampler}\n{}", out.context());
     assert_eq!(out.code(), Some(0), "{ctx}");
-    assert_eq!(Markers::parse(&out.stdout).i64("done", "n"), 18, "{ctx}");
+    assert_eq!(Markers::parse(&out.stdout).i64("done", "n"), FOLLOWED_N as i64, "{ctx}");
     let series = |name: &str| {
         let mut m = BTreeMap::new();
         for (attrs, n, _) in histogram_points(&col, name) {
@@ -767,8 +780,14 @@ fn followed_run(topology: Topology, sampler: &str) -> (BTreeMap<String, u64>, BT
     } else {
         0
     };
-    assert_eq!(summary_number(&out.stderr, " HTTP requests"), 18, "{ctx}");
-    (series("http.server.request.duration"), series("http.client.request.duration"), followed)
+    assert_eq!(summary_number(&out.stderr, " HTTP requests"), FOLLOWED_N, "{ctx}");
+    Followed {
+        servers: series("http.server.request.duration"),
+        clients: series("http.client.request.duration"),
+        followed,
+        spans: col.spans(),
+        out,
+    }
 }
 
 /// Unsampled requests the kernel follows (no record sent) are in the HTTP
@@ -778,17 +797,89 @@ fn followed_run(topology: Topology, sampler: &str) -> (BTreeMap<String, u64>, BT
 /// HEAD, HTTP/1.0, pipelined, a request line longer than the capture, over
 /// HTTPS (pipelined too). What the kernel cannot end as the tracker does it hands over.
 fn followed_requests_in(topology: Topology) {
-    let (servers, clients, followed) = followed_run(topology, "always_off");
-    let (want_servers, want_clients, none) = followed_run(Topology::Host, "always_on");
-    assert_eq!(none, 0, "always_on follows no request in the kernel");
-    assert_eq!(servers, want_servers, "{topology:?}: http.server.request.duration, followed (left) vs seen (right)");
-    assert_eq!(clients, want_clients, "{topology:?}: http.client.request.duration of the call");
-    assert_eq!(clients.values().sum::<u64>(), 1, "{clients:#?}");
-    assert_eq!(servers.values().sum::<u64>(), 18, "{servers:#?}");
-    // /len, /big, /fail, /up, /partial, /never, the POST and HTTPS /len;
-    // the rest are handed over (no Content-Length, a call, pipelined, a
-    // long request line).
-    assert_eq!(followed, 8, "{topology:?}: requests followed in the kernel\n{servers:#?}");
+    let got = followed_run(topology, "always_off", &[]);
+    let want = followed_run(Topology::Host, "always_on", &[]);
+    assert_eq!(want.followed, 0, "always_on follows no request in the kernel");
+    assert_eq!(got.servers, want.servers, "{topology:?}: http.server.request.duration, followed (left) vs seen (right)");
+    assert_eq!(got.clients, want.clients, "{topology:?}: http.client.request.duration of the call");
+    assert_eq!(got.clients.values().sum::<u64>(), 1, "{:#?}", got.clients);
+    assert_eq!(got.servers.values().sum::<u64>(), FOLLOWED_N, "{:#?}", got.servers);
+    // /len, /big, /fail, /slow, /up, /partial, /never, the POST and HTTPS
+    // /len; the rest are handed over (no Content-Length, a call, pipelined,
+    // a long request line).
+    assert_eq!(got.followed, 9, "{topology:?}: requests followed in the kernel\n{:#?}", got.servers);
+}
+
+/// A request's SERVER span as the tail exceptions compare them: its
+/// method, path (cut), status, and the names of the spans under it.
+fn server_shapes(spans: &[Span]) -> BTreeMap<String, usize> {
+    let mut m = BTreeMap::new();
+    for srv in spans.iter().filter(|s| s.kind == 2) {
+        let mut under: Vec<&str> =
+            spans.iter().filter(|s| s.parent_span_id == srv.span_id && s.trace_id == srv.trace_id).map(|s| s.name.as_str()).collect();
+        under.sort_unstable();
+        let path: String = srv.str("url.path").unwrap_or("").chars().take(12).collect();
+        let key = format!("{} {path} {:?} {under:?}", srv.name, srv.int("http.response.status_code"));
+        *m.entry(key).or_default() += 1;
+    }
+    m
+}
+
+/// Tail exceptions decided in the kernel: under always_off, the requests
+/// the rule keeps are exported whole, as user space keeps them from an
+/// always_on run (the oracle, filtered by the same rule): a 500 the kernel
+/// ends (a file read under it), a slow one, a 503 answered in part that
+/// uvspan ends itself from what the kernel held, a chunked 502 the kernel
+/// hands over (over HTTP and HTTPS); the others are followed in the kernel
+/// and not exported, and the metrics stay exact.
+fn tail_in_the_kernel(topology: Topology) {
+    const SLOW_NS: u64 = 40_000_000;
+    let flags = ["--keep-errors", "--keep-slower-than", "40ms"];
+    let got = followed_run(topology, "always_off", &flags);
+    let all = followed_run(Topology::Host, "always_on", &[]);
+    let ctx = format!("{topology:?}\n{}", got.out.context());
+    let keeps = |s: &Span| s.kind == 2 && (s.int("http.response.status_code").is_some_and(|c| c >= 500) || s.duration_ns() > SLOW_NS);
+    let kept_ids: BTreeSet<(&str, &str)> =
+        all.spans.iter().filter(|s| keeps(s)).map(|s| (s.trace_id.as_str(), s.span_id.as_str())).collect();
+    let want: Vec<Span> = all
+        .spans
+        .iter()
+        .filter(|s| {
+            kept_ids.contains(&(s.trace_id.as_str(), s.span_id.as_str()))
+                || kept_ids.iter().any(|k| k.0 == s.trace_id && k.1 == s.parent_span_id)
+        })
+        .cloned()
+        .collect();
+    let (got_shapes, want_shapes) = (server_shapes(&got.spans), server_shapes(&want));
+    assert_eq!(got_shapes, want_shapes, "{topology:?}: the requests kept, whole (left) vs the rule on always_on (right)\n{ctx}");
+    for p in ["/fail", "/slow", "/partial", "/chunked"] {
+        assert!(got_shapes.keys().any(|k| k.contains(&format!(" {p} "))), "{p} kept: {got_shapes:#?}\n{ctx}");
+    }
+    assert!(got_shapes.values().sum::<usize>() >= 5, "{got_shapes:#?}");
+    let kept = got_shapes.values().sum::<usize>() as u64;
+    assert!(got.out.stderr.contains(&format!("{kept} not sampled but kept")), "{ctx}");
+    // Ended in the kernel and not kept, their records never went up: /len,
+    // /up, the POST and HTTPS /len (/big's last writes come from a timer,
+    // /partial and /never are not answered whole: uvspan ends those).
+    assert_eq!(got.followed, 4, "{topology:?}: requests followed in the kernel\n{ctx}");
+    assert!(!got.out.stderr.contains("not held for the tail exceptions"), "{ctx}");
+    assert_eq!(got.servers, all.servers, "{topology:?}: http.server.request.duration");
+    assert_eq!(got.clients, all.clients, "{topology:?}: http.client.request.duration of the call");
+}
+
+#[test]
+fn tail_exceptions_are_decided_in_the_kernel() {
+    tail_in_the_kernel(Topology::Host);
+}
+
+#[test]
+fn tail_exceptions_are_decided_in_the_kernel_in_one_namespace() {
+    tail_in_the_kernel(Topology::BothInOne);
+}
+
+#[test]
+fn tail_exceptions_are_decided_in_the_kernel_app_alone() {
+    tail_in_the_kernel(Topology::AppAlone);
 }
 
 #[test]

@@ -33,7 +33,7 @@ use crate::events::sampler::Sampler;
 use crate::export::client::settings::{self, Output, Plan, Sources};
 use crate::export::health::{Health, HealthMetrics};
 use crate::export::{Destination, Exporter};
-use crate::kernel::tracer::{KernelSampling, Settings, Tracer};
+use crate::kernel::tracer::{KernelSampling, Settings, TailRule, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
 use crate::listen::join::Joiner;
 use crate::listen::{BindError, ListenConfig, Listener};
@@ -104,6 +104,10 @@ pub struct Agent {
     spare_records: Vec<Record>,
     /// Unsampled requests the kernel followed that uvspan ended itself.
     followed_ended: u64,
+    /// Tail exceptions decided in the kernel: a followed request uvspan
+    /// ends itself goes to the request tracker with the records held for
+    /// it, which decides (and counts it) as for any other.
+    tail_in_kernel: bool,
     tracer: Tracer,
     exporter: Exporter,
     health: Arc<Health>,
@@ -168,7 +172,9 @@ impl Agent {
         let (rt, exporter, health, health_metrics) = start_export(&plan, &file)?;
         let listener = start_listener(&cli, &plan, &rt, &health)?;
         let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
-        let loaded = Tracer::load(&tracer_settings(&cli, pidns, kernel_sampling(&cli, &sampler, per)));
+        let ksampling = kernel_sampling(&cli, &sampler, per);
+        let tail_in_kernel = ksampling.is_some_and(|k| k.follow_requests && k.tail.is_some());
+        let loaded = Tracer::load(&tracer_settings(&cli, pidns, ksampling));
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
         for n in tracer.notices() {
@@ -203,10 +209,7 @@ impl Agent {
                 if op_metrics.is_some() {
                     r.finished = Some(Vec::new());
                 }
-                r.tail = crate::requests::Tail {
-                    errors: cli.keep_errors,
-                    slower_than_ns: cli.keep_slower_than.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-                };
+                r.tail = crate::requests::Tail { errors: cli.keep_errors, slower_than_ns: cli.keep_slower_than.map(setup::duration_ns) };
                 r
             }),
             op_metrics: op_metrics.map(|(_, p)| p),
@@ -220,6 +223,7 @@ impl Agent {
             inbox,
             spare_records: Vec::new(),
             followed_ended: 0,
+            tail_in_kernel,
             tracer,
             exporter,
             health,
@@ -343,7 +347,7 @@ impl Agent {
                 }
             }
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), false, &mut out);
-            self.end_followed(false, None);
+            self.end_followed(false, None, &mut out);
         }
         for rec in recs.drain(..) {
             match rec {
@@ -352,7 +356,7 @@ impl Agent {
                     if let Some(r) = self.report.as_mut() {
                         r.exited(pid, fast_iterations);
                     }
-                    self.end_followed(false, Some(pid));
+                    self.end_followed(false, Some(pid), &mut out);
                     self.read_kernel_ops(pid);
                     self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
                     // Its last metrics go out soon, and its resource with them.
@@ -406,8 +410,8 @@ impl Agent {
         // Stopping: what is still open ends after the last records (a
         // process's exit among them ends its trace with its exit code).
         if shutdown {
+            self.end_followed(true, None, &mut out);
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), true, &mut out);
-            self.end_followed(true, None);
         }
         self.join(shutdown, &mut out);
         for (pid, mut spans) in out {
@@ -453,12 +457,21 @@ impl Agent {
     /// over as the request tracker ends its own (not answered whole), whose
     /// process is `gone`, or (`all`) every one: taken from the kernel,
     /// counted in the metrics.
-    fn end_followed(&mut self, all: bool, gone: Option<u32>) {
+    fn end_followed(&mut self, all: bool, gone: Option<u32>, out: &mut procs::Out) {
         if self.requests.is_none() {
             return;
         }
         let now = crate::events::clock::monotonic_ns();
         let ended = self.tracer.followed_over(|last, answered| all || crate::requests::request_over(now, last, answered), gone);
+        if self.tail_in_kernel {
+            // The tracker decides whether the tail exceptions keep it.
+            for r in &ended {
+                for rec in crate::requests::held_records(r, &self.tracer.take_held(r), &self.inbox.undecodable) {
+                    self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out);
+                }
+            }
+            return;
+        }
         self.followed_ended += ended.len() as u64;
         if let Some(m) = &self.procs.metrics {
             let mut m = m.lock().unwrap_or_else(|e| e.into_inner());

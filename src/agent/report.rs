@@ -93,6 +93,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
             } else {
                 String::new()
             } + &if r.tail_kept > 0 { format!("; {} not sampled but kept: errors or slow", r.tail_kept) } else { String::new() }
+                + &if k.tail_lost > 0 {
+                    format!(
+                        "; {} records of unsampled requests not held for the tail exceptions (kernel table full or over 64 per request): \
+                         kept requests may miss them",
+                        k.tail_lost
+                    )
+                } else {
+                    String::new()
+                }
                 + &if r.not_held > 0 {
                     format!("; {} operations over what a request holds, sent alone (dropped when not sampled)", r.not_held)
                 } else {

@@ -22,24 +22,32 @@ fn bench_no_follow() -> bool {
 }
 
 /// Where the trace sampler runs: in the kernel (the work of a trace it
-/// drops sends no record) unless it keeps everything, or user space must
-/// see every request's work to decide at its end (tail exceptions), or
-/// `uvspan run` reports on every operation. Tasks are decided there only
-/// when each is a trace of its own (a process's trace decides its tasks).
+/// drops sends no record) unless it keeps everything, or `uvspan run`
+/// reports on every operation. Tail exceptions are decided there too when
+/// the kernel follows unsampled requests (it holds their records until
+/// their end); else (`--otlp-listen`) user space sees every request's work
+/// to decide at its end. Tasks are decided there only when each is a
+/// trace of its own (a process's trace decides its tasks).
 pub(super) fn kernel_sampling(cli: &Cli, sampler: &Sampler, per: TracePer) -> Option<KernelSampling> {
     let tail = cli.keep_errors || cli.keep_slower_than.is_some();
     let report = matches!(cli.sub, Some(crate::cli::Sub::Run(_)));
-    if cli.requests == RequestsMode::Off || sampler.keeps_all() || tail || report {
+    // --otlp-listen joins the app's spans to requests uvspan saw.
+    let follow = cli.otlp_listen.is_empty() && !bench_no_follow();
+    if cli.requests == RequestsMode::Off || sampler.keeps_all() || (tail && !follow) || report {
         return None;
     }
     Some(KernelSampling {
         requests: true,
-        // --otlp-listen joins the app's spans to requests uvspan saw.
-        follow_requests: cli.otlp_listen.is_empty() && !bench_no_follow(),
+        follow_requests: follow,
         tasks: per == TracePer::Task,
         parent_based: sampler.parent_based,
         threshold: sampler.kernel_threshold(),
+        tail: tail.then(|| TailRule { errors: cli.keep_errors, slower_than_ns: cli.keep_slower_than.map(duration_ns) }),
     })
+}
+
+pub(super) fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// What the kernel side is loaded with.

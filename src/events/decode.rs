@@ -4,7 +4,7 @@
 use crate::events::sampler::CAUSE_DROP;
 use crate::kernel::skel::types::{
     answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, gc_event, http_event, http_what, loop_event, loop_split, op_event,
-    proc_event, stack_event, uvspan_sizes,
+    op_flags, proc_event, stack_event, uvspan_sizes,
 };
 
 /// What fs and DNS records share (`struct op_event`): the libuv request,
@@ -21,8 +21,12 @@ pub struct OpRecord {
     /// bit (the kernel keeps it in the cause: see `dropped`).
     pub cause: u64,
     /// The kernel's sampler dropped its trace (`CAUSE_DROP`): sent as a
-    /// record only because the kernel's histograms were full.
+    /// record only for the tail exceptions (its request may be kept), or
+    /// because the kernel's histograms were full.
     pub dropped: bool,
+    /// Already counted in the kernel's histograms (`OP_COUNTED`): the
+    /// metrics do not count it again.
+    pub counted: bool,
     pub sync: bool,
     pub start_ns: u64,
     pub work_start_ns: Option<u64>,
@@ -68,6 +72,7 @@ impl OpRecord {
             stack: None,
             cause: 0,
             dropped: false,
+            counted: false,
             sync: false,
             start_ns,
             work_start_ns: None,
@@ -88,6 +93,7 @@ impl From<&op_event> for OpRecord {
             stack: None,
             cause: e.cause & !CAUSE_DROP,
             dropped: e.cause & CAUSE_DROP != 0,
+            counted: e.flags & op_flags::OP_COUNTED.0 as u16 != 0,
             sync: e.sync != 0,
             start_ns: e.start_ns,
             work_start_ns: nonzero(e.work_start_ns),

@@ -71,7 +71,24 @@ pub struct KernelSampling {
     pub parent_based: bool,
     /// A trace's 56 random bits are kept when at least this.
     pub threshold: u64,
+    /// Tail exceptions (`--keep-errors`, `--keep-slower-than`): with
+    /// `follow_requests`, a followed request's records are held in the
+    /// kernel and sent when its end keeps it.
+    pub tail: Option<TailRule>,
 }
+
+/// The tail exceptions' rule, as the kernel applies it at a request's end.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TailRule {
+    /// Keep 5xx responses.
+    pub errors: bool,
+    /// Keep requests that lasted longer than this (ns).
+    pub slower_than_ns: Option<u64>,
+}
+
+/// Records held per followed request in the kernel under tail exceptions
+/// (`tail_recs`): 8192 records, ~9 MiB (1,365 requests of six records in flight).
+const TAIL_RECS: u32 = 8192;
 
 /// Kernel-side counters (summed over CPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -93,6 +110,9 @@ pub struct Stats {
     /// Unsampled HTTP requests the kernel followed to their end and
     /// counted (no record); those uvspan ends itself are not in it.
     pub followed_requests: u64,
+    /// Tail exceptions: records of unsampled requests the kernel could
+    /// not hold (its table full or evicted, or over 64 for a request).
+    pub tail_lost: u64,
 }
 
 /// One entry of the kernel's operation histograms (`op_hists`): a
@@ -301,6 +321,11 @@ impl Tracer {
                 ro.ksample_tasks = u32::from(k.tasks);
                 ro.ksample_parent = u32::from(k.parent_based);
                 ro.ksample_threshold = k.threshold;
+                if let Some(t) = k.tail.filter(|_| k.requests && k.follow_requests) {
+                    ro.ktail = 1;
+                    ro.ktail_errors = u32::from(t.errors);
+                    ro.ktail_slow_ns = t.slower_than_ns.unwrap_or(u64::MAX);
+                }
             }
             for (family, bounds) in ro.hist_bounds_ns.iter_mut().zip(settings.hist_bounds) {
                 for (i, b) in family.iter_mut().enumerate() {
@@ -334,6 +359,8 @@ impl Tracer {
         open.progs.uv_multi.set_autoload(f.multi_uprobe);
         open.progs.uv_session.set_autoload(f.session);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
+        let tail = settings.kernel_sampling.is_some_and(|k| k.requests && k.follow_requests && k.tail.is_some());
+        open.maps.tail_recs.set_max_entries(if tail { TAIL_RECS } else { 1 })?;
         open.load()
     }
 
@@ -556,6 +583,7 @@ impl Tracer {
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
             hist_full: read(stat_idx::STAT_HIST_FULL),
+            tail_lost: read(stat_idx::STAT_TAIL_LOST),
         }
     }
 
@@ -613,6 +641,12 @@ pub struct FollowedRequest {
     pub start_ns: u64,
     /// Its last write or work.
     pub end_ns: u64,
+    /// Its cause as the kernel keys it (with the sampler's bit).
+    pub cause: u64,
+    /// Where its response's head was written (0: not yet).
+    pub conn: u64,
+    /// Tail exceptions: how many of its records the kernel holds.
+    pub held: u8,
 }
 
 /// `enum http_method` (bpf/uvspan.h), in order.
@@ -654,7 +688,30 @@ impl Tracer {
                 status: (r.status != 0).then_some(r.status),
                 start_ns: r.start_ns,
                 end_ns: r.last_ns,
+                cause: key.ptr,
+                conn: r.conn,
+                held: r.held,
             });
+        }
+        out
+    }
+
+    /// Tail exceptions: the records the kernel held for a followed request
+    /// that uvspan ends itself (`tail_recs`, its head first), taken out of
+    /// the map; those evicted are missing.
+    pub fn take_held(&self, r: &FollowedRequest) -> Vec<Vec<u8>> {
+        let map = &self.skel.maps.tail_recs;
+        let mut out = Vec::with_capacity(usize::from(r.held));
+        for idx in 0..u32::from(r.held) {
+            // struct tail_key { pid, idx, cause }
+            let mut k = [0u8; 16];
+            k[..4].copy_from_slice(&r.pid.to_ne_bytes());
+            k[4..8].copy_from_slice(&idx.to_ne_bytes());
+            k[8..].copy_from_slice(&r.cause.to_ne_bytes());
+            if let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) {
+                out.push(v);
+            }
+            let _ = map.delete(&k);
         }
         out
     }

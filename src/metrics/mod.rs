@@ -330,7 +330,11 @@ impl Metrics {
         self.procs.values().any(|p| p.exited)
     }
 
+    /// An fs record (not one the kernel already counted: `counted`).
     pub fn fs(&mut self, r: &FsRecord) {
+        if r.op.counted {
+            return;
+        }
         self.add(r.op.pid, Metric::Fs, fs_attrs(r.op_id, r.op.sync, r.result), secs(r.op.start_ns, r.op.end_ns));
         self.queue_wait(&r.op, "fs");
     }
@@ -344,6 +348,9 @@ impl Metrics {
     }
 
     pub fn dns(&mut self, r: &DnsRecord) {
+        if r.op.counted {
+            return;
+        }
         self.add(r.op.pid, Metric::Dns, dns_attrs(r.retcode), secs(r.op.start_ns, r.op.end_ns));
         self.queue_wait(&r.op, "dns");
     }

@@ -11,12 +11,14 @@
 //! Pure: no kernel, no clock of its own.
 
 pub mod head;
+mod held;
 mod spans;
 mod tracker;
 
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use held::held_records;
 pub(crate) use spans::call_span;
 pub(crate) use tracker::Call;
 pub use tracker::{request_over, Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

@@ -42,6 +42,7 @@ pub(super) fn fs(cause: u64, start: u64, end: u64) -> Record {
             stack: None,
             cause,
             dropped: false,
+            counted: false,
             sync: false,
             start_ns: start,
             work_start_ns: None,

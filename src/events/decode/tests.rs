@@ -171,6 +171,7 @@ fn fs_and_dns_records_share_their_first_part() {
         stack: None,
         cause: 42,
         dropped: false,
+        counted: false,
         sync: false,
         start_ns: 100,
         work_start_ns: Some(150),
@@ -187,7 +188,16 @@ fn fs_and_dns_records_share_their_first_part() {
         e.op.hdr.kind = ev_kind::EV_FS;
     });
     let Record::Fs(fs) = decode(&dropped).unwrap() else { panic!("not fs") };
-    assert_eq!((fs.op.cause, fs.op.dropped), (42, true));
+    assert_eq!((fs.op.cause, fs.op.dropped, fs.op.counted), (42, true, false));
+    // Held for the tail exceptions, already counted in the kernel.
+    let counted = record_bytes(usize::MAX, |e: &mut fs_event| {
+        op(&mut e.op);
+        e.op.cause = 42 | crate::events::sampler::CAUSE_DROP;
+        e.op.flags = crate::kernel::skel::types::op_flags::OP_COUNTED.0 as u16;
+        e.op.hdr.kind = ev_kind::EV_FS;
+    });
+    let Record::Fs(fs) = decode(&counted).unwrap() else { panic!("not fs") };
+    assert_eq!((fs.op.cause, fs.op.dropped, fs.op.counted), (42, true, true));
 }
 
 #[test]
