@@ -7,6 +7,8 @@
 # interleaved; each line is one run.
 #
 #   sudo bench/sampler_cost.sh [UVSPAN_BINARY] [ROUNDS] [SECONDS]
+#
+# SAMPLER_COST_CONFIGS="always_off always_off+tail" runs only those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-target/release/uvspan} rounds=${2:-3} secs=${3:-5}
@@ -24,8 +26,8 @@ for r in $(seq "$rounds"); do
   # "+tail": with the tail exceptions (--keep-errors --keep-slower-than
   # 1s; the app's requests are all 200s and fast: none is kept), decided
   # in the kernel, or ("/sent") in user space from every request's records.
-  for s in always_on parentbased_traceidratio:0.1 parentbased_traceidratio:0.1/sent always_off always_off/sent \
-    always_off+tail always_off+tail/sent; do
+  for s in ${SAMPLER_COST_CONFIGS:-always_on parentbased_traceidratio:0.1 parentbased_traceidratio:0.1/sent always_off \
+    always_off/sent always_off+tail always_off+tail/sent}; do
     sent=0 tail=()
     [ "${s%/sent}" != "$s" ] && sent=1
     spec=${s%/sent}

@@ -61,9 +61,10 @@ const volatile unsigned long long ksample_threshold = 0;
  * kernel to its end and counted in op_hist (http_follow.h), no record sent. */
 const volatile unsigned int khttp = 0;
 /* Tail exceptions (--keep-errors, --keep-slower-than) with khttp: the
- * records of a followed request are held (tail_recs) and go up when it
- * ends with a 5xx (ktail_errors) or lasted over ktail_slow_ns (all ones:
- * no bound); else they are dropped (its work already counted). */
+ * records of a followed request are sent marked held (HDR_HELD: user
+ * space keeps their bytes unread), and its end says whether they go on:
+ * a 5xx (ktail_errors), or over ktail_slow_ns (all ones: no bound); else
+ * they are dropped (its work already counted). */
 const volatile unsigned int ktail = 0;
 const volatile unsigned int ktail_errors = 0;
 const volatile unsigned long long ktail_slow_ns = ~0ULL;

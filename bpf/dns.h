@@ -95,7 +95,7 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 			bpf_map_delete_elem(&inflight_dns, key);
 			return 0;
 		}
-		/* ktail: its record is held with its request (tail_hold) */
+		/* ktail: its record is sent held (tail_hold) */
 		e->op.flags = lost ? 0 : OP_COUNTED;
 		held = 1;
 	}
@@ -133,7 +133,7 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	struct scratch *s = held ? get_scratch() : 0;
 	if (s) {
 		__builtin_memcpy(&s->dns, e, sizeof(*e));
-		tail_hold(key->pid, e->op.cause, sizeof(*e));
+		tail_hold(key->pid, e->op.cause, sizeof(*e), e->op.end_ns);
 	} else if (!held) {
 		emit(e, sizeof(*e));
 	}

@@ -60,7 +60,7 @@ static __always_inline void sync_finish(struct sync_slot *slot, __u8 end_kind)
 		if (s) {
 			__builtin_memcpy(&s->fs, e, sizeof(*e));
 			s->fs.op.flags = lost ? 0 : OP_COUNTED;
-			tail_hold(e->op.hdr.pid, e->op.cause, fs_record_size(&s->fs));
+			tail_hold(e->op.hdr.pid, e->op.cause, fs_record_size(&s->fs), e->op.end_ns);
 		}
 		slot->req = 0;
 		return;
@@ -118,7 +118,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	if (dropped(a->cause)) {
 		/* An unsampled trace's: counted (or, the map full, counted as
 		 * lost), no record, nothing read but its result (ktail: its
-		 * record held with its request, see tail_hold). */
+		 * record sent held, see tail_hold). */
 		long long result = 0;
 		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
 		int lost = op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns);
@@ -140,7 +140,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	e->op.hdr.kind = EV_FS;
 	e->op.hdr.pid = pid;
 	e->op.hdr.tid = a->tid;
-	e->op.hdr._pad = 0;
+	e->op.hdr.flags = 0;
 	e->op.req = req;
 	e->op.cause = a->cause;
 	e->op.start_ns = a->start_ns;
@@ -175,7 +175,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 		set_cause(e->op.cause);
 	bpf_map_delete_elem(&inflight_fs, &key);
 	if (flags || tail_wants(e->op.cause))
-		tail_hold(pid, e->op.cause, fs_record_size(e));
+		tail_hold(pid, e->op.cause, fs_record_size(e), e->op.end_ns);
 	else
 		emit(e, fs_record_size(e));
 	return 0;
@@ -233,7 +233,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	e->op.hdr.kind = EV_FS;
 	e->op.hdr.pid = pid;
 	e->op.hdr.tid = (__u32)id;
-	e->op.hdr._pad = 0;
+	e->op.hdr.flags = 0;
 	e->op.req = req;
 	e->op.cause = cause;
 	e->op.start_ns = now;

@@ -330,7 +330,7 @@ static __always_inline __u64 http_request(__u32 what, __u64 cause, __u64 stream,
 		/* tail exceptions: its head is held, the first of its records */
 		if (ktail) {
 			peer_of(e, stream);
-			tail_hold(e->hdr.pid, cause, http_record_size(e));
+			tail_hold(e->hdr.pid, cause, http_record_size(e), 0);
 		}
 		return cause;
 	}

@@ -211,48 +211,24 @@ static __always_inline int tail_keeps(const struct http_req *r)
 	return (ktail_errors && r->status >= 500) || r->last_ns - r->start_ns > ktail_slow_ns;
 }
 
-struct tail_walk {
-	__u64 cause;
-	__u32 pid;
-	__u32 n;
-	__u32 send;
-	__u32 _pad;
-};
-
-/* bpf_loop callback: a request's held record i, sent (or not), forgotten. */
-static long tail_one(__u32 i, struct tail_walk *w)
+/* Tail exceptions: a followed request whose records were sent held is
+ * over for the kernel: they go on (`release`: kept, or handed over) or
+ * are dropped. */
+static __noinline void http_tail_verdict(struct conn_key *k, __u32 release)
 {
-	if (i >= w->n)
-		return 1;
-	struct tail_key k = { .pid = w->pid, .idx = i, .cause = w->cause };
-	struct tail_rec *v = bpf_map_lookup_elem(&tail_recs, &k);
-	if (!v) {
-		if (w->send)
-			stat_inc(STAT_TAIL_LOST); /* evicted */
-		return 0;
-	}
-	if (w->send) {
-		__u64 size = sizeof(struct dns_event);
-		if (v->hdr.kind == EV_FS)
-			size = fs_record_size(&v->fs);
-		else if (v->hdr.kind == EV_HTTP)
-			size = http_record_size(&v->http);
-		/* bounded after the branches meet (the verifier sees one value) */
-		asm volatile("" : "+r"(size));
-		if (size <= sizeof(*v))
-			emit(v, size);
-	}
-	bpf_map_delete_elem(&tail_recs, &k);
-	return 0;
-}
-
-/* A followed request's held records (ktail): sent in order (its head,
- * then its work), or dropped. A global function. */
-__attribute__((noinline)) int tail_release(__u32 pid, __u64 cause, __u32 held, __u32 send)
-{
-	struct tail_walk w = { .cause = cause, .pid = pid, .n = held, .send = send };
-	bpf_loop(TAIL_HELD_MAX, tail_one, &w, 0);
-	return 0;
+	struct scratch *s = get_scratch();
+	if (!s)
+		return;
+	struct http_event *e = &s->http;
+	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
+	e->hdr.kind = EV_HTTP;
+	e->hdr.pid = k->pid;
+	e->hdr.tid = (__u32)current_ids();
+	e->ts_ns = bpf_ktime_get_ns();
+	e->cause = k->ptr;
+	e->what = HTTP_TAIL;
+	e->len = release;
+	emit(e, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
 }
 
 /* A kept request's response as user space needs it: its status line, at
@@ -286,7 +262,8 @@ static __noinline void http_status_record(struct conn_key *k, struct http_req *r
 }
 
 /* A followed request is over: its duration counted (or, kept by the tail
- * exceptions, its records sent: user space counts it as it would have).
+ * exceptions, its held records go on: user space counts it as it would
+ * have).
  * Over TLS, its later writes (the last record's ciphertext) are not sent
  * (unless a request is pipelined behind it: they are that one's); in the
  * clear there are none (one that comes is sent, and user space passes it
@@ -295,7 +272,7 @@ static __always_inline void http_end(struct conn_key *k, struct http_req *r)
 {
 	int keep = ktail && tail_keeps(r);
 	if (ktail && r->held)
-		tail_release(k->pid, k->ptr, r->held, keep);
+		http_tail_verdict(k, keep);
 	if (keep && r->status)
 		http_status_record(k, r);
 	if (!keep)
@@ -331,10 +308,10 @@ static __always_inline __u32 request_line(char *d, __u8 method, __u8 ver)
  * have been sent at its start, goes first. */
 static __noinline void http_hand_over(struct conn_key *k, struct http_req *r)
 {
-	/* tail exceptions: its head (and work) held are sent instead */
+	/* tail exceptions: its head (and work) sent held go on instead */
 	struct scratch *s = ktail && r->held ? 0 : get_scratch();
 	if (ktail && r->held)
-		tail_release(k->pid, k->ptr, r->held, 1);
+		http_tail_verdict(k, 1);
 	if (s) {
 		struct http_event *e = &s->http;
 		__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);

@@ -280,17 +280,6 @@ struct {
 	__type(value, __u8);
 } http_done SEC(".maps");
 
-/* Tail exceptions (ktail): the records of the unsampled requests the
- * kernel follows, held until each request's end (http_follow.h). Sized by
- * user space (1 entry without ktail); LRU: what pressure evicts is counted
- * (STAT_TAIL_LOST) when its request would have sent it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 8192);
-	__type(key, struct tail_key);
-	__type(value, struct tail_rec);
-} tail_recs SEC(".maps");
-
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, STAT_MAX);
@@ -325,6 +314,7 @@ struct scratch {
 			enum hist_family hist;
 			enum h2_client_slot h2c;
 			enum op_flags op_flags;
+			enum hdr_flags hdr_flags;
 		} enums; /* likewise, for the enums */
 	};
 };

@@ -174,33 +174,33 @@ static __always_inline int lean(__u64 cause)
 	return dropped(cause) && !tail_wants(cause);
 }
 
-/* The most records held per request (its head and its work). */
-#define TAIL_HELD_MAX 64
-
 /* ktail: a record of an unsampled request, built in the scratch buffer
- * (`size` bytes): held with its request while the kernel follows it (it
- * goes up, or not, at its end: http_follow.h); else sent at once (user
- * space follows that request: handed over, or never followed). A global
- * function: verified once. */
-__attribute__((noinline)) int tail_hold(__u32 pid, __u64 cause, __u32 size)
+ * (`size` bytes; its end at end_ns, or 0), sent: marked held (HDR_HELD)
+ * while the kernel follows its request (whose end says whether it goes
+ * on: http_follow.h; end_ns is its last activity then), else
+ * as any record (user space follows that request: handed over, or never
+ * followed). Holding the bytes in user space costs the programs a ring
+ * buffer write, no map; uvspan a copy, not a decode. A global function:
+ * verified once. */
+__attribute__((noinline)) int tail_hold(__u32 pid, __u64 cause, __u32 size, __u64 end_ns)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
-	if (!s || size > sizeof(struct tail_rec))
+	if (!s || size > sizeof(struct http_event))
 		return 0;
 	struct conn_key k = { .pid = pid, .ptr = cause };
 	struct http_req *r = khttp ? bpf_map_lookup_elem(&http_reqs, &k) : 0;
-	if (!r) {
-		emit(s, size);
-		return 0;
+	struct ev_header *h = (struct ev_header *)s;
+	if (r) {
+		h->flags = HDR_HELD;
+		r->held = 1;
+		/* its last activity, as http_work_end (one lookup for both) */
+		if (r->last_ns < end_ns)
+			r->last_ns = end_ns;
 	}
-	struct tail_key tk = { .pid = pid, .idx = r->held, .cause = cause };
-	if (r->held >= TAIL_HELD_MAX || bpf_map_update_elem(&tail_recs, &tk, s, BPF_ANY)) {
-		stat_inc(STAT_TAIL_LOST);
-		return 0;
-	}
-	r->held++;
-	return 1;
+	emit(s, size);
+	h->flags = 0;
+	return r != 0;
 }
 
 /* An unsampled operation ended: if its request is one the kernel follows
@@ -208,7 +208,7 @@ __attribute__((noinline)) int tail_hold(__u32 pid, __u64 cause, __u32 size)
  * request not answered whole (at its last write or work). */
 static __always_inline void http_work_end(__u32 pid, __u64 cause, __u64 end_ns)
 {
-	if (!khttp || !cause || is_task(cause))
+	if (!khttp || !cause || is_task(cause) || tail_wants(cause))
 		return;
 	struct conn_key k = { .pid = pid, .ptr = cause };
 	struct http_req *r = bpf_map_lookup_elem(&http_reqs, &k);

@@ -54,7 +54,7 @@ static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
 	e->hdr.kind = EV_STACK;
 	e->hdr.pid = id >> 32;
 	e->hdr.tid = (__u32)id;
-	e->hdr._pad = 0;
+	e->hdr.flags = 0;
 	e->iter_start_ns = 0;
 	e->ts_ns = bpf_ktime_get_ns();
 	e->sp = PT_REGS_SP(ctx);
@@ -110,7 +110,7 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	e->hdr.kind = EV_STACK;
 	e->hdr.pid = id >> 32;
 	e->hdr.tid = tid;
-	e->hdr._pad = 0;
+	e->hdr.flags = 0;
 	e->iter_start_ns = st->ev.start_ns;
 	e->ts_ns = now;
 	e->sp = BPF_CORE_READ(regs, sp);

@@ -171,6 +171,10 @@ enum http_what {
 	 * END_STREAM, or a reset) as HTTP2_CLOSE, both with its `stream_id` (a
 	 * server stream's records have none, 0). */
 	HTTP2_CLIENT = 7,
+	/* Tail exceptions: a followed request whose records were sent held
+	 * (HDR_HELD) is over for the kernel: `len` 1, they go on (kept, or
+	 * handed over: user space decides); 0, they are dropped. */
+	HTTP_TAIL = 8,
 };
 
 /* An HTTP2_CLIENT record's data: each request header uvspan reads in a
@@ -202,6 +206,14 @@ enum cause_kind {
 	 * cause's trace is not sampled; its fs and DNS work updates the
 	 * kernel's histograms (op_hist) and sends no record. */
 	CAUSE_DROP = 0x80,
+};
+
+/* ev_header.flags */
+enum hdr_flags {
+	/* tail exceptions: a record of an unsampled request the kernel
+	 * follows, for user space to hold (not read) until the request's
+	 * HTTP_TAIL record says whether it goes on or is dropped */
+	HDR_HELD = 1,
 };
 
 /* op_event.flags */
@@ -254,8 +266,7 @@ enum stat_idx {
 	STAT_HIST_FULL = 8,         /* an unsampled operation not counted in op_hist (full): lost to the metrics */
 	STAT_UNSAMPLED_OPS = 9,     /* operations of unsampled traces counted in op_hist, no record sent */
 	STAT_UNSAMPLED_REQS = 10,   /* unsampled HTTP requests the kernel followed to their end and counted in op_hist */
-	STAT_TAIL_LOST = 11,        /* a record of an unsampled request not held for the tail exceptions (full, evicted) */
-	STAT_MAX = 12,
+	STAT_MAX = 11,
 };
 
 /* What an op_hist entry counts: the operations of one process, family and
@@ -306,17 +317,10 @@ struct http_req {
 	unsigned char ver;           /* HTTP/1.ver */
 	unsigned char tls;
 	unsigned char pipelined;     /* a request was pipelined behind it: what is written after it is that one's */
-	unsigned char held;          /* tail exceptions: its records held in tail_recs (0..held-1) */
+	unsigned char held;          /* tail exceptions: records of it were sent held (HDR_HELD) */
 	unsigned char _pad;
 };
 
-/* Tail exceptions (ktail): a record of an unsampled request the kernel
- * follows, held until the request's end decides whether it goes up. */
-struct tail_key {
-	unsigned int pid;
-	unsigned int idx; /* its request's records in order: its head first */
-	unsigned long long cause;
-};
 
 
 /* Durations of the operations of unsampled traces, which send no record:
@@ -332,7 +336,7 @@ struct ev_header {
 	enum ev_kind kind;
 	unsigned int pid;  /* tgid */
 	unsigned int tid;  /* thread that started the operation */
-	unsigned int _pad;
+	unsigned int flags; /* enum hdr_flags */
 };
 
 /* What an fs and a DNS record start with: the libuv request, the thread
@@ -450,16 +454,6 @@ struct http_event {
 	int stream_id;            /* HTTP/2 client streams' records: the stream (0: none) */
 	unsigned char peer_addr[16];
 	char data[UVSPAN_HTTP_CAPTURE];
-};
-
-/* A held record (tail_recs): any of the kinds an unsampled request sends. */
-struct tail_rec {
-	union {
-		struct ev_header hdr;
-		struct fs_event fs;
-		struct dns_event dns;
-		struct http_event http;
-	};
 };
 
 /* --stacks: one frame of a sampled stack. The words around the frame

@@ -108,6 +108,9 @@ pub struct Agent {
     /// ends itself goes to the request tracker with the records held for
     /// it, which decides (and counts it) as for any other.
     tail_in_kernel: bool,
+    /// Tail exceptions decided in the kernel: the bytes of the records
+    /// sent held, per request, until its end.
+    held: crate::requests::Held,
     tracer: Tracer,
     exporter: Exporter,
     health: Arc<Health>,
@@ -224,6 +227,7 @@ impl Agent {
             spare_records: Vec::new(),
             followed_ended: 0,
             tail_in_kernel,
+            held: Default::default(),
             tracer,
             exporter,
             health,
@@ -348,61 +352,10 @@ impl Agent {
             }
             self.procs.expire(self.requests.as_mut(), self.clock, crate::events::clock::monotonic_ns(), false, &mut out);
             self.end_followed(false, None, &mut out);
+            self.held.sweep(now);
         }
         for rec in recs.drain(..) {
-            match rec {
-                Record::Exec { pid, .. } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
-                Record::Exit { pid, fast_iterations, .. } => {
-                    if let Some(r) = self.report.as_mut() {
-                        r.exited(pid, fast_iterations);
-                    }
-                    self.end_followed(false, Some(pid), &mut out);
-                    self.read_kernel_ops(pid);
-                    self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
-                    // Its last metrics go out soon, and its resource with them.
-                    if let Some(m) = &self.op_metrics {
-                        m.exited();
-                    }
-                    self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
-                    if let Some(s) = self.stacks.as_mut() {
-                        s.forget(pid);
-                    }
-                    self.gcs.forget(pid);
-                }
-                Record::Stack(s) => {
-                    if let Some(st) = self.stacks.as_mut() {
-                        st.sample(&s);
-                    }
-                }
-                Record::Fs(mut r) => {
-                    if let Some(st) = self.stacks.as_mut() {
-                        r.op.stack = st.take_op(r.op.pid, r.op.req);
-                    }
-                    self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
-                }
-                Record::Dns(mut r) => {
-                    if let Some(st) = self.stacks.as_mut() {
-                        r.op.stack = st.take_op(r.op.pid, r.op.req);
-                    }
-                    self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
-                }
-                Record::Gc(r) => {
-                    self.gcs.add(r);
-                    self.procs.handle(Record::Gc(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
-                }
-                Record::Loop(mut r) => {
-                    if let Some(st) = self.stacks.as_mut() {
-                        r.stacks = st.take(r.pid, r.start_ns);
-                    }
-                    r.gcs = self.gcs.take(&r);
-                    self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), &mut out);
-                }
-                Record::Exec { pid, .. } if self.command_images.is_some() => {
-                    self.command_exec(pid);
-                    self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out);
-                }
-                rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), &mut out),
-            }
+            self.handle_one(rec, &mut out);
         }
         if recs.capacity() <= 65_536 {
             self.spare_records = recs;
@@ -457,6 +410,74 @@ impl Agent {
     /// over as the request tracker ends its own (not answered whole), whose
     /// process is `gone`, or (`all`) every one: taken from the kernel,
     /// counted in the metrics.
+    /// One decoded record into the process table, the request tracker
+    /// and `out`.
+    fn handle_one(&mut self, rec: Record, out: &mut procs::Out) {
+        match rec {
+            Record::Held(h) => self.held.hold(h, crate::events::clock::monotonic_ns()),
+            // The kernel ended a request whose records were sent held.
+            Record::Http(h) if h.what == decode::HttpWhat::Tail => {
+                let held = self.held.take(h.pid, h.cause);
+                if h.len == 1 {
+                    for rec in crate::requests::released(&held, &self.inbox.undecodable) {
+                        self.handle_one(rec, out);
+                    }
+                }
+            }
+            Record::Exec { pid, .. } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
+            Record::Exit { pid, fast_iterations, .. } => {
+                if let Some(r) = self.report.as_mut() {
+                    r.exited(pid, fast_iterations);
+                }
+                self.end_followed(false, Some(pid), out);
+                self.read_kernel_ops(pid);
+                self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out);
+                // Its last metrics go out soon, and its resource with them.
+                if let Some(m) = &self.op_metrics {
+                    m.exited();
+                }
+                self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+                if let Some(s) = self.stacks.as_mut() {
+                    s.forget(pid);
+                }
+                self.gcs.forget(pid);
+            }
+            Record::Stack(s) => {
+                if let Some(st) = self.stacks.as_mut() {
+                    st.sample(&s);
+                }
+            }
+            Record::Fs(mut r) => {
+                if let Some(st) = self.stacks.as_mut() {
+                    r.op.stack = st.take_op(r.op.pid, r.op.req);
+                }
+                self.procs.handle(Record::Fs(r), self.clock, &self.exporter, self.requests.as_mut(), out);
+            }
+            Record::Dns(mut r) => {
+                if let Some(st) = self.stacks.as_mut() {
+                    r.op.stack = st.take_op(r.op.pid, r.op.req);
+                }
+                self.procs.handle(Record::Dns(r), self.clock, &self.exporter, self.requests.as_mut(), out);
+            }
+            Record::Gc(r) => {
+                self.gcs.add(r);
+                self.procs.handle(Record::Gc(r), self.clock, &self.exporter, self.requests.as_mut(), out);
+            }
+            Record::Loop(mut r) => {
+                if let Some(st) = self.stacks.as_mut() {
+                    r.stacks = st.take(r.pid, r.start_ns);
+                }
+                r.gcs = self.gcs.take(&r);
+                self.procs.handle(Record::Loop(r), self.clock, &self.exporter, self.requests.as_mut(), out);
+            }
+            Record::Exec { pid, .. } if self.command_images.is_some() => {
+                self.command_exec(pid);
+                self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out);
+            }
+            rec => self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out),
+        }
+    }
+
     fn end_followed(&mut self, all: bool, gone: Option<u32>, out: &mut procs::Out) {
         if self.requests.is_none() {
             return;
@@ -466,8 +487,9 @@ impl Agent {
         if self.tail_in_kernel {
             // The tracker decides whether the tail exceptions keep it.
             for r in &ended {
-                for rec in crate::requests::held_records(r, &self.tracer.take_held(r), &self.inbox.undecodable) {
-                    self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out);
+                let held = self.held.take(r.pid, r.cause);
+                for rec in crate::requests::held_records(r, &held, &self.inbox.undecodable) {
+                    self.handle_one(rec, out);
                 }
             }
             return;
@@ -482,7 +504,7 @@ impl Agent {
     /// The request tracker's counters, with the requests the kernel followed.
     fn request_stats(&self) -> Option<crate::requests::RequestStats> {
         let followed = self.tracer.stats().followed_requests + self.followed_ended;
-        self.requests.as_ref().map(|r| crate::requests::RequestStats { followed, ..r.stats })
+        self.requests.as_ref().map(|r| crate::requests::RequestStats { followed, tail_lost: self.held.lost, ..r.stats })
     }
 
     /// With metrics: what the kernel counted of a process's unsampled

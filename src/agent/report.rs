@@ -93,11 +93,11 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
             } else {
                 String::new()
             } + &if r.tail_kept > 0 { format!("; {} not sampled but kept: errors or slow", r.tail_kept) } else { String::new() }
-                + &if k.tail_lost > 0 {
+                + &if r.tail_lost > 0 {
                     format!(
-                        "; {} records of unsampled requests not held for the tail exceptions (kernel table full or over 64 per request): \
-                         kept requests may miss them",
-                        k.tail_lost
+                        "; {} records of unsampled requests not held for the tail exceptions (over 64 MiB or 512 per request, or \
+                         their request's end lost): kept requests may miss them",
+                        r.tail_lost
                     )
                 } else {
                     String::new()

@@ -3,8 +3,8 @@
 
 use crate::events::sampler::CAUSE_DROP;
 use crate::kernel::skel::types::{
-    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, gc_event, http_event, http_what, loop_event, loop_split, op_event,
-    op_flags, proc_event, stack_event, uvspan_sizes,
+    answer_family, dns_event, ev_end, ev_header, ev_kind, fs_event, gc_event, hdr_flags, http_event, http_what, loop_event, loop_split,
+    op_event, op_flags, proc_event, stack_event, uvspan_sizes,
 };
 
 /// What fs and DNS records share (`struct op_event`): the libuv request,
@@ -275,6 +275,10 @@ pub enum HttpWhat {
     /// `grpc-status` come as `Http2Header`, its end as `Http2Close`, with
     /// its `stream`.
     Http2Client,
+    /// Tail exceptions: a request whose records were sent held is over
+    /// for the kernel: `len` 1, they go on (kept, or handed over to user
+    /// space, which decides); 0, they are dropped.
+    Tail,
 }
 
 /// HTTP bytes seen at a parser or written on behalf of a cause.
@@ -306,6 +310,10 @@ pub struct HttpRecord {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
+    /// Tail exceptions: a record of an unsampled request the kernel
+    /// follows, its bytes kept unread until the request's end says
+    /// whether it goes on ([`HttpWhat::Tail`]).
+    Held(HeldRecord),
     Fs(FsRecord),
     Dns(DnsRecord),
     Loop(LoopRecord),
@@ -341,6 +349,7 @@ impl Record {
     pub fn pid(&self) -> u32 {
         match self {
             Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => op.pid,
+            Record::Held(r) => r.pid,
             Record::Loop(r) => r.pid,
             Record::Http(r) => r.pid,
             Record::Stack(r) => r.pid,
@@ -421,9 +430,35 @@ pub fn ended_at(end_kind: u8) -> Option<&'static str> {
     }
 }
 
+/// A record sent held (`HDR_HELD`): its process, its request's cause
+/// (without the sampler's bit) and its bytes, the mark taken off (they
+/// decode as the record they are).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldRecord {
+    pub pid: u32,
+    pub cause: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// Where fs, DNS and HTTP records keep their cause (after the header and
+/// one u64: `op_event.req`, `http_event.ts_ns`).
+const CAUSE_AT: usize = 24;
+const _: () = assert!(std::mem::offset_of!(op_event, cause) == CAUSE_AT && std::mem::offset_of!(http_event, cause) == CAUSE_AT);
+
 /// One ring-buffer record, by the kind its header says.
 pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
     let hdr: ev_header = read(data, 0, std::mem::size_of::<ev_header>())?;
+    if hdr.flags & hdr_flags::HDR_HELD.0 != 0 {
+        let cause = data.get(CAUSE_AT..CAUSE_AT + 8).ok_or(DecodeError::Short { kind: hdr.kind.0, len: data.len() })?;
+        let mut bytes = data.to_vec();
+        let at = std::mem::offset_of!(ev_header, flags);
+        bytes[at..at + 4].copy_from_slice(&(hdr.flags & !hdr_flags::HDR_HELD.0).to_ne_bytes());
+        return Ok(Record::Held(HeldRecord {
+            pid: hdr.pid,
+            cause: u64::from_ne_bytes(cause.try_into().unwrap_or([0; 8])) & !CAUSE_DROP,
+            bytes,
+        }));
+    }
     match hdr.kind {
         ev_kind::EV_FS => fs(data).map(Record::Fs),
         ev_kind::EV_DNS => dns(data).map(Record::Dns),
@@ -531,6 +566,7 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         w if w == http_what::HTTP2_HEADER.0 => HttpWhat::Http2Header,
         w if w == http_what::HTTP2_CLOSE.0 => HttpWhat::Http2Close,
         w if w == http_what::HTTP2_CLIENT.0 => HttpWhat::Http2Client,
+        w if w == http_what::HTTP_TAIL.0 => HttpWhat::Tail,
         _ => HttpWhat::Write,
     };
     // The captured bytes, straight from the record (one copy).

@@ -72,8 +72,8 @@ pub struct KernelSampling {
     /// A trace's 56 random bits are kept when at least this.
     pub threshold: u64,
     /// Tail exceptions (`--keep-errors`, `--keep-slower-than`): with
-    /// `follow_requests`, a followed request's records are held in the
-    /// kernel and sent when its end keeps it.
+    /// `follow_requests`, a followed request's records are sent marked
+    /// held, and its end in the kernel says whether they go on.
     pub tail: Option<TailRule>,
 }
 
@@ -85,10 +85,6 @@ pub struct TailRule {
     /// Keep requests that lasted longer than this (ns).
     pub slower_than_ns: Option<u64>,
 }
-
-/// Records held per followed request in the kernel under tail exceptions
-/// (`tail_recs`): 8192 records, ~9 MiB (1,365 requests of six records in flight).
-const TAIL_RECS: u32 = 8192;
 
 /// Kernel-side counters (summed over CPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -110,9 +106,6 @@ pub struct Stats {
     /// Unsampled HTTP requests the kernel followed to their end and
     /// counted (no record); those uvspan ends itself are not in it.
     pub followed_requests: u64,
-    /// Tail exceptions: records of unsampled requests the kernel could
-    /// not hold (its table full or evicted, or over 64 for a request).
-    pub tail_lost: u64,
 }
 
 /// One entry of the kernel's operation histograms (`op_hists`): a
@@ -359,8 +352,6 @@ impl Tracer {
         open.progs.uv_multi.set_autoload(f.multi_uprobe);
         open.progs.uv_session.set_autoload(f.session);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
-        let tail = settings.kernel_sampling.is_some_and(|k| k.requests && k.follow_requests && k.tail.is_some());
-        open.maps.tail_recs.set_max_entries(if tail { TAIL_RECS } else { 1 })?;
         open.load()
     }
 
@@ -583,7 +574,6 @@ impl Tracer {
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
             hist_full: read(stat_idx::STAT_HIST_FULL),
-            tail_lost: read(stat_idx::STAT_TAIL_LOST),
         }
     }
 
@@ -645,8 +635,8 @@ pub struct FollowedRequest {
     pub cause: u64,
     /// Where its response's head was written (0: not yet).
     pub conn: u64,
-    /// Tail exceptions: how many of its records the kernel holds.
-    pub held: u8,
+    /// Tail exceptions: records of it were sent held.
+    pub held: bool,
 }
 
 /// `enum http_method` (bpf/uvspan.h), in order.
@@ -690,28 +680,8 @@ impl Tracer {
                 end_ns: r.last_ns,
                 cause: key.ptr,
                 conn: r.conn,
-                held: r.held,
+                held: r.held != 0,
             });
-        }
-        out
-    }
-
-    /// Tail exceptions: the records the kernel held for a followed request
-    /// that uvspan ends itself (`tail_recs`, its head first), taken out of
-    /// the map; those evicted are missing.
-    pub fn take_held(&self, r: &FollowedRequest) -> Vec<Vec<u8>> {
-        let map = &self.skel.maps.tail_recs;
-        let mut out = Vec::with_capacity(usize::from(r.held));
-        for idx in 0..u32::from(r.held) {
-            // struct tail_key { pid, idx, cause }
-            let mut k = [0u8; 16];
-            k[..4].copy_from_slice(&r.pid.to_ne_bytes());
-            k[4..8].copy_from_slice(&idx.to_ne_bytes());
-            k[8..].copy_from_slice(&r.cause.to_ne_bytes());
-            if let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) {
-                out.push(v);
-            }
-            let _ = map.delete(&k);
         }
         out
     }

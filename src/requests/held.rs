@@ -1,19 +1,83 @@
-//! Tail exceptions decided in the kernel: an unsampled request the kernel
-//! followed holds its records there (its head, then its work) until its
-//! end. One uvspan ends itself (not answered whole, its process gone)
-//! comes to the tracker as those records and, once it answered, its
-//! response's status as a write at its last activity: the tracker decides
-//! and counts it as any other.
+//! Tail exceptions decided in the kernel: the records of an unsampled
+//! request the kernel follows are sent marked held, and uvspan keeps their
+//! bytes, unread, until the kernel ends the request: they go on (kept, or
+//! handed over to user space) or are dropped. One uvspan ends itself (not
+//! answered whole, its process gone) goes to the tracker with those
+//! records and, once it answered, its response's status as a write at its
+//! last activity: the tracker decides and counts it as any other.
 
-use crate::events::decode::{decode, HttpRecord, HttpWhat, Record};
+use rustc_hash::FxHashMap;
+
+use crate::events::decode::{decode, HeldRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::CAUSE_DROP;
 use crate::kernel::tracer::FollowedRequest;
 
-/// The records of a followed request uvspan ends: those held (raw, as the
-/// kernel keeps them) decoded in order, and its status. A record that does
-/// not decode is counted in `undecodable` and left out.
+/// The most bytes held at once (all requests): beyond, records are lost
+/// (counted) and a kept request lacks them.
+const HELD_BYTES_MAX: usize = 64 << 20;
+/// The most records one request holds (as the tracker: 512 operations).
+const HELD_RECORDS_MAX: usize = 512;
+/// Held longer than this without an end (a verdict lost with the ring
+/// buffer full), a request's bytes are dropped (counted): uvspan ends a
+/// request the kernel follows within 30 s of its last activity.
+const HELD_FOR_MAX_NS: u64 = 120_000_000_000;
+
+/// The held records' bytes, per (process, cause).
+#[derive(Debug, Default)]
+pub struct Held {
+    by: FxHashMap<(u32, u64), (u64, Vec<Vec<u8>>)>,
+    bytes: usize,
+    /// Records not held (over a bound) or dropped unreleased (too old).
+    pub lost: u64,
+}
+
+impl Held {
+    /// A held record (`now_ns`: when, for the age bound).
+    pub fn hold(&mut self, r: HeldRecord, now_ns: u64) {
+        if self.bytes + r.bytes.len() > HELD_BYTES_MAX {
+            self.lost += 1;
+            return;
+        }
+        let (_, recs) = self.by.entry((r.pid, r.cause)).or_insert_with(|| (now_ns, Vec::new()));
+        if recs.len() >= HELD_RECORDS_MAX {
+            self.lost += 1;
+            return;
+        }
+        self.bytes += r.bytes.len();
+        recs.push(r.bytes);
+    }
+
+    /// A request's held records, taken (in the order they came).
+    pub fn take(&mut self, pid: u32, cause: u64) -> Vec<Vec<u8>> {
+        let recs = self.by.remove(&(pid, cause & !CAUSE_DROP)).map(|(_, r)| r).unwrap_or_default();
+        self.bytes -= recs.iter().map(Vec::len).sum::<usize>();
+        recs
+    }
+
+    /// Requests held too long (their end lost): dropped, counted.
+    pub fn sweep(&mut self, now_ns: u64) {
+        let old: Vec<(u32, u64)> =
+            self.by.iter().filter(|(_, (since, _))| now_ns.saturating_sub(*since) > HELD_FOR_MAX_NS).map(|(k, _)| *k).collect();
+        for (pid, cause) in old {
+            self.lost += self.take(pid, cause).len() as u64;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by.is_empty()
+    }
+}
+
+/// Held bytes decoded, in order; one that does not decode is counted in
+/// `undecodable` and left out.
+pub fn released(held: &[Vec<u8>], undecodable: &std::cell::Cell<u64>) -> Vec<Record> {
+    held.iter().filter_map(|b| decode(b).map_err(|_| undecodable.set(undecodable.get() + 1)).ok()).collect()
+}
+
+/// The records of a followed request uvspan ends: those held, decoded in
+/// order, and its status.
 pub fn held_records(r: &FollowedRequest, held: &[Vec<u8>], undecodable: &std::cell::Cell<u64>) -> Vec<Record> {
-    let mut out: Vec<Record> = held.iter().filter_map(|b| decode(b).map_err(|_| undecodable.set(undecodable.get() + 1)).ok()).collect();
+    let mut out = released(held, undecodable);
     if let Some(status) = r.status {
         out.push(Record::Http(HttpRecord {
             pid: r.pid,
@@ -55,7 +119,7 @@ mod tests {
             end_ns,
             cause: 5 << 8 | CAUSE_DROP,
             conn: 0x55,
-            held: 2,
+            held: true,
         }
     }
 
@@ -112,6 +176,28 @@ mod tests {
             assert_eq!((f.status, f.start_ns, f.end_ns), (Some(status), 1_000, 9_000));
             assert_eq!(r.stats.tail_kept, u64::from(kept));
         }
+    }
+
+    /// Held bytes are bounded per request and kept per (process, cause)
+    /// until taken; what is over a bound, or held too long, is counted.
+    #[test]
+    fn held_bytes_are_bounded_and_counted() {
+        let mut h = Held::default();
+        let rec = |cause: u64, n: usize| HeldRecord { pid: 7, cause, bytes: vec![0; n] };
+        for _ in 0..HELD_RECORDS_MAX + 3 {
+            h.hold(rec(1, 8), 0);
+        }
+        h.hold(rec(2, 8), 10);
+        assert_eq!(h.lost, 3);
+        assert_eq!(h.take(7, 1 | CAUSE_DROP).len(), HELD_RECORDS_MAX, "taken by its cause, with or without the sampler's bit");
+        assert!(h.take(7, 1).is_empty());
+        h.sweep(HELD_FOR_MAX_NS);
+        assert!(!h.is_empty(), "not yet too old");
+        h.sweep(HELD_FOR_MAX_NS + 11);
+        assert!(h.is_empty());
+        assert_eq!(h.lost, 4);
+        h.hold(rec(3, HELD_BYTES_MAX + 1), 0);
+        assert_eq!((h.lost, h.is_empty()), (5, true), "over the bytes bound");
     }
 
     #[test]

@@ -18,7 +18,7 @@ mod tracker;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use held::held_records;
+pub use held::{held_records, released, Held};
 pub(crate) use spans::call_span;
 pub(crate) use tracker::Call;
 pub use tracker::{request_over, Finished, FinishedCall, Ready, RequestKey, RequestStats, Requests, Tail};

@@ -86,6 +86,9 @@ pub struct RequestStats {
     /// Unsampled requests the kernel followed (metrics only, no record):
     /// in none of the counts above.
     pub followed: u64,
+    /// Tail exceptions decided in the kernel: records sent held and not
+    /// kept (over uvspan's bounds, or their request's end lost).
+    pub tail_lost: u64,
 }
 
 /// An outgoing HTTP call a request (or a task) made.
@@ -445,6 +448,8 @@ impl Requests {
                 }
                 self.finish(r.cause, src, ready);
             }
+            // The held records' verdict (the agent's, see held.rs).
+            HttpWhat::Tail => {}
         }
     }
 

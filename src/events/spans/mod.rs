@@ -227,7 +227,13 @@ pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Pare
         Record::Fs(r) => out.push(fs::span(&b, r)),
         Record::Dns(r) => out.push(dns::span(&b, r)),
         Record::Loop(r) => iteration::spans(&b, &r, out),
-        Record::Http(_) | Record::Stack(_) | Record::Gc(_) | Record::Fork { .. } | Record::Exec { .. } | Record::Exit { .. } => {}
+        Record::Http(_)
+        | Record::Held(_)
+        | Record::Stack(_)
+        | Record::Gc(_)
+        | Record::Fork { .. }
+        | Record::Exec { .. }
+        | Record::Exit { .. } => {}
     }
     true
 }
