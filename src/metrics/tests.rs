@@ -30,6 +30,21 @@ fn buckets_take_a_value_on_their_upper_bound_and_count_everything() {
     assert_eq!(h.buckets.iter().sum::<u64>(), h.count);
 }
 
+/// Work the kernel already counted (sent for a kept request's span) is
+/// not counted again.
+#[test]
+fn records_the_kernel_counted_are_not_counted_again() {
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    let mut counted = fs(7, 20_000, 0, false);
+    counted.op.counted = true;
+    m.fs(&counted);
+    m.dns(&DnsRecord { op: OpRecord { counted: true, ..op(7, 0, 1_000, false) }, retcode: 0, host: "h".into(), answers: vec![] });
+    assert!(m.collect(false).iter().all(|c| c.series.is_empty()), "nothing counted");
+    m.fs(&fs(7, 20_000, 0, false));
+    assert_eq!(m.collect(false).iter().map(|c| c.series.len()).sum::<usize>(), 1);
+}
+
 #[test]
 fn series_per_process_with_bounded_attributes() {
     let mut m = Metrics::default();
@@ -282,7 +297,7 @@ fn followed_requests_join_the_trackers_series() {
         end_ns: 3_000_000,
         cause: 1 << 8,
         conn: 0,
-        held: 0,
+        held: false,
     };
     m.followed(&ended);
     // Not answered: no status, a series of its own.

@@ -22,10 +22,13 @@ const HELD_RECORDS_MAX: usize = 512;
 /// request the kernel follows within 30 s of its last activity.
 const HELD_FOR_MAX_NS: u64 = 120_000_000_000;
 
+/// A request's held records: when the first came, and their bytes.
+type Records = (u64, Vec<Vec<u8>>);
+
 /// The held records' bytes, per (process, cause).
 #[derive(Debug, Default)]
 pub struct Held {
-    by: FxHashMap<(u32, u64), (u64, Vec<Vec<u8>>)>,
+    by: FxHashMap<(u32, u64), Records>,
     bytes: usize,
     /// Records not held (over a bound) or dropped unreleased (too old).
     pub lost: u64,

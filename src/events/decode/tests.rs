@@ -370,3 +370,25 @@ mod props {
         }
     }
 }
+
+/// A record sent held keeps its bytes, the mark taken off, with its
+/// process and its request's cause (without the sampler's bit): they
+/// decode later as the record they are.
+#[test]
+fn held_records_keep_their_bytes_for_later() {
+    use crate::kernel::skel::types::hdr_flags;
+    let bytes = record_bytes(usize::MAX, |e: &mut fs_event| {
+        e.op.hdr.kind = ev_kind::EV_FS;
+        e.op.hdr.pid = 10;
+        e.op.hdr.flags = hdr_flags::HDR_HELD.0;
+        e.op.cause = 42 | crate::events::sampler::CAUSE_DROP;
+        e.op.start_ns = 100;
+        e.op.end_ns = 200;
+    });
+    let Record::Held(h) = decode(&bytes).unwrap() else { panic!("not held") };
+    assert_eq!((h.pid, h.cause), (10, 42));
+    let Record::Fs(fs) = decode(&h.bytes).unwrap() else { panic!("not fs once released") };
+    assert_eq!((fs.op.pid, fs.op.cause, fs.op.dropped, fs.op.end_ns), (10, 42, true, 200));
+    // Too short to hold a cause: not decodable.
+    assert!(decode(&bytes[..20]).is_err());
+}
