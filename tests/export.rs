@@ -808,6 +808,12 @@ fn followed_requests_in(topology: Topology) {
     // /len; the rest are handed over (no Content-Length, a call, pipelined,
     // a long request line).
     assert_eq!(got.followed, 9, "{topology:?}: requests followed in the kernel\n{:#?}", got.servers);
+    // The request line longer than the capture: its method from its first
+    // word, its version not known (left out, not empty).
+    let long = want.spans.iter().find(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/longxx"))).expect("/long…");
+    assert_eq!(long.str("http.request.method"), Some("GET"), "{}", long.brief());
+    assert_eq!(long.str("network.protocol.version"), None, "{}", long.brief());
+    assert!(got.servers.keys().any(|k| k.contains("GET") && !k.contains("network.protocol.version")), "{:#?}", got.servers);
 }
 
 /// A request's SERVER span as the tail exceptions compare them: its

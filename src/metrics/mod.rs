@@ -252,16 +252,16 @@ fn queue_attrs(work: &'static str) -> Vec<(&'static str, Val)> {
     vec![("uvspan.threadpool.work", Val::Str(Cow::Borrowed(work)))]
 }
 
-/// The HTTP methods the conventions name; any other is `_OTHER` (the
-/// attribute stays bounded whatever a client sends).
 /// An HTTP server request's attributes (the bounded ones of its SERVER
-/// span).
+/// span; its version left out where its request line was not read whole).
 fn server_attrs(m: &str, tls: bool, version: &'static str, status: Option<u16>) -> Vec<(&'static str, Val)> {
     let mut attrs = vec![
         ("http.request.method", Val::Str(Cow::Borrowed(method(m)))),
         ("url.scheme", Val::Str(Cow::Borrowed(if tls { "https" } else { "http" }))),
-        ("network.protocol.version", Val::Str(Cow::Borrowed(version))),
     ];
+    if !version.is_empty() {
+        attrs.push(("network.protocol.version", Val::Str(Cow::Borrowed(version))));
+    }
     if let Some(code) = status {
         attrs.push(("http.response.status_code", Val::Int(i64::from(code))));
         if code >= 500 {
@@ -286,6 +286,8 @@ fn followed_version(ver: u8) -> &'static str {
     }
 }
 
+/// The HTTP methods the conventions name; any other is `_OTHER` (the
+/// attribute stays bounded whatever a client sends).
 fn method(m: &str) -> &'static str {
     const KNOWN: [&str; 9] = ["GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"];
     KNOWN.iter().find(|k| **k == m).copied().unwrap_or("_OTHER")

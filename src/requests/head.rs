@@ -63,6 +63,9 @@ pub fn parse_request(data: &[u8]) -> Option<Head> {
     let mut buf = [httparse::EMPTY_HEADER; 64];
     let mut req = httparse::Request::new(&mut buf);
     let complete = req.parse(data);
+    if req.path.is_none() {
+        return cut_request_line(req.method?, data);
+    }
     let (method, target, version) = (req.method?, req.path?, req.version?);
     let headers = match complete {
         Ok(_) => headers_of(req.headers),
@@ -75,6 +78,22 @@ pub fn parse_request(data: &[u8]) -> Option<Head> {
     };
     let version = if version == 0 { "1.0" } else { "1.1" };
     Some(Head { method: method_of(method), path, query, version, headers })
+}
+
+/// A request line longer than the capture (no line end in it): its method
+/// and the part of its target that came; its version is not known (""),
+/// nor are its headers.
+fn cut_request_line(method: &str, data: &[u8]) -> Option<Head> {
+    if data.contains(&b'\n') {
+        return None;
+    }
+    let target = data.get(method.len() + 1..).filter(|t| t.first() == Some(&b'/'))?;
+    let target = String::from_utf8_lossy(target);
+    let (path, query) = match target.split_once('?') {
+        Some((p, q)) => (p.to_string(), Some(q.to_string())),
+        None => (target.to_string(), None),
+    };
+    Some(Head { method: method_of(method), path, query, version: "", headers: Vec::new() })
 }
 
 /// Headers from a head whose end was not captured.
@@ -353,6 +372,12 @@ mod tests {
         assert_eq!(cut.header("x-long"), None);
         assert_eq!(redact_query(&"a".repeat(300)).len(), QUERY_MAX);
         assert!(parse_request(b"\x16\x03\x01 not http").is_none());
+        // A request line longer than the capture: its method and the
+        // target so far; no version.
+        let long = format!("DELETE /{}?q=1", "x".repeat(1_000));
+        let h = parse_request(long.as_bytes()).unwrap();
+        assert_eq!((&*h.method, h.path.len(), h.query.as_deref(), h.version), ("DELETE", 1_001, Some("q=1"), ""));
+        assert!(parse_request(b"GET x").is_none(), "not a path");
         let st = parse_status(b"HTTP/1.1 404 Not Found\r\nContent-Length: 5\r\n\r\nnope!").unwrap();
         assert_eq!((st.status, st.content_length, st.head_len), (404, Some(5), Some(45)));
         let st = parse_status(b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, Chunked\r\ncontent-length:  7 \r\n\r\n").unwrap();

@@ -54,9 +54,12 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
         KeyValue::new("http.request.method", h.method.clone()),
         KeyValue::new("url.path", h.path.clone()),
         KeyValue::new("url.scheme", if req.tls { "https" } else { "http" }),
-        KeyValue::new("network.protocol.version", h.version),
         KeyValue::new("thread.id", i64::from(req.tid)),
     ]);
+    // Not known where the request line was longer than the capture.
+    if !h.version.is_empty() {
+        attrs.push(KeyValue::new("network.protocol.version", h.version));
+    }
     if let Some(q) = &h.query {
         attrs.push(KeyValue::new("url.query", redact_query(q)));
     }
