@@ -211,22 +211,34 @@ static __always_inline int tail_keeps(const struct http_req *r)
 	return (ktail_errors && r->status >= 500) || r->last_ns - r->start_ns > ktail_slow_ns;
 }
 
-/* Tail exceptions: a followed request whose records were sent held is
- * over for the kernel: they go on (`release`: kept, or handed over) or
- * are dropped. */
-static __noinline void http_tail_verdict(struct conn_key *k, __u32 release)
+/* A record the kernel makes for a followed request (k): the scratch HTTP
+ * record, its header, time, cause, connection and kind set, the rest
+ * zero but its data; NULL without scratch. */
+static __always_inline struct http_event *followed_record(struct conn_key *k, __u64 ts_ns, __u64 conn, __u32 what)
 {
 	struct scratch *s = get_scratch();
 	if (!s)
-		return;
+		return 0;
 	struct http_event *e = &s->http;
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
 	e->hdr.kind = EV_HTTP;
 	e->hdr.pid = k->pid;
 	e->hdr.tid = (__u32)current_ids();
-	e->ts_ns = bpf_ktime_get_ns();
+	e->ts_ns = ts_ns;
 	e->cause = k->ptr;
-	e->what = HTTP_TAIL;
+	e->conn = conn;
+	e->what = what;
+	return e;
+}
+
+/* Tail exceptions: a followed request whose records were sent held is
+ * over for the kernel: they go on (`release`: kept, or handed over) or
+ * are dropped. */
+static __noinline void http_tail_verdict(struct conn_key *k, __u32 release)
+{
+	struct http_event *e = followed_record(k, bpf_ktime_get_ns(), 0, HTTP_TAIL);
+	if (!e)
+		return;
 	e->len = release;
 	emit(e, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
 }
@@ -236,18 +248,9 @@ static __noinline void http_tail_verdict(struct conn_key *k, __u32 release)
  * that write). */
 static __noinline void http_status_record(struct conn_key *k, struct http_req *r)
 {
-	struct scratch *s = get_scratch();
-	if (!s)
+	struct http_event *e = followed_record(k, r->last_ns, r->conn, HTTP_WRITE);
+	if (!e)
 		return;
-	struct http_event *e = &s->http;
-	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
-	e->hdr.kind = EV_HTTP;
-	e->hdr.pid = k->pid;
-	e->hdr.tid = (__u32)current_ids();
-	e->ts_ns = r->last_ns;
-	e->cause = k->ptr;
-	e->conn = r->conn;
-	e->what = HTTP_WRITE;
 	e->tls = r->tls;
 	const char line[24] = "HTTP/1.1 000 \r\n\r\n";
 	for (int i = 0; i < 24; i++)
@@ -309,19 +312,12 @@ static __always_inline __u32 request_line(char *d, __u8 method, __u8 ver)
 static __noinline void http_hand_over(struct conn_key *k, struct http_req *r)
 {
 	/* tail exceptions: its head (and work) sent held go on instead */
-	struct scratch *s = ktail && r->held ? 0 : get_scratch();
+	struct http_event *e = 0;
 	if (ktail && r->held)
 		http_tail_verdict(k, 1);
-	if (s) {
-		struct http_event *e = &s->http;
-		__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HTTP_CAPTURE);
-		e->hdr.kind = EV_HTTP;
-		e->hdr.pid = k->pid;
-		e->hdr.tid = (__u32)current_ids();
-		e->ts_ns = r->start_ns;
-		e->cause = k->ptr;
-		e->conn = r->stream;
-		e->what = HTTP_REQUEST;
+	else
+		e = followed_record(k, r->start_ns, r->stream, HTTP_REQUEST);
+	if (e) {
 		e->captured = request_line(e->data, r->method, r->ver);
 		e->len = e->captured;
 		peer_of(e, r->stream);
