@@ -297,11 +297,22 @@ fn grpc_calls_are_named_by_service_and_method() {
 /// kernel counts it, and says so); the sampled ones are whole; the fs
 /// metric counts both.
 fn unsampled_streams_in(topology: Topology) {
+    unsampled_streams_with(topology, false);
+}
+
+/// With `keep_errors` (`--keep-errors`): the failed streams (503) among the
+/// unsampled are kept whole too (the kernel follows no HTTP/2 stream: their
+/// work is sent, marked as counted, and the tracker decides), and the
+/// metrics count each operation once.
+fn unsampled_streams_with(topology: Topology, keep_errors: bool) {
     require_root();
     let col = common::collector::Collector::start(common::collector::Listen::Plain);
     let ep = format!("http://127.0.0.1:{}", col.port());
     let dir = TempDir::new("h2-sampled");
-    let uv = ["--loop-threshold", "10m", "--status-interval", "0"];
+    let mut uv = vec!["--loop-threshold", "10m", "--status-interval", "0"];
+    if keep_errors {
+        uv.push("--keep-errors");
+    }
     let app = ["node".to_string(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
     let app: Vec<&str> = app.iter().map(String::as_str).collect();
     let mut c = topology.command(&uv, &app);
@@ -326,8 +337,14 @@ fn unsampled_streams_in(topology: Topology) {
         kept.push(i);
     }
     kept.sort_unstable();
-    let want: Vec<usize> = (0..N).filter(|i| i % 2 == 0).collect();
-    assert_eq!(kept, want, "the streams their callers sampled\n{ctx}");
+    let failed = |i: &usize| sent[i].1 >= 500;
+    let want: Vec<usize> = (0..N).filter(|i| i % 2 == 0 || (keep_errors && failed(i))).collect();
+    assert_eq!(kept, want, "the streams their callers sampled (and, with --keep-errors, the failed ones)\n{ctx}");
+    if keep_errors {
+        let failed_unsampled = (0..N).filter(|i| i % 2 == 1 && failed(i)).count();
+        assert!(failed_unsampled > 0);
+        assert!(out.stderr.contains(&format!("{failed_unsampled} not sampled but kept")), "{ctx}");
+    }
     // The unsampled streams' work was not sent up: the kernel counted it.
     let counted = summary_number(&out.stderr, " operations of unsampled traces counted in the kernel");
     assert_eq!(counted, N as u64, "two stats of each of the {} unsampled streams\n{ctx}", N / 2);
@@ -342,6 +359,21 @@ fn unsampled_streams_in(topology: Topology) {
 #[test]
 fn unsampled_streams_send_no_record_of_their_work() {
     unsampled_streams_in(Topology::Host);
+}
+
+#[test]
+fn unsampled_failed_streams_are_kept_whole_with_keep_errors() {
+    unsampled_streams_with(Topology::Host, true);
+}
+
+#[test]
+fn unsampled_failed_streams_are_kept_whole_with_keep_errors_in_one_namespace() {
+    unsampled_streams_with(Topology::BothInOne, true);
+}
+
+#[test]
+fn unsampled_failed_streams_are_kept_whole_with_keep_errors_app_alone() {
+    unsampled_streams_with(Topology::AppAlone, true);
 }
 
 #[test]

@@ -406,10 +406,6 @@ impl Agent {
         m.kernel_ops(&kernel_ops);
     }
 
-    /// Unsampled requests the kernel follows (bpf/http_follow.h) that are
-    /// over as the request tracker ends its own (not answered whole), whose
-    /// process is `gone`, or (`all`) every one: taken from the kernel,
-    /// counted in the metrics.
     /// One decoded record into the process table, the request tracker
     /// and `out`.
     fn handle_one(&mut self, rec: Record, out: &mut procs::Out) {
@@ -478,6 +474,11 @@ impl Agent {
         }
     }
 
+    /// Unsampled requests the kernel follows (bpf/http_follow.h) that are
+    /// over as the request tracker ends its own (not answered whole), whose
+    /// process is `gone`, or (`all`) every one: taken from the kernel,
+    /// counted in the metrics (with tail exceptions decided in the kernel:
+    /// handed to the request tracker with what was held for them).
     fn end_followed(&mut self, all: bool, gone: Option<u32>, out: &mut procs::Out) {
         if self.requests.is_none() {
             return;
