@@ -301,8 +301,13 @@ impl super::Agent {
                 if let Some(r) = self.requests.as_mut() {
                     r.window_closed();
                     // The unsampled ones the kernel follows that are not
-                    // over: their ends went unseen, dropped the same way.
-                    r.stats.straddled += self.tracer.followed_over(|_, _| true, None).len() as u64;
+                    // over: their ends went unseen, dropped the same way
+                    // (with what was held for them).
+                    let cut = self.tracer.followed_over(|_, _| true, None);
+                    for f in &cut {
+                        self.held.take(f.pid, f.cause);
+                    }
+                    r.stats.straddled += cut.len() as u64;
                 }
             }
             Some(Edge::Open) => {
