@@ -33,7 +33,7 @@ use crate::events::sampler::Sampler;
 use crate::export::client::settings::{self, Output, Plan, Sources};
 use crate::export::health::{Health, HealthMetrics};
 use crate::export::{Destination, Exporter};
-use crate::kernel::tracer::{KernelSampling, Settings, TailRule, Tracer};
+use crate::kernel::tracer::{KernelSampling, Settings, Tracer};
 use crate::kernel::wake::{self, Sleeper, Waker};
 use crate::listen::join::Joiner;
 use crate::listen::{BindError, ListenConfig, Listener};
@@ -212,7 +212,7 @@ impl Agent {
                 if op_metrics.is_some() {
                     r.finished = Some(Vec::new());
                 }
-                r.tail = crate::requests::Tail { errors: cli.keep_errors, slower_than_ns: cli.keep_slower_than.map(setup::duration_ns) };
+                r.tail = tail_rule(&cli).unwrap_or_default();
                 r
             }),
             op_metrics: op_metrics.map(|(_, p)| p),
@@ -410,7 +410,7 @@ impl Agent {
     /// and `out`.
     fn handle_one(&mut self, rec: Record, out: &mut procs::Out) {
         match rec {
-            Record::Held(h) => self.held.hold(h, crate::events::clock::monotonic_ns()),
+            Record::Held(h) => self.held.hold(h, crate::events::clock::monotonic_ns),
             // The kernel ended a request whose records were sent held.
             Record::Http(h) if h.what == decode::HttpWhat::Tail => {
                 let held = self.held.take(h.pid, h.cause);

@@ -29,7 +29,7 @@ fn bench_no_follow() -> bool {
 /// to decide at its end. Tasks are decided there only when each is a
 /// trace of its own (a process's trace decides its tasks).
 pub(super) fn kernel_sampling(cli: &Cli, sampler: &Sampler, per: TracePer) -> Option<KernelSampling> {
-    let tail = cli.keep_errors || cli.keep_slower_than.is_some();
+    let tail = tail_rule(cli).is_some();
     let report = matches!(cli.sub, Some(crate::cli::Sub::Run(_)));
     // --otlp-listen joins the app's spans to requests uvspan saw.
     let follow = cli.otlp_listen.is_empty() && !bench_no_follow();
@@ -42,12 +42,14 @@ pub(super) fn kernel_sampling(cli: &Cli, sampler: &Sampler, per: TracePer) -> Op
         tasks: per == TracePer::Task,
         parent_based: sampler.parent_based,
         threshold: sampler.kernel_threshold(),
-        tail: tail.then(|| TailRule { errors: cli.keep_errors, slower_than_ns: cli.keep_slower_than.map(duration_ns) }),
+        tail: tail_rule(cli),
     })
 }
 
-pub(super) fn duration_ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+/// The tail exceptions asked for (`--keep-errors`, `--keep-slower-than`).
+pub(super) fn tail_rule(cli: &Cli) -> Option<crate::requests::Tail> {
+    let slower_than_ns = cli.keep_slower_than.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+    (cli.keep_errors || slower_than_ns.is_some()).then_some(crate::requests::Tail { errors: cli.keep_errors, slower_than_ns })
 }
 
 /// What the kernel side is loaded with.

@@ -74,16 +74,7 @@ pub struct KernelSampling {
     /// Tail exceptions (`--keep-errors`, `--keep-slower-than`): with
     /// `follow_requests`, a followed request's records are sent marked
     /// held, and its end in the kernel says whether they go on.
-    pub tail: Option<TailRule>,
-}
-
-/// The tail exceptions' rule, as the kernel applies it at a request's end.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TailRule {
-    /// Keep 5xx responses.
-    pub errors: bool,
-    /// Keep requests that lasted longer than this (ns).
-    pub slower_than_ns: Option<u64>,
+    pub tail: Option<crate::requests::Tail>,
 }
 
 /// Kernel-side counters (summed over CPUs).
@@ -635,8 +626,6 @@ pub struct FollowedRequest {
     pub cause: u64,
     /// Where its response's head was written (0: not yet).
     pub conn: u64,
-    /// Tail exceptions: records of it were sent held.
-    pub held: bool,
 }
 
 /// `enum http_method` (bpf/uvspan.h), in order.
@@ -680,7 +669,6 @@ impl Tracer {
                 end_ns: r.last_ns,
                 cause: key.ptr,
                 conn: r.conn,
-                held: r.held != 0,
             });
         }
         out

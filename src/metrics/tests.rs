@@ -287,18 +287,8 @@ fn followed_requests_join_the_trackers_series() {
     buckets[0] = 2;
     let kernel = KernelOps { pid: 7, family: 3, op_id: 1, sync: true, ver: 0, err: 503, count: 2, sum_ns: 4_000_000, buckets };
     m.kernel_ops(std::slice::from_ref(&kernel));
-    let ended = FollowedRequest {
-        pid: 7,
-        method: 1,
-        ver: 0,
-        tls: true,
-        status: Some(503),
-        start_ns: 0,
-        end_ns: 3_000_000,
-        cause: 1 << 8,
-        conn: 0,
-        held: false,
-    };
+    let ended =
+        FollowedRequest { pid: 7, method: 1, ver: 0, tls: true, status: Some(503), start_ns: 0, end_ns: 3_000_000, cause: 1 << 8, conn: 0 };
     m.followed(&ended);
     // Not answered: no status, a series of its own.
     m.followed(&FollowedRequest { status: None, ..ended });

@@ -35,13 +35,14 @@ pub struct Held {
 }
 
 impl Held {
-    /// A held record (`now_ns`: when, for the age bound).
-    pub fn hold(&mut self, r: HeldRecord, now_ns: u64) {
+    /// A held record (`now_ns`: the time, read for a request's first, for
+    /// the age bound).
+    pub fn hold(&mut self, r: HeldRecord, now_ns: impl FnOnce() -> u64) {
         if self.bytes + r.bytes.len() > HELD_BYTES_MAX {
             self.lost += 1;
             return;
         }
-        let (_, recs) = self.by.entry((r.pid, r.cause)).or_insert_with(|| (now_ns, Vec::new()));
+        let (_, recs) = self.by.entry((r.pid, r.cause)).or_insert_with(|| (now_ns(), Vec::new()));
         if recs.len() >= HELD_RECORDS_MAX {
             self.lost += 1;
             return;
@@ -66,7 +67,8 @@ impl Held {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
         self.by.is_empty()
     }
 }
@@ -112,18 +114,7 @@ mod tests {
     use crate::requests::{Ready, Requests, Tail};
 
     fn followed(status: Option<u16>, end_ns: u64) -> FollowedRequest {
-        FollowedRequest {
-            pid: 7,
-            method: 0,
-            ver: 1,
-            tls: false,
-            status,
-            start_ns: 1_000,
-            end_ns,
-            cause: 5 << 8 | CAUSE_DROP,
-            conn: 0x55,
-            held: true,
-        }
+        FollowedRequest { pid: 7, method: 0, ver: 1, tls: false, status, start_ns: 1_000, end_ns, cause: 5 << 8 | CAUSE_DROP, conn: 0x55 }
     }
 
     fn held() -> Vec<Vec<u8>> {
@@ -188,9 +179,9 @@ mod tests {
         let mut h = Held::default();
         let rec = |cause: u64, n: usize| HeldRecord { pid: 7, cause, bytes: vec![0; n] };
         for _ in 0..HELD_RECORDS_MAX + 3 {
-            h.hold(rec(1, 8), 0);
+            h.hold(rec(1, 8), || 0);
         }
-        h.hold(rec(2, 8), 10);
+        h.hold(rec(2, 8), || 10);
         assert_eq!(h.lost, 3);
         assert_eq!(h.take(7, 1 | CAUSE_DROP).len(), HELD_RECORDS_MAX, "taken by its cause, with or without the sampler's bit");
         assert!(h.take(7, 1).is_empty());
@@ -199,7 +190,7 @@ mod tests {
         h.sweep(HELD_FOR_MAX_NS + 11);
         assert!(h.is_empty());
         assert_eq!(h.lost, 4);
-        h.hold(rec(3, HELD_BYTES_MAX + 1), 0);
+        h.hold(rec(3, HELD_BYTES_MAX + 1), || 0);
         assert_eq!((h.lost, h.is_empty()), (5, true), "over the bytes bound");
     }
 
