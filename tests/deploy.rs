@@ -432,12 +432,15 @@ fn all_forgets_exited_processes_under_churn() {
     assert_eq!(summary_number(&out.stderr, " unfinished at process exit"), 0, "{}", out.context());
 }
 
-/// What uvspan keeps per process must go when the process goes: 40
+/// What uvspan keeps per process must go when the process goes: 70
 /// short-lived processes (4 at a time), each with a 768 KiB command line
 /// (8 arguments of 96 KiB, which node ignores: `process.command_line` is on
 /// its resource) so that per-process state is visible far above allocator
-/// noise, must not grow uvspan's RSS by more than 8 MiB between the 10th
-/// and the 40th; a resource kept per exited process would be > 20 MiB. Found
+/// noise. uvspan's RSS is read after the 10th, the 40th and the 70th: a
+/// resource kept per exited process grows it > 20 MiB in each stretch of 30;
+/// the allocator may grow it once (its arenas; up to ~9 MiB seen under the
+/// parallel tests), so the smaller of the two growths must stay under 8 MiB.
+/// Found
 /// by this test (with 96 KiB of OTEL_RESOURCE_ATTRIBUTES per process then):
 /// the export task kept every resource (fixed in 05b22c7).
 #[test]
@@ -454,7 +457,7 @@ fn all_churn_does_not_keep_per_process_memory() {
     let big: Vec<String> = (0..8).map(|k| format!("{k}{}", "y".repeat(96 * 1024))).collect();
     let prefix = format!("{}/stat-", dir.str());
     let mut rss = Vec::new();
-    for range in [0..10, 10..40] {
+    for range in [0..10, 10..40, 40..70] {
         let n = range.end;
         churn(&script, &dir, &cg, range, 4, &big);
         let spans = wait_spans(&rx, Duration::from_secs(15), |s| count_under(s, &prefix) >= n);
@@ -465,9 +468,13 @@ fn all_churn_does_not_keep_per_process_memory() {
     sigterm(&uv);
     let out = uv.finish(RUN_TIMEOUT);
     assert_eq!(out.code(), Some(0), "{}", out.context());
-    let (a, b) = (rss[0], rss[1]);
-    eprintln!("deploy: RSS {a} KiB after 10 processes with 768 KiB command lines, {b} KiB after 40");
-    assert!(b <= a + 8 * 1024, "uvspan's RSS grew {} KiB over 30 exited processes ({a} -> {b} KiB): per-process state is kept", b - a);
+    let (a, b, c) = (rss[0], rss[1], rss[2]);
+    eprintln!("deploy: RSS {a} KiB after 10 processes with 768 KiB command lines, {b} KiB after 40, {c} KiB after 70");
+    let least = b.saturating_sub(a).min(c.saturating_sub(b));
+    assert!(
+        least <= 8 * 1024,
+        "uvspan's RSS grew at least {least} KiB over each 30 exited processes ({a} -> {b} -> {c} KiB): per-process state is kept"
+    );
 }
 
 /// Node started through a shell in a container (`sh -c "node app.js"`, the
