@@ -73,13 +73,6 @@ static __always_inline void peer_of(struct http_event *e, __u64 stream)
 
 #define HTTP_SHORT_HEAD 256
 
-/* The trace sampler at a request's head (ksample_requests): where its
- * traceparent's value starts in the captured head, found a line at a time. */
-struct tp_scan {
-	__u32 n;   /* bytes captured */
-	__u32 pos; /* the value's offset (0: none found) */
-};
-
 #define TP_NAME_LEN 12 /* "traceparent:" */
 #define TP_VALUE_LEN 55 /* "00-<32 hex>-<16 hex>-<2 hex>" */
 #define CAP_MASK (UVSPAN_HTTP_CAPTURE - 1)
@@ -97,6 +90,18 @@ static __always_inline int tp_name_at(const char *d, __u32 p)
 	__builtin_memcpy(&b, d + p + 8, 4);
 	return (a | 0x2020202020202020ULL) == 0x7261706563617274ULL /* "tracepar" */ &&
 	       (b | 0x20202020U) == 0x3a746e65U /* "ent:" */;
+}
+
+/* Whether the header line at p is named `name` (8 + up to 8 bytes, letters
+ * compared with their case bit set, which '-' and ':' have too). */
+static __always_inline int header_at(const char *d, __u32 p, __u64 a8, __u64 b8, __u64 bmask)
+{
+	if (p > UVSPAN_HTTP_CAPTURE - 16)
+		return 0;
+	__u64 a = 0, b = 0;
+	__builtin_memcpy(&a, d + p, 8);
+	__builtin_memcpy(&b, d + p + 8, 8);
+	return (a | 0x2020202020202020ULL) == a8 && ((b | 0x2020202020202020ULL) & bmask) == b8;
 }
 
 /* The captured head (the scratch record's data; 0: no scratch), and in *w
@@ -118,12 +123,71 @@ static __always_inline int has_lf(__u64 w)
 	return ((x - 0x0101010101010101ULL) & ~x & 0x8080808080808080ULL) != 0;
 }
 
-/* bpf_loop callback: the captured head's 8-byte word i; a line starting
- * in it is looked at only when the word holds a '\n'. */
-static long tp_word(__u32 i, struct tp_scan *sc)
+/* One scan of a captured head (the scratch record's data, n bytes), a word
+ * at a time, a line looked at only where a word holds a '\n'. A request's:
+ * its request line's end and (want_tp: for the sampler) where its
+ * traceparent's value starts. A response's (whole): its head's end and its
+ * Content-Length line. */
+struct head_scan {
+	__u32 n;
+	__u32 first_lf; /* the first '\n' + 1 (0: none) */
+	__u32 end;      /* the head's length, its empty line included (0: not within n) */
+	__u32 cl_at;    /* where the Content-Length value starts (0: none) */
+	__u32 lines;
+	__u32 bad;      /* a head user space would read otherwise: hand it over */
+	__u32 whole;    /* a response: its every line, up to its end */
+	__u32 want_tp;  /* a request: look for its traceparent */
+	__u32 tp;       /* where the traceparent's value starts (0: none) */
+	__u32 _pad;
+};
+
+/* A request's header line at q (want_tp): 1 when the scan is over (its
+ * traceparent found, or none can fit in what is left). */
+static __always_inline int request_line_at(struct head_scan *sc, const char *d, __u32 q)
+{
+	if (!sc->want_tp || q + TP_NAME_LEN + TP_VALUE_LEN > sc->n)
+		return 1;
+	if (tp_name_at(d, q)) {
+		sc->tp = q + TP_NAME_LEN;
+		return 1;
+	}
+	return 0;
+}
+
+/* A response's header line at q: 1 when the scan is over (its head's end,
+ * or a head the kernel does not follow). */
+static __always_inline int response_line_at(struct head_scan *sc, const char *d, __u32 q)
+{
+	if (q + 2 > sc->n)
+		return 1;
+	if (d[q & CAP_MASK] == '\r' && d[(q + 1) & CAP_MASK] == '\n') {
+		sc->end = q + 2;
+		return 1;
+	}
+	/* httparse reads 64 headers at the most */
+	if (++sc->lines > 64) {
+		sc->bad = 1;
+		return 1;
+	}
+	/* "content-length:" */
+	if (header_at(d, q, 0x2d746e65746e6f63ULL, 0x003a6874676e656cULL, 0x00FFFFFFFFFFFFFFULL)) {
+		if (sc->cl_at)
+			sc->bad = 1;
+		sc->cl_at = q + 15;
+	}
+	/* "transfer-encoding:" (chunked, or not: user space decides) */
+	else if (header_at(d, q, 0x726566736e617274ULL, 0x6e69646f636e652dULL, ~0ULL)) {
+		sc->bad = 1;
+		return 1;
+	}
+	return 0;
+}
+
+/* bpf_loop callback: the captured head's 8-byte word i. */
+static long head_word(__u32 i, struct head_scan *sc)
 {
 	__u32 at = i * 8;
-	if (at + 8 > sc->n)
+	if (at >= sc->n)
 		return 1;
 	__u64 w = 0;
 	const char *d = head_word_at(at, &w);
@@ -134,15 +198,21 @@ static long tp_word(__u32 i, struct tp_scan *sc)
 	for (int b = 0; b < 8; b++) {
 		if ((__u8)(w >> (b * 8)) != '\n')
 			continue;
-		__u32 p = at + b + 1;
-		if (p + TP_NAME_LEN + TP_VALUE_LEN > sc->n)
+		__u32 q = at + b + 1; /* the next line */
+		if (q > sc->n)
 			return 1;
-		if (tp_name_at(d, p)) {
-			sc->pos = p + TP_NAME_LEN;
+		if (!sc->first_lf)
+			sc->first_lf = q;
+		if (sc->whole ? response_line_at(sc, d, q) : request_line_at(sc, d, q))
 			return 1;
-		}
 	}
 	return 0;
+}
+
+/* The scan of the head in the scratch record (sc->n bytes). */
+static __always_inline void scan_head(struct head_scan *sc)
+{
+	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, head_word, sc, 0);
 }
 
 static __always_inline int hex_digit(__u8 c)
@@ -214,16 +284,6 @@ static __always_inline int tp_parse(__u32 p, __u32 n, int *flag, __u64 *low56)
 	return 1;
 }
 
-/* The incoming traceparent of the head in `e` (n bytes captured): 1 with
- * its flag and low bits (tp_parse); 0 for none or a malformed one (the
- * request starts a trace of its own). */
-static __always_inline int incoming_traceparent(struct http_event *e, __u32 n, int *flag, __u64 *low56)
-{
-	struct tp_scan sc = { .n = n };
-	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, tp_word, &sc, 0);
-	return sc.pos && tp_parse(sc.pos, n, flag, low56);
-}
-
 /* Whether the sampler reads an incoming traceparent: parent-based, or a
  * ratio (the incoming trace id's bits decide). */
 static __always_inline int ksample_reads_parent(void)
@@ -242,15 +302,14 @@ static __always_inline __u64 sample_incoming(__u64 cause, int flag, __u64 low56)
 }
 
 /* A request's cause, decided by the sampler (ksample_requests): by the
- * traceparent of its head (in the scratch record, n bytes), or (none) the
- * cause's own random bits (sample_root). A global function: verified once. */
-__attribute__((noinline)) __u64 sample_request(__u64 cause, __u32 n)
+ * traceparent of its head (its value at `tp` in the scratch record, n bytes;
+ * 0: none), or (none, or a malformed one) the cause's own random bits
+ * (sample_root). A global function: verified once. */
+__attribute__((noinline)) __u64 sample_request(__u64 cause, __u32 tp, __u32 n)
 {
-	__u32 zero = 0;
-	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
 	int flag = 0;
 	__u64 low56 = 0;
-	if (s && ksample_reads_parent() && incoming_traceparent(&s->http, n, &flag, &low56))
+	if (tp && ksample_reads_parent() && tp_parse(tp, n, &flag, &low56))
 		return sample_incoming(cause, flag, low56);
 	return sample_root(cause);
 }
@@ -324,9 +383,17 @@ static __always_inline __u64 http_request(__u32 what, __u64 cause, __u64 stream,
 	struct http_event *e = fill_http(what, cause, stream, p, len, len, 1, 0);
 	if (!e)
 		return cause;
+	/* One scan of the head: the sampler's traceparent, and the request
+	 * line's end for a request the kernel follows. */
+	struct head_scan sc = { .n = e->captured, .want_tp = ksample_requests && ksample_reads_parent() };
+	if (sc.want_tp)
+		scan_head(&sc);
 	if (ksample_requests)
-		e->cause = cause = sample_request(cause, e->captured);
-	if (khttp && what == HTTP_REQUEST && dropped(cause) && http_follow(e->hdr.pid, cause, stream, e->ts_ns, e->captured)) {
+		e->cause = cause = sample_request(cause, sc.tp, sc.n);
+	int follow = khttp && what == HTTP_REQUEST && dropped(cause);
+	if (follow && !sc.want_tp)
+		scan_head(&sc);
+	if (follow && http_follow(cause, stream, sc.n, sc.first_lf)) {
 		/* tail exceptions: its head is held, the first of its records */
 		if (ktail) {
 			peer_of(e, stream);

@@ -44,99 +44,25 @@ static __always_inline int method_of(const char *h)
 	return -1;
 }
 
-/* A scan of the captured head (the scratch record's data, n bytes) a word
- * at a time: the first line break (a request line's end), or a
- * response's head end and its Content-Length line. */
-struct head_scan {
-	__u32 n;
-	__u32 first_lf; /* the first '\n' + 1 (0: none) */
-	__u32 end;      /* the head's length, its empty line included (0: not within n) */
-	__u32 cl_at;    /* where the Content-Length value starts (0: none) */
-	__u32 lines;
-	__u32 bad;      /* a head user space would read otherwise: hand it over */
-	__u32 whole;    /* scan every line (a response), not just the first */
-	__u32 _pad;
-};
-
-/* Whether the header line at p is named `name` (8 + up to 8 bytes, letters
- * compared with their case bit set, which '-' and ':' have too). */
-static __always_inline int header_at(const char *d, __u32 p, __u64 a8, __u64 b8, __u64 bmask)
-{
-	if (p > UVSPAN_HTTP_CAPTURE - 16)
-		return 0;
-	__u64 a = 0, b = 0;
-	__builtin_memcpy(&a, d + p, 8);
-	__builtin_memcpy(&b, d + p + 8, 8);
-	return (a | 0x2020202020202020ULL) == a8 && ((b | 0x2020202020202020ULL) & bmask) == b8;
-}
-
-/* bpf_loop callback: the captured head's 8-byte word i. */
-static long head_word(__u32 i, struct head_scan *sc)
-{
-	__u32 at = i * 8;
-	if (at >= sc->n)
-		return 1;
-	__u64 w = 0;
-	const char *d = head_word_at(at, &w);
-	if (!d)
-		return 1;
-	if (!has_lf(w))
-		return 0;
-	for (int b = 0; b < 8; b++) {
-		if ((__u8)(w >> (b * 8)) != '\n')
-			continue;
-		__u32 q = at + b + 1; /* the next line */
-		if (q > sc->n)
-			return 1;
-		if (!sc->first_lf) {
-			sc->first_lf = q;
-			if (!sc->whole)
-				return 1;
-		}
-		if (q + 2 > sc->n)
-			return 1;
-		if (d[q & CAP_MASK] == '\r' && d[(q + 1) & CAP_MASK] == '\n') {
-			sc->end = q + 2;
-			return 1;
-		}
-		/* httparse reads 64 headers at the most */
-		if (++sc->lines > 64) {
-			sc->bad = 1;
-			return 1;
-		}
-		/* "content-length:" */
-		if (header_at(d, q, 0x2d746e65746e6f63ULL, 0x003a6874676e656cULL, 0x00FFFFFFFFFFFFFFULL)) {
-			if (sc->cl_at)
-				sc->bad = 1;
-			sc->cl_at = q + 15;
-		}
-		/* "transfer-encoding:" (chunked, or not: user space decides) */
-		else if (header_at(d, q, 0x726566736e617274ULL, 0x6e69646f636e652dULL, ~0ULL)) {
-			sc->bad = 1;
-			return 1;
-		}
-	}
-	return 0;
-}
-
-/* The request in the scratch record (n bytes captured) followed from now:
- * 1 when it is (its method, and its version at the request line's end,
- * read as user space reads them); 0: send it as before. A global function:
- * verified once. */
-__attribute__((noinline)) int http_follow(__u32 pid, __u64 cause, __u64 stream, __u64 start_ns, __u32 n)
+/* The request in the scratch record (its process, its start; n bytes
+ * captured, its request line ending at first_lf: scan_head) followed from
+ * now: 1 when it is (its method, and its version at the request line's
+ * end, read as user space reads them); 0: send it as before. A global
+ * function: verified once. */
+__attribute__((noinline)) int http_follow(__u64 cause, __u64 stream, __u32 n, __u32 first_lf)
 {
 	__u32 zero = 0;
 	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
 	if (!s || !stream || n > UVSPAN_HTTP_CAPTURE)
 		return 0;
+	__u32 pid = s->http.hdr.pid;
+	__u64 start_ns = s->http.ts_ns;
 	const char *d = s->http.data;
 	int m = method_of(d);
 	if (m < 0)
 		return 0;
-	struct head_scan sc = { .n = n };
-	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, head_word, &sc, 0);
 	/* "... HTTP/1.x\r\n" */
-	__u32 p = sc.first_lf;
+	__u32 p = first_lf;
 	if (p < 16 || p > UVSPAN_HTTP_CAPTURE)
 		return 0;
 	char v[10] = {};
@@ -178,7 +104,7 @@ __attribute__((noinline)) int http_response(__u32 n, __u64 *expect)
 	if ((d[12] != ' ' && d[12] != '\r') || status < 100)
 		return 0;
 	struct head_scan sc = { .n = n, .whole = 1 };
-	bpf_loop(UVSPAN_HTTP_CAPTURE / 8, head_word, &sc, 0);
+	scan_head(&sc);
 	if (sc.bad || !sc.end || !sc.cl_at)
 		return 0;
 	__u32 p = sc.cl_at;
