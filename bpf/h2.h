@@ -64,8 +64,8 @@ static __always_inline int h2_kept(const char *n, __u64 len)
 
 /* One HTTP/2 record: the header's name and value (a close: none); with
  * `peer`, the libuv stream whose peer the record carries. */
-static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u64 name, __u64 name_len, __u64 value,
-				    __u64 value_len, __u64 peer, __s32 stream_id)
+static __always_inline void emit_h2_at(__u64 ts, __u32 what, __u64 cause, __u64 session, __u64 name, __u64 name_len,
+				       __u64 value, __u64 value_len, __u64 peer, __s32 stream_id)
 {
 	struct scratch *s = get_scratch();
 	if (!s)
@@ -76,7 +76,7 @@ static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u6
 	e->hdr.kind = EV_HTTP;
 	e->hdr.pid = id >> 32;
 	e->hdr.tid = (__u32)id;
-	e->ts_ns = bpf_ktime_get_ns();
+	e->ts_ns = ts;
 	e->cause = cause;
 	e->conn = session;
 	e->what = what;
@@ -97,6 +97,12 @@ static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u6
 	if (size > sizeof(*e))
 		size = sizeof(*e);
 	emit(e, size);
+}
+
+static __always_inline void emit_h2(__u32 what, __u64 cause, __u64 session, __u64 name, __u64 name_len, __u64 value,
+				    __u64 value_len, __u64 peer, __s32 stream_id)
+{
+	emit_h2_at(bpf_ktime_get_ns(), what, cause, session, name, name_len, value, value_len, peer, stream_id);
 }
 
 /* The stream of a frame, and its header (0: unreadable). */
@@ -170,6 +176,122 @@ static __always_inline int h2_client_header(__u64 session, __s32 stream_id, __u6
 	return 0;
 }
 
+/*
+ * Server streams under the kernel's sampler (h2_defers): a stream's
+ * decision can change at its traceparent, which comes after its
+ * pseudo-headers. One the sampler drops as a root sends none of its
+ * request headers as they come: each kept one is saved (its rcbufs, in
+ * the stream's entry) and the stream decided when its HEADERS frame has
+ * been read (OnFrameReceive, before node runs its handlers). Sampled after
+ * all (its caller's traceparent), its saved headers are sent then, read
+ * again from node's buffers; not sampled, it sends no record at all: its
+ * method, scheme and status are read in passing and its duration counted
+ * in op_hist at its close, as http.server.request.duration. (A stream
+ * kept as a root is sent as it comes, as saving and reading again costs
+ * more than sending: if its traceparent drops it, user space does.)
+ */
+#define H2_METHOD_OTHER 9
+
+static __always_inline int h2_defers(void)
+{
+	return ksample_requests && khttp && !ktail;
+}
+
+/* A short name or value (at most 8 bytes, read into a zeroed word) as a
+ * number: compared in one step. */
+#define WORD_GET 0x544547ULL
+#define WORD_PUT 0x545550ULL
+#define WORD_POST 0x54534f50ULL
+#define WORD_HEAD 0x44414548ULL
+#define WORD_PATCH 0x4843544150ULL
+#define WORD_TRACE 0x4543415254ULL
+#define WORD_DELETE 0x4554454c4544ULL
+#define WORD_OPTIONS 0x534e4f4954504fULL
+#define WORD_CONNECT 0x5443454e4e4f43ULL
+#define WORD_HTTPS 0x7370747468ULL
+#define WORD_METHOD 0x646f6874656d3aULL /* ":method" */
+#define WORD_SCHEME 0x656d656863733aULL /* ":scheme" */
+#define WORD_STATUS 0x7375746174733aULL /* ":status" */
+
+/* The method of a :method value (its word), enum http_method. */
+static __always_inline __u8 h2_method(__u64 w)
+{
+	switch (w) {
+	case WORD_GET: return METHOD_GET;
+	case WORD_POST: return METHOD_POST;
+	case WORD_PUT: return METHOD_PUT;
+	case WORD_HEAD: return METHOD_HEAD;
+	case WORD_DELETE: return METHOD_DELETE;
+	case WORD_PATCH: return METHOD_PATCH;
+	case WORD_OPTIONS: return METHOD_OPTIONS;
+	case WORD_CONNECT: return METHOD_CONNECT;
+	case WORD_TRACE: return METHOD_TRACE;
+	}
+	return H2_METHOD_OTHER;
+}
+
+/* The word of a name or value of n bytes at p (0: longer than 8, or
+ * unreadable). */
+static __always_inline __u64 h2_word(__u64 p, __u64 n)
+{
+	__u64 w = 0;
+	if (!n || n > 8 || bpf_probe_read_user(&w, n & 15, (void *)p))
+		return 0;
+	return w;
+}
+
+/* A pending stream's kept request header (its name's first bytes `n`,
+ * rcbufs' base and length in nb, vb): saved to be sent if it is sampled
+ * (the first H2_SAVED: the pseudo-headers and the four others kept fit);
+ * its method and scheme kept for the count if not. */
+static __always_inline void h2_save(struct h2_stream *c, const char *n, __u64 *nb, __u64 *vb, __u64 name, __u64 value)
+{
+	if (nb[1] == 7 && n[1] == 'm' && h2_word(nb[0], 7) == WORD_METHOD)
+		c->method = h2_method(h2_word(vb[0], vb[1]));
+	else if (nb[1] == 7 && n[1] == 's' && h2_word(nb[0], 7) == WORD_SCHEME)
+		c->tls = h2_word(vb[0], vb[1]) == WORD_HTTPS;
+	__u32 i = c->nsaved;
+	if (i < H2_SAVED) {
+		c->saved[i].name = name;
+		c->saved[i].value = value;
+		c->nsaved = i + 1;
+	}
+}
+
+/* A pending stream's saved header i sent (the first with the stream's
+ * start and its connection's peer). Not inlined: verified once, not once
+ * per header. */
+static __noinline void h2_send_saved(struct h2_stream *c, __u32 i, __u64 session)
+{
+	if (!c || i >= H2_SAVED)
+		return;
+	__u64 nb[2] = {}, vb[2] = {};
+	if (bpf_probe_read_user(nb, sizeof(nb), (void *)(c->saved[i].name + H2_RCBUF_BASE_OFF)) ||
+	    bpf_probe_read_user(vb, sizeof(vb), (void *)(c->saved[i].value + H2_RCBUF_BASE_OFF)))
+		return;
+	emit_h2_at(i ? bpf_ktime_get_ns() : c->start_ns, HTTP2_HEADER, c->cause, session, nb[0], nb[1], vb[0], vb[1],
+		   i ? 0 : c->peer, 0);
+}
+
+/* A pending stream (its entry c) is decided: sampled, its saved headers
+ * go up; not, it is followed (no record). */
+static __always_inline void h2_decide(struct h2_stream *c, __u64 session)
+{
+	if (c->state != H2_PENDING)
+		return;
+	if (dropped(c->cause)) {
+		c->state = H2_FOLLOWED;
+		return;
+	}
+	c->state = 0;
+	__u32 n = c->nsaved;
+	for (__u32 i = 0; i < H2_SAVED; i++) {
+		if (i >= n)
+			break;
+		h2_send_saved(c, i, session);
+	}
+}
+
 /* Http2Session::OnHeaderCallback(session, frame, name, value, flags,
  * user_data): one header of a HEADERS frame. A request's (category
  * NGHTTP2_HCAT_REQUEST) first header makes the stream's cause; a
@@ -200,27 +322,43 @@ static __always_inline int h2_header(struct pt_regs *ctx)
 		return 0;
 	struct h2_key key = { .pid = current_ids() >> 32, .stream_id = hd.stream_id, .session = session };
 	struct h2_stream *c = bpf_map_lookup_elem(&h2_stream_cause, &key);
-	struct h2_stream st = {};
 	__u64 peer = 0;
-	if (c) {
-		st = *c;
-	} else {
-		st.cause = new_cause(CAUSE_REQUEST);
+	if (!c) {
+		/* the new entry, made in the scratch record's data */
+		struct scratch *s = get_scratch();
+		if (!s)
+			return 0;
+		struct h2_stream *st = (struct h2_stream *)s->http.data;
+		__builtin_memset(st, 0, sizeof(*st));
+		st->start_ns = bpf_ktime_get_ns();
+		st->cause = new_cause(CAUSE_REQUEST);
 		/* the sampler, as for a root; again at its traceparent */
 		if (ksample_requests)
-			st.cause = sample_root(st.cause);
-		bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
+			st->cause = sample_root(st->cause);
 		/* the connection whose read this is (uv__stream_io) */
 		struct thread_state *t = thread_state_of(0);
 		peer = t ? t->ctx.stream : 0;
+		/* dropped as a root: pending until its traceparent has had its
+		 * say (one kept as a root is sent as it comes; if its
+		 * traceparent drops it, user space drops it) */
+		if (h2_defers() && dropped(st->cause)) {
+			st->state = H2_PENDING;
+			st->peer = peer;
+		}
+		bpf_map_update_elem(&h2_stream_cause, &key, st, BPF_ANY);
+		c = bpf_map_lookup_elem(&h2_stream_cause, &key);
+		if (!c)
+			return 0;
 	}
-	if (st.client)
+	if (c->client)
 		return 0;
-	if (ksample_requests && ksample_reads_parent() && nb[1] == 11 && same(n, "traceparent", 11)) {
-		st.cause = h2_sample(st.cause, vb[0], vb[1]);
-		bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
+	if (ksample_requests && ksample_reads_parent() && nb[1] == 11 && same(n, "traceparent", 11))
+		c->cause = h2_sample(c->cause, vb[0], vb[1]);
+	if (c->state == H2_PENDING) {
+		h2_save(c, n, nb, vb, name, value);
+		return 0;
 	}
-	emit_h2(HTTP2_HEADER, st.cause, session, nb[0], nb[1], vb[0], vb[1], peer, 0);
+	emit_h2(HTTP2_HEADER, c->cause, session, nb[0], nb[1], vb[0], vb[1], peer, 0);
 	return 0;
 }
 
@@ -273,6 +411,13 @@ static __always_inline int h2_frame(struct pt_regs *ctx, __u64 *prev)
 		return 0;
 	if (hd.type != H2_TYPE_HEADERS && !(hd.type == H2_TYPE_DATA && (hd.flags & H2_FLAG_END_STREAM)))
 		return 0;
+	if (hd.type == H2_TYPE_HEADERS && h2_defers()) {
+		/* its request headers are all in: decided before its handlers run */
+		struct h2_key key = {};
+		struct h2_stream *c = h2_lookup(&key, PT_REGS_PARM1(ctx), hd.stream_id);
+		if (c)
+			h2_decide(c, key.session);
+	}
 	return h2_enter(PT_REGS_PARM1(ctx), hd.stream_id, prev, hd.flags & H2_FLAG_END_STREAM);
 }
 
@@ -297,16 +442,37 @@ static __always_inline int h2_frame_return(__u64 prev)
 }
 
 /* The stream of a call whose first two arguments are (session, stream
- * id), if uvspan saw it start: its key and what is kept of it. 1: known. */
-static __always_inline int h2_known(struct pt_regs *ctx, struct h2_key *key, struct h2_stream *st)
+ * id), if uvspan saw it start: its key, and its entry (NULL: unknown). */
+static __always_inline struct h2_stream *h2_known(struct pt_regs *ctx, struct h2_key *key)
 {
 	if (!requests)
 		return 0;
-	struct h2_stream *c = h2_lookup(key, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx));
-	if (!c)
+	return h2_lookup(key, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx));
+}
+
+/* A followed stream's response headers (nva, nvlen): its :status kept
+ * for its count (node puts the pseudo-headers first). */
+static __always_inline int h2_followed_status(struct h2_stream *c, __u64 nva, __u64 nvlen)
+{
+	for (int i = 0; i < 2; i++) {
+		if (i >= nvlen)
+			break;
+		/* nghttp2_nv: name, value, namelen, valuelen */
+		__u64 nv[4] = {};
+		char v[4] = {};
+		if (bpf_probe_read_user(nv, sizeof(nv), (void *)(nva + i * H2_NV_SIZE)) || nv[2] != 7 || nv[3] != 3 ||
+		    h2_word(nv[0], 7) != WORD_STATUS || bpf_probe_read_user(v, 3, (void *)nv[1]))
+			continue;
+		__u16 status = 0;
+		for (int k = 0; k < 3; k++) {
+			if (v[k] < '0' || v[k] > '9')
+				return 0;
+			status = status * 10 + (v[k] - '0');
+		}
+		c->status = status;
 		return 0;
-	*st = *c;
-	return 1;
+	}
+	return 0;
 }
 
 /* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd) /
@@ -319,12 +485,14 @@ static __always_inline int h2_known(struct pt_regs *ctx, struct h2_key *key, str
 static __always_inline int h2_response(struct pt_regs *ctx)
 {
 	struct h2_key key = {};
-	struct h2_stream st;
+	struct h2_stream *c = h2_known(ctx, &key);
 	/* a client's trailers are no response */
-	if (!h2_known(ctx, &key, &st) || st.client)
+	if (!c || c->client)
 		return 0;
-	__u64 cause = st.cause, session = key.session;
+	__u64 cause = c->cause, session = key.session;
 	__u64 nva = PT_REGS_PARM3(ctx), nvlen = PT_REGS_PARM4(ctx);
+	if (c->state == H2_FOLLOWED)
+		return h2_followed_status(c, nva, nvlen);
 	for (int i = 0; i < H2_NV_SCAN; i++) {
 		if (i >= nvlen)
 			break;
@@ -350,16 +518,26 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 static __always_inline int h2_close(struct pt_regs *ctx, __u64 *prev)
 {
 	struct h2_key key = {};
-	struct h2_stream st;
-	if (!h2_known(ctx, &key, &st))
+	struct h2_stream *c = h2_known(ctx, &key);
+	if (!c)
 		return 0;
-	bpf_map_delete_elem(&h2_stream_cause, &key);
-	if (!st.client) {
-		emit_h2(HTTP2_CLOSE, st.cause, key.session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0, 0);
+	if (!c->client) {
+		/* reset before its headers were all in: decided now */
+		h2_decide(c, key.session);
+		__u64 cause = c->cause, start_ns = c->start_ns;
+		__u32 what = 2 << 24 | HIST_HTTP << 16 | (__u32)c->method << 8 | (c->tls & 1);
+		int followed = c->state == H2_FOLLOWED, status = c->status;
+		bpf_map_delete_elem(&h2_stream_cause, &key);
+		if (followed)
+			op_hist_count(key.pid, what, status, bpf_ktime_get_ns() - start_ns);
+		else
+			emit_h2(HTTP2_CLOSE, cause, key.session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0, 0);
 		return 0;
 	}
-	__u64 cause = fresh_cause(st.cause);
-	if (st.client == H2_CLIENT_OPEN && h2_client_sends(cause))
+	__u64 cause = fresh_cause(c->cause);
+	int open = c->client == H2_CLIENT_OPEN;
+	bpf_map_delete_elem(&h2_stream_cause, &key);
+	if (open && h2_client_sends(cause))
 		emit_h2(HTTP2_CLOSE, cause, key.session, 0, 0, 0, (__u32)PT_REGS_PARM3(ctx), 0, key.stream_id);
 	struct thread_state *t = thread_state_of(1);
 	if (!t)
@@ -455,12 +633,16 @@ static __always_inline int h2_submit_return(struct pt_regs *ctx)
 	if (stream_id <= 0)
 		return 0;
 	struct h2_key key = { .pid = id >> 32, .stream_id = stream_id, .session = s.session };
-	struct h2_stream st = { .cause = s.cause, .client = H2_CLIENT_OPEN };
-	bpf_map_update_elem(&h2_stream_cause, &key, &st, BPF_ANY);
-	if (!h2_client_sends(s.cause))
-		return 0;
 	struct scratch *sc = get_scratch();
 	if (!sc)
+		return 0;
+	/* the new entry, made in the scratch record's data */
+	struct h2_stream *st = (struct h2_stream *)sc->http.data;
+	__builtin_memset(st, 0, sizeof(*st));
+	st->cause = s.cause;
+	st->client = H2_CLIENT_OPEN;
+	bpf_map_update_elem(&h2_stream_cause, &key, st, BPF_ANY);
+	if (!h2_client_sends(s.cause))
 		return 0;
 	struct http_event *e = &sc->http;
 	/* the header and the fixed slots; :path's bytes are the last sent */

@@ -181,13 +181,32 @@ struct h2_key {
 	__u64 session;
 };
 
+/* A pending server stream's kept request header: nghttp2_rcbuf pointers
+ * (node holds a reference to each header until it has handled the frame). */
+#define H2_SAVED 10
+struct h2_saved {
+	__u64 name;
+	__u64 value;
+};
+
 struct h2_stream {
 	__u64 cause;
-	__u64 client; /* 0: a server stream; H2_CLIENT_OPEN, H2_CLIENT_ENDED (its response's end seen) */
+	__u8 client;    /* 0: a server stream; H2_CLIENT_OPEN, H2_CLIENT_ENDED (its response's end seen) */
+	__u8 state;     /* a server stream under the kernel's sampler (h2_defers): H2_PENDING, H2_FOLLOWED */
+	__u8 method;    /* H2_FOLLOWED: enum http_method (H2_METHOD_OTHER: another) */
+	__u8 tls;       /* H2_FOLLOWED: its :scheme is https */
+	__u16 status;   /* H2_FOLLOWED: its response's :status (0: none yet) */
+	__u8 nsaved;    /* H2_PENDING: headers in `saved` */
+	__u8 _pad;
+	__u64 start_ns; /* a server stream's first header */
+	__u64 peer;     /* H2_PENDING: the libuv stream whose read brought its first header */
+	struct h2_saved saved[H2_SAVED]; /* H2_PENDING: its kept request headers, in order */
 };
 
 #define H2_CLIENT_OPEN 1
 #define H2_CLIENT_ENDED 2
+#define H2_PENDING 1  /* its request headers saved, not sent: decided at its HEADERS frame's end */
+#define H2_FOLLOWED 2 /* not sampled: no record; its duration counted in op_hist at its close */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);

@@ -275,7 +275,7 @@ enum hist_family {
 	HIST_FS = 0,
 	HIST_DNS = 1,
 	HIST_QUEUE = 2, /* a threadpool job's wait in the queue; op_id: HIST_FS or HIST_DNS */
-	HIST_HTTP = 3,  /* an HTTP/1 server request followed in the kernel (http_follow.h) */
+	HIST_HTTP = 3,  /* an HTTP server request followed in the kernel (http_follow.h, h2.h) */
 	HIST_FAMILIES = 4,
 };
 
@@ -284,7 +284,7 @@ struct op_hist_key {
 	unsigned char family; /* enum hist_family */
 	unsigned char op_id;  /* fs: the catalog operation id; HTTP: the method (enum http_method) */
 	unsigned char sync;   /* HTTP: TLS (its response went through SSL_write) */
-	unsigned char ver;    /* HTTP: the request's minor version (HTTP/1.ver) */
+	unsigned char ver;    /* HTTP: the request's minor version (HTTP/1.ver), or 2 (HTTP/2) */
 	int err;              /* fs: the negative errno, DNS: the UV_EAI_* code; 0: success; HTTP: the status (0: none) */
 	unsigned int _pad2;
 };

@@ -75,6 +75,10 @@ fn run_h2(tag: &str, topology: Topology, fixture_args: &[String]) -> (TempDir, O
 }
 
 fn run_h2_on(node: &str, tag: &str, topology: Topology, fixture_args: &[String]) -> (TempDir, Output, Vec<Span>) {
+    run_h2_with(node, tag, topology, fixture_args, &[])
+}
+
+fn run_h2_with(node: &str, tag: &str, topology: Topology, fixture_args: &[String], env: &[(&str, &str)]) -> (TempDir, Output, Vec<Span>) {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
     let dir = TempDir::new(tag);
@@ -82,7 +86,8 @@ fn run_h2_on(node: &str, tag: &str, topology: Topology, fixture_args: &[String])
     let mut app: Vec<String> = vec![node.into(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
     app.extend(fixture_args.iter().cloned());
     let app: Vec<&str> = app.iter().map(String::as_str).collect();
-    let c = topology.command(&uv, &app);
+    let mut c = topology.command(&uv, &app);
+    c.envs(env.iter().copied());
     let out = run(c);
     assert_eq!(out.code(), Some(0), "{}", out.context());
     assert!(out.stdout.contains("{\"marker\":\"done\"}"), "{}", out.context());
@@ -191,6 +196,45 @@ fn h2c_streams_with_the_app_alone_in_its_pid_namespace() {
     check_streams(&dir, &out, &spans, "http", "h2c, app alone in its namespace", true);
 }
 
+/// Streams the sampler drops as roots (`parentbased_always_off`) but whose
+/// callers sampled them (traceparent flag 01): the kernel sends none of
+/// their headers as they come, and decides each stream when its HEADERS
+/// frame has been read; sampled by its traceparent, its saved headers go up
+/// then. Each is exported as if sent as it came: every attribute, the
+/// client's address, the caller's trace, its work under it.
+fn streams_dropped_as_roots_in(topology: Topology, tag: &str) {
+    require_root();
+    let env = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
+    let (dir, out, spans) = run_h2_with("node", tag, topology, &[], &env);
+    check_streams(&dir, &out, &spans, "http", &format!("h2c, dropped as roots, {topology:?}"), true);
+    assert!(!out.stderr.contains(" of them followed in the kernel"), "every stream was sampled by its caller\n{}", out.context());
+}
+
+#[test]
+fn streams_dropped_as_roots_wait_for_their_traceparent() {
+    streams_dropped_as_roots_in(Topology::Host, "h2c-roots");
+}
+
+#[test]
+fn tls_streams_dropped_as_roots_wait_for_their_traceparent() {
+    require_root();
+    let certs = TempDir::new("h2-roots-tls-certs");
+    let (key, cert) = self_signed(&certs);
+    let env = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
+    let (dir, out, spans) = run_h2_with("node", "h2-roots-tls", Topology::Host, &["--tls".into(), key, cert], &env);
+    check_streams(&dir, &out, &spans, "https", "TLS, dropped as roots", true);
+}
+
+#[test]
+fn streams_dropped_as_roots_wait_for_their_traceparent_in_one_namespace() {
+    streams_dropped_as_roots_in(Topology::BothInOne, "h2c-roots-both");
+}
+
+#[test]
+fn streams_dropped_as_roots_wait_for_their_traceparent_app_alone() {
+    streams_dropped_as_roots_in(Topology::AppAlone, "h2c-roots-alone");
+}
+
 #[test]
 fn tls_h2_streams_too() {
     require_root();
@@ -213,7 +257,9 @@ const H2_SYMBOLS: [&str; 7] = [
 ];
 
 /// Every official build (18, 20, 22, 24, 26 from the test cache) and the
-/// stripped node (only .dynsym, where node exports these symbols too):
+/// stripped node (only .dynsym, where node exports these symbols too),
+/// official builds also with streams dropped as roots (their headers sent
+/// at the frame's end):
 /// `uvspan probes` lists the HTTP/2 points usable and not single-stepped,
 /// and the h2c case holds (on the stripped node as far as it can: see
 /// check_streams), its calls too (check_h2_calls).
@@ -242,6 +288,15 @@ fn h2c_on_every_official_build_and_the_stripped_node() {
         let (dir, out, spans) = run_h2_on(&node.to_string_lossy(), &format!("h2c-{}", name.replace(' ', "-")), Topology::Host, &[]);
         // The stripped node keeps only libuv's exported API.
         check_streams(&dir, &out, &spans, "http", &name, !name.starts_with("stripped"));
+        // Dropped as roots: the headers are read again at the frame's end
+        // (on the official builds: on the stripped node, the work a
+        // callback starts joins no stream, and this sampler drops it).
+        if !name.starts_with("stripped") {
+            let env = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
+            let tag = format!("h2c-roots-{}", name.replace(' ', "-"));
+            let (dir, out, spans) = run_h2_with(&node.to_string_lossy(), &tag, Topology::Host, &[], &env);
+            check_streams(&dir, &out, &spans, "http", &format!("{name}, dropped as roots"), true);
+        }
         h2_calls_on(&node.to_string_lossy(), Topology::Host, &format!("h2call-{}", name.replace(' ', "-")), false);
     }
 }
@@ -297,14 +352,29 @@ fn grpc_calls_are_named_by_service_and_method() {
 /// kernel counts it, and says so); the sampled ones are whole; the fs
 /// metric counts both.
 fn unsampled_streams_in(topology: Topology) {
-    unsampled_streams_with(topology, false);
+    unsampled_streams_with(topology, false, None);
+}
+
+/// The same under `parentbased_always_off`: every stream is dropped as a
+/// root, so the kernel waits for its traceparent before it sends anything;
+/// the streams their callers did not sample send no record at all (the
+/// kernel follows them to their close and counts them), the sampled ones
+/// are whole.
+fn unsampled_streams_dropped_as_roots_in(topology: Topology) {
+    unsampled_streams_with(topology, false, Some("parentbased_always_off"));
 }
 
 /// With `keep_errors` (`--keep-errors`): the failed streams (503) among the
 /// unsampled are kept whole too (the kernel follows no HTTP/2 stream: their
 /// work is sent, marked as counted, and the tracker decides), and the
 /// metrics count each operation once.
-fn unsampled_streams_with(topology: Topology, keep_errors: bool) {
+fn unsampled_streams_with(topology: Topology, keep_errors: bool, sampler: Option<&str>) {
+    unsampled_streams_over(topology, keep_errors, sampler, &[], "http");
+}
+
+/// As `unsampled_streams_with`, the fixture given `fixture_args` (`--tls
+/// KEY CERT`: scheme https).
+fn unsampled_streams_over(topology: Topology, keep_errors: bool, sampler: Option<&str>, fixture_args: &[String], scheme: &str) {
     require_root();
     let col = common::collector::Collector::start(common::collector::Listen::Plain);
     let ep = format!("http://127.0.0.1:{}", col.port());
@@ -313,7 +383,8 @@ fn unsampled_streams_with(topology: Topology, keep_errors: bool) {
     if keep_errors {
         uv.push("--keep-errors");
     }
-    let app = ["node".to_string(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
+    let mut app = vec!["node".to_string(), fixture("http2_server.js"), dir.str(), N.to_string(), SESSIONS.into()];
+    app.extend(fixture_args.iter().cloned());
     let app: Vec<&str> = app.iter().map(String::as_str).collect();
     let mut c = topology.command(&uv, &app);
     c.envs([
@@ -322,6 +393,9 @@ fn unsampled_streams_with(topology: Topology, keep_errors: bool) {
         ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
         ("FIXTURE_UNSAMPLED_ODD", "1"),
     ]);
+    if let Some(name) = sampler {
+        c.env("OTEL_TRACES_SAMPLER", name);
+    }
     let out = run(c);
     let ctx = format!("{topology:?}\n{}", out.context());
     assert_eq!(out.code(), Some(0), "{ctx}");
@@ -354,6 +428,28 @@ fn unsampled_streams_with(topology: Topology, keep_errors: bool) {
         &[("uvspan.fs.operation", "\"fs.stat\""), ("uvspan.fs.sync", "false")],
     );
     assert_eq!(stats, 2 * N as u64, "the metric counts every stream's stats\n{ctx}");
+    // Every stream is in http.server.request.duration with its method,
+    // scheme, version and status, sampled or not: counted in the kernel
+    // (no record) for a stream dropped as a root whose caller did not
+    // sample it either (the kernel waited for its traceparent), else by the
+    // tracker (a stream kept as a root that its traceparent drops, or any
+    // with --keep-errors).
+    let requests = |status: &str| {
+        let scheme = format!("\"{scheme}\"");
+        let mut want = vec![("network.protocol.version", "\"2\""), ("http.request.method", "\"GET\""), ("url.scheme", scheme.as_str())];
+        if !status.is_empty() {
+            want.push(("http.response.status_code", status));
+        }
+        common::collector::histogram_count(&col, "http.server.request.duration", &want)
+    };
+    let failed_n = (0..N).filter(failed).count() as u64;
+    assert_eq!(requests(""), N as u64, "every stream counted once\n{ctx}");
+    assert_eq!(requests("503"), failed_n, "the failed streams, with their status\n{ctx}");
+    assert_eq!(requests("200"), N as u64 - failed_n, "the others, with theirs\n{ctx}");
+    let followed = if sampler.is_some() && !keep_errors { N as u64 / 2 } else { 0 };
+    let in_kernel =
+        out.stderr.contains(" of them followed in the kernel").then(|| summary_number(&out.stderr, " of them followed in the kernel"));
+    assert_eq!(in_kernel.unwrap_or(0), followed, "the unsampled streams the kernel followed, no record sent\n{ctx}");
 }
 
 #[test]
@@ -363,17 +459,17 @@ fn unsampled_streams_send_no_record_of_their_work() {
 
 #[test]
 fn unsampled_failed_streams_are_kept_whole_with_keep_errors() {
-    unsampled_streams_with(Topology::Host, true);
+    unsampled_streams_with(Topology::Host, true, None);
 }
 
 #[test]
 fn unsampled_failed_streams_are_kept_whole_with_keep_errors_in_one_namespace() {
-    unsampled_streams_with(Topology::BothInOne, true);
+    unsampled_streams_with(Topology::BothInOne, true, None);
 }
 
 #[test]
 fn unsampled_failed_streams_are_kept_whole_with_keep_errors_app_alone() {
-    unsampled_streams_with(Topology::AppAlone, true);
+    unsampled_streams_with(Topology::AppAlone, true, None);
 }
 
 #[test]
@@ -384,6 +480,28 @@ fn unsampled_streams_send_no_record_of_their_work_in_one_namespace() {
 #[test]
 fn unsampled_streams_send_no_record_of_their_work_app_alone() {
     unsampled_streams_in(Topology::AppAlone);
+}
+
+#[test]
+fn unsampled_streams_dropped_as_roots_send_no_record_at_all() {
+    unsampled_streams_dropped_as_roots_in(Topology::Host);
+}
+
+#[test]
+fn unsampled_tls_streams_dropped_as_roots_send_no_record_at_all() {
+    let certs = TempDir::new("h2-roots-certs");
+    let (key, cert) = self_signed(&certs);
+    unsampled_streams_over(Topology::Host, false, Some("parentbased_always_off"), &["--tls".into(), key, cert], "https");
+}
+
+#[test]
+fn unsampled_streams_dropped_as_roots_send_no_record_at_all_in_one_namespace() {
+    unsampled_streams_dropped_as_roots_in(Topology::BothInOne);
+}
+
+#[test]
+fn unsampled_streams_dropped_as_roots_send_no_record_at_all_app_alone() {
+    unsampled_streams_dropped_as_roots_in(Topology::AppAlone);
 }
 
 /// A real @grpc/grpc-js server and client (bench/node_modules; a service

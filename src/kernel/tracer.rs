@@ -109,7 +109,7 @@ pub struct KernelOps {
     /// fs: the catalog operation; queue wait: the job's family.
     pub op_id: u8,
     pub sync: bool,
-    /// HTTP: the request's minor version (HTTP/1.ver).
+    /// HTTP: the request's minor version (HTTP/1.ver), or 2 (HTTP/2).
     pub ver: u8,
     /// fs: the negative errno; DNS: the UV_EAI_* code; 0: success; HTTP:
     /// the status (0: none).

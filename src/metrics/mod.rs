@@ -277,12 +277,13 @@ fn followed_method(m: u8) -> &'static str {
     HTTP_METHODS.get(usize::from(m)).copied().unwrap_or("_OTHER")
 }
 
-/// The kernel's HTTP/1 minor version.
+/// The kernel's HTTP version: HTTP/1's minor version, or 2 (an HTTP/2
+/// stream).
 fn followed_version(ver: u8) -> &'static str {
-    if ver == 0 {
-        "1.0"
-    } else {
-        "1.1"
+    match ver {
+        0 => "1.0",
+        2 => "2",
+        _ => "1.1",
     }
 }
 

@@ -304,3 +304,35 @@ fn followed_requests_join_the_trackers_series() {
     m.kernel_ops(&[kernel]);
     assert_eq!(m.collect(false)[0].series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).map(|(_, h)| h.count).sum::<u64>(), 5);
 }
+
+/// An HTTP/2 stream the kernel followed (version 2 in its histogram key;
+/// a method outside the conventions' list is the kernel's "other", 9)
+/// joins the series of a stream the tracker saw with the same attributes.
+#[test]
+fn followed_http2_streams_join_the_trackers_series() {
+    use crate::kernel::tracer::KernelOps;
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    let seen = Finished {
+        pid: 7,
+        method: "PROPFIND".into(),
+        status: Some(200),
+        tls: false,
+        version: "2",
+        start_ns: 0,
+        end_ns: 1_000_000,
+        calls: vec![],
+    };
+    m.request(&seen);
+    let mut buckets = vec![0; 17];
+    buckets[0] = 3;
+    m.kernel_ops(&[KernelOps { pid: 7, family: 3, op_id: 9, sync: false, ver: 2, err: 200, count: 3, sum_ns: 3_000_000, buckets }]);
+    let got = m.collect(false);
+    let servers: Vec<_> = got[0].series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).collect();
+    assert_eq!(servers.len(), 1, "one series: {servers:?}");
+    assert_eq!(servers[0].1.count, 4);
+    let attrs = &servers[0].0 .1;
+    assert!(attrs.contains(&("network.protocol.version", Val::Str("2".into()))), "{attrs:?}");
+    assert!(attrs.contains(&("http.request.method", Val::Str("_OTHER".into()))), "{attrs:?}");
+    assert!(attrs.contains(&("url.scheme", Val::Str("http".into()))), "{attrs:?}");
+}
