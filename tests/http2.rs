@@ -203,10 +203,16 @@ fn h2c_streams_with_the_app_alone_in_its_pid_namespace() {
 /// then. Each is exported as if sent as it came: every attribute, the
 /// client's address, the caller's trace, its work under it.
 fn streams_dropped_as_roots_in(topology: Topology, tag: &str) {
+    streams_dropped_as_roots_over(topology, tag, &[], "http");
+}
+
+/// As `streams_dropped_as_roots_in`, the fixture given `fixture_args`
+/// (`--tls KEY CERT`: scheme https).
+fn streams_dropped_as_roots_over(topology: Topology, tag: &str, fixture_args: &[String], scheme: &str) {
     require_root();
     let env = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
-    let (dir, out, spans) = run_h2_with("node", tag, topology, &[], &env);
-    check_streams(&dir, &out, &spans, "http", &format!("h2c, dropped as roots, {topology:?}"), true);
+    let (dir, out, spans) = run_h2_with("node", tag, topology, fixture_args, &env);
+    check_streams(&dir, &out, &spans, scheme, &format!("{scheme}, dropped as roots, {topology:?}"), true);
     assert!(!out.stderr.contains(" of them followed in the kernel"), "every stream was sampled by its caller\n{}", out.context());
 }
 
@@ -217,12 +223,9 @@ fn streams_dropped_as_roots_wait_for_their_traceparent() {
 
 #[test]
 fn tls_streams_dropped_as_roots_wait_for_their_traceparent() {
-    require_root();
     let certs = TempDir::new("h2-roots-tls-certs");
     let (key, cert) = self_signed(&certs);
-    let env = [("OTEL_TRACES_SAMPLER", "parentbased_always_off")];
-    let (dir, out, spans) = run_h2_with("node", "h2-roots-tls", Topology::Host, &["--tls".into(), key, cert], &env);
-    check_streams(&dir, &out, &spans, "https", "TLS, dropped as roots", true);
+    streams_dropped_as_roots_over(Topology::Host, "h2-roots-tls", &["--tls".into(), key, cert], "https");
 }
 
 #[test]
