@@ -192,7 +192,7 @@ struct h2_saved {
 struct h2_stream {
 	__u64 cause;
 	__u8 client;    /* 0: a server stream; H2_CLIENT_OPEN, H2_CLIENT_ENDED (its response's end seen) */
-	__u8 state;     /* a server stream under the kernel's sampler (h2_defers): H2_PENDING, H2_FOLLOWED */
+	__u8 state;     /* a server stream under the kernel's sampler (h2_defers): enum h2_state */
 	__u8 method;    /* H2_FOLLOWED: enum http_method (H2_METHOD_OTHER: another) */
 	__u8 tls;       /* H2_FOLLOWED: its :scheme is https */
 	__u16 status;   /* H2_FOLLOWED: its response's :status (0: none yet) */
@@ -205,8 +205,6 @@ struct h2_stream {
 
 #define H2_CLIENT_OPEN 1
 #define H2_CLIENT_ENDED 2
-#define H2_PENDING 1  /* its request headers saved, not sent: decided at its HEADERS frame's end */
-#define H2_FOLLOWED 2 /* not sampled: no record; its duration counted in op_hist at its close */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -334,6 +332,7 @@ struct scratch {
 			enum h2_client_slot h2c;
 			enum op_flags op_flags;
 			enum hdr_flags hdr_flags;
+			enum h2_state h2_state;
 		} enums; /* likewise, for the enums */
 	};
 };

@@ -208,6 +208,13 @@ enum cause_kind {
 	CAUSE_DROP = 0x80,
 };
 
+/* An HTTP/2 server stream under the kernel's sampler (struct h2_stream's
+ * state, bpf/maps.h). */
+enum h2_state {
+	H2_PENDING = 1,  /* its request headers saved, not sent: decided at its HEADERS frame's end */
+	H2_FOLLOWED = 2, /* not sampled: no record; its duration counted in op_hist at its close */
+};
+
 /* ev_header.flags */
 enum hdr_flags {
 	/* tail exceptions: a record of an unsampled request the kernel

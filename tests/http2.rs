@@ -804,3 +804,38 @@ fn unsampled_callers_send_no_record_of_their_calls_in_one_namespace() {
 fn unsampled_callers_send_no_record_of_their_calls_app_alone() {
     unsampled_callers_in(Topology::AppAlone);
 }
+
+/// An unsampled stream the kernel follows is counted at its close; one
+/// whose process exits first is not in the metrics, and the summary says
+/// so. `always_off`: every stream is dropped as a root and followed; the
+/// app's own client opens one stream its server never answers, then exits.
+fn streams_open_at_exit_in(topology: Topology) {
+    require_root();
+    let script = "const h2 = require('http2'); const srv = h2.createServer(); \
+        srv.on('stream', () => setTimeout(() => process.exit(0), 100)); \
+        srv.listen(0, '127.0.0.1', () => { \
+          const c = h2.connect('http://127.0.0.1:' + srv.address().port); \
+          setTimeout(() => c.request({ ':path': '/never' }).on('error', () => {}), 300); });";
+    let mut c = topology.command(&["--loop-threshold", "10m", "--status-interval", "0"], &["node", "-e", script]);
+    c.env("OTEL_TRACES_SAMPLER", "always_off");
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{topology:?}\n{}", out.context());
+    let what = " unsampled HTTP/2 streams followed in the kernel still open when their process or uvspan exited";
+    assert!(out.stderr.contains(what), "{topology:?}: not counted\n{}", out.context());
+    assert_eq!(summary_number(&out.stderr, what), 1, "{topology:?}\n{}", out.context());
+}
+
+#[test]
+fn streams_open_at_exit_are_counted() {
+    streams_open_at_exit_in(Topology::Host);
+}
+
+#[test]
+fn streams_open_at_exit_are_counted_in_one_namespace() {
+    streams_open_at_exit_in(Topology::BothInOne);
+}
+
+#[test]
+fn streams_open_at_exit_are_counted_app_alone() {
+    streams_open_at_exit_in(Topology::AppAlone);
+}

@@ -104,6 +104,9 @@ pub struct Agent {
     spare_records: Vec<Record>,
     /// Unsampled requests the kernel followed that uvspan ended itself.
     followed_ended: u64,
+    /// Unsampled HTTP/2 streams the kernel followed whose close never came
+    /// (their process exited, or uvspan did, first): not in the metrics.
+    h2_open_at_end: u64,
     /// Tail exceptions decided in the kernel: a followed request uvspan
     /// ends itself goes to the request tracker with the records held for
     /// it, which decides (and counts it) as for any other.
@@ -226,6 +229,7 @@ impl Agent {
             inbox,
             spare_records: Vec::new(),
             followed_ended: 0,
+            h2_open_at_end: 0,
             tail_in_kernel,
             held: Default::default(),
             tracer,
@@ -483,6 +487,9 @@ impl Agent {
         if self.requests.is_none() {
             return;
         }
+        if all || gone.is_some() {
+            self.h2_open_at_end += self.tracer.h2_followed_open(gone);
+        }
         let now = crate::events::clock::monotonic_ns();
         let ended = self.tracer.followed_over(|last, answered| all || crate::requests::request_over(now, last, answered), gone);
         if self.tail_in_kernel {
@@ -505,7 +512,12 @@ impl Agent {
     /// The request tracker's counters, with the requests the kernel followed.
     fn request_stats(&self) -> Option<crate::requests::RequestStats> {
         let followed = self.tracer.stats().followed_requests + self.followed_ended;
-        self.requests.as_ref().map(|r| crate::requests::RequestStats { followed, tail_lost: self.held.lost, ..r.stats })
+        self.requests.as_ref().map(|r| crate::requests::RequestStats {
+            followed,
+            tail_lost: self.held.lost,
+            h2_open_at_end: self.h2_open_at_end,
+            ..r.stats
+        })
     }
 
     /// With metrics: what the kernel counted of a process's unsampled

@@ -102,6 +102,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
                 } else {
                     String::new()
                 }
+                + &if r.h2_open_at_end > 0 {
+                    format!(
+                        "; {} unsampled HTTP/2 streams followed in the kernel still open when their process or uvspan exited (not in \
+                         the metrics)",
+                        r.h2_open_at_end
+                    )
+                } else {
+                    String::new()
+                }
                 + &if r.not_held > 0 {
                     format!("; {} operations over what a request holds, sent alone (dropped when not sampled)", r.not_held)
                 } else {

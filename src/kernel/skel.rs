@@ -21,8 +21,10 @@ unsafe impl plain::Plain for types::gc_event {}
 unsafe impl plain::Plain for types::op_hist_key {}
 unsafe impl plain::Plain for types::op_hist {}
 unsafe impl plain::Plain for types::http_req {}
-// (conn_key is bpf/maps.h's, of the same kind.)
+// (conn_key, h2_key and h2_stream are bpf/maps.h's, of the same kind.)
 unsafe impl plain::Plain for types::conn_key {}
+unsafe impl plain::Plain for types::h2_key {}
+unsafe impl plain::Plain for types::h2_stream {}
 
 /// The BPF sources the skeleton's object is compiled from (bpf/uvspan.bpf.c
 /// and the headers it includes, listed by build.rs), for the tests that

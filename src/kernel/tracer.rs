@@ -675,6 +675,35 @@ impl Tracer {
     }
 }
 
+impl Tracer {
+    /// Unsampled HTTP/2 streams the kernel follows (bpf/h2.h) of a process
+    /// that is `gone`, or (None) of every process, whose close has not come:
+    /// taken out of the kernel's map; how many (not in the metrics: the
+    /// kernel counts a stream at its close).
+    pub fn h2_followed_open(&self, gone: Option<u32>) -> u64 {
+        use crate::kernel::skel::types::{h2_key, h2_state, h2_stream};
+        let map = &self.skel.maps.h2_stream_cause;
+        let keys: Vec<Vec<u8>> = map.keys().collect();
+        let mut open = 0;
+        for k in keys {
+            let mut key = h2_key::default();
+            let mut st = h2_stream::default();
+            if plain::copy_from_bytes(&mut key, &k).is_err() || gone.is_some_and(|p| p != key.pid) {
+                continue;
+            }
+            let Ok(Some(v)) = map.lookup(&k, MapFlags::ANY) else { continue };
+            if plain::copy_from_bytes(&mut st, &v).is_err() || st.client != 0 || u32::from(st.state) != h2_state::H2_FOLLOWED.0 {
+                continue;
+            }
+            // Closed in the kernel meanwhile: it counted it.
+            if map.delete(&k).is_ok() {
+                open += 1;
+            }
+        }
+        open
+    }
+}
+
 /// The system call tracepoint programs, attached; else what failed.
 fn attach_syscall_tracepoints(skel: &UvspanSkel<'static>) -> std::result::Result<Vec<Link>, (String, libbpf_rs::Error)> {
     let p = &skel.progs;

@@ -89,6 +89,9 @@ pub struct RequestStats {
     /// Tail exceptions decided in the kernel: records sent held and not
     /// kept (over uvspan's bounds, or their request's end lost).
     pub tail_lost: u64,
+    /// Unsampled HTTP/2 streams the kernel followed whose close never came
+    /// (their process exited, or uvspan did, first): not in the metrics.
+    pub h2_open_at_end: u64,
 }
 
 /// An outgoing HTTP call a request (or a task) made.
