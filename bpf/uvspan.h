@@ -290,7 +290,7 @@ struct op_hist_key {
 	unsigned int pid;
 	unsigned char family; /* enum hist_family */
 	unsigned char op_id;  /* fs: the catalog operation id; HTTP: the method (enum http_method) */
-	unsigned char sync;   /* HTTP: TLS (its response went through SSL_write) */
+	unsigned char sync;   /* HTTP: TLS (HTTP/1: its response went through SSL_write; HTTP/2: its :scheme) */
 	unsigned char ver;    /* HTTP: the request's minor version (HTTP/1.ver), or 2 (HTTP/2) */
 	int err;              /* fs: the negative errno, DNS: the UV_EAI_* code; 0: success; HTTP: the status (0: none) */
 	unsigned int _pad2;

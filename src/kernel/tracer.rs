@@ -673,9 +673,7 @@ impl Tracer {
         }
         out
     }
-}
 
-impl Tracer {
     /// Unsampled HTTP/2 streams the kernel follows (bpf/h2.h) of a process
     /// that is `gone`, or (None) of every process, whose close has not come:
     /// taken out of the kernel's map; how many (not in the metrics: the
