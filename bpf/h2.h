@@ -211,7 +211,6 @@ static __always_inline int h2_defers(void)
 #define WORD_HTTPS 0x7370747468ULL
 #define WORD_METHOD 0x646f6874656d3aULL /* ":method" */
 #define WORD_SCHEME 0x656d656863733aULL /* ":scheme" */
-#define WORD_STATUS 0x7375746174733aULL /* ":status" */
 
 /* The method of a :method value (its word), enum http_method. */
 static __always_inline __u8 h2_method(__u64 w)
@@ -246,9 +245,12 @@ static __always_inline __u64 h2_word(__u64 p, __u64 n)
  * its method and scheme kept for the count if not. */
 static __always_inline void h2_save(struct h2_stream *c, const char *n, __u64 *nb, __u64 *vb, __u64 name, __u64 value)
 {
-	if (nb[1] == 7 && n[1] == 'm' && h2_word(nb[0], 7) == WORD_METHOD)
+	/* the name's bytes are read already (n: zeroed past them) */
+	__u64 name_w = 0;
+	__builtin_memcpy(&name_w, n, 8);
+	if (nb[1] == 7 && name_w == WORD_METHOD)
 		c->method = h2_method(h2_word(vb[0], vb[1]));
-	else if (nb[1] == 7 && n[1] == 's' && h2_word(nb[0], 7) == WORD_SCHEME)
+	else if (nb[1] == 7 && name_w == WORD_SCHEME)
 		c->tls = h2_word(vb[0], vb[1]) == WORD_HTTPS;
 	__u32 i = c->nsaved;
 	if (i < H2_SAVED) {
@@ -450,29 +452,19 @@ static __always_inline struct h2_stream *h2_known(struct pt_regs *ctx, struct h2
 	return h2_lookup(key, PT_REGS_PARM1(ctx), (__s32)PT_REGS_PARM2(ctx));
 }
 
-/* A followed stream's response headers (nva, nvlen): its :status kept
- * for its count (node puts the pseudo-headers first). */
-static __always_inline int h2_followed_status(struct h2_stream *c, __u64 nva, __u64 nvlen)
+/* A :status value (3 bytes at v): the status, 0 if not one. */
+static __always_inline __u16 h2_status(__u64 v)
 {
-	for (int i = 0; i < 2; i++) {
-		if (i >= nvlen)
-			break;
-		/* nghttp2_nv: name, value, namelen, valuelen */
-		__u64 nv[4] = {};
-		char v[4] = {};
-		if (bpf_probe_read_user(nv, sizeof(nv), (void *)(nva + i * H2_NV_SIZE)) || nv[2] != 7 || nv[3] != 3 ||
-		    h2_word(nv[0], 7) != WORD_STATUS || bpf_probe_read_user(v, 3, (void *)nv[1]))
-			continue;
-		__u16 status = 0;
-		for (int k = 0; k < 3; k++) {
-			if (v[k] < '0' || v[k] > '9')
-				return 0;
-			status = status * 10 + (v[k] - '0');
-		}
-		c->status = status;
+	char d[4] = {};
+	if (bpf_probe_read_user(d, 3, (void *)v))
 		return 0;
+	__u16 status = 0;
+	for (int k = 0; k < 3; k++) {
+		if (d[k] < '0' || d[k] > '9')
+			return 0;
+		status = status * 10 + (d[k] - '0');
 	}
-	return 0;
+	return status;
 }
 
 /* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd) /
@@ -480,7 +472,8 @@ static __always_inline int h2_followed_status(struct h2_stream *c, __u64 nva, __
  * response headers or trailers. Sent up: :status (node puts the
  * pseudo-headers first) and grpc-status (a gRPC call's outcome, in its
  * trailers, or in its headers when it has no body), among the first
- * H2_NV_SCAN headers. */
+ * H2_NV_SCAN headers; a followed stream (no record) keeps its :status for
+ * its count instead. */
 #define H2_NV_SCAN 8
 static __always_inline int h2_response(struct pt_regs *ctx)
 {
@@ -491,8 +484,7 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 		return 0;
 	__u64 cause = c->cause, session = key.session;
 	__u64 nva = PT_REGS_PARM3(ctx), nvlen = PT_REGS_PARM4(ctx);
-	if (c->state == H2_FOLLOWED)
-		return h2_followed_status(c, nva, nvlen);
+	int followed = c->state == H2_FOLLOWED;
 	for (int i = 0; i < H2_NV_SCAN; i++) {
 		if (i >= nvlen)
 			break;
@@ -503,7 +495,13 @@ static __always_inline int h2_response(struct pt_regs *ctx)
 		char n[16] = {};
 		if ((nv[2] != 7 && nv[2] != 11) || bpf_probe_read_user(n, nv[2] == 7 ? 7 : 11, (void *)nv[0]))
 			continue;
-		if ((nv[2] == 7 && same(n, ":status", 7)) || (nv[2] == 11 && same(n, "grpc-status", 11)))
+		int status = nv[2] == 7 && same(n, ":status", 7);
+		if (followed && status) {
+			if (nv[3] == 3)
+				c->status = h2_status(nv[1]);
+			return 0;
+		}
+		if (!followed && (status || (nv[2] == 11 && same(n, "grpc-status", 11))))
 			emit_h2(HTTP2_HEADER, cause, session, nv[0], nv[2], nv[1], nv[3], 0, 0);
 	}
 	return 0;
