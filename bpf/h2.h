@@ -241,7 +241,8 @@ static __always_inline __u64 h2_word(__u64 p, __u64 n)
 
 /* A pending stream's kept request header (its name's first bytes `n`,
  * rcbufs' base and length in nb, vb): saved to be sent if it is sampled
- * (the first H2_SAVED: the pseudo-headers and the four others kept fit);
+ * (the first H2_SAVED: the pseudo-headers and the four others kept fit;
+ * more, repeats of those four, are counted, STAT_H2_UNSENT);
  * its method and scheme kept for the count if not. */
 static __always_inline void h2_save(struct h2_stream *c, const char *n, __u64 *nb, __u64 *vb, __u64 name, __u64 value)
 {
@@ -256,8 +257,10 @@ static __always_inline void h2_save(struct h2_stream *c, const char *n, __u64 *n
 	if (i < H2_SAVED) {
 		c->saved[i].name = name;
 		c->saved[i].value = value;
-		c->nsaved = i + 1;
 	}
+	/* past H2_SAVED, counted: not sent if the stream is sampled */
+	if (i < 255)
+		c->nsaved = i + 1;
 }
 
 /* A pending stream's saved header i sent (the first with the stream's
@@ -287,6 +290,8 @@ static __always_inline void h2_decide(struct h2_stream *c, __u64 session)
 	}
 	c->state = 0;
 	__u32 n = c->nsaved;
+	if (n > H2_SAVED)
+		stat_add(STAT_H2_UNSENT, n - H2_SAVED);
 	for (__u32 i = 0; i < H2_SAVED; i++) {
 		if (i >= n)
 			break;

@@ -196,7 +196,7 @@ struct h2_stream {
 	__u8 method;    /* H2_FOLLOWED: enum http_method (H2_METHOD_OTHER: another) */
 	__u8 tls;       /* H2_FOLLOWED: its :scheme is https */
 	__u16 status;   /* H2_FOLLOWED: its response's :status (0: none yet) */
-	__u8 nsaved;    /* H2_PENDING: headers in `saved` */
+	__u8 nsaved;    /* H2_PENDING: kept headers seen (the first H2_SAVED in `saved`) */
 	__u8 _pad;
 	__u64 start_ns; /* a server stream's first header */
 	__u64 peer;     /* H2_PENDING: the libuv stream whose read brought its first header */

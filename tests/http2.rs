@@ -214,6 +214,35 @@ fn streams_dropped_as_roots_over(topology: Topology, tag: &str, fixture_args: &[
     let (dir, out, spans) = run_h2_with("node", tag, topology, fixture_args, &env);
     check_streams(&dir, &out, &spans, scheme, &format!("{scheme}, dropped as roots, {topology:?}"), true);
     assert!(!out.stderr.contains(" of them followed in the kernel"), "every stream was sampled by its caller\n{}", out.context());
+    assert!(!out.stderr.contains("HTTP/2 request headers not sent"), "every header fit what a stream saves\n{}", out.context());
+}
+
+/// Streams dropped as roots, sampled by their callers, each with 8
+/// tracestate fields after its 4 pseudo-headers, traceparent and
+/// user-agent: 14 kept headers, of which a stream saves 10. The first 10
+/// are sent (the stream whole), the other 4 of each stream counted.
+fn repeated_headers_past_what_a_stream_saves_in(topology: Topology, tag: &str) {
+    require_root();
+    let env = [("OTEL_TRACES_SAMPLER", "parentbased_always_off"), ("FIXTURE_TRACESTATES", "8")];
+    let (dir, out, spans) = run_h2_with("node", tag, topology, &[], &env);
+    check_streams(&dir, &out, &spans, "http", &format!("8 tracestates, dropped as roots, {topology:?}"), true);
+    let unsent = summary_number(&out.stderr, " HTTP/2 request headers not sent");
+    assert_eq!(unsent, 4 * N as u64, "4 tracestate fields of each of the {N} streams past the 10 saved ({topology:?})\n{}", out.context());
+}
+
+#[test]
+fn repeated_headers_past_what_a_stream_saves_are_counted() {
+    repeated_headers_past_what_a_stream_saves_in(Topology::Host, "h2c-unsent");
+}
+
+#[test]
+fn repeated_headers_past_what_a_stream_saves_are_counted_in_one_namespace() {
+    repeated_headers_past_what_a_stream_saves_in(Topology::BothInOne, "h2c-unsent-both");
+}
+
+#[test]
+fn repeated_headers_past_what_a_stream_saves_are_counted_app_alone() {
+    repeated_headers_past_what_a_stream_saves_in(Topology::AppAlone, "h2c-unsent-alone");
 }
 
 #[test]

@@ -146,6 +146,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     } else {
         String::new()
     };
+    let h2 = if k.h2_headers_unsent > 0 {
+        format!(
+            "; {} HTTP/2 request headers not sent (repeated ones past the 10 a stream dropped as a root keeps until its \
+             traceparent samples it)",
+            k.h2_headers_unsent
+        )
+    } else {
+        String::new()
+    };
     let short = if run.short > 0 {
         format!("; {} operations outside requests shorter than --min-duration not exported", run.short)
     } else {
@@ -176,7 +185,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
     )
 }

@@ -97,6 +97,9 @@ pub struct Stats {
     /// Unsampled HTTP requests the kernel followed to their end and
     /// counted (no record); those uvspan ends itself are not in it.
     pub followed_requests: u64,
+    /// Request headers of HTTP/2 streams dropped as roots and then sampled
+    /// by their traceparent, past the ones a stream saves: not sent.
+    pub h2_headers_unsent: u64,
 }
 
 /// One entry of the kernel's operation histograms (`op_hists`): a
@@ -565,6 +568,7 @@ impl Tracer {
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
             hist_full: read(stat_idx::STAT_HIST_FULL),
+            h2_headers_unsent: read(stat_idx::STAT_H2_UNSENT),
         }
     }
 
