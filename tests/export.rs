@@ -454,8 +454,15 @@ fn tls_export_from_non_host_pid_and_mount_namespaces() {
 // Metrics of everything uvspan sees
 // ---------------------------------------------------------------------------
 
+/// Over both protocols: the same counts, decoded by the test's receiver.
 #[test]
 fn metrics_count_every_request_and_operation_whatever_the_sampler() {
+    for protocol in ["grpc", "http/protobuf"] {
+        metrics_count_every_request_and_operation_over(protocol);
+    }
+}
+
+fn metrics_count_every_request_and_operation_over(protocol: &str) {
     require_root();
     let col = Collector::start(Listen::Plain);
     let dir = TempDir::new("metrics");
@@ -477,16 +484,19 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
     let mut c = uvspan_cmd(args);
     c.envs([
         ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
         ("OTEL_TRACES_SAMPLER", "always_off"),
         ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
         ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
     ]);
     let out = run(c);
-    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert_eq!(out.code(), Some(0), "{protocol}\n{}", out.context());
+    let want_path = if protocol == "grpc" { "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export" } else { "/v1/metrics" };
+    assert!(col.requests().iter().filter(|g| g.is_metrics()).all(|g| g.path == want_path), "{protocol}: metrics on {want_path}");
     assert!(col.spans().is_empty(), "always_off: no span");
     let count = |name: &str, want: &[(&str, &str)]| histogram_count(&col, name, want);
     let ok = [("http.request.method", "GET"), ("http.response.status_code", "200"), ("url.scheme", "http")];
-    assert_eq!(count("http.server.request.duration", &ok), N as u64, "every request, none sampled\n{}", out.context());
+    assert_eq!(count("http.server.request.duration", &ok), N as u64, "every request, none sampled ({protocol})\n{}", out.context());
     assert_eq!(count("http.server.request.duration", &[]), N as u64);
     assert_eq!(count("dns.lookup.duration", &[]), N as u64, "one lookup per request");
     assert_eq!(count("uvspan.fs.duration", &[("uvspan.fs.operation", "fs.access")]), N as u64, "one fs.access per request");
@@ -505,8 +515,7 @@ fn metrics_count_every_request_and_operation_whatever_the_sampler() {
 /// The event loop's time and utilization, as the kernel counts it (time
 /// blocked in epoll waits is idle), against Node's own
 /// performance.eventLoopUtilization() over the same run.
-#[test]
-fn event_loop_utilization_agrees_with_nodes_own() {
+fn event_loop_utilization_in(topology: Topology) {
     require_root();
     // busy: setImmediate callbacks that spin 40 ms each; idle: a timer every 100 ms.
     let app = |busy: bool| {
@@ -522,20 +531,38 @@ fn event_loop_utilization_agrees_with_nodes_own() {
         let col = Collector::start(Listen::Plain);
         let ep = format!("http://127.0.0.1:{}", col.port());
         let script = app(busy);
-        let mut c = uvspan_cmd(["--status-interval", "0", "--", "node", "-e", &script]);
+        let mut c = topology.command(&["--status-interval", "0"], &["node", "-e", &script]);
         c.envs([("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()), ("OTEL_METRIC_EXPORT_INTERVAL", "500")]);
         let out = run(c);
-        assert_eq!(out.code(), Some(0), "{}", out.context());
+        assert_eq!(out.code(), Some(0), "{topology:?}\n{}", out.context());
         let node_u = Markers::parse(&out.stdout).f64("elu", "u");
         let v = metric_values(&col, &["nodejs.eventloop.time", "nodejs.eventloop.utilization"]);
         let at = |k: &str| v.get(k).copied().unwrap_or(0.0);
         let (active, idle) = (at("nodejs.eventloop.time/active"), at("nodejs.eventloop.time/idle"));
-        assert!(active + idle > 0.0, "busy={busy}: the loop's time was exported: {v:?}\n{}", out.context());
+        assert!(active + idle > 0.0, "busy={busy} {topology:?}: the loop's time was exported: {v:?}\n{}", out.context());
         let u = active / (active + idle);
-        assert!((u - node_u).abs() < 0.1, "busy={busy}: uvspan's utilization {u:.3} vs node's own {node_u:.3} ({v:?})");
-        assert!(if busy { u > 0.8 } else { u < 0.2 }, "busy={busy}: {u:.3}");
+        assert!((u - node_u).abs() < 0.1, "busy={busy} {topology:?}: uvspan's utilization {u:.3} vs node's own {node_u:.3} ({v:?})");
+        assert!(if busy { u > 0.8 } else { u < 0.2 }, "busy={busy} {topology:?}: {u:.3}");
         assert!((0.0..=1.0).contains(&v["nodejs.eventloop.utilization"]));
     }
+}
+
+#[test]
+fn event_loop_utilization_agrees_with_nodes_own() {
+    event_loop_utilization_in(Topology::Host);
+}
+
+#[test]
+fn event_loop_utilization_agrees_with_nodes_own_in_one_namespace() {
+    event_loop_utilization_in(Topology::BothInOne);
+}
+
+/// The app alone in its namespace: uvspan attaches once it sees node's exec,
+/// while node runs; both loops are uniform, so what it missed does not
+/// change the share.
+#[test]
+fn event_loop_utilization_agrees_with_nodes_own_app_alone() {
+    event_loop_utilization_in(Topology::AppAlone);
 }
 
 /// Every loop iteration, reported as a span or not, is counted in the
@@ -725,10 +752,24 @@ fn traceidratio_is_decided_in_the_kernel_app_alone() {
     traceidratio_in_the_kernel(Topology::AppAlone);
 }
 
+fn always_off_in(topology: Topology) {
+    let servers = kernel_sampled_in(topology, "always_off", "");
+    assert!(servers.is_empty(), "always_off: no request kept ({topology:?})");
+}
+
 #[test]
 fn always_off_sends_no_record_of_request_work_and_metrics_stay_exact() {
-    let servers = kernel_sampled_in(Topology::Host, "always_off", "");
-    assert!(servers.is_empty(), "always_off: no request kept");
+    always_off_in(Topology::Host);
+}
+
+#[test]
+fn always_off_sends_no_record_of_request_work_in_one_namespace() {
+    always_off_in(Topology::BothInOne);
+}
+
+#[test]
+fn always_off_sends_no_record_of_request_work_app_alone() {
+    always_off_in(Topology::AppAlone);
 }
 
 /// A run of tests/fixtures/followed.js under `sampler` (and `flags`): the
