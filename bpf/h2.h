@@ -190,8 +190,6 @@ static __always_inline int h2_client_header(__u64 session, __s32 stream_id, __u6
  * kept as a root is sent as it comes, as saving and reading again costs
  * more than sending: if its traceparent drops it, user space does.)
  */
-#define H2_METHOD_OTHER 9
-
 static __always_inline int h2_defers(void)
 {
 	return ksample_requests && khttp && !ktail;
@@ -226,7 +224,7 @@ static __always_inline __u8 h2_method(__u64 w)
 	case WORD_CONNECT: return METHOD_CONNECT;
 	case WORD_TRACE: return METHOD_TRACE;
 	}
-	return H2_METHOD_OTHER;
+	return METHOD_OTHER;
 }
 
 /* The word of a name or value of n bytes at p (0: longer than 8, or
@@ -463,13 +461,8 @@ static __always_inline __u16 h2_status(__u64 v)
 	char d[4] = {};
 	if (bpf_probe_read_user(d, 3, (void *)v))
 		return 0;
-	__u16 status = 0;
-	for (int k = 0; k < 3; k++) {
-		if (d[k] < '0' || d[k] > '9')
-			return 0;
-		status = status * 10 + (d[k] - '0');
-	}
-	return status;
+	int status = status_digits(d);
+	return status < 0 ? 0 : status;
 }
 
 /* nghttp2_submit_response(session, stream_id, nva, nvlen, data_prd) /
@@ -528,7 +521,7 @@ static __always_inline int h2_close(struct pt_regs *ctx, __u64 *prev)
 		/* reset before its headers were all in: decided now */
 		h2_decide(c, key.session);
 		__u64 cause = c->cause, start_ns = c->start_ns;
-		__u32 what = 2 << 24 | HIST_HTTP << 16 | (__u32)c->method << 8 | (c->tls & 1);
+		__u32 what = http_hist_what(2, c->method, c->tls);
 		int followed = c->state == H2_FOLLOWED, status = c->status;
 		bpf_map_delete_elem(&h2_stream_cause, &key);
 		if (followed)

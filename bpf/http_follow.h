@@ -82,6 +82,26 @@ __attribute__((noinline)) int http_follow(__u64 cause, __u64 stream, __u32 n, __
 	return !bpf_map_update_elem(&http_reqs, &k, &r, BPF_NOEXIST);
 }
 
+/* A status code's three digits at d (an HTTP/1 status line's, an HTTP/2
+ * :status value): the status, -1 if they are not digits. */
+static __always_inline int status_digits(const char *d)
+{
+	int status = 0;
+	for (int k = 0; k < 3; k++) {
+		if (d[k] < '0' || d[k] > '9')
+			return -1;
+		status = status * 10 + (d[k] - '0');
+	}
+	return status;
+}
+
+/* An HTTP server request's attributes as op_hist_count's `what`: its
+ * version (HTTP/1's minor, or 2), method and whether over TLS. */
+static __always_inline __u32 http_hist_what(__u8 ver, __u8 method, __u8 tls)
+{
+	return (__u32)ver << 24 | HIST_HTTP << 16 | (__u32)method << 8 | (tls & 1);
+}
+
 /* The response head in the scratch record (n bytes captured): its status,
  * with *expect its whole length (head and Content-Length); 0 when the
  * kernel cannot tell its end as user space does. A global function. */
@@ -95,12 +115,7 @@ __attribute__((noinline)) int http_response(__u32 n, __u64 *expect)
 	/* "HTTP/1.x ddd " */
 	if (d[5] != '1' || d[6] != '.' || d[7] < '0' || d[7] > '9' || d[8] != ' ')
 		return 0;
-	int status = 0;
-	for (int k = 9; k < 12; k++) {
-		if (d[k] < '0' || d[k] > '9')
-			return 0;
-		status = status * 10 + (d[k] - '0');
-	}
+	int status = status_digits(d + 9);
 	if ((d[12] != ' ' && d[12] != '\r') || status < 100)
 		return 0;
 	struct head_scan sc = { .n = n, .whole = 1 };
@@ -205,8 +220,7 @@ static __always_inline void http_end(struct conn_key *k, struct http_req *r)
 	if (keep && r->status)
 		http_status_record(k, r);
 	if (!keep)
-		op_hist_count(k->pid, (__u32)r->ver << 24 | HIST_HTTP << 16 | (__u32)r->method << 8 | (r->tls & 1), r->status,
-			      r->last_ns - r->start_ns);
+		op_hist_count(k->pid, http_hist_what(r->ver, r->method, r->tls), r->status, r->last_ns - r->start_ns);
 	if (r->tls && !r->pipelined) {
 		__u8 one = 1;
 		bpf_map_update_elem(&http_done, k, &one, BPF_ANY);

@@ -193,7 +193,7 @@ struct h2_stream {
 	__u64 cause;
 	__u8 client;    /* 0: a server stream; H2_CLIENT_OPEN, H2_CLIENT_ENDED (its response's end seen) */
 	__u8 state;     /* a server stream under the kernel's sampler (h2_defers): enum h2_state */
-	__u8 method;    /* H2_FOLLOWED: enum http_method (H2_METHOD_OTHER: another) */
+	__u8 method;    /* H2_FOLLOWED: enum http_method */
 	__u8 tls;       /* H2_FOLLOWED: its :scheme is https */
 	__u16 status;   /* H2_FOLLOWED: its response's :status (0: none yet) */
 	__u8 nsaved;    /* H2_PENDING: kept headers seen (the first H2_SAVED in `saved`) */

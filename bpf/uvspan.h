@@ -309,6 +309,7 @@ enum http_method {
 	METHOD_OPTIONS = 6,
 	METHOD_CONNECT = 7,
 	METHOD_TRACE = 8,
+	METHOD_OTHER = 9, /* HTTP/2: a :method not listed (user space: _OTHER) */
 };
 
 /* An unsampled HTTP/1 request the kernel follows to its end without a

@@ -262,6 +262,11 @@ fn the_threadpool_queue_wait_counts_async_work_whose_start_was_seen() {
     assert!(waits.iter().any(|(a, n, s)| a.contains("dns") && *n == 1 && (s - 4e-9).abs() < 1e-15), "{waits:?}");
 }
 
+/// A request process 7's request tracker saw, from 0 to `end_ns`, with no call.
+fn server_request(method: &str, status: u16, tls: bool, version: &'static str, end_ns: u64) -> Finished {
+    Finished { pid: 7, method: method.into(), status: Some(status), tls, version, start_ns: 0, end_ns, calls: vec![] }
+}
+
 /// A request the kernel followed (counted in its histogram, or ended by
 /// uvspan) joins the series of a request the tracker saw with the same
 /// method, scheme, version and status.
@@ -270,17 +275,7 @@ fn followed_requests_join_the_trackers_series() {
     use crate::kernel::tracer::{FollowedRequest, KernelOps};
     let mut m = Metrics::default();
     m.resource(7, &resource(7));
-    let seen = Finished {
-        pid: 7,
-        method: "POST".into(),
-        status: Some(503),
-        tls: true,
-        version: "1.0",
-        start_ns: 0,
-        end_ns: 2_000_000,
-        calls: vec![],
-    };
-    m.request(&seen);
+    m.request(&server_request("POST", 503, true, "1.0", 2_000_000));
     // POST is 1 in the kernel's enum http_method; the 16 buckets it
     // writes for the 14 bounds (the 2 past them empty).
     let mut buckets = vec![0; 17];
@@ -313,17 +308,7 @@ fn followed_http2_streams_join_the_trackers_series() {
     use crate::kernel::tracer::KernelOps;
     let mut m = Metrics::default();
     m.resource(7, &resource(7));
-    let seen = Finished {
-        pid: 7,
-        method: "PROPFIND".into(),
-        status: Some(200),
-        tls: false,
-        version: "2",
-        start_ns: 0,
-        end_ns: 1_000_000,
-        calls: vec![],
-    };
-    m.request(&seen);
+    m.request(&server_request("PROPFIND", 200, false, "2", 1_000_000));
     let mut buckets = vec![0; 17];
     buckets[0] = 3;
     m.kernel_ops(&[KernelOps { pid: 7, family: 3, op_id: 9, sync: false, ver: 2, err: 200, count: 3, sum_ns: 3_000_000, buckets }]);
