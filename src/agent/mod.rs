@@ -384,6 +384,11 @@ impl Agent {
             self.procs.give_back(spans);
         }
         self.exporter.tick();
+        self.finished_to_metrics();
+    }
+
+    /// With metrics: the requests and calls that finished, counted.
+    fn finished_to_metrics(&mut self) {
         if let (Some(r), Some(m)) = (self.requests.as_mut(), self.procs.metrics.as_ref()) {
             if let Some(done) = r.finished.as_mut().filter(|d| !d.is_empty()) {
                 let mut m = m.lock().unwrap_or_else(|e| e.into_inner());
@@ -432,6 +437,13 @@ impl Agent {
                 self.end_followed(false, Some(pid), out);
                 self.read_kernel_ops(pid);
                 self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out);
+                // The requests and calls its exit ended are counted before
+                // it is marked exited: its last collection, which may come
+                // any moment after, drops it.
+                self.finished_to_metrics();
+                if let Some(m) = &self.procs.metrics {
+                    m.lock().unwrap_or_else(|e| e.into_inner()).exited(pid);
+                }
                 // Its last metrics go out soon, and its resource with them.
                 if let Some(m) = &self.op_metrics {
                     m.exited();

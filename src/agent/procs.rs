@@ -263,7 +263,8 @@ impl Procs {
                     if let Some(t) = loop_time {
                         m.loop_time(*pid, *t);
                     }
-                    m.exited(*pid);
+                    // Marked exited by the agent, once the requests this
+                    // exit ends are in its metrics.
                 }
                 if let Some(r) = requests {
                     r.exited(*pid, &src, out);
