@@ -373,6 +373,39 @@ static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64
 		send_http(e);
 }
 
+/* A stream's cause (stream_cause): written in place where its entry is
+ * there, as it is for every request of a keep-alive connection after its
+ * first (an LRU map's update takes its locks and lists: dearer than a
+ * lookup, twice a request). A global function: verified once (a branch
+ * in the dispatcher's paths multiplies what the verifier walks). */
+__attribute__((noinline)) int stream_cause_set(__u32 pid, __u64 stream, __u64 cause)
+{
+	struct conn_key k = { .pid = pid, .ptr = stream };
+	__u64 *c = bpf_map_lookup_elem(&stream_cause, &k);
+	if (c)
+		*c = cause;
+	else
+		bpf_map_update_elem(&stream_cause, &k, &cause, BPF_ANY);
+	return 0;
+}
+
+/* A server parser begins a message in the thread's stream callback number
+ * `callbacks` (parser_begun, written in place as stream_cause_set): 1 when
+ * its last one began in the same callback (this one is pipelined behind
+ * it). A global function. */
+__attribute__((noinline)) int parser_begins(__u32 pid, __u64 parser, __u64 callbacks)
+{
+	struct conn_key k = { .pid = pid, .ptr = parser };
+	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &k);
+	if (!begun) {
+		bpf_map_update_elem(&parser_begun, &k, &callbacks, BPF_ANY);
+		return 0;
+	}
+	int pipelined = *begun == callbacks;
+	*begun = callbacks;
+	return pipelined;
+}
+
 #include "http_follow.h"
 
 /* A request's first record, at its head (on `stream`): its cause decided
@@ -437,19 +470,14 @@ static __noinline int http_message(struct pt_regs *ctx)
 	if (!is_request(head))
 		return 0;
 	__u32 pid = current_ids() >> 32;
-	struct conn_key key = { .pid = pid, .ptr = parser };
-	__u64 *begun = bpf_map_lookup_elem(&parser_begun, &key);
-	__u32 what = begun && *begun == t->ctx.callbacks ? HTTP_PIPELINED : HTTP_REQUEST;
+	__u32 what = parser_begins(pid, parser, t->ctx.callbacks) ? HTTP_PIPELINED : HTTP_REQUEST;
 	if (khttp && t->ctx.stream)
 		http_next_on(pid, t->ctx.stream, what == HTTP_PIPELINED);
 	/* sent first: the sampler decides the request's cause there */
 	__u64 cause = http_request(what, new_cause(CAUSE_REQUEST), t->ctx.stream, p, len);
-	bpf_map_update_elem(&parser_begun, &key, &t->ctx.callbacks, BPF_ANY);
 	t->ctx.cause = cause;
-	if (t->ctx.stream) {
-		struct conn_key sk = { .pid = pid, .ptr = t->ctx.stream };
-		bpf_map_update_elem(&stream_cause, &sk, &cause, BPF_ANY);
-	}
+	if (t->ctx.stream)
+		stream_cause_set(pid, t->ctx.stream, cause);
 	return 0;
 }
 
@@ -490,7 +518,7 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 		bpf_map_delete_elem(&stream_cause, &key);
 		return 0;
 	}
-	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
+	stream_cause_set(key.pid, stream, cause);
 	/* struct uv_buf_t { char *base; size_t len; } */
 	__u64 first[2] = {};
 	if (nbufs)
@@ -528,8 +556,7 @@ static __always_inline int stream_connect(struct pt_regs *ctx)
 	__u64 cause = current_cause();
 	if (!cause)
 		return 0;
-	struct conn_key key = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM2(ctx) };
-	bpf_map_update_elem(&stream_cause, &key, &cause, BPF_ANY);
+	stream_cause_set(current_ids() >> 32, PT_REGS_PARM2(ctx), cause);
 	return 0;
 }
 
