@@ -473,7 +473,9 @@ async function overhead(mode = 'paced') {
 // which adds ~20-40 ns per program run, is off during those), and for the
 // default configuration one with UVSPAN_BENCH_COUNT_HITS=1: every uprobe hit
 // counted by probe point (uvspan prints the counts at exit; the count adds a
-// map update per hit, so that run's ns are not used). Hits are divided by
+// map update per hit, so that run's ns are not used), with
+// UVSPAN_BENCH_TIME_HITS=1: the ns inside uvspan's program per hit at each
+// point (entries; with one program's entry and exit). Hits are divided by
 // every request from attach to exit (warm-up and measured window).
 async function hitAnatomy(c, configs) {
   const old = sysctl('kernel.bpf_stats_enabled');
@@ -485,7 +487,7 @@ async function hitAnatomy(c, configs) {
   for (const { cfg, count } of runs) {
     const u = UVSPAN_CONFIGS[cfg];
     const app = await startNode([path.join(BENCH, 'app.js')]);
-    const env = { ...(u.env || {}), ...(count ? { UVSPAN_BENCH_COUNT_HITS: '1' } : {}) };
+    const env = { ...(u.env || {}), ...(count ? { UVSPAN_BENCH_COUNT_HITS: '1', UVSPAN_BENCH_TIME_HITS: '1' } : {}) };
     const uv = await startUvspan(['--pid', String(app.pid), ...u.args], { env });
     sysctl('kernel.bpf_stats_enabled', 1);
     const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
@@ -497,15 +499,18 @@ async function hitAnatomy(c, configs) {
     await uv.done('SIGINT');
     const all = warm.requests + w.requests;
     if (count) {
-      const points = {};
+      const points = {}, pointNs = {};
       let hits = 0;
       for (const l of uv.errLines) {
+        const t = /^uvspan: hit-ns (\d+) \d+ \d+ \d+ (.*)$/.exec(l);
+        if (t) pointNs[t[2]] = Number(t[1]);
         const m = /^uvspan: hits (\d+) (.*)$/.exec(l);
         if (!m) continue;
         points[m[2]] = round(Number(m[1]) / all, 3);
         hits += Number(m[1]);
       }
       out[cfg].points = points;
+      out[cfg].point_ns = pointNs;
       out[cfg].uprobe_hits_per_req = round(hits / all, 2);
       continue;
     }
@@ -852,10 +857,11 @@ function markdown(R) {
         row(LABELS[cfg], a.runs_per_req, a.bpf_ns_per_run, round(a.bpf_ns_per_req / 1e3, 2), Object.entries(a.programs).map(([n, p]) => `${n} ${p.runs_per_req} × ${p.ns_per_run}`).join(', '));
       const d = o.anatomy.uvspan;
       if (d && d.points) {
-        L.push('', `Uprobe hits per request by probe point, default configuration (UVSPAN_BENCH_COUNT_HITS=1): ${d.uprobe_hits_per_req} in all.`, '');
-        row('probe point', 'hits/req');
-        row('---', '---');
-        for (const [pt, n] of Object.entries(d.points)) row(`\`${pt}\``, n);
+        L.push('', `Uprobe hits per request by probe point, default configuration (UVSPAN_BENCH_COUNT_HITS=1): ${d.uprobe_hits_per_req} in all; ns inside uvspan's program per hit there (UVSPAN_BENCH_TIME_HITS=1, with one program's entry and exit; a session probe's returns not timed).`, '');
+        row('probe point', 'hits/req', 'BPF ns/hit');
+        row('---', '---', '---');
+        const ns = d.point_ns || {};
+        for (const [pt, n] of Object.entries(d.points)) row(`\`${pt}\``, n, pt in ns ? ns[pt] : '-');
       }
     }
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);

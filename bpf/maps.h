@@ -37,6 +37,40 @@ struct {
 	__type(value, __u64);
 } hit_counts SEC(".maps");
 
+/* Benchmark only (UVSPAN_BENCH_TIME_HITS=1): the time inside uvspan's
+ * program at each attach point, measured by two programs on the same
+ * points that the kernel runs just before it and just after it
+ * (bench_enter, bench_leave in uvspan.bpf.c). */
+struct hit_stamp {
+	__u64 cookie;
+	__u64 ts;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct hit_stamp);
+} hit_stamps SEC(".maps");
+
+/* By attach cookie as hit_counts: hits timed, their ns, and hits not
+ * timed (`unordered`: no stamp of the same point before it, the kernel
+ * ran the programs in another order; `outliers`: over 1 ms, the thread
+ * was preempted in between). */
+struct hit_time {
+	__u64 n;
+	__u64 ns;
+	__u64 unordered;
+	__u64 outliers;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 512);
+	__type(key, __u64);
+	__type(value, struct hit_time);
+} hit_times SEC(".maps");
+
 struct req_key {
 	__u32 pid;
 	__u32 _pad;

@@ -75,6 +75,59 @@ static __always_inline void count_hit(__u64 cookie, int is_return)
 	}
 }
 
+/* Benchmark only (UVSPAN_BENCH_TIME_HITS=1): attached to the same points
+ * and cookies as uv_multi and uv_session, so that the kernel runs
+ * bench_enter just before uvspan's program at a hit and bench_leave just
+ * after it (a uprobe runs its newest consumer first: user space attaches
+ * bench_leave, then uvspan's, then bench_enter). The time between the
+ * two is the program's, with one program's entry and exit. Entries only
+ * (a session program's returns are not timed). */
+SEC("uprobe.multi")
+int bench_enter(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	if (!for_traced(cookie))
+		return 0;
+	struct hit_stamp *s = bpf_task_storage_get(&hit_stamps, bpf_get_current_task_btf(), 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!s)
+		return 0;
+	s->cookie = cookie;
+	s->ts = bpf_ktime_get_ns();
+	return 0;
+}
+
+SEC("uprobe.multi")
+int bench_leave(struct pt_regs *ctx)
+{
+	__u64 now = bpf_ktime_get_ns();
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	if (!for_traced(cookie))
+		return 0;
+	__u64 key = cookie & ~(1ULL << COOKIE_ONE_PROCESS_SHIFT);
+	struct hit_time *h = bpf_map_lookup_elem(&hit_times, &key);
+	if (!h) {
+		struct hit_time zero = {};
+		bpf_map_update_elem(&hit_times, &key, &zero, BPF_NOEXIST);
+		h = bpf_map_lookup_elem(&hit_times, &key);
+		if (!h)
+			return 0;
+	}
+	struct hit_stamp *s = bpf_task_storage_get(&hit_stamps, bpf_get_current_task_btf(), 0, 0);
+	if (!s || s->cookie != cookie || !s->ts || now < s->ts) {
+		__sync_fetch_and_add(&h->unordered, 1);
+		return 0;
+	}
+	__u64 d = now - s->ts;
+	s->ts = 0;
+	if (d > 1000000) {
+		__sync_fetch_and_add(&h->outliers, 1);
+		return 0;
+	}
+	__sync_fetch_and_add(&h->n, 1);
+	__sync_fetch_and_add(&h->ns, d);
+	return 0;
+}
+
 static __always_inline int dispatch(struct pt_regs *ctx)
 {
 	if (trap_only)

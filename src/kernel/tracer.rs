@@ -345,6 +345,9 @@ impl Tracer {
         open.progs.uv_single.set_autoload(!f.multi_uprobe);
         open.progs.uv_multi.set_autoload(f.multi_uprobe);
         open.progs.uv_session.set_autoload(f.session);
+        let timed = bench_time_hits() && f.multi_uprobe;
+        open.progs.bench_enter.set_autoload(timed);
+        open.progs.bench_leave.set_autoload(timed);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
         open.load()
     }
@@ -721,7 +724,47 @@ fn bench_count_hits() -> bool {
     std::env::var_os("UVSPAN_BENCH_COUNT_HITS").is_some_and(|v| v == "1")
 }
 
+/// Benchmark only (`UVSPAN_BENCH_TIME_HITS=1`, kernels with multi-uprobe
+/// links): the time inside uvspan's program at each attach point, printed
+/// on stderr at exit.
+pub(super) fn bench_time_hits() -> bool {
+    std::env::var_os("UVSPAN_BENCH_TIME_HITS").is_some_and(|v| v == "1")
+}
+
+/// The probe points an attach cookie stands for (`cookie …` if none).
+fn cookie_name(base: u64) -> String {
+    let names: Vec<&str> = crate::probes::catalog::all_probes().iter().filter(|p| p.attach_cookie() == base).map(|p| p.symbol).collect();
+    if names.is_empty() {
+        format!("cookie {base:#x}")
+    } else {
+        names.join("|")
+    }
+}
+
 impl Tracer {
+    /// Benchmark only: one stderr line per timed probe point,
+    /// `uvspan: hit-ns NS_PER_HIT TIMED UNORDERED OUTLIERS SYMBOL`, most
+    /// timed hits first (see hit_times in bpf/maps.h).
+    fn print_hit_times(&self) {
+        let one_process = 1u64 << crate::kernel::skel::types::cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0;
+        let map = &self.skel.maps.hit_times;
+        let mut rows: Vec<([u64; 4], String)> = Vec::new();
+        for key in map.keys() {
+            let Ok(k) = <[u8; 8]>::try_from(key.as_slice()) else { continue };
+            let Some(v) = map.lookup(&key, MapFlags::ANY).ok().flatten() else { continue };
+            let mut t = [0u64; 4];
+            for (i, c) in v.chunks_exact(8).take(4).enumerate() {
+                t[i] = u64::from_ne_bytes(c.try_into().unwrap_or_default());
+            }
+            rows.push((t, cookie_name(u64::from_ne_bytes(k) & !one_process)));
+        }
+        rows.sort_by(|a, b| b.0[0].cmp(&a.0[0]).then_with(|| a.1.cmp(&b.1)));
+        for ([n, ns, unordered, outliers], name) in rows {
+            let per = ns.checked_div(n).unwrap_or(0);
+            eprintln!("uvspan: hit-ns {per} {n} {unordered} {outliers} {name}");
+        }
+    }
+
     /// Benchmark only: one stderr line per probe point that fired,
     /// `uvspan: hits N SYMBOL` (`SYMBOL:return` for a session probe's
     /// returns), most hits first.
@@ -739,10 +782,7 @@ impl Tracer {
                 .flatten()
                 .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
                 .map_or(0, u64::from_ne_bytes);
-            let base = cookie & !ret & !one_process;
-            let names: Vec<&str> =
-                crate::probes::catalog::all_probes().iter().filter(|p| p.attach_cookie() == base).map(|p| p.symbol).collect();
-            let mut name = if names.is_empty() { format!("cookie {base:#x}") } else { names.join("|") };
+            let mut name = cookie_name(cookie & !ret & !one_process);
             if cookie & ret != 0 {
                 name.push_str(":return");
             }
@@ -762,6 +802,9 @@ impl Drop for Tracer {
     fn drop(&mut self) {
         if bench_count_hits() {
             self.print_hit_counts();
+        }
+        if bench_time_hits() && self.multi {
+            self.print_hit_times();
         }
         // Links handed over for detaching go before the skeleton does.
         drop(std::mem::take(&mut self.detacher));

@@ -219,8 +219,20 @@ impl Tracer {
                     ..Default::default()
                 };
                 let prog = if in_session { &self.skel.progs.uv_session } else { &self.skel.progs.uv_multi };
-                match prog.attach_uprobe_multi_with_opts(pid, path, "", opts) {
-                    Ok(link) => links.push(link),
+                // Benchmark only: uvspan's program between bench_leave
+                // (attached before it, so run after it) and bench_enter.
+                let progs: Vec<&libbpf_rs::ProgramMut<'_>> = if super::bench_time_hits() {
+                    vec![&self.skel.progs.bench_leave, prog, &self.skel.progs.bench_enter]
+                } else {
+                    vec![prog]
+                };
+                let attached = progs.into_iter().try_for_each(|p| {
+                    let opts = UprobeMultiOpts { session: in_session && std::ptr::eq(p, prog), ..opts.clone() };
+                    links.push(p.attach_uprobe_multi_with_opts(pid, path, "", opts)?);
+                    Ok::<_, libbpf_rs::Error>(())
+                });
+                match attached {
+                    Ok(()) => {}
                     Err(e) => {
                         // All or none, as with one link: a file that went
                         // away between the two (its process exited) must not
