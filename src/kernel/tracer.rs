@@ -741,23 +741,34 @@ fn cookie_name(base: u64) -> String {
     }
 }
 
+/// Benchmark only: the entries of a map keyed by attach cookie (hit_counts,
+/// hit_times), the cookie without COOKIE_ONE_PROCESS and the value as
+/// native-endian u64 words.
+fn cookie_entries(map: &impl MapCore) -> Vec<(u64, Vec<u64>)> {
+    let one_process = 1u64 << crate::kernel::skel::types::cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0;
+    let word = |c: &[u8]| <[u8; 8]>::try_from(c).map_or(0, u64::from_ne_bytes);
+    map.keys()
+        .filter(|k| k.len() == 8)
+        .filter_map(|k| {
+            let v = map.lookup(&k, MapFlags::ANY).ok().flatten()?;
+            Some((word(&k) & !one_process, v.chunks_exact(8).map(word).collect()))
+        })
+        .collect()
+}
+
 impl Tracer {
     /// Benchmark only: one stderr line per timed probe point,
     /// `uvspan: hit-ns NS_PER_HIT TIMED UNORDERED OUTLIERS SYMBOL`, most
     /// timed hits first (see hit_times in bpf/maps.h).
     fn print_hit_times(&self) {
-        let one_process = 1u64 << crate::kernel::skel::types::cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0;
-        let map = &self.skel.maps.hit_times;
-        let mut rows: Vec<([u64; 4], String)> = Vec::new();
-        for key in map.keys() {
-            let Ok(k) = <[u8; 8]>::try_from(key.as_slice()) else { continue };
-            let Some(v) = map.lookup(&key, MapFlags::ANY).ok().flatten() else { continue };
-            let mut t = [0u64; 4];
-            for (i, c) in v.chunks_exact(8).take(4).enumerate() {
-                t[i] = u64::from_ne_bytes(c.try_into().unwrap_or_default());
-            }
-            rows.push((t, cookie_name(u64::from_ne_bytes(k) & !one_process)));
-        }
+        let mut rows: Vec<([u64; 4], String)> = cookie_entries(&self.skel.maps.hit_times)
+            .into_iter()
+            .map(|(cookie, v)| {
+                let mut t = [0u64; 4];
+                t.iter_mut().zip(v).for_each(|(t, v)| *t = v);
+                (t, cookie_name(cookie))
+            })
+            .collect();
         rows.sort_by(|a, b| b.0[0].cmp(&a.0[0]).then_with(|| a.1.cmp(&b.1)));
         for ([n, ns, unordered, outliers], name) in rows {
             let per = ns.checked_div(n).unwrap_or(0);
@@ -770,24 +781,16 @@ impl Tracer {
     /// returns), most hits first.
     fn print_hit_counts(&self) {
         let ret = 1u64 << 54; // HIT_RETURN in bpf/maps.h
-        let one_process = 1u64 << crate::kernel::skel::types::cookie_layout::COOKIE_ONE_PROCESS_SHIFT.0;
-        let map = &self.skel.maps.hit_counts;
-        let mut rows: Vec<(u64, String)> = Vec::new();
-        for key in map.keys() {
-            let Ok(k) = <[u8; 8]>::try_from(key.as_slice()) else { continue };
-            let cookie = u64::from_ne_bytes(k);
-            let n = map
-                .lookup(&key, MapFlags::ANY)
-                .ok()
-                .flatten()
-                .and_then(|v| <[u8; 8]>::try_from(v.as_slice()).ok())
-                .map_or(0, u64::from_ne_bytes);
-            let mut name = cookie_name(cookie & !ret & !one_process);
-            if cookie & ret != 0 {
-                name.push_str(":return");
-            }
-            rows.push((n, name));
-        }
+        let mut rows: Vec<(u64, String)> = cookie_entries(&self.skel.maps.hit_counts)
+            .into_iter()
+            .map(|(cookie, v)| {
+                let mut name = cookie_name(cookie & !ret);
+                if cookie & ret != 0 {
+                    name.push_str(":return");
+                }
+                (v.first().copied().unwrap_or(0), name)
+            })
+            .collect();
         rows.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
         for (n, name) in rows {
             eprintln!("uvspan: hits {n} {name}");
