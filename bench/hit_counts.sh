@@ -66,8 +66,9 @@ echo
 # per hit, hits timed, not timed as out of order, over 1 ms), between two
 # benchmark programs the kernel runs just before and just after it; it
 # includes one program's entry and exit (compare the trap floor's, with
-# UVSPAN_BENCH_TRAP_ONLY=1, where only the session probes count hits: "-"
-# hits for the others). Entries only: "-" ns for a session's returns.
+# UVSPAN_BENCH_TRAP_ONLY=1). The timing programs count the entry hits (so
+# that uvspan's own count is not inside the time); uvspan counts a session
+# probe's returns. Entries only: "-" ns for a session's returns.
 { sed -n 's/^uvspan: hit-ns /T /p' "$work/uvspan.err"; sed -n 's/^uvspan: hits /H /p' "$work/uvspan.err"; } | awk -v n="$reqs" '
   BEGIN { printf "%-60s %10s %12s %8s\n", "probe point", "hits", "hits/request", "ns/hit" }
   $1 == "T" { ns = $2; $1 = $2 = $3 = ""; u += $4; o += $5; $4 = $5 = ""; sub(/^ +/, ""); per[$0] = ns; next }

@@ -62,7 +62,9 @@ static __always_inline int for_traced(__u64 cookie)
 }
 
 /* Benchmark only: one more hit at this attach point (of a traced process:
- * links attached for every process of a file fire in others too). */
+ * links attached for every process of a file fire in others too). With
+ * time_hits, only a session program's returns: bench_leave counts the
+ * entries. */
 static __always_inline void count_hit(__u64 cookie, int is_return)
 {
 	__u64 key = (cookie & ~(1ULL << COOKIE_ONE_PROCESS_SHIFT)) | (is_return ? HIT_RETURN : 0);
@@ -81,7 +83,9 @@ static __always_inline void count_hit(__u64 cookie, int is_return)
  * after it (a uprobe runs its newest consumer first: user space attaches
  * bench_leave, then uvspan's, then bench_enter). The time between the
  * two is the program's, with one program's entry and exit. Entries only
- * (a session program's returns are not timed). */
+ * (a session program's returns are not timed). bench_leave also counts
+ * every entry hit it sees (timed or not: hit_time), in place of
+ * count_hit. */
 SEC("uprobe.multi")
 int bench_enter(struct pt_regs *ctx)
 {
@@ -139,7 +143,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	if (!for_traced(cookie))
 		return 0;
-	if (count_hits)
+	if (count_hits && !time_hits)
 		count_hit(cookie, 0);
 	switch (cookie >> COOKIE_KIND_SHIFT) {
 	case PROBE_FS_SUBMIT: fs_submit(ctx, cookie); return 0;
@@ -193,7 +197,7 @@ int uv_session(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	int epoll = cookie >> COOKIE_KIND_SHIFT == PROBE_EPOLL_WAIT;
-	if (count_hits && for_traced(cookie))
+	if (count_hits && (!time_hits || bpf_session_is_return()) && for_traced(cookie))
 		count_hit(cookie, bpf_session_is_return());
 	/* The benchmark's trap floor: an epoll wait that can block traps at
 	 * its return too, so it does here. */

@@ -1478,24 +1478,47 @@ fn bad_input_sample_time() {
 
 /// With the benchmark's hit count on, uvspan prints at exit how often each
 /// probe point fired: every fs.statSync is one hit of `uv_fs_stat` and one
-/// `fs.stat` span, so the count equals the spans.
+/// `fs.stat` span, so the count equals the spans. With the per-hit timing
+/// on too (`UVSPAN_BENCH_TIME_HITS=1`), the timing program counts the
+/// entries instead of uvspan's, and times each one.
 fn hit_count_in(topology: Topology) {
     require_root();
-    let dir = TempDir::new("hits");
-    let target = dir.join("hit-target");
-    std::fs::write(&target, "x").expect("write the stat target");
-    let script = format!("const fs = require('fs'); for (let i = 0; i < 300; i++) fs.statSync({target:?});");
-    let mut c = topology.command(&["--loop-threshold", "1s", "--requests", "off"], &["node", "-e", &script]);
-    c.env("UVSPAN_BENCH_COUNT_HITS", "1");
-    let out = run(c);
-    assert_eq!(out.code(), Some(0), "{}", out.context());
-    let spans = out.stdout.lines().filter(|l| l.split_whitespace().nth(2) == Some("fs.stat")).count();
-    let want_path = format!("file.path={target}");
-    let ours = out.stdout.lines().filter(|l| l.split_whitespace().any(|w| w == want_path)).count();
-    assert_eq!(ours, 300, "the script's 300 stats are spans ({topology:?})\n{}", out.context());
-    let hits: Vec<u64> =
-        out.stderr.lines().filter_map(|l| l.strip_prefix("uvspan: hits ")?.strip_suffix(" uv_fs_stat")?.parse().ok()).collect();
-    assert_eq!(hits, [spans as u64], "one uv_fs_stat hit per fs.stat span ({topology:?})\n{}", out.context());
+    for timed in [false, true] {
+        let dir = TempDir::new("hits");
+        let target = dir.join("hit-target");
+        std::fs::write(&target, "x").expect("write the stat target");
+        let script = format!("const fs = require('fs'); for (let i = 0; i < 300; i++) fs.statSync({target:?});");
+        let mut c = topology.command(&["--loop-threshold", "1s", "--requests", "off"], &["node", "-e", &script]);
+        c.env("UVSPAN_BENCH_COUNT_HITS", "1");
+        if timed {
+            c.env("UVSPAN_BENCH_TIME_HITS", "1");
+        }
+        let out = run(c);
+        let what = format!("{topology:?}, timed: {timed}");
+        assert_eq!(out.code(), Some(0), "{what}\n{}", out.context());
+        let spans = out.stdout.lines().filter(|l| l.split_whitespace().nth(2) == Some("fs.stat")).count();
+        let want_path = format!("file.path={target}");
+        let ours = out.stdout.lines().filter(|l| l.split_whitespace().any(|w| w == want_path)).count();
+        assert_eq!(ours, 300, "the script's 300 stats are spans ({what})\n{}", out.context());
+        let hits: Vec<u64> =
+            out.stderr.lines().filter_map(|l| l.strip_prefix("uvspan: hits ")?.strip_suffix(" uv_fs_stat")?.parse().ok()).collect();
+        assert_eq!(hits, [spans as u64], "one uv_fs_stat hit per fs.stat span ({what})\n{}", out.context());
+        // `uvspan: hit-ns NS_PER_HIT TIMED UNORDERED OUTLIERS uv_fs_stat`
+        let times: Vec<Vec<u64>> = out
+            .stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix("uvspan: hit-ns ")?.strip_suffix(" uv_fs_stat"))
+            .map(|l| l.split(' ').filter_map(|w| w.parse().ok()).collect())
+            .collect();
+        if timed {
+            assert_eq!(times.len(), 1, "one timing line for uv_fs_stat ({what})\n{}", out.context());
+            let t = &times[0];
+            assert!(t.len() == 4 && t[0] > 0, "a time per hit ({what}): {t:?}");
+            assert_eq!(t[1] + t[2] + t[3], spans as u64, "every hit timed or counted as not ({what})\n{}", out.context());
+        } else {
+            assert!(times.is_empty(), "no timing without UVSPAN_BENCH_TIME_HITS ({what})");
+        }
+    }
 }
 
 #[test]

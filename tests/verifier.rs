@@ -75,7 +75,7 @@ fn verified(args: &[&str], env: &[(&str, &str)]) -> BTreeMap<String, u32> {
 #[test]
 fn the_programs_stay_within_the_verifiers_budget_in_every_configuration() {
     require_root();
-    let configs: [Config; 9] = [
+    let configs: [Config; 10] = [
         ("default", &[], &[]),
         ("--detail all", &["--detail", "all"], &[]),
         ("always_off", &[], &[("OTEL_TRACES_SAMPLER", "always_off")]),
@@ -85,6 +85,7 @@ fn the_programs_stay_within_the_verifiers_budget_in_every_configuration() {
         ("--sample-time 50%", &["--sample-time", "50%"], &[]),
         ("--stacks all-ops", &["--stacks", "all-ops"], &[]),
         ("hit count (benchmark)", &[], &[("UVSPAN_BENCH_COUNT_HITS", "1")]),
+        ("hit count and timing (benchmark)", &[], &[("UVSPAN_BENCH_COUNT_HITS", "1"), ("UVSPAN_BENCH_TIME_HITS", "1")]),
     ];
     let mut over = Vec::new();
     for (what, args, env) in configs {

@@ -299,6 +299,7 @@ impl Tracer {
             // scheduler last updated it, without the catch-up (bpf/loop.h).
             ro.sched_catchup = u32::from(std::env::var_os("UVSPAN_BENCH_SCHED_RAW").is_none_or(|v| v != "1"));
             ro.count_hits = u32::from(bench_count_hits());
+            ro.time_hits = u32::from(bench_time_hits() && f.multi_uprobe);
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
@@ -778,17 +779,25 @@ impl Tracer {
 
     /// Benchmark only: one stderr line per probe point that fired,
     /// `uvspan: hits N SYMBOL` (`SYMBOL:return` for a session probe's
-    /// returns), most hits first.
+    /// returns), most hits first. When hits are timed, the timing program
+    /// counted the entries (timed or not), hit_counts the returns.
     fn print_hit_counts(&self) {
         let ret = 1u64 << 54; // HIT_RETURN in bpf/maps.h
-        let mut rows: Vec<(u64, String)> = cookie_entries(&self.skel.maps.hit_counts)
+        let mut counts: Vec<(u64, u64)> =
+            cookie_entries(&self.skel.maps.hit_counts).into_iter().map(|(cookie, v)| (cookie, v.first().copied().unwrap_or(0))).collect();
+        if bench_time_hits() && self.multi {
+            // struct hit_time: n, ns, unordered, outliers
+            let timed = cookie_entries(&self.skel.maps.hit_times);
+            counts.extend(timed.into_iter().map(|(cookie, v)| (cookie, [0, 2, 3].iter().filter_map(|&i| v.get(i)).sum())));
+        }
+        let mut rows: Vec<(u64, String)> = counts
             .into_iter()
-            .map(|(cookie, v)| {
+            .map(|(cookie, n)| {
                 let mut name = cookie_name(cookie & !ret);
                 if cookie & ret != 0 {
                     name.push_str(":return");
                 }
-                (v.first().copied().unwrap_or(0), name)
+                (n, name)
             })
             .collect();
         rows.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)));
