@@ -96,9 +96,10 @@ impl Stored {
 
 /// Bumped when what an image holds is computed differently (probe points
 /// chosen another way; 3: the libuv version and io_uring patch read from
-/// every image; 4: uv_version() read with a frame pointer too): older files
-/// are read again from the ELF.
-const FORMAT: u32 = 4;
+/// every image; 4: uv_version() read with a frame pointer too; 5: a probe
+/// point is not moved where a branch lands on it or on what it skips):
+/// older files are read again from the ELF.
+const FORMAT: u32 = 5;
 
 /// The catalog's symbols whose probe points may skip argument writes, sorted.
 fn moved_args() -> Vec<String> {

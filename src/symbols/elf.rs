@@ -125,7 +125,10 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         }
         // An offset outside the file is no place for a probe.
         if let Some((off, code)) = file_offset(elf, sym.address()).and_then(|o| Some((o, code_at(data, o, 32)?))) {
-            let point = point::choose(code, catalog::args_may_change(w));
+            // The whole function (bounded): its branches say whether the point may move.
+            let size = usize::try_from(sym.size()).unwrap_or(0).min(MAX_FUNCTION);
+            let body = code_at(data, off, size).unwrap_or_default();
+            let point = point::choose(code, body, catalog::args_may_change(w));
             if !point.emulated {
                 single_stepped.push(w);
             }
@@ -178,6 +181,10 @@ fn file_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
 }
 
 /// Up to `len` bytes of the file from `off`; None when `off` is outside it.
+/// The most of a function read to check its branches (its symbol's size,
+/// which the file may state as anything).
+const MAX_FUNCTION: usize = 64 * 1024;
+
 fn code_at(data: &[u8], off: u64, len: usize) -> Option<&[u8]> {
     let off = usize::try_from(off).ok().filter(|&o| o < data.len())?;
     data.get(off..off.saturating_add(len).min(data.len()))

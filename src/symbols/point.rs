@@ -9,7 +9,9 @@
 //! at most a few straight-line instructions that change neither the
 //! argument registers the probes read nor the stack pointer, to the first
 //! instruction the kernel emulates. Every call still passes that point, and
-//! the arguments read there are the entry values.
+//! the arguments read there are the entry values. Unless a branch in the
+//! function lands on a skipped instruction or on the point itself: the
+//! probe would fire again there, so it stays at the entry.
 
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, InstructionInfoFactory, Mnemonic, OpAccess, OpKind, Register};
 
@@ -41,10 +43,27 @@ fn emulated(i: &iced_x86::Instruction, bytes: &[u8]) -> bool {
     }
 }
 
-/// The probe point for a function whose first bytes are `code`. With
-/// `args_may_change`, instructions that write argument registers may be
-/// skipped too (the probe's handler copes with them: see its catalog row).
-pub fn choose(code: &[u8], args_may_change: bool) -> Point {
+/// Whether a direct branch in `body` (a function's code, from its start)
+/// lands after its first instruction and at or before `delta`. A function
+/// whose size is not known (an empty body) is taken as having none.
+fn lands_within(body: &[u8], delta: u64) -> bool {
+    let mut decoder = Decoder::with_ip(64, body, 0, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let i = decoder.decode();
+        let direct = matches!(i.flow_control(), FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch | FlowControl::Call);
+        if direct && i.op0_kind() == OpKind::NearBranch64 && (1..=delta).contains(&i.near_branch_target()) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The probe point for a function whose first bytes are `code` (`body`: all
+/// of its code, to check the branches in it; empty if its size is not
+/// known). With `args_may_change`, instructions that write argument
+/// registers may be skipped too (the probe's handler copes with them: see
+/// its catalog row).
+pub fn choose(code: &[u8], body: &[u8], args_may_change: bool) -> Point {
     let mut decoder = Decoder::with_ip(64, code, 0, DecoderOptions::NONE);
     let mut info = InstructionInfoFactory::new();
     let mut delta = 0u64;
@@ -58,6 +77,9 @@ pub fn choose(code: &[u8], args_may_change: bool) -> Point {
         }
         let at = &code[delta as usize..];
         if emulated(&i, at) {
+            if delta > 0 && lands_within(body, delta) {
+                break;
+            }
             return Point { delta, emulated: true };
         }
         // Only straight-line instructions that leave the arguments alone may be skipped.
@@ -81,45 +103,61 @@ mod tests {
     #[test]
     fn push_first_stays() {
         // push %rbp; mov %rsp,%rbp
-        assert_eq!(choose(&[0x55, 0x48, 0x89, 0xe5], false), Point { delta: 0, emulated: true });
+        assert_eq!(choose(&[0x55, 0x48, 0x89, 0xe5], &[], false), Point { delta: 0, emulated: true });
     }
 
     #[test]
     fn test_then_je_moves_to_je() {
         // uv_fs_req_cleanup: test %rdi,%rdi; je rel32
-        assert_eq!(choose(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xef, 0, 0, 0, 0x55], false), Point { delta: 3, emulated: true });
+        assert_eq!(choose(&[0x48, 0x85, 0xff, 0x0f, 0x84, 0xef, 0, 0, 0, 0x55], &[], false), Point { delta: 3, emulated: true });
     }
 
     #[test]
     fn mov_test_je_moves_two() {
         // uv_async_send: mov 0x78(%rdi),%eax; test %eax,%eax; je rel8
-        assert_eq!(choose(&[0x8b, 0x47, 0x78, 0x85, 0xc0, 0x74, 0x09, 0x31, 0xc0], false), Point { delta: 5, emulated: true });
+        assert_eq!(choose(&[0x8b, 0x47, 0x78, 0x85, 0xc0, 0x74, 0x09, 0x31, 0xc0], &[], false), Point { delta: 5, emulated: true });
     }
 
     #[test]
     fn never_skips_over_argument_writes_or_stack_changes() {
         // mov %rsi,%rdi (writes an argument register); push %rbx
-        assert_eq!(choose(&[0x48, 0x89, 0xf7, 0x53], false), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0x48, 0x89, 0xf7, 0x53], &[], false), Point { delta: 0, emulated: false });
         // sub $8,%rsp; push %rbx
-        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53], false), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53], &[], false), Point { delta: 0, emulated: false });
         // endbr64; ret
-        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3], false), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0xc3], &[], false), Point { delta: 0, emulated: false });
         // garbage
-        assert_eq!(choose(&[], false), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[], &[], false), Point { delta: 0, emulated: false });
     }
 
     #[test]
     fn argument_writes_are_skipped_only_when_the_handler_copes() {
         // llhttp_execute: add %rsi,%rdx; jmp rel32 (to llhttp__internal_execute)
         let code = [0x48, 0x01, 0xf2, 0xe9, 0x78, 0x15, 0, 0];
-        assert_eq!(choose(&code, false), Point { delta: 0, emulated: false });
-        assert_eq!(choose(&code, true), Point { delta: 3, emulated: true });
+        assert_eq!(choose(&code, &[], false), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&code, &[], true), Point { delta: 3, emulated: true });
         // the stack pointer is never given up: sub $8,%rsp; push %rbx
-        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53], true), Point { delta: 0, emulated: false });
+        assert_eq!(choose(&[0x48, 0x83, 0xec, 0x08, 0x53], &[], true), Point { delta: 0, emulated: false });
+    }
+
+    #[test]
+    fn a_branch_onto_the_skipped_code_or_the_point_keeps_the_entry() {
+        // test %rdi,%rdi; je +5; xor %eax,%eax; jmp <the je>; ret; ret
+        let body = [0x48, 0x85, 0xff, 0x74, 0x05, 0x31, 0xc0, 0xeb, 0xfa, 0xc3, 0xc3];
+        assert_eq!(choose(&body, &[], false), Point { delta: 3, emulated: true }, "size unknown: moved");
+        assert_eq!(choose(&body, &body, false), Point { delta: 0, emulated: false });
+        // the same jumping back into the test instead (offset 1 is inside it, 0 would be the entry)
+        let mut inside = body;
+        inside[8] = 0xf8; // jmp to 1
+        assert_eq!(choose(&inside, &inside, false), Point { delta: 0, emulated: false });
+        // a jump to the entry is a call's start again, as at any entry probe
+        let mut entry = body;
+        entry[8] = 0xf7; // jmp to 0
+        assert_eq!(choose(&entry, &entry, false), Point { delta: 3, emulated: true });
     }
 
     #[test]
     fn endbr_then_push_moves_past_endbr() {
-        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55], false), Point { delta: 4, emulated: true });
+        assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55], &[], false), Point { delta: 4, emulated: true });
     }
 }
