@@ -38,11 +38,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-cp "$(command -v node)" "$work/node"
-"$work/node" app.js > "$work/app.out" &
-app=$!
-for _ in $(seq 100); do grep -q port "$work/app.out" && break; sleep 0.05; done
-port=$(jq -r .port "$work/app.out")
+. ./start_app.sh
+start_app
 sysctl -qw kernel.bpf_stats_enabled=1
 UVSPAN_BENCH_COUNT_HITS=1 UVSPAN_BENCH_TIME_HITS=1 "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2> "$work/uvspan.err" &
 up=$!

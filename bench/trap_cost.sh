@@ -26,11 +26,8 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-cp "$(command -v node)" "$work/node"
-"$work/node" app.js > "$work/app.out" &
-app=$!
-for _ in $(seq 100); do grep -q port "$work/app.out" && break; sleep 0.05; done
-port=$(jq -r .port "$work/app.out")
+. ./start_app.sh
+start_app
 "$bin" probes --pid "$app" --json > "$work/plan.json"
 
 ticks=$(getconf CLK_TCK)
