@@ -180,11 +180,11 @@ fn file_offset(elf: &object::File<'_>, addr: u64) -> Option<u64> {
     })
 }
 
-/// Up to `len` bytes of the file from `off`; None when `off` is outside it.
 /// The most of a function read to check its branches (its symbol's size,
 /// which the file may state as anything).
 const MAX_FUNCTION: usize = 64 * 1024;
 
+/// Up to `len` bytes of the file from `off`; None when `off` is outside it.
 fn code_at(data: &[u8], off: u64, len: usize) -> Option<&[u8]> {
     let off = usize::try_from(off).ok().filter(|&o| o < data.len())?;
     data.get(off..off.saturating_add(len).min(data.len()))
