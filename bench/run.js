@@ -325,6 +325,32 @@ function machine() {
   };
 }
 
+// The kernel's uprobe traps alone (configuration kernel_traps): counting perf
+// uprobes (perf_uprobes.py: the uprobe PMU, no BPF program, no tracefs) at
+// every point of uvspan's plan for the app. done() detaches them and gives
+// the hits they counted.
+async function startPerfUprobes(pid) {
+  const plan = execFileSync(UVSPAN, ['probes', '--pid', String(pid), '--json'], { encoding: 'utf8' });
+  const child = spawn('python3', [path.join(BENCH, 'perf_uprobes.py'), String(pid)], { stdio: ['pipe', 'pipe', 'pipe'] });
+  const errLines = [];
+  lines(child.stderr, errLines);
+  const out = lines(child.stdout);
+  child.stdin.end(plan);
+  const exitP = exited(child);
+  await Promise.race([
+    out.next((l) => /^attached \d+/.test(l), 30000, 'perf uprobes to attach'),
+    exitP.then((c) => { throw new Error(`perf_uprobes.py exited (${c}): ${errLines.join(' | ')}`); }),
+  ]);
+  return {
+    async done() {
+      child.kill('SIGINT');
+      const l = await out.next((x) => /^hits \d+/.test(x), 10000, 'perf uprobe counts');
+      await exitP;
+      return Number(l.split(' ')[1]);
+    },
+  };
+}
+
 // ---------------------------------------------------------------- 1. overhead
 // uvspan: the default probe set (with request context); uvspan_noreq: --requests off;
 // uvspan_all: with --detail all (threadpool split, loop phases);
@@ -359,7 +385,7 @@ const MODES = {
   paced: { configs: ['bare', 'uvspan', 'uvspan_nostacks', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
   // Closed loop (no pacing) on 16 connections: the machine is saturated.
   saturated: {
-    configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_sample10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
+    configs: ['bare', 'uvspan', 'uvspan_trap', 'kernel_traps', 'uvspan_sample10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
     conns: 16,
     rate: 0,
   },
@@ -387,6 +413,7 @@ async function overhead(mode = 'paced') {
       if (u && 'bin' in u && !u.bin) throw new Error(`${cfg} needs BENCH_UVSPAN_BASE=PATH (the other uvspan build)`);
       const uv = u ? await startUvspan(['--pid', String(app.pid), ...u.args], { env: u.env || {}, bin: u.bin || UVSPAN }) : null;
       if (u && u.stopAfterAttach) uv.child.kill('SIGSTOP');
+      const traps = cfg === 'kernel_traps' ? await startPerfUprobes(app.pid) : null;
       const warm = await runWrk(app.info.port, c.warm_s, c.rate, c.conns);
       const a0 = procCpu(app.pid);
       const u0 = uv ? procCpu(uv.pid) : null;
@@ -395,6 +422,7 @@ async function overhead(mode = 'paced') {
       const a1 = procCpu(app.pid);
       const u1 = uv ? procCpu(uv.pid) : null;
       const s1 = await sinkStats();
+      const trapHits = traps ? await traps.done() : null;
       await stop(app.child, 'SIGTERM');
       if (u && u.stopAfterAttach) uv.child.kill('SIGCONT');
       const sum = uv ? await uv.done() : null;
@@ -414,6 +442,8 @@ async function overhead(mode = 'paced') {
         sink_spans_total: sink1.spans - sink0.spans,
         sink_cpu_us_per_req: round((s1.cpu_us - s0.cpu_us) / total_req, 2),
       };
+      // Counted from attach to detach: the warm-up's requests too.
+      if (traps) run.uprobe_hits_per_req = round(trapHits / Math.max(1, w.requests + warm.requests), 2);
       if (uv) {
         run.uvspan_cpu_us_per_req = round((u1.ns - u0.ns) / 1e3 / total_req, 2);
         run.uvspan_summary = sum;
@@ -435,6 +465,7 @@ async function overhead(mode = 'paced') {
       sink_cpu_us_per_req: round(m('sink_cpu_us_per_req'), 2),
     };
     if (cfg.startsWith('uvspan')) med[cfg].uvspan_cpu_us_per_req = round(m('uvspan_cpu_us_per_req'), 2);
+    if (cfg === 'kernel_traps') med[cfg].uprobe_hits_per_req = round(m('uprobe_hits_per_req'), 2);
   }
   // Ratios per round (paired: the same round's bare run), then median.
   const bareOf = (x) => runs.find((y) => y.round === x.round && y.config === 'bare');
@@ -825,6 +856,7 @@ function markdown(R) {
     uvspan_noreq: '(b−) uvspan --requests off → OTLP',
     uvspan_all: '(b+) uvspan --detail all → OTLP',
     uvspan_trap: '(b0) default probes, programs return at once',
+    kernel_traps: "(bk) plain uprobes at uvspan's points, no BPF program (the kernel's traps alone)",
     uvspan_sample10: '(b10) uvspan --sample-time 10% → OTLP',
     uvspan_nostacks: '(bs) uvspan --stacks off → OTLP (b minus the stack sampler)',
     uvspan_sample1: '(b1) uvspan --sample-time 1% → OTLP (uprobes hardly ever live)',
@@ -844,7 +876,7 @@ function markdown(R) {
       const m = o.median[cfg];
       const r = (k) => (cfg === 'bare' ? '1.00' : o.ratios[`${cfg}_${k}`]);
       row(LABELS[cfg], m.cpu_us_per_req, r('cpu'), m.p50_ms, m.p99_ms, r('p99'), m.req_per_s, m.spans_per_req,
-        cfg.startsWith('otel_sdk') ? '(in-process)' : m.uvspan_cpu_us_per_req,
+        cfg.startsWith('otel_sdk') ? '(in-process)' : cfg === 'kernel_traps' ? '(none)' : m.uvspan_cpu_us_per_req,
         cfg === 'uvspan_ratio10' && o.ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added !== undefined
           ? `${o.ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added} (of cr)`
           : o.ratios[`${cfg}_with_sidecar_over_sdk_added`]);
@@ -865,6 +897,9 @@ function markdown(R) {
       }
     }
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
+    const k = o.median.kernel_traps;
+    if (k && k.uprobe_hits_per_req)
+      L.push('', `Plain uprobes at the same points with no BPF program (bk: counting perf events on the uprobe PMU) add ${o.ratios.kernel_traps_added_us_per_req} µs per request at ${k.uprobe_hits_per_req} hits per request (counted): ${round(o.ratios.kernel_traps_added_us_per_req / k.uprobe_hits_per_req, 2)} µs of app CPU per hit, the kernel's cost of a hit here whatever the tracer.`);
   }
   if (R.statloop) {
     const s = R.statloop;
@@ -949,6 +984,8 @@ async function main() {
     if (R.overhead && !(R.overhead.median.uvspan_sample10.spans_per_req > 0)) bad.push('no uvspan --sample-time 10% spans reached the sink');
     if (R.saturated && !(R.saturated.median.uvspan.spans_per_req > 0)) bad.push('no uvspan spans reached the sink in the saturated run');
     if (R.saturated && !(R.saturated.median.bare.req_per_s > 0)) bad.push('saturated run served no requests');
+    const kt = R.saturated && R.saturated.median.kernel_traps;
+    if (kt && !(kt.uprobe_hits_per_req >= 1)) bad.push('the plain uprobes (kernel_traps) counted no hits');
     if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
     if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
     if (R.attach && !(R.attach.median.pid_ready_ms > 0)) bad.push('attach not measured');

@@ -25,6 +25,13 @@ if ! command -v wrk >/dev/null; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends wrk >/dev/null
 fi
+# bench/perf_uprobes.py: the saturated part's plain-uprobe configuration
+if ! command -v python3 >/dev/null; then
+  echo "bench: installing python3" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends python3 >/dev/null
+fi
 
 # The OpenTelemetry JS SDK, pinned by bench/package-lock.json.
 if [ ! -e bench/node_modules/.package-lock.json ] || ! cmp -s bench/package-lock.json bench/node_modules/.bench-lock; then
