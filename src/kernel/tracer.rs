@@ -290,6 +290,7 @@ impl Tracer {
         // tracer for the whole run, so the object is leaked on purpose.
         let object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = UvspanSkelBuilder::default().open(object)?;
+        let timed = times_hits(f.multi_uprobe);
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.loop_threshold_ns = settings.loop_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
             ro.follow_forks = u32::from(settings.follow_forks);
@@ -299,7 +300,7 @@ impl Tracer {
             // scheduler last updated it, without the catch-up (bpf/loop.h).
             ro.sched_catchup = u32::from(std::env::var_os("UVSPAN_BENCH_SCHED_RAW").is_none_or(|v| v != "1"));
             ro.count_hits = u32::from(bench_count_hits());
-            ro.time_hits = u32::from(bench_time_hits() && f.multi_uprobe);
+            ro.time_hits = u32::from(timed);
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
@@ -346,7 +347,6 @@ impl Tracer {
         open.progs.uv_single.set_autoload(!f.multi_uprobe);
         open.progs.uv_multi.set_autoload(f.multi_uprobe);
         open.progs.uv_session.set_autoload(f.session);
-        let timed = bench_time_hits() && f.multi_uprobe;
         open.progs.bench_enter.set_autoload(timed);
         open.progs.bench_leave.set_autoload(timed);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
@@ -726,10 +726,10 @@ fn bench_count_hits() -> bool {
 }
 
 /// Benchmark only (`UVSPAN_BENCH_TIME_HITS=1`, kernels with multi-uprobe
-/// links): the time inside uvspan's program at each attach point, printed
-/// on stderr at exit.
-pub(super) fn bench_time_hits() -> bool {
-    std::env::var_os("UVSPAN_BENCH_TIME_HITS").is_some_and(|v| v == "1")
+/// links, `multi`): the time inside uvspan's program at each attach point,
+/// printed on stderr at exit.
+pub(super) fn times_hits(multi: bool) -> bool {
+    multi && std::env::var_os("UVSPAN_BENCH_TIME_HITS").is_some_and(|v| v == "1")
 }
 
 /// The probe points an attach cookie stands for (`cookie …` if none).
@@ -785,7 +785,7 @@ impl Tracer {
         let ret = 1u64 << 54; // HIT_RETURN in bpf/maps.h
         let mut counts: Vec<(u64, u64)> =
             cookie_entries(&self.skel.maps.hit_counts).into_iter().map(|(cookie, v)| (cookie, v.first().copied().unwrap_or(0))).collect();
-        if bench_time_hits() && self.multi {
+        if times_hits(self.multi) {
             // struct hit_time: n, ns, unordered, outliers
             let timed = cookie_entries(&self.skel.maps.hit_times);
             counts.extend(timed.into_iter().map(|(cookie, v)| (cookie, [0, 2, 3].iter().filter_map(|&i| v.get(i)).sum())));
@@ -815,7 +815,7 @@ impl Drop for Tracer {
         if bench_count_hits() {
             self.print_hit_counts();
         }
-        if bench_time_hits() && self.multi {
+        if times_hits(self.multi) {
             self.print_hit_times();
         }
         // Links handed over for detaching go before the skeleton does.

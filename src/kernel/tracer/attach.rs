@@ -221,7 +221,7 @@ impl Tracer {
                 let prog = if in_session { &self.skel.progs.uv_session } else { &self.skel.progs.uv_multi };
                 // Benchmark only: uvspan's program between bench_leave
                 // (attached before it, so run after it) and bench_enter.
-                let progs: Vec<&libbpf_rs::ProgramMut<'_>> = if super::bench_time_hits() {
+                let progs: Vec<&libbpf_rs::ProgramMut<'_>> = if super::times_hits(self.multi) {
                     vec![&self.skel.progs.bench_leave, prog, &self.skel.progs.bench_enter]
                 } else {
                     vec![prog]
