@@ -262,18 +262,20 @@ static __always_inline void h2_save(struct h2_stream *c, const char *n, __u64 *n
 }
 
 /* A pending stream's saved header i sent (the first with the stream's
- * start and its connection's peer). Not inlined: verified once, not once
- * per header. */
-static __noinline void h2_send_saved(struct h2_stream *c, __u32 i, __u64 session)
+ * start and its connection's peer). A global function: verified once (a
+ * static one, inlined or not, is verified again at every call: once per
+ * header of every path to it). */
+__attribute__((noinline)) int h2_send_saved(struct h2_stream *c, __u32 i, __u64 session)
 {
 	if (!c || i >= H2_SAVED)
-		return;
+		return 0;
 	__u64 nb[2] = {}, vb[2] = {};
 	if (bpf_probe_read_user(nb, sizeof(nb), (void *)(c->saved[i].name + H2_RCBUF_BASE_OFF)) ||
 	    bpf_probe_read_user(vb, sizeof(vb), (void *)(c->saved[i].value + H2_RCBUF_BASE_OFF)))
-		return;
+		return 0;
 	emit_h2_at(i ? bpf_ktime_get_ns() : c->start_ns, HTTP2_HEADER, c->cause, session, nb[0], nb[1], vb[0], vb[1],
 		   i ? 0 : c->peer, 0);
+	return 0;
 }
 
 /* A pending stream (its entry c) is decided: sampled, its saved headers
