@@ -489,9 +489,9 @@ static __always_inline __u16 h2_status(__u64 v)
  * `session`: a followed stream's :status returned (H2_NV_STATUS, with
  * H2_NV_STATUS_VALUE | its value, 0 if unreadable, when it is 3 bytes
  * long); else a :status or grpc-status header sent up, 0; -1: the list is
- * unreadable. A global function: the verifier
- * checks its branches once, not once per path through the headers before
- * it (inlined in the scan, they made ~330,000 instructions processed). */
+ * unreadable. A global function: the verifier checks its branches once,
+ * not once per path through the headers before it (inlined in the scan,
+ * they made ~330,000 instructions processed). */
 __attribute__((noinline)) int h2_response_nv(__u64 at, int followed, __u64 cause, __u64 session)
 {
 	/* nghttp2_nv: name, value, namelen, valuelen */
