@@ -122,27 +122,23 @@ __attribute__((noinline)) int http_response(__u32 n, __u64 *expect)
 	scan_head(&sc);
 	if (sc.bad || !sc.end || !sc.cl_at)
 		return 0;
-	__u32 p = sc.cl_at;
-	for (int k = 0; k < 4; k++)
-		if (d[p & CAP_MASK] == ' ' || d[p & CAP_MASK] == '\t')
-			p++;
+	__u32 p = sc.cl_at; /* its blanks skipped (head_line) */
 	__u64 len = 0;
-	int digits = 0;
 	for (int k = 0; k < 20; k++) {
 		if (p + k >= n)
 			return 0;
 		char c = d[(p + k) & CAP_MASK];
-		if (c == '\r')
-			break;
+		if (c == '\r') {
+			if (!k)
+				return 0;
+			*expect = sc.end + len;
+			return status;
+		}
 		if (c < '0' || c > '9' || k == 19)
 			return 0;
 		len = len * 10 + (c - '0');
-		digits++;
 	}
-	if (!digits)
-		return 0;
-	*expect = sc.end + len;
-	return status;
+	return 0;
 }
 
 /* Tail exceptions: a request kept although its trace was not sampled
