@@ -581,9 +581,10 @@ __attribute__((noinline)) int h2_close(struct pt_regs *ctx, __u64 *prev)
 
 /* One nghttp2_nv of an outgoing stream's request (`at`) into the slot its
  * name has in `e` (enum h2_client_slot), if any. Returns the :path's
- * bytes kept for a :path (else 0); -1: unreadable. Not inlined: verified
- * once, not once per header. */
-static __noinline int h2_client_nv(__u64 at, struct http_event *e)
+ * bytes kept for a :path (else 0); -1: unreadable. A global function:
+ * verified once, not once per header (a static one is walked at every
+ * call). */
+__attribute__((noinline)) int h2_client_nv(__u64 at, struct http_event *e)
 {
 	/* nghttp2_nv: name, value, namelen, valuelen */
 	__u64 nv[4] = {};
