@@ -38,27 +38,63 @@ static __always_inline struct task_group *quota_group(struct task_struct *t)
 {
 	if (!bpf_core_field_exists(t->sched_task_group))
 		return NULL;
-	struct task_group *g = t->sched_task_group;
+	struct task_group *g = BPF_CORE_READ(t, sched_task_group);
 	for (int i = 0; i < THROTTLE_LEVELS && g; i++) {
-		if (g->cfs_bandwidth.quota != RUNTIME_INF)
+		if (BPF_CORE_READ(g, cfs_bandwidth.quota) != RUNTIME_INF)
 			return g;
-		g = g->parent;
+		g = BPF_CORE_READ(g, parent);
 	}
 	return NULL;
 }
 
-/* The loop thread's counters now (`now`: ktime; `t`: the current task). */
-static __always_inline void sched_read(struct task_struct *t, struct loop_state *st, __u64 now, struct loop_sched *out)
+/* The current task's scheduler counters, as read at one bound. */
+struct task_sched {
+	__u64 sum_exec_runtime;
+	__u64 exec_start;
+	__u64 run_delay;
+	__u64 nvcsw;
+	__u64 throttled; /* its quota group's (has_quota) */
+	__u32 has_quota;
+	__u32 _pad;
+};
+
+/* The current task's counters into *o (`throttle`: its quota group's
+ * throttled time too, a walk up the task groups). A global function: the
+ * verifier checks each load through a task's BTF pointer with a search of
+ * the kernel's types, once here rather than at every path to it. */
+__attribute__((noinline)) int task_sched_read(struct task_sched *o, int throttle)
 {
-	__u64 on = t->se.sum_exec_runtime;
+	if (!o)
+		return 0;
+	struct task_struct *t = bpf_get_current_task_btf();
+	o->sum_exec_runtime = t->se.sum_exec_runtime;
+	o->exec_start = t->se.exec_start;
+	o->run_delay = t->sched_info.run_delay;
+	o->nvcsw = t->nvcsw;
+	o->throttled = 0;
+	o->has_quota = 0;
+	if (throttle) {
+		struct task_group *g = quota_group(t);
+		if (g) {
+			o->has_quota = 1;
+			o->throttled = BPF_CORE_READ(g, cfs_bandwidth.throttled_time);
+		}
+	}
+	return 0;
+}
+
+/* The loop thread's counters now (`now`: ktime; `t`: the current task's). */
+static __always_inline void sched_read(const struct task_sched *t, struct loop_state *st, __u64 now, struct loop_sched *out)
+{
+	__u64 on = t->sum_exec_runtime;
 	__u64 off = st->sched.clk_off;
 	if (sched_catchup && off) {
-		__u64 since = t->se.exec_start + off;
+		__u64 since = t->exec_start + off;
 		if (now > since && now - since < CATCHUP_MAX_NS)
 			on += now - since;
 	}
 	out->on_cpu = on;
-	out->run_delay = t->sched_info.run_delay;
+	out->run_delay = t->run_delay;
 }
 
 /* A busy part starts now, at counters `s`. */
@@ -94,14 +130,14 @@ static __always_inline void sched_close(struct loop_state *st, __u64 now, struct
  * dearest read): an iteration's covers its waits too. */
 static __always_inline void sched_iteration(struct loop_state *st, __u64 now, int ended)
 {
-	struct task_struct *t = bpf_get_current_task_btf();
+	struct task_sched t = {};
+	task_sched_read(&t, 1);
 	struct loop_sched s = {};
-	sched_read(t, st, now, &s);
-	struct task_group *g = quota_group(t);
-	__u64 throttled = g ? g->cfs_bandwidth.throttled_time : 0;
+	sched_read(&t, st, now, &s);
+	__u64 throttled = t.throttled;
 	if (ended) {
 		sched_close(st, now, &s);
-		if (g) {
+		if (t.has_quota) {
 			st->ev.split |= SPLIT_THROTTLE;
 			st->ev.throttled_ns = throttled > st->sched.throttled ? throttled - st->sched.throttled : 0;
 		}
@@ -114,11 +150,12 @@ static __always_inline void sched_iteration(struct loop_state *st, __u64 now, in
  * the voluntary switches at its end. */
 static __always_inline void sched_wait_start(struct loop_state *st, __u64 now)
 {
-	struct task_struct *t = bpf_get_current_task_btf();
+	struct task_sched t = {};
+	task_sched_read(&t, 0);
 	struct loop_sched s = {};
-	sched_read(t, st, now, &s);
+	sched_read(&t, st, now, &s);
 	sched_close(st, now, &s);
-	st->sched.nvcsw = t->nvcsw;
+	st->sched.nvcsw = t.nvcsw;
 }
 
 /* A wait ended: a busy part starts. After a wait that slept the task was
@@ -126,12 +163,13 @@ static __always_inline void sched_wait_start(struct loop_state *st, __u64 now)
  * offset to ktime, within the few microseconds since. */
 static __always_inline void sched_wait_end(struct loop_state *st, __u64 now)
 {
-	struct task_struct *t = bpf_get_current_task_btf();
-	__u64 start = t->se.exec_start;
-	if (t->nvcsw != st->sched.nvcsw && now > start)
+	struct task_sched t = {};
+	task_sched_read(&t, 0);
+	__u64 start = t.exec_start;
+	if (t.nvcsw != st->sched.nvcsw && now > start)
 		st->sched.clk_off = now - start;
 	struct loop_sched s = {};
-	sched_read(t, st, now, &s);
+	sched_read(&t, st, now, &s);
 	sched_open(st, now, &s);
 }
 
