@@ -189,11 +189,15 @@ struct socket {
 extern _Bool bpf_session_is_return(void) __ksym __weak;
 extern __u64 *bpf_session_cookie(void) __ksym __weak;
 
-static __always_inline void stat_add(__u32 idx, __u64 n)
+/* A global function: one copy (each inlined lookup of an array map is an
+ * instruction the verifier patches, and each patch costs the program's
+ * length at load). */
+__attribute__((noinline)) int stat_add(__u32 idx, __u64 n)
 {
 	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
 	if (v)
 		*v += n;
+	return 0;
 }
 
 static __always_inline void stat_inc(__u32 idx)
@@ -204,9 +208,14 @@ static __always_inline void stat_inc(__u32 idx)
 /* How deep PID namespaces nest (the kernel's MAX_PID_NS_LEVEL). */
 #define PIDNS_LEVELS 32
 
-/* A task's number in uvspan's PID namespace (0: not visible there). */
-static __always_inline __u32 pid_nr_ours(struct pid *p)
+/* A task's number in uvspan's PID namespace (0: not visible there), from
+ * its struct pid at `at` (0: none). A global function: inline, its walk of
+ * the namespace levels was a third of the uprobe program at every place
+ * that asks for the current ids (load time: the verifier's passes are
+ * linear in the program's length, some of them per patched instruction). */
+__attribute__((noinline)) __u32 pid_nr_ours(__u64 at)
 {
+	struct pid *p = (struct pid *)at;
 	if (!p)
 		return 0;
 	unsigned int level = BPF_CORE_READ(p, level);
@@ -227,8 +236,18 @@ static __always_inline __u64 task_ids(struct task_struct *t)
 {
 	if (!pidns_ino)
 		return ((__u64)BPF_CORE_READ(t, tgid) << 32) | (__u32)BPF_CORE_READ(t, pid);
-	__u64 tgid = pid_nr_ours(BPF_CORE_READ(t, group_leader, thread_pid));
-	return (tgid << 32) | pid_nr_ours(BPF_CORE_READ(t, thread_pid));
+	__u64 tgid = pid_nr_ours((__u64)BPF_CORE_READ(t, group_leader, thread_pid));
+	return (tgid << 32) | pid_nr_ours((__u64)BPF_CORE_READ(t, thread_pid));
+}
+
+/* current_ids where uvspan runs in a PID namespace of its own. A global
+ * function: one copy, not one at every place that asks. */
+__attribute__((noinline)) __u64 current_ids_ns(void)
+{
+	struct bpf_pidns_info ns;
+	if (!bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
+		return ((__u64)ns.tgid << 32) | ns.pid;
+	return task_ids(bpf_get_current_task_btf());
 }
 
 /* (tgid << 32 | pid) of the current task as uvspan sees them: the kernel's
@@ -240,10 +259,7 @@ static __always_inline __u64 current_ids(void)
 {
 	if (!pidns_ino)
 		return bpf_get_current_pid_tgid();
-	struct bpf_pidns_info ns;
-	if (!bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
-		return ((__u64)ns.tgid << 32) | ns.pid;
-	return task_ids(bpf_get_current_task_btf());
+	return current_ids_ns();
 }
 
 static __always_inline int is_traced(__u32 pid)

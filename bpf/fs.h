@@ -77,15 +77,19 @@ static __always_inline int sync_straddles(struct sync_slot *slot)
 }
 
 /* Ends the thread's pending sync call, or drops it (counted) if it
- * straddles a sampling window's edge. */
-static __always_inline void sync_end(struct sync_slot *slot, __u8 end_kind)
+ * straddles a sampling window's edge. A global function: one copy of the
+ * record's end for the places a pending call ends. */
+__attribute__((noinline)) int sync_end(struct sync_slot *slot, __u32 end_kind)
 {
+	if (!slot)
+		return 0;
 	if (sync_straddles(slot)) {
 		slot->req = 0;
 		stat_inc(STAT_STRADDLED);
-		return;
+		return 0;
 	}
 	sync_finish(slot, end_kind);
+	return 0;
 }
 
 /* Ends the thread's pending sync call, if any: a sync call has returned by
