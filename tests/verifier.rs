@@ -28,7 +28,7 @@ type Config = (&'static str, &'static [&'static str], &'static [(&'static str, &
 /// What both programs together may take in any configuration: the
 /// verifier's walk is start-up time (~2 µs an instruction on the benchmark
 /// machine; the walk past a second once went unnoticed by [`BUDGET`]).
-const START_BUDGET: u32 = 200_000;
+const START_BUDGET: u32 = 75_000;
 
 /// The programs checked: the uprobe dispatcher and the session program.
 const PROGRAMS: [&str; 2] = ["uv_multi", "uv_session"];
