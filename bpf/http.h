@@ -392,7 +392,6 @@ static __always_inline void send_http(struct http_event *e)
 	emit(e, http_record_size(e));
 }
 
-/* One HTTP record (fill_http), sent. */
 /* emit_http's arguments (more than a BPF call takes). */
 struct http_emit {
 	__u64 cause;
@@ -418,6 +417,7 @@ __attribute__((noinline)) int emit_http_of(const struct http_emit *a)
 	return 0;
 }
 
+/* One HTTP record (fill_http), sent. */
 static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64 data, __u64 avail, __u64 total,
 				      int capture, __u8 tls)
 {

@@ -27,7 +27,9 @@
  * - throttled_time is the cgroup's (the nearest with a CFS quota, up to
  *   THROTTLE_LEVELS up), as its cpu.stat shows it: summed over its CPUs,
  *   added when a throttled run queue is let go; read at the iteration's
- *   bounds only.
+ *   bounds only, the walk up the task groups with probe reads (a load of
+ *   a pointer through a BTF pointer costs the verifier a search of the
+ *   kernel's types at load).
  */
 #define CATCHUP_MAX_NS 50000000ULL /* more: the offset is wrong, none added */
 #define THROTTLE_LEVELS 8
