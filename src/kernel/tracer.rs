@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
 
 pub use attach::Attach;
 use attach::{Attached, FileId};
@@ -20,7 +20,7 @@ use detach::{detach_all, Detacher};
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
 use crate::kernel::skel::types::{req_key, stat_idx, traced_flags};
-use crate::kernel::skel::{UvspanSkel, UvspanSkelBuilder};
+use crate::kernel::skel::{OpenUvspanSkel, UvspanSkel, UvspanSkelBuilder};
 use crate::probes::catalog::Detail;
 use crate::probes::plan::{self, ProbeStatus};
 
@@ -152,6 +152,10 @@ impl Waits {
 
 pub struct Tracer {
     skel: UvspanSkel<'static>,
+    /// The same object opened again for the uprobe dispatcher alone
+    /// (`uv_multi` or `uv_single`), `skel`'s maps its: see
+    /// [`Tracer::open_and_load`].
+    dispatcher: UvspanSkel<'static>,
     /// Multi-uprobe links available (one link per image: fast attach and detach).
     multi: bool,
     /// The fs submit probes are session uprobes: sync calls end at their
@@ -233,7 +237,8 @@ impl Tracer {
             let errno = diagnose::errno_of(&e, std::io::Error::last_os_error());
             (stage, what, errno)
         };
-        let skel = Self::open_and_load(settings, f).map_err(|e| failed(Stage::Load, "loading the eBPF programs".into(), e))?;
+        let (skel, dispatcher) =
+            Self::open_and_load(settings, f).map_err(|e| failed(Stage::Load, "loading the eBPF programs".into(), e))?;
         let p = &skel.progs;
         let waits = Waits::choose(f, settings.follow_forks);
         // All attached by BTF id: no tracefs needed.
@@ -262,6 +267,7 @@ impl Tracer {
         };
         Ok(Tracer {
             skel,
+            dispatcher,
             multi: f.multi_uprobe,
             session: f.session,
             detail: settings.detail,
@@ -285,7 +291,61 @@ impl Tracer {
         &self.notices
     }
 
-    fn open_and_load(settings: &Settings, f: Features) -> std::result::Result<UvspanSkel<'static>, libbpf_rs::Error> {
+    /// Loads the programs for features `f`. The uprobe dispatcher is most
+    /// of the kernel's verifying time: it loads from a copy of the object of
+    /// its own, which makes the maps, on a thread of its own, while this
+    /// thread loads the other programs from a copy whose maps are those.
+    fn open_and_load(
+        settings: &Settings,
+        f: Features,
+    ) -> std::result::Result<(UvspanSkel<'static>, UvspanSkel<'static>), libbpf_rs::Error> {
+        let mut dispatcher = Self::open_configured(settings, f)?;
+        for mut prog in dispatcher.open_object_mut().progs_mut() {
+            prog.set_autoload(false);
+        }
+        dispatcher.progs.uv_single.set_autoload(!f.multi_uprobe);
+        dispatcher.progs.uv_multi.set_autoload(f.multi_uprobe);
+        let mut main = Self::open_configured(settings, f)?;
+        main.progs.uv_single.set_autoload(false);
+        main.progs.uv_multi.set_autoload(false);
+        // The maps made (and the load-time constants frozen) before either
+        // loads a program.
+        let object = dispatcher.open_object_mut().as_libbpf_object().as_ptr();
+        // SAFETY: `object` is the dispatcher's live bpf_object, opened and
+        // not yet prepared or loaded.
+        let rc = unsafe { libbpf_rs::libbpf_sys::bpf_object__prepare(object) };
+        if rc != 0 {
+            return Err(libbpf_rs::Error::from_raw_os_error(rc.saturating_neg()));
+        }
+        let fds: HashMap<std::ffi::OsString, i32> = dispatcher
+            .open_object()
+            .maps()
+            // SAFETY: a map of the dispatcher's prepared object: bpf_map__fd
+            // reads its fd.
+            .map(|m| (m.name().to_os_string(), unsafe { libbpf_rs::libbpf_sys::bpf_map__fd(m.as_libbpf_object().as_ptr()) }))
+            .collect();
+        for mut m in main.open_object_mut().maps_mut() {
+            let fd =
+                fds.get(m.name()).copied().filter(|fd| *fd >= 0).ok_or_else(|| {
+                    libbpf_rs::Error::from(std::io::Error::other(format!("map {} was not made", m.name().to_string_lossy())))
+                })?;
+            // SAFETY: the fd is the dispatcher object's map's, open until
+            // that object is closed, after this call (reuse_fd duplicates it).
+            m.reuse_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
+        }
+        let dispatcher = AssertSend(dispatcher);
+        let loading = std::thread::Builder::new()
+            .name("uvspan-load".into())
+            .spawn(move || dispatcher.into_inner().load().map(AssertSend))
+            .map_err(libbpf_rs::Error::from)?;
+        let main = main.load();
+        let dispatcher = loading.join().map_err(|_| libbpf_rs::Error::from(std::io::Error::other("the loading thread panicked")))?;
+        Ok((main?, dispatcher?.into_inner()))
+    }
+
+    /// The object opened with uvspan's settings, the programs these
+    /// features use marked for loading.
+    fn open_configured(settings: &Settings, f: Features) -> std::result::Result<OpenUvspanSkel<'static>, libbpf_rs::Error> {
         // The skeleton borrows its object for its whole life; uvspan keeps one
         // tracer for the whole run, so the object is leaked on purpose.
         let object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -350,7 +410,7 @@ impl Tracer {
         open.progs.bench_enter.set_autoload(timed);
         open.progs.bench_leave.set_autoload(timed);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
-        open.load()
+        Ok(open)
     }
 
     /// Marks a process as traced: its events pass the kernel-side filter.
@@ -824,5 +884,20 @@ impl Drop for Tracer {
         self.uprobes.clear();
         let waits = self.wait_links.drain().flat_map(|(_, l)| l);
         detach_all(self._global.drain(..).chain(self.syscall_links.drain(..)).chain(waits).collect());
+    }
+}
+
+/// A skeleton handed to the loading thread: used there alone until the
+/// thread is joined.
+struct AssertSend<T>(T);
+
+// SAFETY: the wrapped skeleton (raw pointers into its libbpf object) is
+// used by one thread at a time: made here, loaded on the loading thread
+// only, handed back through join.
+unsafe impl<T> Send for AssertSend<T> {}
+
+impl<T> AssertSend<T> {
+    fn into_inner(self) -> T {
+        self.0
     }
 }

@@ -218,7 +218,7 @@ impl Tracer {
                     session: in_session,
                     ..Default::default()
                 };
-                let prog = if in_session { &self.skel.progs.uv_session } else { &self.skel.progs.uv_multi };
+                let prog = if in_session { &self.skel.progs.uv_session } else { &self.dispatcher.progs.uv_multi };
                 // Benchmark only: uvspan's program between bench_leave
                 // (attached before it, so run after it) and bench_enter.
                 let progs: Vec<&libbpf_rs::ProgramMut<'_>> = if super::times_hits(self.multi) {
@@ -247,7 +247,7 @@ impl Tracer {
         let (mut links, mut failed) = (Vec::new(), Vec::new());
         for (i, &(offset, cookie)) in probes.iter().enumerate() {
             let opts = UprobeOpts { cookie: cookie | one, retprobe: false, ..Default::default() };
-            match self.skel.progs.uv_single.attach_uprobe_with_opts(pid, path, offset, opts) {
+            match self.dispatcher.progs.uv_single.attach_uprobe_with_opts(pid, path, offset, opts) {
                 Ok(link) => links.push(link),
                 Err(e) => failed.push((i, e.to_string())),
             }
