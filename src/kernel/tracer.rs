@@ -894,7 +894,9 @@ struct AssertSend<T>(T);
 // SAFETY: the wrapped skeleton (raw pointers into its libbpf object) is
 // used by one thread at a time: made here, loaded on the loading thread
 // only, handed back through join.
-unsafe impl<T> Send for AssertSend<T> {}
+unsafe impl Send for AssertSend<OpenUvspanSkel<'static>> {}
+// SAFETY: as above: the loaded skeleton goes back once, through join.
+unsafe impl Send for AssertSend<UvspanSkel<'static>> {}
 
 impl<T> AssertSend<T> {
     fn into_inner(self) -> T {
