@@ -344,7 +344,8 @@ impl Tracer {
     }
 
     /// The object opened with uvspan's settings, the programs these
-    /// features use marked for loading.
+    /// features use marked for loading (all but the dispatcher, which
+    /// [`Tracer::open_and_load`] marks in its own copy).
     fn open_configured(settings: &Settings, f: Features) -> std::result::Result<OpenUvspanSkel<'static>, libbpf_rs::Error> {
         // The skeleton borrows its object for its whole life; uvspan keeps one
         // tracer for the whole run, so the object is leaked on purpose.
@@ -403,9 +404,8 @@ impl Tracer {
         p.syscall_enter.set_autoload(!f.fentry);
         p.loop_sample.set_autoload(settings.stacks);
         p.syscall_exit.set_autoload(!f.fentry);
-        // Load only the programs that will be used: each costs verifier time.
-        open.progs.uv_single.set_autoload(!f.multi_uprobe);
-        open.progs.uv_multi.set_autoload(f.multi_uprobe);
+        // Load only the programs that will be used: each costs verifier time
+        // (the dispatcher's copy is chosen in open_and_load).
         open.progs.uv_session.set_autoload(f.session);
         open.progs.bench_enter.set_autoload(timed);
         open.progs.bench_leave.set_autoload(timed);
