@@ -154,7 +154,9 @@ pub struct Tracer {
     skel: UvspanSkel<'static>,
     /// The same object opened again for the uprobe dispatcher alone
     /// (`uv_multi` or `uv_single`), `skel`'s maps its: see
-    /// [`Tracer::open_and_load`].
+    /// [`Tracer::open_and_load`]. Its `.bss` is the one to write: libbpf
+    /// maps a global-data map's memory into the copy that made the map, and
+    /// leaves `skel`'s (which reuses it) on its unmapped initial image.
     dispatcher: UvspanSkel<'static>,
     /// Multi-uprobe links available (one link per image: fast attach and detach).
     multi: bool,
@@ -542,7 +544,7 @@ impl Tracer {
             return now;
         }
         self.window_closed = true;
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+        if let Some(bss) = self.dispatcher.maps.bss_data.as_deref_mut() {
             bss.window_closed = 1;
         }
         let links: Vec<Link> = self.uprobes.values_mut().flat_map(|a| std::mem::take(&mut a.links)).collect();
@@ -572,7 +574,7 @@ impl Tracer {
             }
         }
         let now = Instant::now();
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+        if let Some(bss) = self.dispatcher.maps.bss_data.as_deref_mut() {
             // Causes made before now are stale (see fresh_cause); the
             // generation and the start written before the flag clears.
             bss.window_open_ns = crate::events::clock::monotonic_ns();
