@@ -1,7 +1,9 @@
 //! The kernel side from Rust: the generated [`skel`]eton of bpf/uvspan.bpf.c,
 //! the [`tracer`] that loads, attaches and detaches it, the kernel
-//! [`features`] it uses on this machine, waiting on the ring buffer
-//! ([`wake`]) and explaining refusals ([`diagnose`]).
+//! [`features`] it uses on this machine, the kernel types its CO-RE
+//! relocations match ([`core_btf`]), waiting on the ring buffer ([`wake`])
+//! and explaining refusals ([`diagnose`]).
+pub mod core_btf;
 pub mod diagnose;
 pub mod features;
 pub mod sampler;

@@ -17,6 +17,7 @@ pub use attach::Attach;
 use attach::{Attached, FileId};
 use detach::{detach_all, Detacher};
 
+use crate::kernel::core_btf::CoreBtf;
 use crate::kernel::diagnose::{self, Stage};
 use crate::kernel::features::{self, Features};
 use crate::kernel::skel::types::{req_key, stat_idx, traced_flags};
@@ -301,13 +302,17 @@ impl Tracer {
         settings: &Settings,
         f: Features,
     ) -> std::result::Result<(UvspanSkel<'static>, UvspanSkel<'static>), libbpf_rs::Error> {
-        let mut dispatcher = Self::open_configured(settings, f)?;
+        let core = CoreBtf::new();
+        let mut dispatcher = Self::open_configured(settings, f, core.as_ref())?;
+        if let Some(core) = &core {
+            core.fill(&dispatcher).map_err(libbpf_rs::Error::from)?;
+        }
         for mut prog in dispatcher.open_object_mut().progs_mut() {
             prog.set_autoload(false);
         }
         dispatcher.progs.uv_single.set_autoload(!f.multi_uprobe);
         dispatcher.progs.uv_multi.set_autoload(f.multi_uprobe);
-        let mut main = Self::open_configured(settings, f)?;
+        let mut main = Self::open_configured(settings, f, core.as_ref())?;
         main.progs.uv_single.set_autoload(false);
         main.progs.uv_multi.set_autoload(false);
         // The maps made (and the load-time constants frozen) before either
@@ -348,11 +353,19 @@ impl Tracer {
     /// The object opened with uvspan's settings, the programs these
     /// features use marked for loading (all but the dispatcher, which
     /// [`Tracer::open_and_load`] marks in its own copy).
-    fn open_configured(settings: &Settings, f: Features) -> std::result::Result<OpenUvspanSkel<'static>, libbpf_rs::Error> {
+    fn open_configured(
+        settings: &Settings,
+        f: Features,
+        core: Option<&CoreBtf>,
+    ) -> std::result::Result<OpenUvspanSkel<'static>, libbpf_rs::Error> {
         // The skeleton borrows its object for its whole life; uvspan keeps one
         // tracer for the whole run, so the object is leaked on purpose.
         let object: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
-        let mut open = UvspanSkelBuilder::default().open(object)?;
+        let mut builder = UvspanSkelBuilder::default();
+        if let Some(core) = core {
+            builder.obj_builder.btf_custom_path(core.path())?;
+        }
+        let mut open = builder.open(object)?;
         let timed = times_hits(f.multi_uprobe);
         if let Some(ro) = open.maps.rodata_data.as_deref_mut() {
             ro.loop_threshold_ns = settings.loop_threshold.as_nanos().min(u128::from(u64::MAX)) as u64;
