@@ -240,26 +240,22 @@ static __always_inline __u64 task_ids(struct task_struct *t)
 	return (tgid << 32) | pid_nr_ours((__u64)BPF_CORE_READ(t, thread_pid));
 }
 
-/* current_ids where uvspan runs in a PID namespace of its own. A global
- * function: one copy, not one at every place that asks. */
-__attribute__((noinline)) __u64 current_ids_ns(void)
-{
-	struct bpf_pidns_info ns;
-	if (!bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
-		return ((__u64)ns.tgid << 32) | ns.pid;
-	return task_ids(bpf_get_current_task_btf());
-}
-
 /* (tgid << 32 | pid) of the current task as uvspan sees them: the kernel's
  * own ids where uvspan runs in the initial PID namespace; else the ids in
  * uvspan's namespace (one helper call for a task of that namespace, a walk
  * of the task's pid numbers for one nested below it), 0 for a task that
- * uvspan cannot see (never traced). */
-static __always_inline __u64 current_ids(void)
+ * uvspan cannot see (never traced). A global function, the test of the
+ * load-time constant included: inlined at each of the ~100 places that
+ * ask, the side it rules out was as many runs of dead code for the
+ * verifier to remove, each a pass over the whole program. */
+__attribute__((noinline)) __u64 current_ids(void)
 {
 	if (!pidns_ino)
 		return bpf_get_current_pid_tgid();
-	return current_ids_ns();
+	struct bpf_pidns_info ns;
+	if (!bpf_get_ns_current_pid_tgid(pidns_dev, pidns_ino, &ns, sizeof(ns)))
+		return ((__u64)ns.tgid << 32) | ns.pid;
+	return task_ids(bpf_get_current_task_btf());
 }
 
 static __always_inline int is_traced(__u32 pid)
@@ -282,8 +278,10 @@ static __always_inline struct scratch *get_scratch(void)
 #define WAKE_CHECK_BYTES (16 * 1024)
 
 /* Batch wakeups: wake the reader only once a good amount is waiting
- * (user space also reads on a timer, so nothing waits for long). */
-static __always_inline __u64 wake_flags_after(__u64 size)
+ * (user space also reads on a timer, so nothing waits for long). A global
+ * function: inlined at each of the ~40 places that send a record, its
+ * per-CPU array lookup was as many patches of the program at load. */
+__attribute__((noinline)) __u64 wake_flags_after(__u64 size)
 {
 	__u32 zero = 0;
 	__u64 *sent = bpf_map_lookup_elem(&sent_bytes, &zero);

@@ -28,12 +28,12 @@ static __always_inline struct thread_state *thread_state_of(int create)
 /* --sample-time: a cause made before this window opened (its ktime is in
  * its top bits, see cause_at) is stale: the thread's or a stream's cause
  * left from an earlier window, whose request uvspan dropped at that edge. */
-static __always_inline __u64 fresh_cause(__u64 cause)
+__attribute__((noinline)) __u64 fresh_cause(__u64 cause)
 {
 	return sampling && (cause >> 8) < window_open_ns ? 0 : cause;
 }
 
-static __always_inline __u64 current_cause(void)
+__attribute__((noinline)) __u64 current_cause(void)
 {
 	if (!requests)
 		return 0;
@@ -41,13 +41,14 @@ static __always_inline __u64 current_cause(void)
 	return t ? fresh_cause(t->ctx.cause) : 0;
 }
 
-static __always_inline void set_cause(__u64 cause)
+__attribute__((noinline)) int set_cause(__u64 cause)
 {
 	if (!requests)
-		return;
+		return 0;
 	struct thread_state *t = thread_state_of(cause != 0);
 	if (t)
 		t->ctx.cause = cause;
+	return 0;
 }
 
 /* A new cause of `kind` (enum cause_kind): unique per request or task in
@@ -77,7 +78,7 @@ static __always_inline __u64 cause_random(__u64 cause)
 
 /* A trace with no parent that starts with this cause, decided: marked
  * CAUSE_DROP when the sampler does not keep it. */
-static __always_inline __u64 sample_root(__u64 cause)
+__attribute__((noinline)) __u64 sample_root(__u64 cause)
 {
 	return cause_random(cause) >= ksample_threshold ? cause : cause | CAUSE_DROP;
 }
@@ -206,14 +207,15 @@ __attribute__((noinline)) int tail_hold(__u32 pid, __u64 cause, __u32 size, __u6
 /* An unsampled operation ended: if its request is one the kernel follows
  * (http_follow.h), that request's last activity, where user space ends a
  * request not answered whole (at its last write or work). */
-static __always_inline void http_work_end(__u32 pid, __u64 cause, __u64 end_ns)
+__attribute__((noinline)) int http_work_end(__u32 pid, __u64 cause, __u64 end_ns)
 {
 	if (!khttp || !cause || is_task(cause) || tail_wants(cause))
-		return;
+		return 0;
 	struct conn_key k = { .pid = pid, .ptr = cause };
 	struct http_req *r = bpf_map_lookup_elem(&http_reqs, &k);
 	if (r && r->last_ns < end_ns)
 		r->last_ns = end_ns;
+	return 0;
 }
 
 /* A threadpool job ends: the worker wakes the loop (uv_async_send) right
