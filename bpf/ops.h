@@ -25,6 +25,9 @@ static __always_inline struct thread_state *thread_state_of(int create)
  * the promise continuations Node drains before returning to libuv) keep
  * their request or task. None (0) before the loop's first wait: the
  * start-up. */
+/* The small helpers below that test a load-time constant are global
+ * functions, verified once (see current_ids in common.h). */
+
 /* --sample-time: a cause made before this window opened (its ktime is in
  * its top bits, see cause_at) is stale: the thread's or a stream's cause
  * left from an earlier window, whose request uvspan dropped at that edge. */

@@ -18,15 +18,16 @@
 //! raw bytes, no copy of the kernel's BTF in libbpf's structures, and pure
 //! (tested on bytes without root).
 
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::PathBuf;
+
 use libbpf_rs::skel::OpenSkel;
 use libbpf_rs::AsRawLibbpf;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::kernel::skel::OpenUvspanSkel;
-use std::fs::File;
-use std::io::Write;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
 
 const MAGIC: u16 = 0xeb9f;
 const HEADER_LEN: usize = 24;
@@ -279,8 +280,8 @@ pub struct CoreBtf {
     kernel: Kernel,
 }
 
-/// The kernel's BTF: mapped (kernels since 6.16 map it read-only and
-/// private), or read (4 KiB a read call, ~5 ms).
+/// The kernel's BTF: mapped read-only and private where the kernel allows
+/// it (recent ones do), else read (4 KiB a read call: ~5 ms here).
 enum Kernel {
     Mapped(memmap2::Mmap),
     Read(Vec<u8>),

@@ -298,14 +298,18 @@ impl Tracer {
     /// of the kernel's verifying time: it loads from a copy of the object of
     /// its own, which makes the maps, on a thread of its own, while this
     /// thread loads the other programs from a copy whose maps are those.
+    /// Both relocate against the kernel types the object names
+    /// ([`CoreBtf`]), not the whole of the kernel's BTF.
     fn open_and_load(
         settings: &Settings,
         f: Features,
     ) -> std::result::Result<(UvspanSkel<'static>, UvspanSkel<'static>), libbpf_rs::Error> {
-        let core = CoreBtf::new();
+        let mut core = CoreBtf::new();
         let mut dispatcher = Self::open_configured(settings, f, core.as_ref())?;
-        if let Some(core) = &core {
-            core.fill(&dispatcher).map_err(libbpf_rs::Error::from)?;
+        if core.as_ref().is_some_and(|c| c.fill(&dispatcher).is_err()) {
+            // Not written: relocate against the whole of the kernel's BTF.
+            core = None;
+            dispatcher = Self::open_configured(settings, f, None)?;
         }
         for mut prog in dispatcher.open_object_mut().progs_mut() {
             prog.set_autoload(false);
