@@ -270,6 +270,19 @@ fn cut<'a>(kernel: &Btf<'a>, names: &FxHashSet<Vec<u8>>) -> Result<Vec<u8>, Stri
     Ok(out)
 }
 
+/// The id of the function `name` in BTF `raw`.
+fn func_id(raw: &[u8], name: &[u8]) -> Option<u32> {
+    let btf = parse(raw).ok()?;
+    let found = btf.types().position(|t| t.kind() == FUNC && btf.name(t.name_off) == name);
+    found.map(|i| i as u32 + 1)
+}
+
+/// The id of kernel function `name` in the kernel's BTF (what a program
+/// attached to it names).
+pub fn kernel_func_id(name: &str) -> Option<u32> {
+    func_id(Kernel::open()?.bytes(), name.as_bytes())
+}
+
 /// The kernel's BTF.
 const KERNEL_BTF: &str = "/sys/kernel/btf/vmlinux";
 
@@ -457,6 +470,15 @@ mod tests {
                 ("".into(), ARRAY, 0, vec![2, 2, 4]),
             ]
         );
+    }
+
+    #[test]
+    fn finds_functions_by_name() {
+        // 7 func "c" → type 6 (a function prototype is not needed to find it).
+        let k = blob(&[(1, info(INT, 0), 4, &[32]), (9, info(FUNC, 0), 1, &[])], STRS);
+        assert_eq!(func_id(&k, b"c"), Some(2));
+        assert_eq!(func_id(&k, b"int"), None, "not a function");
+        assert!(kernel_func_id("__x64_sys_epoll_wait").is_some(), "the kernel's epoll_wait entry");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! for the epoll system calls (refused by kernels in lockdown; else the
 //! sys_enter/sys_exit BTF raw tracepoints). Tried best first; what worked is
 //! remembered for the current boot next to the symbol cache, so later starts
-//! do not pay for the failed attempts.
+//! do not pay for the failed attempts. Whether fentry loads is asked first
+//! with a two-instruction program ([`fentry_loads`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -61,6 +62,37 @@ pub fn remember(features: Features, fentry_refused: Option<i32>) {
         .and_then(|()| std::fs::rename(&tmp, &path));
 }
 
+/// Whether this kernel loads fentry programs: a two-instruction one on the
+/// epoll_wait entry (`Err(errno)` if refused, as kernels in lockdown do).
+/// `None` where it cannot be asked (no BTF id): the full load tells. Asked
+/// once per boot, before the first load: failing a whole load with fentry
+/// programs took ~100 ms, on every start with no remembered result (a
+/// fresh container's sidecar).
+pub fn fentry_loads() -> Option<Result<(), i32>> {
+    let btf_id = crate::kernel::core_btf::kernel_func_id("__x64_sys_epoll_wait")?;
+    use libbpf_rs::libbpf_sys as sys;
+    // r0 = 0; exit
+    let mut insns = [sys::bpf_insn::default(), sys::bpf_insn::default()];
+    insns[0].code = (sys::BPF_ALU64 | sys::BPF_MOV | sys::BPF_K) as u8;
+    insns[1].code = (sys::BPF_JMP | sys::BPF_EXIT) as u8;
+    let mut opts = sys::bpf_prog_load_opts {
+        sz: std::mem::size_of::<sys::bpf_prog_load_opts>() as _,
+        expected_attach_type: sys::BPF_TRACE_FENTRY,
+        attach_btf_id: btf_id,
+        ..Default::default()
+    };
+    // SAFETY: NUL-terminated name and license, `insns` holds the 2
+    // instructions counted, `opts` is initialized with its size.
+    let fd =
+        unsafe { sys::bpf_prog_load(sys::BPF_PROG_TYPE_TRACING, c"uvspan_fentry".as_ptr(), c"GPL".as_ptr(), insns.as_ptr(), 2, &mut opts) };
+    if fd < 0 {
+        return Some(Err(-fd));
+    }
+    // SAFETY: `fd` is the program's, just returned to us and owned by nothing else.
+    drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
+    Some(Ok(()))
+}
+
 /// What uvspan would use here, for `uvspan probes` (which loads nothing):
 /// as the last run on this boot found, else as the kernel's version says
 /// (multi-uprobe links came in Linux 6.6, session uprobes in 6.13), with
@@ -107,6 +139,30 @@ mod tests {
     fn a_file_from_before_session_uprobes_is_not_remembered() {
         let old = r#"{"boot_id":"b","features":{"multi_uprobe":true,"fentry":false},"fentry_refused":1}"#;
         assert!(serde_json::from_str::<Remembered>(old).is_err());
+    }
+
+    /// Root: the small program's verdict is the one of loading uvspan's
+    /// own fentry program (refused with the same errno, or both loaded).
+    #[test]
+    fn the_fentry_probe_agrees_with_loading_the_fentry_programs() {
+        use crate::kernel::skel::UvspanSkelBuilder;
+        use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+
+        libbpf_rs::set_print(None);
+        let probe = fentry_loads().expect("the kernel's BTF names the epoll_wait entry");
+        let object = Box::leak(Box::new(std::mem::MaybeUninit::uninit()));
+        let mut open = UvspanSkelBuilder::default().open(object).unwrap();
+        for mut p in open.open_object_mut().progs_mut() {
+            p.set_autoload(false);
+        }
+        open.progs.fentry_epoll_wait.set_autoload(true);
+        match (probe, open.load()) {
+            (Ok(()), Ok(_)) => {}
+            (Err(errno), Err(e)) => {
+                assert_eq!(Some(errno), crate::kernel::diagnose::errno_of(&e, std::io::Error::last_os_error()), "{e}")
+            }
+            (probe, loaded) => panic!("the probe says {probe:?}, the load {:?}", loaded.map(|_| ())),
+        }
     }
 
     #[test]

@@ -204,11 +204,19 @@ impl Tracer {
     pub fn load(settings: &Settings) -> Result<Tracer> {
         quiet_libbpf();
         let known = features::remembered();
+        let mut fentry_refused = known.as_ref().and_then(|r| r.fentry_refused);
         let candidates: Vec<Features> = match &known {
             Some(r) => std::iter::once(r.features).chain(features::ORDER).collect(),
-            None => features::ORDER.to_vec(),
+            // Not known on this boot: a refused fentry is found out by a
+            // small program, not by failing a whole load.
+            None => match features::fentry_loads() {
+                Some(Err(errno)) => {
+                    fentry_refused = Some(errno);
+                    features::ORDER.into_iter().filter(|f| !f.fentry).collect()
+                }
+                _ => features::ORDER.to_vec(),
+            },
         };
-        let mut fentry_refused = known.as_ref().and_then(|r| r.fentry_refused);
         let mut last = None;
         for f in candidates {
             match Self::load_with(settings, f) {
