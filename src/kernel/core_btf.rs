@@ -171,15 +171,15 @@ fn essential(name: &[u8]) -> &[u8] {
     name.windows(3).position(|w| w == b"___").map_or(name, |i| &name[..i])
 }
 
+/// The kinds of type a relocation can start from.
+fn root_kind(kind: u32) -> bool {
+    matches!(kind, STRUCT | UNION | ENUM | ENUM64 | FWD | TYPEDEF | INT | FLOAT)
+}
+
 /// The named types of `local` (the object's own BTF) that a relocation
 /// can start from, by essential name.
 fn local_names(local: &Btf) -> FxHashSet<Vec<u8>> {
-    local
-        .types()
-        .filter(|t| matches!(t.kind(), STRUCT | UNION | ENUM | ENUM64 | FWD | TYPEDEF | INT | FLOAT))
-        .map(|t| essential(local.name(t.name_off)).to_vec())
-        .filter(|n| !n.is_empty())
-        .collect()
+    local.types().filter(|t| root_kind(t.kind())).map(|t| essential(local.name(t.name_off)).to_vec()).filter(|n| !n.is_empty()).collect()
 }
 
 /// A BTF blob of the types of `kernel` named in `names` and everything they
@@ -200,10 +200,8 @@ fn cut<'a>(kernel: &Btf<'a>, names: &FxHashSet<Vec<u8>>) -> Result<Vec<u8>, Stri
         Ok(())
     };
     for (i, t) in kernel.types().enumerate() {
-        if matches!(t.kind(), STRUCT | UNION | ENUM | ENUM64 | FWD | TYPEDEF | INT | FLOAT)
-            && t.name_off != 0
-            && names.contains(kernel.name(t.name_off))
-        {
+        // (`names` holds no empty name: unnamed types are never roots.)
+        if root_kind(t.kind()) && names.contains(kernel.name(t.name_off)) {
             keep(i as u32 + 1, &mut kept, &mut stack)?;
         }
     }
