@@ -101,38 +101,75 @@ static __always_inline void end_pending_sync(void)
 		sync_end(slot, END_NEXT);
 }
 
-/* Ends an async request: reads what it needs from the request, one record. */
+/* The first of the two slots (fs_local) where a request may wait in its
+ * thread's state: a hash of its address (allocations are 16-byte aligned). */
+static __always_inline __u32 fs_slot_at(__u64 req)
+{
+	return (((req >> 4) * 0x9E3779B97F4A7C15ULL) >> 58) & (UVSPAN_FS_SLOTS - 2);
+}
+
+/* The slot of `req` in this thread's state, or UVSPAN_FS_SLOTS. */
+static __always_inline __u32 fs_slot_of(struct thread_state *ts, __u64 req)
+{
+	__u32 i = fs_slot_at(req);
+	if (ts->fs[i].req == req)
+		return i;
+	if (ts->fs[i + 1].req == req)
+		return i + 1;
+	return UVSPAN_FS_SLOTS;
+}
+
+/* The thread's cause, set where its state is already at hand. */
+static __always_inline void put_cause(struct thread_state *ts, __u64 cause)
+{
+	if (!ts)
+		set_cause(cause);
+	else if (requests)
+		ts->ctx.cause = cause;
+}
+
+/* Ends an async request: reads what it needs from the request, one record.
+ * Its start is in its thread's state (fs_local) or in inflight_fs. */
 static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 {
 	struct req_key key = { .pid = pid, .req = req };
-	struct fs_async *a = bpf_map_lookup_elem(&inflight_fs, &key);
-	if (!a) {
-		/* Its start fell before this sampling window. (Without
-		 * uv__fs_done, uv_fs_req_cleanup ends async requests and also
-		 * sees every sync one: not counted there.) */
-		if (sampling && end_kind == END_DONE) {
-			stat_inc(STAT_STRADDLED);
-			/* Its callback runs next, for a request not known. */
-			set_cause(0);
+	struct thread_state *ts = fs_local ? thread_state_of(0) : 0;
+	struct fs_async a;
+	__u32 j = ts ? fs_slot_of(ts, req) : UVSPAN_FS_SLOTS;
+	if (ts && j < UVSPAN_FS_SLOTS) {
+		a = ts->fs[j].a;
+		ts->fs[j].req = 0;
+	} else {
+		struct fs_async *p = bpf_map_lookup_elem(&inflight_fs, &key);
+		if (!p) {
+			/* Its start fell before this sampling window. (Without
+			 * uv__fs_done, uv_fs_req_cleanup ends async requests and also
+			 * sees every sync one: not counted there.) */
+			if (sampling && end_kind == END_DONE) {
+				stat_inc(STAT_STRADDLED);
+				/* Its callback runs next, for a request not known. */
+				set_cause(0);
+			}
+			return 0;
 		}
-		return 0;
+		a = *p;
+		bpf_map_delete_elem(&inflight_fs, &key);
 	}
 	__u64 now = bpf_ktime_get_ns();
 	__u16 flags = 0;
-	if (dropped(a->cause)) {
+	if (dropped(a.cause)) {
 		/* An unsampled trace's: counted (or, the map full, counted as
 		 * lost), no record, nothing read but its result (ktail: its
 		 * record sent held, see tail_hold). */
 		long long result = 0;
 		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
-		int lost = op_hist_add(pid, HIST_FS, a->op_id, 0, fs_err(result), now - a->start_ns);
+		int lost = op_hist_add(pid, HIST_FS, a.op_id, 0, fs_err(result), now - a.start_ns);
 		if (!lost)
-			queue_hist_add(pid, HIST_FS, a->start_ns, a->work_start_ns);
-		http_work_end(pid, a->cause, now);
-		if (!tail_wants(a->cause)) {
+			queue_hist_add(pid, HIST_FS, a.start_ns, a.work_start_ns);
+		http_work_end(pid, a.cause, now);
+		if (!tail_wants(a.cause)) {
 			if (end_kind == END_DONE)
-				set_cause(a->cause);
-			bpf_map_delete_elem(&inflight_fs, &key);
+				put_cause(ts, a.cause);
 			return 0;
 		}
 		flags = lost ? 0 : OP_COUNTED;
@@ -143,16 +180,16 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	struct fs_event *e = &s->fs;
 	e->op.hdr.kind = EV_FS;
 	e->op.hdr.pid = pid;
-	e->op.hdr.tid = a->tid;
+	e->op.hdr.tid = a.tid;
 	e->op.hdr.flags = 0;
 	e->op.req = req;
-	e->op.cause = a->cause;
-	e->op.start_ns = a->start_ns;
-	e->op.work_start_ns = a->work_start_ns;
-	e->op.work_end_ns = a->work_end_ns;
+	e->op.cause = a.cause;
+	e->op.start_ns = a.start_ns;
+	e->op.work_start_ns = a.work_start_ns;
+	e->op.work_end_ns = a.work_end_ns;
 	e->op.end_ns = now;
-	e->op.worker_tid = a->worker_tid;
-	e->op_id = a->op_id;
+	e->op.worker_tid = a.worker_tid;
+	e->op_id = a.op_id;
 	e->op.sync = 0;
 	e->op.end_kind = end_kind;
 	e->op.flags = flags;
@@ -163,26 +200,69 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 	bpf_probe_read_user(head, sizeof(head), (void *)(req + FS_RESULT_OFF));
 	e->result = (long long)head[0];
 	__u64 tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8 + 1] = {};
-	if (a->has_fd || a->has_path2)
+	if (a.has_fd || a.has_path2)
 		bpf_probe_read_user(tail, sizeof(tail), (void *)(req + FS_NEW_PATH_OFF));
-	e->fd = a->has_fd ? (int)tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8] : -1;
+	e->fd = a.has_fd ? (int)tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8] : -1;
 	e->path[0] = 0;
-	e->has_path2 = a->has_path2;
-	if (a->has_path)
+	e->has_path2 = a.has_path2;
+	if (a.has_path)
 		e->path_len = read_path(e->path, sizeof(e->path), (void *)head[(FS_PATH_OFF - FS_RESULT_OFF) / 8]);
-	if (a->has_path2) {
+	if (a.has_path2) {
 		e->path2[0] = 0;
 		bpf_probe_read_user_str(e->path2, sizeof(e->path2), (void *)tail[0]);
 	}
 	/* Its callback runs next, on behalf of the same request. */
 	if (end_kind == END_DONE)
-		set_cause(e->op.cause);
-	bpf_map_delete_elem(&inflight_fs, &key);
+		put_cause(ts, e->op.cause);
 	if (flags || tail_wants(e->op.cause))
 		tail_hold(pid, e->op.cause, fs_record_size(e), e->op.end_ns);
 	else
 		emit(e, fs_record_size(e));
 	return 0;
+}
+
+/* Keeps an async request until its end: in a free slot of its thread's
+ * state (fs_local), else in inflight_fs. */
+static __always_inline void fs_keep(struct thread_state *ts, __u32 pid, __u64 req, struct fs_async *a)
+{
+	if (ts) {
+		__u32 i = fs_slot_at(req);
+		__u32 j = fs_slot_of(ts, req);
+		if (j < UVSPAN_FS_SLOTS) {
+			/* its address submitted again before its end was seen */
+			stat_inc(STAT_INFLIGHT_REPLACED);
+		} else if (!ts->fs[i].req) {
+			j = i;
+		} else if (!ts->fs[i + 1].req) {
+			j = i + 1;
+		}
+		if (j < UVSPAN_FS_SLOTS) {
+			ts->fs[j].a = *a;
+			ts->fs[j].req = req;
+			return;
+		}
+	}
+	struct req_key key = { .pid = pid, .req = req };
+	if (bpf_map_update_elem(&inflight_fs, &key, a, BPF_NOEXIST)) {
+		if (bpf_map_update_elem(&inflight_fs, &key, a, BPF_ANY))
+			stat_inc(STAT_INFLIGHT_FULL); /* this span is lost, and counted */
+		else
+			stat_inc(STAT_INFLIGHT_REPLACED);
+	}
+}
+
+/* The thread exits: the async requests still in its slots (fs_local) go
+ * with its storage, counted as unfinished (user space sweeps those of
+ * inflight_fs at its process's exit). */
+static __always_inline void fs_slots_gone(void)
+{
+	struct thread_state *ts = fs_local ? thread_state_of(0) : 0;
+	if (!ts)
+		return;
+	/* one count per slot: no sum whose every value the verifier follows */
+	for (int i = 0; i < UVSPAN_FS_SLOTS; i++)
+		if (ts->fs[i].req)
+			stat_inc(STAT_FS_UNFINISHED);
 }
 
 /* Returns 1 when a sync call was recorded (its end is the function's
@@ -201,8 +281,9 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	read_args(ctx, &args, cookie_field(cookie, COOKIE_CB_SHIFT) >= 6);
 	int sync = args.v[cookie_field(cookie, COOKIE_CB_SHIFT) & 7] == 0;
 
-	/* One lookup for the pending sync call and the cause. */
-	struct thread_state *ts = thread_state_of(sync);
+	/* One lookup for the pending sync call, the cause and (fs_local)
+	 * the request's slot. */
+	struct thread_state *ts = thread_state_of(sync || fs_local);
 	struct sync_slot *slot = (struct sync_slot *)ts;
 	__u64 cause = requests && ts ? fresh_cause(ts->ctx.cause) : 0;
 	if (slot && slot->req)
@@ -218,13 +299,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 			.has_path2 = cookie_field(cookie, COOKIE_PATH2_SHIFT) != COOKIE_NONE,
 			.has_fd = cookie_field(cookie, COOKIE_FD_SHIFT) != COOKIE_NONE,
 		};
-		struct req_key key = { .pid = pid, .req = req };
-		if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_NOEXIST)) {
-			if (bpf_map_update_elem(&inflight_fs, &key, &a, BPF_ANY))
-				stat_inc(STAT_INFLIGHT_FULL); /* this span is lost, and counted */
-			else
-				stat_inc(STAT_INFLIGHT_REPLACED);
-		}
+		fs_keep(fs_local ? ts : 0, pid, req, &a);
 		return 0;
 	}
 	if (!slot)

@@ -162,6 +162,17 @@ struct gc_state {
 	__u32 _pad;
 };
 
+/* An async fs request kept with the thread that submitted it (fs_local):
+ * libuv completes a request on the loop thread that submitted it. */
+struct fs_slot {
+	__u64 req; /* 0: free */
+	struct fs_async a;
+};
+
+/* Slots per thread: two-way (a request's pair, see fs_slot_at), ~2 KiB.
+ * A request that finds both taken goes to inflight_fs. */
+#define UVSPAN_FS_SLOTS 32
+
 /* Everything uvspan keeps per thread, in one task-local storage: an fs
  * submit needs both the sync slot and the cause, and each lookup is a
  * cache miss on a busy machine. */
@@ -170,6 +181,7 @@ struct thread_state {
 				* arithmetic on a maybe-NULL pointer for the verifier) */
 	struct thread_ctx ctx;
 	struct gc_state gc;
+	struct fs_slot fs[UVSPAN_FS_SLOTS];
 };
 
 struct {

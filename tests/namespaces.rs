@@ -26,6 +26,7 @@ use common::*;
 /// What tests/fixtures/ns_app.js does.
 const ACCESS: usize = 9;
 const READDIRS: usize = 3;
+const BURST: usize = 100;
 const BUSY_MS: f64 = 150.0;
 
 fn unshare() -> Command {
@@ -37,7 +38,8 @@ fn unshare() -> Command {
 }
 
 /// The fixture's work among `spans`, checked exactly: `ACCESS` fs.access and
-/// `READDIRS` fs.scandir of the fixture's own file and folder, one lookup of
+/// `READDIRS` fs.scandir of the fixture's own file and folder, `BURST` fs.stat
+/// in flight together (most wait in uvspan's overflow table), one lookup of
 /// nonexistent.invalid, one iteration busy for the timer's spin; all with
 /// `process.pid` = `pid` (as the app sees itself) and the loop's spans on
 /// the thread the app knows as its main thread.
@@ -47,6 +49,12 @@ fn check_work(spans: &[Span], pid: i64, script: &str, ctx: &str) {
     let access = mine.iter().filter(|s| s.name == "fs.access" && s.str("file.path") == Some(script)).count();
     assert_eq!(access, ACCESS, "fs.access of {script} by pid {pid}\n{}\n{ctx}", dump(&mine));
     assert_eq!(named("fs.scandir"), READDIRS, "fs.scandir by pid {pid}\n{}\n{ctx}", dump(&mine));
+    let folder = script.rsplit_once('/').map_or("", |(d, _)| d);
+    let burst = mine
+        .iter()
+        .filter(|s| s.name == "fs.stat" && s.str("file.path").is_some_and(|p| p.starts_with(&format!("{folder}/burst-"))))
+        .count();
+    assert_eq!(burst, BURST, "async fs.stat in flight together by pid {pid}\n{ctx}");
     let dns: Vec<&&Span> = mine.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
     assert_eq!(dns.len(), 1, "one lookup\n{}\n{ctx}", dump(&mine));
     assert_eq!(dns[0].str("dns.question.name"), Some("nonexistent.invalid"));

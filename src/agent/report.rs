@@ -72,11 +72,21 @@ pub fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took:
     }
 }
 
+/// Requests in flight when their process (or their thread) exited.
+fn unfinished(k: &Stats, run: &RunStats) -> u64 {
+    run.unfinished_at_exit + k.unfinished_in_threads
+}
+
 pub fn status_line(processes: usize, sum: &Summary, k: &Stats, run: &RunStats) -> String {
     format!(
         "uvspan: status: {processes} processes traced; spans: {} exported, {} dropped (queue full), {} failed to export, \
          {} export errors; {} records lost in the kernel; {} unfinished at process exit",
-        sum.exported, sum.dropped, sum.failed, sum.export_errors, k.records_lost, run.unfinished_at_exit
+        sum.exported,
+        sum.dropped,
+        sum.failed,
+        sum.export_errors,
+        k.records_lost,
+        unfinished(k, run)
     )
 }
 
@@ -186,7 +196,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
          {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
-        sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, run.unfinished_at_exit, k.loop_iterations,
+        sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, unfinished(k, run), k.loop_iterations,
     )
 }
 
@@ -195,7 +205,7 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.processes_traced.store(processes as u64, Ordering::Relaxed);
     health.records_lost.store(k.records_lost, Ordering::Relaxed);
     health.loop_iterations.store(k.loop_iterations, Ordering::Relaxed);
-    health.unfinished_at_exit.store(run.unfinished_at_exit, Ordering::Relaxed);
+    health.unfinished_at_exit.store(unfinished(k, run), Ordering::Relaxed);
     health.straddled.store(straddled(k, run), Ordering::Relaxed);
     if let Some(w) = run.sampling.and_then(|s| s.work) {
         health.sample_work_ppm.store((w * 1e6).round() as u64, Ordering::Relaxed);

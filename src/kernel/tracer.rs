@@ -90,6 +90,9 @@ pub struct Stats {
     /// --sample-time: operations that crossed a window edge, dropped.
     pub straddled: u64,
     pub stack_samples: u64,
+    /// Async requests in flight in a thread's own state when it exited
+    /// (those in the in-flight table are counted at their process's exit).
+    pub unfinished_in_threads: u64,
     /// Operations of traces the kernel's sampler dropped: counted in its
     /// histograms, no record sent.
     pub unsampled_ops: u64,
@@ -391,6 +394,8 @@ impl Tracer {
             ro.time_hits = u32::from(timed);
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
+            // bpf/common.h: fs_local.
+            ro.fs_local = u32::from(!settings.sampling && !settings.detail.threadpool);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
             if let Some(k) = settings.kernel_sampling {
                 ro.ksample_requests = u32::from(k.requests);
@@ -655,6 +660,7 @@ impl Tracer {
             loop_emitted: read(stat_idx::STAT_LOOP_EMITTED),
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),
             straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
+            unfinished_in_threads: read(stat_idx::STAT_FS_UNFINISHED),
             stack_samples: read(stat_idx::STAT_STACK_SAMPLES),
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
