@@ -76,12 +76,13 @@ const volatile unsigned long long ktail_slow_ns = ~0ULL;
 /* The bucket bounds (ns, inclusive) of op_hist per enum hist_family, as
  * user space's metrics have them; unused ones are 2^62 (op_hist_add). */
 const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUNDS] = {};
-/* Async fs requests wait for their end in the submitting thread's own
- * state (thread_state.fs), not in inflight_fs: no hash update, lookup and
- * delete per request. Off where another thread or user space must find
- * them: --detail threadpool (the worker marks its start and end) and
+/* Async fs requests, and the DNS lookups of unsampled traces, wait for
+ * their end in the submitting thread's own state (thread_state.fs, .dns),
+ * not in inflight_fs and inflight_dns: no hash update, lookup and delete
+ * per request. Off where another thread or user space must find them:
+ * --detail threadpool (the worker marks its start and end) and
  * --sample-time (user space sweeps them at a window's close). */
-const volatile unsigned int fs_local = 0;
+const volatile unsigned int ops_local = 0;
 /* --stacks all-ops: the user stack at each fs/DNS submit. */
 const volatile unsigned int stacks_all_ops = 0;
 /* uvspan's own PID namespace (nsfs device and inode of /proc/self/ns/pid)

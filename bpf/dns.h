@@ -10,24 +10,61 @@
 #include "ops.h"
 #include "stacks.h"
 
+/* The slot of `req` in this thread's DNS slots, or UVSPAN_DNS_SLOTS. */
+static __always_inline __u32 dns_slot_of(struct thread_state *ts, __u64 req)
+{
+	__u32 i = slot_at(req, UVSPAN_DNS_SLOTS);
+	if (ts->dns[i].req == req)
+		return i;
+	if (ts->dns[i + 1].req == req)
+		return i + 1;
+	return UVSPAN_DNS_SLOTS;
+}
+
+/* An unsampled lookup (lean: only counted) kept in its thread's state
+ * (ops_local); 0 when its two slots are taken (it goes to inflight_dns). */
+static __always_inline int dns_keep(struct thread_state *ts, __u64 req, __u64 start_ns, __u64 cause)
+{
+	__u32 i = slot_at(req, UVSPAN_DNS_SLOTS);
+	__u32 j = dns_slot_of(ts, req);
+	if (j < UVSPAN_DNS_SLOTS)
+		stat_inc(STAT_INFLIGHT_REPLACED);
+	else if (!ts->dns[i].req)
+		j = i;
+	else if (!ts->dns[i + 1].req)
+		j = i + 1;
+	if (j >= UVSPAN_DNS_SLOTS)
+		return 0;
+	ts->dns[j].start_ns = start_ns;
+	ts->dns[j].cause = cause;
+	ts->dns[j].req = req;
+	return 1;
+}
+
 /* uv_getaddrinfo(loop, req, cb, node, service, hints) */
 static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 {
 	__u64 id = current_ids();
 	__u32 pid = id >> 32;
+	__u64 req = PT_REGS_PARM2(ctx);
+	if (stacks_all_ops)
+		op_stack(ctx, req);
+	__u64 now = bpf_ktime_get_ns();
+	struct thread_state *ts = ops_local && requests ? thread_state_of(1) : 0;
+	__u64 cause = ts ? fresh_cause(ts->ctx.cause) : current_cause();
+	if (ts && lean(cause) && dns_keep(ts, req, now, cause))
+		return 0;
 	struct scratch *s = get_scratch();
 	if (!s)
 		return 0;
-	if (stacks_all_ops)
-		op_stack(ctx, PT_REGS_PARM2(ctx));
 	struct dns_event *e = &s->dns;
 	__builtin_memset(e, 0, sizeof(*e) - UVSPAN_HOST_MAX);
 	e->op.hdr.kind = EV_DNS;
 	e->op.hdr.pid = pid;
 	e->op.hdr.tid = (__u32)id;
-	e->op.req = PT_REGS_PARM2(ctx);
-	e->op.cause = current_cause();
-	e->op.start_ns = bpf_ktime_get_ns();
+	e->op.req = req;
+	e->op.cause = cause;
+	e->op.start_ns = now;
 	e->op.sync = PT_REGS_PARM3(ctx) == 0;
 	e->host[0] = 0;
 	if (!lean(e->op.cause))
@@ -141,10 +178,36 @@ static __always_inline int dns_finish(struct req_key *key, int status, __u8 end_
 	return 0;
 }
 
+/* Ends an unsampled lookup kept in slot j of its thread's state: counted,
+ * no record. */
+static __always_inline int dns_finish_kept(struct thread_state *ts, __u32 j, __u32 pid, __u64 req, int status,
+					   __u8 end_kind)
+{
+	if (j >= UVSPAN_DNS_SLOTS)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 start_ns = ts->dns[j].start_ns, cause = ts->dns[j].cause;
+	ts->dns[j].req = 0;
+	int retcode = 0;
+	bpf_probe_read_user(&retcode, sizeof(retcode), (void *)(req + GAI_RETCODE_OFF));
+	if (status == -125 /* UV_ECANCELED */)
+		retcode = -3003; /* UV_EAI_CANCELED, as libuv reports it */
+	op_hist_add(pid, HIST_DNS, 0, 0, retcode, now - start_ns);
+	http_work_end(pid, cause, now);
+	/* its callback runs next, for the same request */
+	if (end_kind == END_DONE && requests)
+		ts->ctx.cause = cause;
+	return 0;
+}
+
 /* uv__getaddrinfo_done(struct uv__work *w, int status) */
 static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
 {
 	struct req_key key = { .pid = current_ids() >> 32, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF };
+	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
+	__u32 j = ts ? dns_slot_of(ts, key.req) : UVSPAN_DNS_SLOTS;
+	if (ts && j < UVSPAN_DNS_SLOTS)
+		return dns_finish_kept(ts, j, key.pid, key.req, (int)PT_REGS_PARM2(ctx), END_DONE);
 	return dns_finish(&key, (int)PT_REGS_PARM2(ctx), END_DONE);
 }
 
@@ -192,6 +255,23 @@ static long match_gai(struct bpf_map *map, struct req_key *key, struct dns_event
 	return 0;
 }
 
+/* The slot of this thread's (ops_local) whose lookup's result is `ai`, or
+ * UVSPAN_DNS_SLOTS. A global function: verified once. */
+__attribute__((noinline)) __u32 dns_kept_of(struct thread_state *ts, __u64 ai)
+{
+	if (!ts)
+		return UVSPAN_DNS_SLOTS;
+	for (__u32 i = 0; i < UVSPAN_DNS_SLOTS; i++) {
+		__u64 req = ts->dns[i].req, got = 1;
+		if (!req)
+			continue;
+		bpf_probe_read_user(&got, sizeof(got), (void *)(req + GAI_ADDRINFO_OFF));
+		if (got == ai)
+			return i;
+	}
+	return UVSPAN_DNS_SLOTS;
+}
+
 /* Fallback for builds without uv__getaddrinfo_done (stripped): Node frees the
  * result with uv_freeaddrinfo(req->addrinfo) once its callback has run (also
  * on failure, with NULL). Find the request whose result this is. */
@@ -199,6 +279,13 @@ static __always_inline int dns_free(struct pt_regs *ctx, __u64 cookie)
 {
 	struct gai_match m = { .ai = PT_REGS_PARM1(ctx), .pid = current_ids() >> 32 };
 	bpf_for_each_map_elem(&inflight_dns, match_gai, &m, 0);
+	struct thread_state *ts = ops_local && !m.found ? thread_state_of(0) : 0;
+	if (ts) {
+		/* an unsampled lookup kept in this thread's slots */
+		__u32 j = dns_kept_of(ts, m.ai);
+		if (j < UVSPAN_DNS_SLOTS)
+			return dns_finish_kept(ts, j, m.pid, ts->dns[j].req, 0, END_FREE);
+	}
 	if (!m.found)
 		return 0;
 	struct req_key key = m.key;

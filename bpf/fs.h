@@ -101,11 +101,17 @@ static __always_inline void end_pending_sync(void)
 		sync_end(slot, END_NEXT);
 }
 
-/* The first of the two slots (fs_local) where a request may wait in its
- * thread's state: a hash of its address (allocations are 16-byte aligned). */
+/* The first of the two slots (ops_local) where a request may wait in its
+ * thread's state, of `slots` (a power of two): a hash of its address
+ * (allocations are 16-byte aligned). */
+static __always_inline __u32 slot_at(__u64 req, __u32 slots)
+{
+	return (((req >> 4) * 0x9E3779B97F4A7C15ULL) >> 58) & (slots - 2);
+}
+
 static __always_inline __u32 fs_slot_at(__u64 req)
 {
-	return (((req >> 4) * 0x9E3779B97F4A7C15ULL) >> 58) & (UVSPAN_FS_SLOTS - 2);
+	return slot_at(req, UVSPAN_FS_SLOTS);
 }
 
 /* The slot of `req` in this thread's state, or UVSPAN_FS_SLOTS. */
@@ -129,11 +135,11 @@ static __always_inline void put_cause(struct thread_state *ts, __u64 cause)
 }
 
 /* Ends an async request: reads what it needs from the request, one record.
- * Its start is in its thread's state (fs_local) or in inflight_fs. */
+ * Its start is in its thread's state (ops_local) or in inflight_fs. */
 static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 {
 	struct req_key key = { .pid = pid, .req = req };
-	struct thread_state *ts = fs_local ? thread_state_of(0) : 0;
+	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
 	struct fs_async a;
 	__u32 j = ts ? fs_slot_of(ts, req) : UVSPAN_FS_SLOTS;
 	if (ts && j < UVSPAN_FS_SLOTS) {
@@ -222,7 +228,7 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 }
 
 /* Keeps an async request until its end: in a free slot of its thread's
- * state (fs_local), else in inflight_fs. */
+ * state (ops_local), else in inflight_fs. */
 static __always_inline void fs_keep(struct thread_state *ts, __u32 pid, __u64 req, struct fs_async *a)
 {
 	if (ts) {
@@ -251,18 +257,21 @@ static __always_inline void fs_keep(struct thread_state *ts, __u32 pid, __u64 re
 	}
 }
 
-/* The thread exits: the async requests still in its slots (fs_local) go
- * with its storage, counted as unfinished (user space sweeps those of
- * inflight_fs at its process's exit). */
-static __always_inline void fs_slots_gone(void)
+/* The thread exits: the requests still in its slots (ops_local) go with
+ * its storage, counted as unfinished (user space sweeps those of
+ * inflight_fs and inflight_dns at its process's exit). */
+static __always_inline void slots_gone(void)
 {
-	struct thread_state *ts = fs_local ? thread_state_of(0) : 0;
+	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
 	if (!ts)
 		return;
 	/* one count per slot: no sum whose every value the verifier follows */
 	for (int i = 0; i < UVSPAN_FS_SLOTS; i++)
 		if (ts->fs[i].req)
-			stat_inc(STAT_FS_UNFINISHED);
+			stat_inc(STAT_OPS_UNFINISHED);
+	for (int i = 0; i < UVSPAN_DNS_SLOTS; i++)
+		if (ts->dns[i].req)
+			stat_inc(STAT_OPS_UNFINISHED);
 }
 
 /* Returns 1 when a sync call was recorded (its end is the function's
@@ -281,9 +290,9 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	read_args(ctx, &args, cookie_field(cookie, COOKIE_CB_SHIFT) >= 6);
 	int sync = args.v[cookie_field(cookie, COOKIE_CB_SHIFT) & 7] == 0;
 
-	/* One lookup for the pending sync call, the cause and (fs_local)
+	/* One lookup for the pending sync call, the cause and (ops_local)
 	 * the request's slot. */
-	struct thread_state *ts = thread_state_of(sync || fs_local);
+	struct thread_state *ts = thread_state_of(sync || ops_local);
 	struct sync_slot *slot = (struct sync_slot *)ts;
 	__u64 cause = requests && ts ? fresh_cause(ts->ctx.cause) : 0;
 	if (slot && slot->req)
@@ -299,7 +308,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 			.has_path2 = cookie_field(cookie, COOKIE_PATH2_SHIFT) != COOKIE_NONE,
 			.has_fd = cookie_field(cookie, COOKIE_FD_SHIFT) != COOKIE_NONE,
 		};
-		fs_keep(fs_local ? ts : 0, pid, req, &a);
+		fs_keep(ops_local ? ts : 0, pid, req, &a);
 		return 0;
 	}
 	if (!slot)

@@ -173,6 +173,17 @@ struct fs_slot {
  * A request that finds both taken goes to inflight_fs. */
 #define UVSPAN_FS_SLOTS 32
 
+/* A DNS lookup of an unsampled trace kept with its thread (ops_local): what
+ * its count needs (its record is never sent: lean). */
+struct dns_slot {
+	__u64 req; /* 0: free */
+	__u64 start_ns;
+	__u64 cause;
+};
+
+/* Two-way, as the fs slots; one that finds both taken goes to inflight_dns. */
+#define UVSPAN_DNS_SLOTS 16
+
 /* Everything uvspan keeps per thread, in one task-local storage: an fs
  * submit needs both the sync slot and the cause, and each lookup is a
  * cache miss on a busy machine. */
@@ -182,6 +193,7 @@ struct thread_state {
 	struct thread_ctx ctx;
 	struct gc_state gc;
 	struct fs_slot fs[UVSPAN_FS_SLOTS];
+	struct dns_slot dns[UVSPAN_DNS_SLOTS];
 };
 
 struct {

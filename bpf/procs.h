@@ -70,7 +70,7 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	/* A sync call still waiting for the thread's next libuv call (END_NEXT)
 	 * has returned: end it now, before its storage goes with the thread. */
 	end_pending_sync();
-	fs_slots_gone();
+	slots_gone();
 	/* The main thread's loop goes with the exit record: its fast iterations
 	 * after its last record (uvspan run's per-process iteration count), and
 	 * its time up to now (the metrics' last interval). */

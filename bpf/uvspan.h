@@ -274,7 +274,7 @@ enum stat_idx {
 	STAT_UNSAMPLED_OPS = 9,     /* operations of unsampled traces counted in op_hist, no record sent */
 	STAT_UNSAMPLED_REQS = 10,   /* unsampled HTTP requests the kernel followed to their end and counted in op_hist */
 	STAT_H2_UNSENT = 11,        /* HTTP/2: kept request headers of a stream dropped as a root, then sampled, past the H2_SAVED it saved: not sent */
-	STAT_FS_UNFINISHED = 12,    /* async fs requests in a thread's slots when it exited (fs_local) */
+	STAT_OPS_UNFINISHED = 12,   /* requests in a thread's slots when it exited (ops_local) */
 	STAT_MAX = 13,
 };
 

@@ -772,6 +772,41 @@ fn always_off_sends_no_record_of_request_work_app_alone() {
     always_off_in(Topology::AppAlone);
 }
 
+/// A stripped node (libuv's exported API only) under always_off: fs
+/// requests end at uv_fs_req_cleanup and lookups at uv_freeaddrinfo, where
+/// uvspan finds an unsampled one among those its thread keeps by its
+/// result; the operation metrics stay exact.
+#[test]
+fn always_off_counts_every_operation_on_a_stripped_node() {
+    require_root();
+    let col = Collector::start(Listen::Plain);
+    let dir = TempDir::new("ksample-stripped");
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let node = stripped_node().to_string_lossy().into_owned();
+    let (script, n) = (fixture("requests_server.js"), KERNEL_N.to_string());
+    let mut c = uvspan_cmd(["--loop-threshold", "10m", "--status-interval", "0", "--", &node, &script, &dir.str(), &n, "8"]);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_TRACES_SAMPLER", "always_off"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+        ("FIXTURE_WORK", "readfile"),
+        ("FIXTURE_START_MS", "100"),
+    ]);
+    let out = run(c);
+    let ctx = out.context();
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert!(out.stderr.contains("fallback in use: uv_freeaddrinfo"), "lookups end at uv_freeaddrinfo\n{ctx}");
+    let n = KERNEL_N as u64;
+    assert_eq!(histogram_count(&col, "dns.lookup.duration", &[]), n, "one lookup per request\n{ctx}");
+    for op in ["fs.open", "fs.fstat", "fs.read", "fs.close"] {
+        let got =
+            histogram_count(&col, "uvspan.fs.duration", &[("uvspan.fs.operation", &format!("\"{op}\"")), ("uvspan.fs.sync", "false")]);
+        assert_eq!(got, n, "one async {op} per request (fs.readFile)\n{ctx}");
+    }
+    assert!(col.spans().iter().all(|s| !s.name.starts_with("fs.") && !s.name.starts_with("dns.")), "always_off: no span\n{ctx}");
+}
+
 /// A run of tests/fixtures/followed.js under `sampler` (and `flags`): the
 /// (attributes, count) series of `http.server.request.duration` and of the
 /// `http.client.request.duration` of the call a request makes (to

@@ -394,8 +394,8 @@ impl Tracer {
             ro.time_hits = u32::from(timed);
             ro.requests = u32::from(settings.detail.requests);
             ro.sampling = u32::from(settings.sampling);
-            // bpf/common.h: fs_local.
-            ro.fs_local = u32::from(!settings.sampling && !settings.detail.threadpool);
+            // bpf/common.h: ops_local.
+            ro.ops_local = u32::from(!settings.sampling && !settings.detail.threadpool);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
             if let Some(k) = settings.kernel_sampling {
                 ro.ksample_requests = u32::from(k.requests);
@@ -660,7 +660,7 @@ impl Tracer {
             loop_emitted: read(stat_idx::STAT_LOOP_EMITTED),
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),
             straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
-            unfinished_in_threads: read(stat_idx::STAT_FS_UNFINISHED),
+            unfinished_in_threads: read(stat_idx::STAT_OPS_UNFINISHED),
             stack_samples: read(stat_idx::STAT_STACK_SAMPLES),
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
