@@ -74,10 +74,35 @@ fn verified(args: &[&str], env: &[(&str, &str)]) -> BTreeMap<String, u32> {
     out
 }
 
+/// Instructions the verifier processed for every program uvspan loads, run
+/// with node in a PID namespace of their own (`unshare --pid`: the ids are
+/// found by walking the namespace's levels, code the host's namespace never
+/// verifies).
+fn verified_in_a_pid_namespace() -> BTreeMap<String, u32> {
+    require_tool("unshare", "it makes the PID namespace (util-linux; scripts/setup.sh installs it)");
+    let mut c = Command::new("unshare");
+    scrub_env(&mut c);
+    c.args(["--pid", "--fork", "--mount-proc", uvspan_bin(), "--status-interval", "0", "--otlp-endpoint", "http://127.0.0.1:9"]);
+    c.args(["--", "node", "-e", "setInterval(() => {}, 1000)"]);
+    let mut uv = Running::spawn(c);
+    uv.wait_stderr(RUN_TIMEOUT, "uvspan tracing node in the namespace", |e| e.contains("tracing command"));
+    // unshare --fork's child: uvspan, the namespace's first process
+    let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", uv.pid)).unwrap_or_default();
+    let inner: u32 = children.split_whitespace().next().and_then(|p| p.parse().ok()).expect("unshare's child");
+    let ids = prog_ids_of(inner);
+    let out: BTreeMap<String, u32> = libbpf_rs::query::ProgInfoIter::default()
+        .filter(|p| ids.contains(&p.id))
+        .map(|p| (p.name.to_string_lossy().into_owned(), p.verified_insns))
+        .collect();
+    uv.kill_group();
+    out
+}
+
 /// Every configuration that sets different constants for the verifier to
 /// prune on: the default, each detail, the samplers decided in the kernel,
 /// tail exceptions, no request context, --sample-time, the stack walk at
-/// submits, the benchmark's hit count.
+/// submits, the benchmark's hit count; and every program in a PID namespace
+/// of uvspan's own.
 #[test]
 fn the_programs_stay_within_the_verifiers_budget_in_every_configuration() {
     require_root();
@@ -94,6 +119,18 @@ fn the_programs_stay_within_the_verifiers_budget_in_every_configuration() {
         ("hit count and timing (benchmark)", &[], &[("UVSPAN_BENCH_COUNT_HITS", "1"), ("UVSPAN_BENCH_TIME_HITS", "1")]),
     ];
     let mut over = Vec::new();
+    // In a PID namespace: every program loads (uvspan said it traces), and
+    // each stays within the budget.
+    let ns = verified_in_a_pid_namespace();
+    for p in PROGRAMS.iter().chain(["proc_exit", "proc_fork", "proc_exec"].iter()) {
+        let n = *ns.get(*p).unwrap_or_else(|| panic!("in a PID namespace: uvspan loaded no program named {p}: {ns:?}"));
+        eprintln!("in a PID namespace: {p} {n} instructions verified");
+    }
+    let both: u32 = PROGRAMS.iter().filter_map(|p| ns.get(*p)).sum();
+    if both > START_BUDGET {
+        over.push(format!("in a PID namespace: both programs {both}, over the start-up budget of {START_BUDGET}"));
+    }
+    over.extend(ns.iter().filter(|(_, n)| **n > BUDGET).map(|(p, n)| format!("in a PID namespace: {p} {n}")));
     for (what, args, env) in configs {
         let got = verified(args, env);
         let both: u32 = got.values().sum();
