@@ -14,11 +14,7 @@
 static __always_inline __u32 dns_slot_of(struct thread_state *ts, __u64 req)
 {
 	__u32 i = slot_at(req, UVSPAN_DNS_SLOTS);
-	if (ts->dns[i].req == req)
-		return i;
-	if (ts->dns[i + 1].req == req)
-		return i + 1;
-	return UVSPAN_DNS_SLOTS;
+	return slot_holding(i, ts->dns[i].req, ts->dns[i + 1].req, req, UVSPAN_DNS_SLOTS);
 }
 
 /* An unsampled lookup (lean: only counted) kept in its thread's state
@@ -26,13 +22,7 @@ static __always_inline __u32 dns_slot_of(struct thread_state *ts, __u64 req)
 static __always_inline int dns_keep(struct thread_state *ts, __u64 req, __u64 start_ns, __u64 cause)
 {
 	__u32 i = slot_at(req, UVSPAN_DNS_SLOTS);
-	__u32 j = dns_slot_of(ts, req);
-	if (j < UVSPAN_DNS_SLOTS)
-		stat_inc(STAT_INFLIGHT_REPLACED);
-	else if (!ts->dns[i].req)
-		j = i;
-	else if (!ts->dns[i + 1].req)
-		j = i + 1;
+	__u32 j = slot_for(i, ts->dns[i].req, ts->dns[i + 1].req, req, UVSPAN_DNS_SLOTS);
 	if (j >= UVSPAN_DNS_SLOTS)
 		return 0;
 	ts->dns[j].start_ns = start_ns;
@@ -195,8 +185,8 @@ static __always_inline int dns_finish_kept(struct thread_state *ts, __u32 j, __u
 	op_hist_add(pid, HIST_DNS, 0, 0, retcode, now - start_ns);
 	http_work_end(pid, cause, now);
 	/* its callback runs next, for the same request */
-	if (end_kind == END_DONE && requests)
-		ts->ctx.cause = cause;
+	if (end_kind == END_DONE)
+		put_cause(ts, cause);
 	return 0;
 }
 

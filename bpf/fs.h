@@ -101,37 +101,11 @@ static __always_inline void end_pending_sync(void)
 		sync_end(slot, END_NEXT);
 }
 
-/* The first of the two slots (ops_local) where a request may wait in its
- * thread's state, of `slots` (a power of two): a hash of its address
- * (allocations are 16-byte aligned). */
-static __always_inline __u32 slot_at(__u64 req, __u32 slots)
-{
-	return (((req >> 4) * 0x9E3779B97F4A7C15ULL) >> 58) & (slots - 2);
-}
-
-static __always_inline __u32 fs_slot_at(__u64 req)
-{
-	return slot_at(req, UVSPAN_FS_SLOTS);
-}
-
-/* The slot of `req` in this thread's state, or UVSPAN_FS_SLOTS. */
+/* The slot of `req` in this thread's fs slots, or UVSPAN_FS_SLOTS. */
 static __always_inline __u32 fs_slot_of(struct thread_state *ts, __u64 req)
 {
-	__u32 i = fs_slot_at(req);
-	if (ts->fs[i].req == req)
-		return i;
-	if (ts->fs[i + 1].req == req)
-		return i + 1;
-	return UVSPAN_FS_SLOTS;
-}
-
-/* The thread's cause, set where its state is already at hand. */
-static __always_inline void put_cause(struct thread_state *ts, __u64 cause)
-{
-	if (!ts)
-		set_cause(cause);
-	else if (requests)
-		ts->ctx.cause = cause;
+	__u32 i = slot_at(req, UVSPAN_FS_SLOTS);
+	return slot_holding(i, ts->fs[i].req, ts->fs[i + 1].req, req, UVSPAN_FS_SLOTS);
 }
 
 /* Ends an async request: reads what it needs from the request, one record.
@@ -232,16 +206,8 @@ static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
 static __always_inline void fs_keep(struct thread_state *ts, __u32 pid, __u64 req, struct fs_async *a)
 {
 	if (ts) {
-		__u32 i = fs_slot_at(req);
-		__u32 j = fs_slot_of(ts, req);
-		if (j < UVSPAN_FS_SLOTS) {
-			/* its address submitted again before its end was seen */
-			stat_inc(STAT_INFLIGHT_REPLACED);
-		} else if (!ts->fs[i].req) {
-			j = i;
-		} else if (!ts->fs[i + 1].req) {
-			j = i + 1;
-		}
+		__u32 i = slot_at(req, UVSPAN_FS_SLOTS);
+		__u32 j = slot_for(i, ts->fs[i].req, ts->fs[i + 1].req, req, UVSPAN_FS_SLOTS);
 		if (j < UVSPAN_FS_SLOTS) {
 			ts->fs[j].a = *a;
 			ts->fs[j].req = req;
@@ -255,23 +221,6 @@ static __always_inline void fs_keep(struct thread_state *ts, __u32 pid, __u64 re
 		else
 			stat_inc(STAT_INFLIGHT_REPLACED);
 	}
-}
-
-/* The thread exits: the requests still in its slots (ops_local) go with
- * its storage, counted as unfinished (user space sweeps those of
- * inflight_fs and inflight_dns at its process's exit). */
-static __always_inline void slots_gone(void)
-{
-	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
-	if (!ts)
-		return;
-	/* one count per slot: no sum whose every value the verifier follows */
-	for (int i = 0; i < UVSPAN_FS_SLOTS; i++)
-		if (ts->fs[i].req)
-			stat_inc(STAT_OPS_UNFINISHED);
-	for (int i = 0; i < UVSPAN_DNS_SLOTS; i++)
-		if (ts->dns[i].req)
-			stat_inc(STAT_OPS_UNFINISHED);
 }
 
 /* Returns 1 when a sync call was recorded (its end is the function's

@@ -169,7 +169,7 @@ struct fs_slot {
 	struct fs_async a;
 };
 
-/* Slots per thread: two-way (a request's pair, see fs_slot_at), ~2 KiB.
+/* Slots per thread: two-way (a request's pair, see slot_at), ~2 KiB.
  * A request that finds both taken goes to inflight_fs. */
 #define UVSPAN_FS_SLOTS 32
 

@@ -54,6 +54,61 @@ __attribute__((noinline)) int set_cause(__u64 cause)
 	return 0;
 }
 
+/* The thread's cause, set where its state is already at hand. */
+static __always_inline void put_cause(struct thread_state *ts, __u64 cause)
+{
+	if (!ts)
+		set_cause(cause);
+	else if (requests)
+		ts->ctx.cause = cause;
+}
+
+/* Requests that start and end on one thread wait for their end in its
+ * state (ops_local: thread_state.fs, .dns), each in one of a pair of
+ * slots picked by a hash of its address (allocations are 16-byte
+ * aligned). The pair's first, of `slots` (a power of two): */
+static __always_inline __u32 slot_at(__u64 req, __u32 slots)
+{
+	return (((req >> 4) * 0x9E3779B97F4A7C15ULL) >> 58) & (slots - 2);
+}
+
+/* Of the pair at i, whose slots hold requests r0 and r1 (0: free): the
+ * one holding `req`, else `none`. */
+static __always_inline __u32 slot_holding(__u32 i, __u64 r0, __u64 r1, __u64 req, __u32 none)
+{
+	return r0 == req ? i : r1 == req ? i + 1 : none;
+}
+
+/* Where `req` waits in the pair at i: its own slot (its address submitted
+ * again before its end was seen: counted), else a free one, else `none`
+ * (both taken: it waits in the in-flight map). */
+static __always_inline __u32 slot_for(__u32 i, __u64 r0, __u64 r1, __u64 req, __u32 none)
+{
+	__u32 j = slot_holding(i, r0, r1, req, none);
+	if (j != none) {
+		stat_inc(STAT_INFLIGHT_REPLACED);
+		return j;
+	}
+	return !r0 ? i : !r1 ? i + 1 : none;
+}
+
+/* The thread exits: the requests still in its slots (ops_local) go with
+ * its storage, counted as unfinished (user space sweeps those of
+ * inflight_fs and inflight_dns at its process's exit). */
+static __always_inline void slots_gone(void)
+{
+	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
+	if (!ts)
+		return;
+	/* one count per slot: no sum whose every value the verifier follows */
+	for (int i = 0; i < UVSPAN_FS_SLOTS; i++)
+		if (ts->fs[i].req)
+			stat_inc(STAT_OPS_UNFINISHED);
+	for (int i = 0; i < UVSPAN_DNS_SLOTS; i++)
+		if (ts->dns[i].req)
+			stat_inc(STAT_OPS_UNFINISHED);
+}
+
 /* A new cause of `kind` (enum cause_kind): unique per request or task in
  * a process (time, then kind and CPU). */
 static __always_inline __u64 cause_at(__u64 now, __u64 kind)

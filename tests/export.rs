@@ -670,18 +670,16 @@ fn min_duration_drops_short_background_operations_and_counts_them() {
 /// (sd 9.5), so 5–15% is over ±5 sd.
 const KERNEL_N: usize = 1000;
 
-/// KERNEL_N requests, each reading a file (fs.readFile: open, fstat, read, close)
-/// and resolving a name, under `sampler`: the metrics count every one of
-/// them exactly, while the work of the requests the kernel's sampler dropped
-/// sent no record (counted in the summary); the kept requests are whole.
-/// Returns the SERVER spans kept.
-fn kernel_sampled_in(topology: Topology, sampler: &str, arg: &str) -> Vec<Span> {
+/// tests/fixtures/requests_server.js on `node` serving KERNEL_N requests,
+/// each reading a file and resolving a name, traced in `topology` under
+/// `sampler`: the collector and the output.
+fn ksample_run(node: &str, topology: Topology, sampler: &str, arg: &str) -> (Collector, Output) {
     require_root();
     let col = Collector::start(Listen::Plain);
     let dir = TempDir::new("ksample");
     let ep = format!("http://127.0.0.1:{}", col.port());
     let (script, n) = (fixture("requests_server.js"), KERNEL_N.to_string());
-    let mut c = topology.command(&["--loop-threshold", "10m", "--status-interval", "0"], &["node", &script, &dir.str(), &n, "8"]);
+    let mut c = topology.command(&["--loop-threshold", "10m", "--status-interval", "0"], &[node, &script, &dir.str(), &n, "8"]);
     c.envs([
         ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
         ("OTEL_TRACES_SAMPLER", sampler),
@@ -693,16 +691,32 @@ fn kernel_sampled_in(topology: Topology, sampler: &str, arg: &str) -> Vec<Span> 
         ("FIXTURE_START_MS", if topology == Topology::AppAlone { "1000" } else { "100" }),
     ]);
     let out = run(c);
-    let ctx = format!("{topology:?} {sampler} {arg}\n{}", out.context());
-    assert_eq!(out.code(), Some(0), "{ctx}");
-    let count = |name: &str, want: &[(&str, &str)]| histogram_count(&col, name, want);
+    (col, out)
+}
+
+/// The operations of ksample_run's KERNEL_N requests, each counted once in
+/// the metrics: one lookup and fs.readFile's four async operations.
+fn check_op_counts(col: &Collector, ctx: &str) {
     let n = KERNEL_N as u64;
-    assert_eq!(count("http.server.request.duration", &[("http.response.status_code", "200")]), n, "every request\n{ctx}");
-    assert_eq!(count("dns.lookup.duration", &[]), n, "one lookup per request\n{ctx}");
+    assert_eq!(histogram_count(col, "dns.lookup.duration", &[]), n, "one lookup per request\n{ctx}");
     for op in ["fs.open", "fs.fstat", "fs.read", "fs.close"] {
-        let got = count("uvspan.fs.duration", &[("uvspan.fs.operation", &format!("\"{op}\"")), ("uvspan.fs.sync", "false")]);
+        let got = histogram_count(col, "uvspan.fs.duration", &[("uvspan.fs.operation", &format!("\"{op}\"")), ("uvspan.fs.sync", "false")]);
         assert_eq!(got, n, "one async {op} per request (fs.readFile)\n{ctx}");
     }
+}
+
+/// KERNEL_N requests, each reading a file (fs.readFile: open, fstat, read, close)
+/// and resolving a name, under `sampler`: the metrics count every one of
+/// them exactly, while the work of the requests the kernel's sampler dropped
+/// sent no record (counted in the summary); the kept requests are whole.
+/// Returns the SERVER spans kept.
+fn kernel_sampled_in(topology: Topology, sampler: &str, arg: &str) -> Vec<Span> {
+    let (col, out) = ksample_run("node", topology, sampler, arg);
+    let ctx = format!("{topology:?} {sampler} {arg}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let n = KERNEL_N as u64;
+    assert_eq!(histogram_count(&col, "http.server.request.duration", &[("http.response.status_code", "200")]), n, "every request\n{ctx}");
+    check_op_counts(&col, &ctx);
     let spans = col.spans();
     let servers: Vec<Span> = spans.iter().filter(|s| s.kind == 2).cloned().collect();
     for srv in &servers {
@@ -778,32 +792,12 @@ fn always_off_sends_no_record_of_request_work_app_alone() {
 /// result; the operation metrics stay exact.
 #[test]
 fn always_off_counts_every_operation_on_a_stripped_node() {
-    require_root();
-    let col = Collector::start(Listen::Plain);
-    let dir = TempDir::new("ksample-stripped");
-    let ep = format!("http://127.0.0.1:{}", col.port());
     let node = stripped_node().to_string_lossy().into_owned();
-    let (script, n) = (fixture("requests_server.js"), KERNEL_N.to_string());
-    let mut c = uvspan_cmd(["--loop-threshold", "10m", "--status-interval", "0", "--", &node, &script, &dir.str(), &n, "8"]);
-    c.envs([
-        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
-        ("OTEL_TRACES_SAMPLER", "always_off"),
-        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
-        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
-        ("FIXTURE_WORK", "readfile"),
-        ("FIXTURE_START_MS", "100"),
-    ]);
-    let out = run(c);
+    let (col, out) = ksample_run(&node, Topology::Host, "always_off", "");
     let ctx = out.context();
     assert_eq!(out.code(), Some(0), "{ctx}");
     assert!(out.stderr.contains("fallback in use: uv_freeaddrinfo"), "lookups end at uv_freeaddrinfo\n{ctx}");
-    let n = KERNEL_N as u64;
-    assert_eq!(histogram_count(&col, "dns.lookup.duration", &[]), n, "one lookup per request\n{ctx}");
-    for op in ["fs.open", "fs.fstat", "fs.read", "fs.close"] {
-        let got =
-            histogram_count(&col, "uvspan.fs.duration", &[("uvspan.fs.operation", &format!("\"{op}\"")), ("uvspan.fs.sync", "false")]);
-        assert_eq!(got, n, "one async {op} per request (fs.readFile)\n{ctx}");
-    }
+    check_op_counts(&col, &ctx);
     assert!(col.spans().iter().all(|s| !s.name.starts_with("fs.") && !s.name.starts_with("dns.")), "always_off: no span\n{ctx}");
 }
 
