@@ -805,7 +805,7 @@ function targets(R) {
       `trap-only floor ${o.uvspan_trap_cpu}x; SDK ${o.otel_sdk_cpu}x`);
     add('saturated: (app added + uvspan own CPU) / SDK added', '<= 0.25', o.uvspan_with_sidecar_over_sdk_added,
       o.uvspan_with_sidecar_over_sdk_added !== null && o.uvspan_with_sidecar_over_sdk_added <= 0.25,
-      `app added ${o.uvspan_added_us_per_req} + uvspan ${R.saturated.median.uvspan.uvspan_cpu_us_per_req} vs SDK added ${o.otel_sdk_added_us_per_req} us/req`);
+      `app added ${o.uvspan_added_us_per_req} + uvspan ${R.saturated.median.uvspan?.uvspan_cpu_us_per_req} vs SDK added ${o.otel_sdk_added_us_per_req} us/req`);
     add('saturated: app CPU/request, --sample-time 10%', '<= 1.06x bare', o.uvspan_sample10_cpu, o.uvspan_sample10_cpu !== null && o.uvspan_sample10_cpu <= 1.06);
   }
   if (R.statloop) {
