@@ -919,7 +919,7 @@ function markdown(R) {
         for (const [pt, n] of Object.entries(d.points)) row(`\`${pt.replaceAll("|", "\\|")}\``, n, pt in ns ? ns[pt] : '-');
       }
     }
-    L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req} µs (ratio ${o.ratios.uvspan_added_over_sdk_added}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req} µs. Ratios are medians of per-round ratios to that round's bare run.`);
+    L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req ?? '–'} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req ?? '–'} µs (ratio ${o.ratios.uvspan_added_over_sdk_added ?? '–'}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req ?? '–'} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req ?? '–'} µs. Ratios are medians of per-round ratios to that round's bare run.`);
     if (o.ratios.uvspan_metrics_only_over_trap !== undefined)
       L.push('', `Metrics only (bm) over the trap floor (b0), paired per round (the two runs' CPU difference over that round's bare run, median): ${o.ratios.uvspan_metrics_only_over_trap}× bare.`);
     const k = o.median.kernel_traps;
