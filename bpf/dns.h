@@ -268,14 +268,19 @@ __attribute__((noinline)) __u32 dns_kept_of(struct thread_state *ts, __u64 ai)
 static __always_inline int dns_free(struct pt_regs *ctx, __u64 cookie)
 {
 	struct gai_match m = { .ai = PT_REGS_PARM1(ctx), .pid = current_ids() >> 32 };
-	bpf_for_each_map_elem(&inflight_dns, match_gai, &m, 0);
-	struct thread_state *ts = ops_local && !m.found ? thread_state_of(0) : 0;
-	if (ts) {
-		/* an unsampled lookup kept in this thread's slots */
-		__u32 j = dns_kept_of(ts, m.ai);
-		if (j < UVSPAN_DNS_SLOTS)
-			return dns_finish_kept(ts, j, m.pid, ts->dns[j].req, 0, END_FREE);
+	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
+	/* An unsampled lookup kept in this thread's slots is its result's
+	 * only owner: found there, no walk of inflight_dns. (A NULL result,
+	 * a failure's, is every unfinished lookup's: the map first, as for
+	 * any result not in the slots.) */
+	__u32 j = ts && m.ai ? dns_kept_of(ts, m.ai) : UVSPAN_DNS_SLOTS;
+	if (j >= UVSPAN_DNS_SLOTS) {
+		bpf_for_each_map_elem(&inflight_dns, match_gai, &m, 0);
+		if (!m.found && !m.ai)
+			j = dns_kept_of(ts, 0);
 	}
+	if (ts && j < UVSPAN_DNS_SLOTS)
+		return dns_finish_kept(ts, j, m.pid, ts->dns[j].req, 0, END_FREE);
 	if (!m.found)
 		return 0;
 	struct req_key key = m.key;

@@ -162,7 +162,7 @@ struct gc_state {
 	__u32 _pad;
 };
 
-/* An async fs request kept with the thread that submitted it (fs_local):
+/* An async fs request kept with the thread that submitted it (ops_local):
  * libuv completes a request on the loop thread that submitted it. */
 struct fs_slot {
 	__u64 req; /* 0: free */
