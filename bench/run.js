@@ -158,6 +158,21 @@ function procMem(pid) {
   }
   return m;
 }
+// Proportional set size (smaps_rollup), and the RSS of the BPF maps mapped
+// into the process (smaps). The kernel maps a ring buffer's data pages twice
+// in a row (a record that wraps its end reads as one piece), so RSS counts
+// them twice and PSS once.
+function procPss(pid) {
+  const m = { Pss: 0, BpfMapRss: 0 };
+  const r = /^Pss:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/smaps_rollup`, 'utf8'));
+  if (r) m.Pss = Number(r[1]) * 1024;
+  let bpf = false;
+  for (const l of fs.readFileSync(`/proc/${pid}/smaps`, 'utf8').split('\n')) {
+    if (/^[0-9a-f]+-[0-9a-f]+ /.test(l)) bpf = l.endsWith('anon_inode:bpf-map');
+    else if (bpf && l.startsWith('Rss:')) m.BpfMapRss += Number(l.split(/\s+/)[1]) * 1024;
+  }
+  return m;
+}
 
 // ---- sink
 let SINK;
@@ -685,7 +700,7 @@ async function throughput() {
     else await sleep(1500);
     clearInterval(sampler);
     const u1 = procCpu(uv.pid);
-    const memEnd = procMem(uv.pid);
+    const memEnd = { ...procMem(uv.pid), ...procPss(uv.pid) };
     const sink1 = await sinkStats();
     d.child.stdin.write('exit\n');
     await exited(d.child);
@@ -712,6 +727,8 @@ async function throughput() {
       rss_anon_end_mib: round(memEnd.RssAnon / 1048576, 1),
       rss_file_end_mib: round(memEnd.RssFile / 1048576, 1),
       rss_shmem_end_mib: round(memEnd.RssShmem / 1048576, 1),
+      rss_bpf_maps_end_mib: round(memEnd.BpfMapRss / 1048576, 1),
+      pss_end_mib: round(memEnd.Pss / 1048576, 1),
       hwm_mib: round(memEnd.VmHWM / 1048576, 1),
       lost_kernel: sum.lost_kernel,
       dropped_queue: sum.dropped,
@@ -850,7 +867,7 @@ function targets(R) {
       s100 && !s100.app_bound ? s100.lost_kernel === 0 && s100.dropped_queue === 0 : null);
     const s50 = steps.find((s) => s.target_rate === 50000) || top;
     add('RSS steady at 50k spans/s', '<= 32 MiB', s50 ? s50.rss_steady_mib : 'not run', s50 ? s50.rss_steady_mib <= 32 : null,
-      s50 ? `at ${s50.spans_per_s} spans/s; anon ${s50.rss_anon_end_mib}, file ${s50.rss_file_end_mib}, shmem ${s50.rss_shmem_end_mib} MiB at end` : '');
+      s50 ? `at ${s50.spans_per_s} spans/s; at end anon ${s50.rss_anon_end_mib}, file ${s50.rss_file_end_mib} (of it BPF maps ${s50.rss_bpf_maps_end_mib ?? '?'}: the ring buffer's pages count twice), shmem ${s50.rss_shmem_end_mib} MiB; PSS ${s50.pss_end_mib ?? '?'} MiB` : '');
   }
   if (R.attach) {
     const a = R.attach.median;
@@ -944,10 +961,10 @@ function markdown(R) {
   }
   if (R.throughput) {
     L.push('', `## 3. Sidecar throughput (fs.statSync driver, ${R.throughput.config.seconds} s per step, ${DEST === 'otlp' ? 'OTLP to the sink' : DEST === 'console' ? 'console output to /dev/null' : 'OTLP to an endpoint that is down'})`, '');
-    row('target ops/s', 'reached ops/s', 'spans/s exported', 'uvspan CPU ns/span', 'spans/s per core', 'uvspan core share', 'RSS steady MiB', 'RSS anon/file/shmem MiB', 'lost (kernel)', 'dropped (queue)');
-    row('---', '---', '---', '---', '---', '---', '---', '---', '---', '---');
+    row('target ops/s', 'reached ops/s', 'spans/s exported', 'uvspan CPU ns/span', 'spans/s per core', 'uvspan core share', 'RSS steady MiB', 'RSS anon/file/shmem MiB', 'of it BPF maps MiB', 'PSS MiB', 'lost (kernel)', 'dropped (queue)');
+    row('---', '---', '---', '---', '---', '---', '---', '---', '---', '---', '---', '---');
     for (const s of R.throughput.steps)
-      row(s.target_rate, s.app_bound ? `${s.ops_per_s} (app-bound)` : s.ops_per_s, s.spans_per_s, s.uvspan_cpu_ns_per_span, s.spans_per_core_s, s.uvspan_cpu_share_of_core, s.rss_steady_mib, `${s.rss_anon_end_mib}/${s.rss_file_end_mib}/${s.rss_shmem_end_mib}`, s.lost_kernel, s.dropped_queue);
+      row(s.target_rate, s.app_bound ? `${s.ops_per_s} (app-bound)` : s.ops_per_s, s.spans_per_s, s.uvspan_cpu_ns_per_span, s.spans_per_core_s, s.uvspan_cpu_share_of_core, s.rss_steady_mib, `${s.rss_anon_end_mib}/${s.rss_file_end_mib}/${s.rss_shmem_end_mib}`, s.rss_bpf_maps_end_mib ?? '–', s.pss_end_mib ?? '–', s.lost_kernel, s.dropped_queue);
   }
   if (R.attach) {
     const a = R.attach;
