@@ -7,6 +7,8 @@
 //                uvspan -> OTLP, (c) OpenTelemetry JS SDK -> OTLP; interleaved;
 //                paced load, then saturated (closed loop, `--only saturated`).
 // 2. statloop:   fs.statSync ns/op, bare vs under uvspan, same process.
+// 2b. sampler:   the stack sampler's cost with no slow iteration: a loop of
+//                short pure-JS iterations, stacks on vs off, same process.
 // 3. throughput: uvspan CPU per span, RSS and loss at increasing op rates.
 // 4. attach:     time from `uvspan --pid` start to "tracing" (warm; cold page
 //                cache with and without the symbol cache), and the wall time
@@ -45,6 +47,7 @@ const CFG = QUICK
   ? {
       overhead: { rounds: 1, warm_s: 1, measure_s: 2, rate: 1000, conns: 10 },
       statloop: { rounds: 1, ops: 100000, warm_ops: 50000 },
+      sampler: { rounds: 1, window_ms: 1000 },
       throughput: { rates: [10000, 50000], seconds: 1.5 },
       attach: { trials: 2, wall_trials: 3 },
     }
@@ -57,6 +60,7 @@ const CFG = QUICK
         conns: 10,
       },
       statloop: { rounds: env('BENCH_ROUNDS', 5), ops: 300000, warm_ops: 300000 },
+      sampler: { rounds: env('BENCH_SAMPLER_ROUNDS', 9), window_ms: 3000 },
       throughput: { rates: [10000, 25000, 50000, 100000, 150000, 200000, 300000, 0], seconds: env('BENCH_TP_SECONDS', 5) },
       attach: { trials: 7, wall_trials: 21 },
     };
@@ -670,6 +674,61 @@ async function statloop() {
   };
 }
 
+// ---------------------------------------------------------------- 2b. sampler
+// The stack sampler's cost when no iteration is slow, apart from the uprobes:
+// a loop of ~0.4 ms iterations of pure JS (bench/sampler_loop.js; its one
+// probe hit per iteration is its epoll wait, the same in both
+// configurations), one process, windows of the same work bare, under uvspan
+// (stacks on, the default) and under uvspan --stacks off, uvspan attached
+// anew for each; the order turns each round. Per round: (on - off) / off of
+// the app's CPU per iteration; the median over the rounds.
+async function samplerCost() {
+  const c = CFG.sampler;
+  log(`sampler: ${c.rounds} round(s) of ${c.window_ms} ms windows, bare / stacks on / --stacks off (same process)`);
+  const p = await startNode([path.join(BENCH, 'sampler_loop.js')], {}, true);
+  const cmd = async (ms) => {
+    p.child.stdin.write(`run ${ms}\n`);
+    return json(await p.out.next((l) => json(l)?.chunks !== undefined, ms + 60000, 'sampler_loop'));
+  };
+  await cmd(c.window_ms); // warm: the JIT settles
+  const configs = { bare: null, on: [], off: ['--stacks', 'off'] };
+  const names = Object.keys(configs);
+  const rounds = [];
+  for (let r = 0; r < c.rounds; r++) {
+    const got = {};
+    for (let k = 0; k < names.length; k++) {
+      const name = names[(k + r) % names.length];
+      const uv = configs[name] ? await startUvspan(['--pid', String(p.pid), ...configs[name]]) : null;
+      got[name] = await cmd(c.window_ms);
+      if (uv) await uv.done('SIGINT');
+    }
+    const x = {
+      round: r + 1,
+      bare_cpu_ns: round(got.bare.cpu_ns_per_chunk, 0),
+      on_cpu_ns: round(got.on.cpu_ns_per_chunk, 0),
+      off_cpu_ns: round(got.off.cpu_ns_per_chunk, 0),
+      share_pct: round(((got.on.cpu_ns_per_chunk - got.off.cpu_ns_per_chunk) / got.off.cpu_ns_per_chunk) * 100, 2),
+      iterations_per_s: round((got.on.chunks * 1000) / got.on.wall_ms, 0),
+    };
+    rounds.push(x);
+    log(`  round ${r + 1}: bare ${x.bare_cpu_ns} ns/iteration, stacks on ${x.on_cpu_ns}, off ${x.off_cpu_ns}: ${x.share_pct}%`);
+  }
+  p.child.stdin.end();
+  await stop(p.child);
+  const shares = rounds.map((x) => x.share_pct).sort((a, b) => a - b);
+  const q = (f) => shares[Math.min(shares.length - 1, Math.floor(f * shares.length))];
+  return {
+    config: c,
+    rounds,
+    median: {
+      share_pct: round(median(shares), 2),
+      share_iqr_pct: [q(0.25), q(0.75)],
+      on_over_bare: round(median(rounds.map((x) => x.on_cpu_ns / x.bare_cpu_ns)), 4),
+      off_over_bare: round(median(rounds.map((x) => x.off_cpu_ns / x.bare_cpu_ns)), 4),
+    },
+  };
+}
+
 // ---------------------------------------------------------------- 3. throughput
 async function throughput() {
   const c = CFG.throughput;
@@ -814,7 +873,13 @@ function targets(R) {
     add('paced: app CPU/request under uvspan', '<= 1.10x bare', o.uvspan_cpu, o.uvspan_cpu !== null && o.uvspan_cpu <= 1.10,
       `added ${o.uvspan_added_us_per_req} vs SDK ${o.otel_sdk_added_us_per_req} us/req`);
   }
-  if (R.overhead && R.overhead.ratios.uvspan_nostacks_cpu) {
+  if (R.sampler) {
+    // Apart from the uprobes (2b), paired per round; the paced pairs below
+    // are too noisy to resolve 1% on a shared host.
+    const m = R.sampler.median;
+    add('stack sampler (no slow iteration): app CPU', '<= 1%', `${m.share_pct}%`, m.share_pct !== null && m.share_pct <= 1,
+      `stacks on vs --stacks off, one process iterating every ~0.4 ms, ${R.sampler.rounds.length} rounds paired; middle half ${m.share_iqr_pct[0]}% to ${m.share_iqr_pct[1]}%`);
+  } else if (R.overhead && R.overhead.ratios.uvspan_nostacks_cpu) {
     // Paired per round: default (stacks on) vs --stacks off, as a share of the app's CPU.
     const runs = R.overhead.runs;
     const shares = runs.filter((x) => x.config === 'uvspan').map((x) => {
@@ -959,6 +1024,14 @@ function markdown(R) {
       for (const [n, p] of Object.entries(s.anatomy.programs)) row(n, p.hits_per_op, p.ns_per_hit);
     }
   }
+  if (R.sampler) {
+    const s = R.sampler;
+    L.push('', `## 2b. Stack sampler, no slow iteration (${s.config.rounds} rounds of ${s.config.window_ms} ms windows, one process iterating every ~0.4 ms, uvspan attached anew per window)`, '');
+    row('round', 'bare ns/iteration', 'stacks on', '--stacks off', 'on vs off', 'iterations/s');
+    row('---', '---', '---', '---', '---', '---');
+    for (const x of s.rounds) row(x.round, x.bare_cpu_ns, x.on_cpu_ns, x.off_cpu_ns, `${x.share_pct}%`, x.iterations_per_s);
+    L.push('', `Median of the paired rounds: ${s.median.share_pct}% (middle half ${s.median.share_iqr_pct[0]}% to ${s.median.share_iqr_pct[1]}%); stacks on ${s.median.on_over_bare}x bare, --stacks off ${s.median.off_over_bare}x bare (the iteration's epoll wait, a probe hit in both).`);
+  }
   if (R.throughput) {
     L.push('', `## 3. Sidecar throughput (fs.statSync driver, ${R.throughput.config.seconds} s per step, ${DEST === 'otlp' ? 'OTLP to the sink' : DEST === 'console' ? 'console output to /dev/null' : 'OTLP to an endpoint that is down'})`, '');
     row('target ops/s', 'reached ops/s', 'spans/s exported', 'uvspan CPU ns/span', 'spans/s per core', 'uvspan core share', 'RSS steady MiB', 'RSS anon/file/shmem MiB', 'of it BPF maps MiB', 'PSS MiB', 'lost (kernel)', 'dropped (queue)');
@@ -999,6 +1072,7 @@ async function main() {
     if (want('overhead')) R.overhead = await overhead('paced');
     if (want('saturated')) R.saturated = await overhead('saturated');
     if (want('statloop')) R.statloop = await statloop();
+    if (want('sampler')) R.sampler = await samplerCost();
     if (want('throughput')) R.throughput = await throughput();
     if (want('attach')) R.attach = await attach();
   } finally {
@@ -1029,6 +1103,7 @@ async function main() {
     const kt = R.saturated && R.saturated.median.kernel_traps;
     if (kt && !(kt.uprobe_hits_per_req >= 1)) bad.push('the plain uprobes (kernel_traps) counted no hits');
     if (R.statloop && !(R.statloop.median.traced_cpu_ns > 0)) bad.push('statloop produced no numbers');
+    if (R.sampler && !(R.sampler.median.share_pct !== null && R.sampler.rounds.length)) bad.push('sampler produced no numbers');
     if (R.throughput && !R.throughput.steps.every((s) => s.spans_exported > 0)) bad.push('throughput step exported nothing');
     if (R.attach && !(R.attach.median.pid_ready_ms > 0)) bad.push('attach not measured');
     if (R.attach && !(R.attach.median.cold_no_symbol_cache_ms_internal > 0)) bad.push('cold attach not measured');
