@@ -40,7 +40,8 @@ fn unshare() -> Command {
 /// The fixture's work among `spans`, checked exactly: `ACCESS` fs.access and
 /// `READDIRS` fs.scandir of the fixture's own file and folder, `BURST` fs.stat
 /// in flight together (most wait in uvspan's overflow table), one lookup of
-/// nonexistent.invalid, one iteration busy for the timer's spin; all with
+/// nonexistent.invalid, one iteration busy for the timer's spin (its stack
+/// sampled); all with
 /// `process.pid` = `pid` (as the app sees itself) and the loop's spans on
 /// the thread the app knows as its main thread.
 fn check_work(spans: &[Span], pid: i64, script: &str, ctx: &str) {
@@ -62,6 +63,9 @@ fn check_work(spans: &[Span], pid: i64, script: &str, ctx: &str) {
         mine.iter().filter(|s| s.name == "uv.loop.iteration" && s.double("uvspan.loop.busy_ms").unwrap_or(0.0) >= BUSY_MS).collect();
     assert_eq!(busy.len(), 1, "one iteration busy >= {BUSY_MS} ms\n{}\n{ctx}", dump(&mine));
     assert_eq!(busy[0].int("thread.id"), Some(pid), "the loop thread as the app sees it\n{ctx}");
+    // The stack sampler went on for it (it is on only while an iteration
+    // is slow) and sampled the loop thread.
+    assert!(busy[0].int("uvspan.loop.stack_samples").unwrap_or(0) > 0, "the slow iteration's stack sampled\n{}\n{ctx}", busy[0].brief());
     for s in mine.iter().filter(|s| s.name == "fs.access") {
         assert_eq!(s.int("thread.id"), Some(pid), "a sync call on the loop thread, as the app sees it\n{ctx}");
     }

@@ -219,3 +219,27 @@ fn all_ops_names_the_js_function_that_submitted_each_operation() {
     assert!(spans.iter().any(|s| s.name.starts_with("fs.")), "fs spans are still there");
     assert!(spans.iter().all(|s| !s.name.starts_with("fs.") || s.str("code.stacktrace").is_none()), "no submit stacks by default");
 }
+
+/// The sampler's per-CPU events are on only while an iteration is slow: a
+/// process that iterates fast for 1.5 s and then blocks its loop twice
+/// turns them on exactly twice (not from the start, not during the fast
+/// part), and both slow iterations are still named.
+#[test]
+fn the_sampler_is_on_only_while_an_iteration_is_slow() {
+    require_root();
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let script = fixture("sampler_gate.js");
+    let node = official_node(20).to_string_lossy().into_owned();
+    let out = run(uvspan_cmd(["--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", &node, &script]));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let m = Markers::parse(&out.stdout);
+    assert!(m.get("done")["fast"].as_u64().unwrap_or(0) > 1000, "the fast part iterated\n{}", out.context());
+    let summary =
+        out.stderr.lines().find(|l| l.contains("loop-thread stack samples")).unwrap_or_else(|| panic!("no summary\n{}", out.context()));
+    assert!(summary.contains("(the sampler on 2 times, for slow iterations)"), "{summary}");
+    let spans: Vec<Span> = rx.spans().into_iter().filter(|s| s.name == "uv.loop.iteration").collect();
+    let slow: Vec<&Span> =
+        spans.iter().filter(|s| s.str("uvspan.loop.blocked_by").is_some_and(|b| b.starts_with("spinSlowly ("))).collect();
+    assert_eq!(slow.len(), 2, "both slow iterations named\n{}\n{}", stacks_of(&spans), out.context());
+}

@@ -128,7 +128,14 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
                 }
         )
     });
-    let stacks = if k.stack_samples > 0 { format!("; {} loop-thread stack samples", k.stack_samples) } else { String::new() };
+    let stacks = match k.sampler_on {
+        Some(n) => {
+            let times = if n == 1 { "once".to_string() } else { format!("{n} times") };
+            format!("; {} loop-thread stack samples (the sampler on {times}, for slow iterations)", k.stack_samples)
+        }
+        None if k.stack_samples > 0 => format!("; {} loop-thread stack samples", k.stack_samples),
+        None => String::new(),
+    };
     let sampling = run.sampling.map_or_else(String::new, |s| {
         let cut = run.requests.unwrap_or_default();
         let work = s.work.map_or_else(String::new, |w| {
@@ -242,5 +249,25 @@ mod tests {
             "{}",
             line(7)
         );
+    }
+
+    #[test]
+    fn the_summary_says_how_often_the_stack_sampler_went_on() {
+        let line = |on, samples| {
+            let k = Stats { sampler_on: on, stack_samples: samples, ..Default::default() };
+            summary_line(1, &Summary::default(), &k, &RunStats::default(), Duration::from_millis(50))
+        };
+        assert!(!line(None, 0).contains("stack samples"), "--stacks off: {}", line(None, 0));
+        assert!(
+            line(Some(0), 0).ends_with("; 0 loop-thread stack samples (the sampler on 0 times, for slow iterations)"),
+            "{}",
+            line(Some(0), 0)
+        );
+        assert!(
+            line(Some(1), 51).ends_with("; 51 loop-thread stack samples (the sampler on once, for slow iterations)"),
+            "{}",
+            line(Some(1), 51)
+        );
+        assert!(line(Some(3), 9).contains("(the sampler on 3 times, for slow iterations)"), "{}", line(Some(3), 9));
     }
 }

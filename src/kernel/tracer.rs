@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{AsRawLibbpf, Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 
 pub use attach::Attach;
 use attach::{Attached, FileId};
@@ -90,6 +90,9 @@ pub struct Stats {
     /// --sample-time: operations that crossed a window edge, dropped.
     pub straddled: u64,
     pub stack_samples: u64,
+    /// --stacks: how many times the sampler went on (a loop thread slow);
+    /// None before the sampler started.
+    pub sampler_on: Option<u64>,
     /// Async requests in flight in a thread's own state when it exited
     /// (those in the in-flight table are counted at their process's exit).
     pub unfinished_in_threads: u64,
@@ -188,7 +191,11 @@ pub struct Tracer {
     /// --stacks: the sampling link per CPU (each owns its perf event fd),
     /// opened with the first traced process.
     samplers: Vec<Link>,
+    /// --stacks: turns the samplers on while a loop thread is slow.
+    sampler_gate: Option<crate::kernel::sampler::Gate>,
     stacks: bool,
+    /// --stacks: the samplers go on once an iteration is busy this long.
+    sampler_lead: Duration,
     notices: Vec<String>,
     /// --sample-time: the uprobes are detached now.
     window_closed: bool,
@@ -292,7 +299,11 @@ impl Tracer {
             wait_links: HashMap::new(),
             detacher: Detacher::default(),
             samplers: Vec::new(),
+            sampler_gate: None,
             stacks: settings.stacks,
+            // Half the threshold (at least 1 ms): on by the time an
+            // iteration reaches it, the gate looking that often.
+            sampler_lead: (settings.loop_threshold / 2).max(Duration::from_millis(1)),
             notices: Vec::new(),
             window_closed: false,
             swept: 0,
@@ -485,6 +496,9 @@ impl Tracer {
     /// (returned: how many were dropped unfinished).
     pub fn remove_pid(&mut self, pid: u32) -> u64 {
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
+        if let Some(g) = &self.sampler_gate {
+            g.forget(pid);
+        }
         let mut gone: Vec<Link> = self.wait_links.remove(&pid).unwrap_or_default();
         self.uprobes.retain(|&(_, p), a| {
             if p == pid as i32 {
@@ -505,17 +519,23 @@ impl Tracer {
 
     /// --stacks: the loop thread of `pid` (its main thread) is sampled every
     /// `period_ns` while it runs. The events are per CPU, opened with the
-    /// first process; the BPF side keeps only traced loop threads' samples.
-    /// Nothing to do with --stacks off.
+    /// first process, and on only while a traced loop thread is slow
+    /// ([`crate::kernel::sampler::Gate`]); the BPF side keeps only traced
+    /// loop threads' samples. Nothing to do with --stacks off.
     pub fn sample_loop(&mut self, pid: u32, period_ns: u64) -> Result<()> {
+        if let Some(g) = &self.sampler_gate {
+            g.watch(pid);
+        }
         if !self.stacks || !self.samplers.is_empty() {
             return Ok(());
         }
         let cpus = crate::kernel::sampler::online_cpus().map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
-        let mut links = Vec::new();
+        let (mut links, mut copies) = (Vec::new(), Vec::new());
         for cpu in cpus {
             let fd = crate::kernel::sampler::open_cpu_clock(cpu, period_ns).map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?;
             // libbpf owns the fd from here: the link closes it when dropped.
+            // The gate's own copy, apart from the link's.
+            copies.push(fd.try_clone().map_err(|e| anyhow!(diagnose::perf_event(pid, &e)))?);
             let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
             let link = self.skel.progs.loop_sample.attach_perf_event(raw).map_err(|e| {
                 // SAFETY: libbpf did not take the fd (the attach failed): ours to close.
@@ -524,6 +544,11 @@ impl Tracer {
             })?;
             links.push(link);
         }
+        let loops = MapHandle::try_from(&self.skel.maps.loops).context("cannot read the loop threads' state for the stack sampler")?;
+        let gate =
+            crate::kernel::sampler::Gate::start(copies, loops, self.sampler_lead).context("cannot start the stack sampler's thread")?;
+        gate.watch(pid);
+        self.sampler_gate = Some(gate);
         self.samplers = links;
         Ok(())
     }
@@ -662,6 +687,7 @@ impl Tracer {
             straddled: read(stat_idx::STAT_STRADDLED) + self.swept,
             unfinished_in_threads: read(stat_idx::STAT_OPS_UNFINISHED),
             stack_samples: read(stat_idx::STAT_STACK_SAMPLES),
+            sampler_on: self.sampler_gate.as_ref().map(crate::kernel::sampler::Gate::switched_on),
             unsampled_ops: read(stat_idx::STAT_UNSAMPLED_OPS),
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
             hist_full: read(stat_idx::STAT_HIST_FULL),
@@ -913,6 +939,7 @@ impl Drop for Tracer {
         }
         // Links handed over for detaching go before the skeleton does.
         drop(std::mem::take(&mut self.detacher));
+        self.sampler_gate = None;
         self.samplers.clear();
         self.uprobes.clear();
         let waits = self.wait_links.drain().flat_map(|(_, l)| l);
