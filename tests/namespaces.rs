@@ -27,7 +27,7 @@ use common::*;
 const ACCESS: usize = 9;
 const READDIRS: usize = 3;
 const BURST: usize = 100;
-const BUSY_MS: f64 = 150.0;
+const BUSY_MS: f64 = 250.0;
 
 fn unshare() -> Command {
     require_tool("unshare", "it makes the PID and mount namespaces (util-linux; scripts/setup.sh installs it)");
