@@ -22,9 +22,15 @@ fn run_blocker(node: &Path, extra: &[&str]) -> (Output, Vec<Span>) {
 }
 
 fn run_blocker_env(node: &Path, extra: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Span>) {
+    run_fixture(node, "blocker.js", extra, env)
+}
+
+/// One run of a fixture under uvspan (--loop-threshold 50ms): its output
+/// and the iteration spans.
+fn run_fixture(node: &Path, name: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, Vec<Span>) {
     let rx = Receiver::start(Protocol::Grpc);
     let ep = rx.endpoint();
-    let script = fixture("blocker.js");
+    let script = fixture(name);
     let node = node.to_string_lossy().into_owned();
     let mut args = vec!["--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc"];
     args.extend_from_slice(extra);
@@ -229,12 +235,7 @@ fn all_ops_names_the_js_function_that_submitted_each_operation() {
 #[test]
 fn the_sampler_is_on_only_while_an_iteration_is_slow() {
     require_root();
-    let rx = Receiver::start(Protocol::Grpc);
-    let ep = rx.endpoint();
-    let script = fixture("sampler_gate.js");
-    let node = official_node(20).to_string_lossy().into_owned();
-    let out = run(uvspan_cmd(["--loop-threshold", "50ms", "--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", &node, &script]));
-    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let (out, spans) = run_fixture(&official_node(20), "sampler_gate.js", &[], &[]);
     let m = Markers::parse(&out.stdout);
     assert!(m.get("done")["fast"].as_u64().unwrap_or(0) > 1000, "the fast part iterated\n{}", out.context());
     let summary =
@@ -246,7 +247,6 @@ fn the_sampler_is_on_only_while_an_iteration_is_slow() {
         .and_then(|n| n.parse::<u64>().ok())
         .unwrap_or_else(|| panic!("no count of the sampler going on: {summary}"));
     assert!((2..20).contains(&times), "the sampler went on {times} times for 2 slow iterations: {summary}");
-    let spans: Vec<Span> = rx.spans().into_iter().filter(|s| s.name == "uv.loop.iteration").collect();
     let slow: Vec<&Span> =
         spans.iter().filter(|s| s.str("uvspan.loop.blocked_by").is_some_and(|b| b.starts_with("spinSlowly ("))).collect();
     assert_eq!(slow.len(), 2, "both slow iterations named\n{}\n{}", stacks_of(&spans), out.context());
