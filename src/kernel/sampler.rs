@@ -7,8 +7,9 @@
 //! the thread, and its timer re-armed, at every context switch — measured
 //! here (a VM) at ~+10 µs of the app's CPU per sleep/wake of its loop
 //! thread, 13% of a paced HTTP server's CPU per request. A per-CPU event
-//! costs each CPU one interrupt per millisecond, whoever runs there: 0.7-2.6%
-//! of a busy CPU on the benchmark's VM, with or without a program on it.
+//! costs each CPU one interrupt per millisecond, whoever runs there: 0.7-2.1%
+//! of a busy CPU on the benchmark's VM with no program on it (+2.6% with
+//! uvspan's, bench part 2b).
 //!
 //! So the events are on only while a traced process's loop is slow: [`Gate`]
 //! reads each traced process's main-thread loop state (the loop the sampler
