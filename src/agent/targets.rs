@@ -107,6 +107,7 @@ impl Agent {
         // only the processes added are named). A new image: its caches go.
         if let Some(st) = self.stacks.as_mut() {
             st.add_process(pid, cmd.node_version.as_deref());
+            self.tracer.watch_loop(pid);
         }
         if !crate::probes::io_uring::Env::of(pid).turns_on() {
             return;

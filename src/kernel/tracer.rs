@@ -553,6 +553,15 @@ impl Tracer {
         Ok(())
     }
 
+    /// --stacks: the sampler goes on when process `pid`'s loop is slow too
+    /// (a descendant of a traced command: its probes are the command's,
+    /// attached for every process of the file).
+    pub fn watch_loop(&self, pid: u32) {
+        if let Some(g) = &self.sampler_gate {
+            g.watch(pid);
+        }
+    }
+
     /// The optional probe groups this tracer attaches.
     pub fn detail(&self) -> Detail {
         self.detail
