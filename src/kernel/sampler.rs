@@ -61,14 +61,6 @@ fn busy_of(value: &[u8], now: u64) -> u64 {
     )
 }
 
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: clock_gettime writes the timespec it is given, which lives
-    // across the call.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64).saturating_mul(1_000_000_000).saturating_add(ts.tv_nsec as u64)
-}
-
 /// The sampler's per-CPU events, turned on while a traced loop thread is
 /// slow (see the module's notes) by a thread of its own. Dropped: the
 /// thread stops (the events stay as they were; their links close them).
@@ -104,7 +96,7 @@ impl Gate {
         let thread = std::thread::Builder::new().name("uvspan-sampler".into()).spawn(move || {
             let mut on = false;
             while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(lead) {
-                let now = monotonic_ns();
+                let now = crate::events::clock::monotonic_ns();
                 let list = watched.lock().map(|p| p.clone()).unwrap_or_default();
                 // Unreadable (never expected): on, as it always was before.
                 let want = list.iter().any(|pid| match loops.lookup(&pid.to_ne_bytes(), MapFlags::ANY) {

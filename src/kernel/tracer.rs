@@ -523,9 +523,7 @@ impl Tracer {
     /// ([`crate::kernel::sampler::Gate`]); the BPF side keeps only traced
     /// loop threads' samples. Nothing to do with --stacks off.
     pub fn sample_loop(&mut self, pid: u32, period_ns: u64) -> Result<()> {
-        if let Some(g) = &self.sampler_gate {
-            g.watch(pid);
-        }
+        self.watch_loop(pid);
         if !self.stacks || !self.samplers.is_empty() {
             return Ok(());
         }
