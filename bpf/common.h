@@ -106,6 +106,7 @@ struct pid;
  * when that was last brought up to date (rq_clock_task), its time runnable
  * but waiting for a CPU (CONFIG_SCHED_INFO), its cgroup's CFS bandwidth. */
 struct sched_entity {
+	struct cfs_rq *cfs_rq;
 	unsigned long long exec_start;
 	unsigned long long sum_exec_runtime;
 } __attribute__((preserve_access_index));
@@ -122,6 +123,21 @@ struct cfs_bandwidth {
 struct task_group {
 	struct task_group *parent;
 	struct cfs_bandwidth cfs_bandwidth;
+} __attribute__((preserve_access_index));
+
+/* A CPU's run queue: its scheduler clock (sched_clock) and its task clock
+ * (that minus the IRQ and steal time this CPU has had), as of its last
+ * update. Their difference is the CPU's own: each CPU has its steal. A
+ * running task reaches its CPU's through its CFS run queue
+ * (CONFIG_FAIR_GROUP_SCHED; the per-CPU `runqueues` is no kernel symbol a
+ * program can name without CONFIG_KALLSYMS_ALL). */
+struct rq {
+	unsigned long long clock;
+	unsigned long long clock_task;
+} __attribute__((preserve_access_index));
+
+struct cfs_rq {
+	struct rq *rq;
 } __attribute__((preserve_access_index));
 
 struct task_struct {

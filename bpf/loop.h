@@ -19,9 +19,14 @@
  * start (or the iteration's end) closes it. No scheduler tracepoint: the
  * current task's counters are plain loads through its BTF pointer.
  * - sum_exec_runtime is brought up to date at ticks and switches only: the
- *   time since (se.exec_start, on the scheduler's clock) is added, the
- *   scheduler's clock being ktime minus an offset measured at the thread's
- *   last wake-up (exec_start is the switch's time then).
+ *   time since se.exec_start is added. exec_start is on the CPU's task
+ *   clock (rq->clock_task): sched_clock less the IRQ and steal time of that
+ *   CPU, so its offset to ktime differs from CPU to CPU (by seconds on a
+ *   VM). It is taken apart: this CPU's rq->clock - rq->clock_task, read
+ *   now, and sched_clock's offset to ktime, the same on every CPU, measured
+ *   at the thread's last wake-up (exec_start is the switch's time then). A
+ *   thread that moved to another CPU since (a throttled one often does)
+ *   is caught up on that CPU's clock.
  * - run_delay is complete whenever the task runs (it grows when the task
  *   gets a CPU).
  * - throttled_time is the cgroup's (the nearest with a CFS quota, up to
@@ -56,6 +61,7 @@ struct task_sched {
 	__u64 run_delay;
 	__u64 nvcsw;
 	__u64 throttled; /* its quota group's (has_quota) */
+	__u64 stolen;    /* this CPU's rq->clock - rq->clock_task (0: unknown) */
 	__u32 has_quota;
 	__u32 _pad;
 };
@@ -73,6 +79,17 @@ __attribute__((noinline)) int task_sched_read(struct task_sched *o, int throttle
 	o->exec_start = t->se.exec_start;
 	o->run_delay = t->sched_info.run_delay;
 	o->nvcsw = t->nvcsw;
+	o->stolen = 0;
+	if (bpf_core_field_exists(t->se.cfs_rq)) {
+		struct rq *rq = BPF_CORE_READ(t, se.cfs_rq, rq);
+		__u64 clock = 0, task = 0;
+		if (rq) {
+			clock = BPF_CORE_READ(rq, clock);
+			task = BPF_CORE_READ(rq, clock_task);
+		}
+		if (clock > task)
+			o->stolen = clock - task;
+	}
 	o->throttled = 0;
 	o->has_quota = 0;
 	if (throttle) {
@@ -91,7 +108,7 @@ static __always_inline void sched_read(const struct task_sched *t, struct loop_s
 	__u64 on = t->sum_exec_runtime;
 	__u64 off = st->sched.clk_off;
 	if (sched_catchup && off) {
-		__u64 since = t->exec_start + off;
+		__u64 since = t->exec_start + t->stolen + off; /* modulo 2^64 */
 		if (now > since && now - since < CATCHUP_MAX_NS)
 			on += now - since;
 	}
@@ -161,15 +178,16 @@ static __always_inline void sched_wait_start(struct loop_state *st, __u64 now)
 }
 
 /* A wait ended: a busy part starts. After a wait that slept the task was
- * switched in just now, at se.exec_start on the scheduler's clock: the
- * offset to ktime, within the few microseconds since. */
+ * switched in just now, at se.exec_start on this CPU's task clock: the
+ * offset of sched_clock to ktime, within the few microseconds since. */
 static __always_inline void sched_wait_end(struct loop_state *st, __u64 now)
 {
 	struct task_sched t = {};
 	task_sched_read(&t, 0);
-	__u64 start = t.exec_start;
-	if (t.nvcsw != st->sched.nvcsw && now > start)
-		st->sched.clk_off = now - start;
+	/* Modulo 2^64: sched_clock may be ahead of ktime. */
+	__u64 off = now - (t.exec_start + t.stolen);
+	if (t.nvcsw != st->sched.nvcsw && off)
+		st->sched.clk_off = off;
 	struct loop_sched s = {};
 	sched_read(&t, st, now, &s);
 	sched_open(st, now, &s);

@@ -294,7 +294,7 @@ struct loop_sched {
 	__u64 on_cpu;      /* se.sum_exec_runtime, caught up */
 	__u64 run_delay;   /* sched_info.run_delay */
 	__u64 throttled;   /* the cgroup's cfs_bandwidth.throttled_time */
-	__u64 clk_off;     /* ktime - rq_clock_task, measured at a wake-up (0: not yet) */
+	__u64 clk_off;     /* ktime - sched_clock mod 2^64, at a wake-up (0: not yet) */
 	__u64 nvcsw;       /* voluntary switches when the current wait started */
 };
 

@@ -6,7 +6,8 @@
 //! - a readSync on a FIFO that another process writes later: mostly off-CPU;
 //! - busy JS pinned to one CPU with a busy hog pinned there too: a good
 //!   part waiting for the CPU;
-//! - busy JS in a cgroup with a small CPU quota: throttled.
+//! - busy JS in a cgroup with a small CPU quota: throttled;
+//! - busy JS whose thread moves to another CPU: still adds up.
 //!
 //! Each checks the parts add up to the busy time. Nothing here bounds a
 //! duration: the checks are ratios of the split, which is the feature.
@@ -145,6 +146,30 @@ fn sharing_a_cpu_with_a_hog_is_run_queue() {
     let (_, it, _) = slow_iteration("shared CPU", &["taskset", "-c", "0", "node", &script, "busy"]);
     let (busy, _, _, rq) = split(&it, "shared CPU");
     assert!(rq >= 0.25 * busy, "busy JS beside a hog on its CPU: run queue {rq:.3} of {busy:.3} ms: {}", it.brief());
+}
+
+/// Busy JS whose loop thread moves to another CPU mid-iteration: the split
+/// still adds up. Each CPU's task clock lags ktime by its own IRQ and steal
+/// time (on a VM the CPUs differ by up to seconds), so the on-CPU time the
+/// scheduler has not yet counted is caught up on the clock of the CPU the
+/// thread ended on, not the one it woke on. Both ways, CPU 0 to 1 and 1 to
+/// 0: which way a difference of clocks shows depends on the machine.
+#[test]
+fn a_loop_thread_moved_to_another_cpu_adds_up() {
+    require_root();
+    let _one = one_at_a_time();
+    require_tool("taskset", "pins the fixture to one CPU and moves it to another");
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    assert!(cpus >= 2, "moving a thread between CPUs needs two; this machine has {cpus}");
+    let script = fixture("loop_split.js");
+    for (from, to) in [("0", "1"), ("1", "0")] {
+        let label = format!("moved from CPU {from} to {to}");
+        let (out, it, _) = slow_iteration(&label, &["taskset", "-c", from, "node", &script, "move", to]);
+        let ended = Markers::parse(&out.stdout).i64("slow", "cpu");
+        assert_eq!(ended.to_string(), to, "{label}: the loop thread ended on CPU {ended}: {}", out.context());
+        let (busy, on, ..) = split(&it, &label);
+        assert!(on >= 0.5 * busy, "{label}: on-CPU {on:.3} of {busy:.3} ms: {}", it.brief());
+    }
 }
 
 /// A cgroup of the test's own with a CPU quota (cgroup v1 `cpu` controller,
