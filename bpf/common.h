@@ -85,6 +85,9 @@ const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUN
 const volatile unsigned int ops_local = 0;
 /* --stacks all-ops: the user stack at each fs/DNS submit. */
 const volatile unsigned int stacks_all_ops = 0;
+/* --stacks: how busy a loop's iteration is when gate_tick wakes the
+ * sampler's gate (half --loop-threshold). */
+const volatile __u64 gate_lead_ns = 0;
 /* uvspan's own PID namespace (nsfs device and inode of /proc/self/ns/pid)
  * when it is not the initial one; 0: the initial namespace. Every pid and
  * tid the programs key maps by or send is the one uvspan sees, as its /proc,

@@ -323,6 +323,20 @@ struct {
 	__type(value, struct loop_state);
 } loops SEC(".maps");
 
+/* The stack sampler's gate (stacks.h: gate_tick): its wake-ups, and
+ * whether it is awake (set here as it is woken, cleared by it). */
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4096);
+} gate_wake SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} gate_awake SEC(".maps");
+
 /* Operations of unsampled traces (no record sent): their durations per
  * process and attribute set. User space reads and sums the CPUs' into the
  * metrics and removes a process's entries once it is gone. Full: the

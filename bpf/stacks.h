@@ -126,4 +126,40 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	return 0;
 }
 
+/* The sampler's events are off while no loop is slow; their gate, a thread
+ * of uvspan's (src/kernel/sampler.rs), sleeps until this wakes it: at any
+ * hrtimer expiry on a CPU (the scheduler tick among them, every 1-10 ms
+ * while a thread runs), the interrupted thread, if a traced process's main
+ * thread whose iteration in progress has been busy for gate_lead_ns, wakes
+ * the gate once (gate_awake[0] set; the gate clears it as it goes back to
+ * sleep). A tracepoint, not a trap: one array lookup at every expiry, and
+ * a hash lookup when a process's main thread was interrupted. */
+SEC("tp_btf/hrtimer_expire_entry")
+int BPF_PROG(gate_tick)
+{
+	__u32 zero = 0;
+	__u32 *awake = bpf_map_lookup_elem(&gate_awake, &zero);
+	if (!awake || *awake)
+		return 0;
+	/* A main thread (in any PID namespace its tid is its tgid), not idle. */
+	__u64 raw = bpf_get_current_pid_tgid();
+	if (!raw || (raw >> 32) != (__u32)raw)
+		return 0;
+	__u64 id = current_ids();
+	__u32 tid = (__u32)id;
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	/* (A stale entry's tid may belong to another process.) */
+	if (!st || !st->ev.start_ns || !is_traced(id >> 32))
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	__u64 idle = st->ev.poll_wait_ns;
+	if (st->epoll_enter && now > st->epoll_enter)
+		idle += now - st->epoll_enter;
+	if (now < st->ev.start_ns + idle + gate_lead_ns)
+		return 0;
+	*awake = 1;
+	bpf_ringbuf_output(&gate_wake, &tid, sizeof(tid), BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
 #endif /* UVSPAN_STACKS_H */

@@ -231,11 +231,26 @@ fn all_ops_names_the_js_function_that_submitted_each_operation() {
 /// its loop twice turns them on at least twice (not once from the start and
 /// left on) and not for each fast iteration (a preemption of the app longer
 /// than half the threshold on a loaded machine may add one), and both slow
-/// iterations are still named.
+/// iterations are still named. The gate woken by the timer tracepoint, and
+/// the gate that looks every half threshold (where the tracepoint cannot
+/// be attached).
 #[test]
 fn the_sampler_is_on_only_while_an_iteration_is_slow() {
     require_root();
-    let (out, spans) = run_fixture(&official_node(20), "sampler_gate.js", &[], &[]);
+    sampler_gate_run(&[]);
+}
+
+#[test]
+fn the_polling_sampler_gate_is_on_only_while_an_iteration_is_slow() {
+    require_root();
+    sampler_gate_run(&[("UVSPAN_BENCH_GATE_POLL", "1")]);
+}
+
+fn sampler_gate_run(env: &[(&str, &str)]) {
+    let (out, spans) = run_fixture(&official_node(20), "sampler_gate.js", &[], env);
+    // The polling gate says so; the woken one is the default.
+    let polls = out.stderr.contains("the stack sampler looks at the loops every");
+    assert_eq!(polls, !env.is_empty(), "the gate polls: {polls}\n{}", out.context());
     let m = Markers::parse(&out.stdout);
     assert!(m.get("done")["fast"].as_u64().unwrap_or(0) > 1000, "the fast part iterated\n{}", out.context());
     let summary =

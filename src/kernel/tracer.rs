@@ -303,7 +303,7 @@ impl Tracer {
             stacks: settings.stacks,
             // Half the threshold (at least 1 ms): on by the time an
             // iteration reaches it, the gate looking that often.
-            sampler_lead: (settings.loop_threshold / 2).max(Duration::from_millis(1)),
+            sampler_lead: sampler_lead(settings.loop_threshold),
             notices: Vec::new(),
             window_closed: false,
             swept: 0,
@@ -408,6 +408,7 @@ impl Tracer {
             // bpf/common.h: ops_local.
             ro.ops_local = u32::from(!settings.sampling && !settings.detail.threadpool);
             ro.stacks_all_ops = u32::from(settings.stacks_all_ops);
+            ro.gate_lead_ns = u64::try_from(sampler_lead(settings.loop_threshold).as_nanos()).unwrap_or(u64::MAX);
             if let Some(k) = settings.kernel_sampling {
                 ro.ksample_requests = u32::from(k.requests);
                 ro.khttp = u32::from(k.requests && k.follow_requests);
@@ -446,6 +447,7 @@ impl Tracer {
         }
         p.syscall_enter.set_autoload(!f.fentry);
         p.loop_sample.set_autoload(settings.stacks);
+        p.gate_tick.set_autoload(settings.stacks);
         p.syscall_exit.set_autoload(!f.fentry);
         // Load only the programs that will be used: each costs verifier time
         // (the dispatcher's copy is chosen in open_and_load).
@@ -543,8 +545,28 @@ impl Tracer {
             links.push(link);
         }
         let loops = MapHandle::try_from(&self.skel.maps.loops).context("cannot read the loop threads' state for the stack sampler")?;
-        let gate =
-            crate::kernel::sampler::Gate::start(copies, loops, self.sampler_lead).context("cannot start the stack sampler's thread")?;
+        // What wakes the gate (none: it looks every lead, and says so).
+        // Benchmark only: UVSPAN_BENCH_GATE_POLL=1 makes it look every lead.
+        let wake = if std::env::var_os("UVSPAN_BENCH_GATE_POLL").is_some_and(|v| v == "1") {
+            Err(anyhow!("UVSPAN_BENCH_GATE_POLL=1"))
+        } else {
+            self.skel.progs.gate_tick.attach().map_err(anyhow::Error::from).and_then(|link| {
+                let ring = MapHandle::try_from(&self.skel.maps.gate_wake)?;
+                let awake = MapHandle::try_from(&self.skel.maps.gate_awake)?;
+                links.push(link);
+                Ok(crate::kernel::sampler::Wake { ring, awake })
+            })
+        };
+        let wake = wake
+            .map_err(|e| {
+                eprintln!(
+                    "uvspan: the stack sampler looks at the loops every {:?}, a wake-up that costs uvspan up to ~1% of a CPU on a VM (the timer tracepoint that would wake it only when a loop is slow is not attached: {e})",
+                    self.sampler_lead
+                )
+            })
+            .ok();
+        let gate = crate::kernel::sampler::Gate::start(copies, loops, self.sampler_lead, wake)
+            .context("cannot start the stack sampler's thread")?;
         gate.watch(pid);
         self.sampler_gate = Some(gate);
         self.samplers = links;
@@ -969,4 +991,10 @@ impl<T> AssertSend<T> {
     fn into_inner(self) -> T {
         self.0
     }
+}
+
+/// --stacks: how busy a loop's iteration is when the sampler goes on (half
+/// the loop threshold, at least 1 ms; samples are kept from the threshold).
+fn sampler_lead(threshold: Duration) -> Duration {
+    (threshold / 2).max(Duration::from_millis(1))
 }
