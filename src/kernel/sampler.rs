@@ -21,7 +21,7 @@
 //! gate through a small ring buffer once such a loop has been busy that
 //! long. While the events are on, the gate reads the loops' state every
 //! half threshold until none is slow. A thread polling at 200 Hz instead
-//! cost ~1.4% of a CPU on the benchmark's VM (a wake-up from a 5 ms sleep
+//! cost ~1.3% of a CPU on the benchmark's VM (a wake-up from a 5 ms sleep
 //! costs ~50 µs of CPU there); it is the fallback where the tracepoint
 //! cannot be attached. A BPF timer per loop thread would need neither, but
 //! uprobe programs may not use timers ("tracing progs cannot use bpf_timer
