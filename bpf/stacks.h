@@ -77,22 +77,31 @@ struct pt_regs___s {
 	unsigned long bp;
 } __attribute__((preserve_access_index));
 
+/* The loop of the thread `id` (current_ids) if it is a traced process's
+ * and its iteration in progress has been busy (its time less its epoll
+ * waits, the one under way included) for at least `busy` ns at `now`; else
+ * NULL. A stale entry's tid may belong to another process: checked. */
+static __always_inline struct loop_state *loop_busy_for(__u64 id, __u64 now, __u64 busy)
+{
+	__u32 tid = (__u32)id;
+	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
+	if (!st || !st->ev.start_ns || !is_traced(id >> 32))
+		return NULL;
+	__u64 idle = st->ev.poll_wait_ns;
+	if (st->epoll_enter && now > st->epoll_enter)
+		idle += now - st->epoll_enter;
+	return now < st->ev.start_ns + idle + busy ? NULL : st;
+}
+
 SEC("perf_event")
 int loop_sample(struct bpf_perf_event_data *ctx)
 {
+	/* The event is per CPU: whatever runs here. */
 	__u64 id = current_ids();
 	__u32 tid = (__u32)id;
-	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
-	/* The event is per CPU: whatever runs here. Loop threads of traced
-	 * processes only (a stale entry's tid may belong to another process). */
-	if (!st || !st->ev.start_ns || !is_traced(id >> 32))
-		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	__u64 idle = st->ev.poll_wait_ns;
-	if (st->epoll_enter)
-		idle += now - st->epoll_enter;
-	__u64 total = now - st->ev.start_ns;
-	if (total < idle + loop_threshold_ns)
+	struct loop_state *st = loop_busy_for(id, now, loop_threshold_ns);
+	if (!st)
 		return 0;
 	if (st->samples >= UVSPAN_STACK_SAMPLES_MAX)
 		return 0;
@@ -147,15 +156,7 @@ int BPF_PROG(gate_tick)
 		return 0;
 	__u64 id = current_ids();
 	__u32 tid = (__u32)id;
-	struct loop_state *st = bpf_map_lookup_elem(&loops, &tid);
-	/* (A stale entry's tid may belong to another process.) */
-	if (!st || !st->ev.start_ns || !is_traced(id >> 32))
-		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	__u64 idle = st->ev.poll_wait_ns;
-	if (st->epoll_enter && now > st->epoll_enter)
-		idle += now - st->epoll_enter;
-	if (now < st->ev.start_ns + idle + gate_lead_ns)
+	if (!loop_busy_for(id, bpf_ktime_get_ns(), gate_lead_ns))
 		return 0;
 	*awake = 1;
 	bpf_ringbuf_output(&gate_wake, &tid, sizeof(tid), BPF_RB_FORCE_WAKEUP);
