@@ -560,7 +560,7 @@ impl Tracer {
         let wake = wake
             .map_err(|e| {
                 eprintln!(
-                    "uvspan: the stack sampler looks at the loops every {:?}, a wake-up that costs uvspan up to ~1% of a CPU on a VM (the timer tracepoint that would wake it only when a loop is slow is not attached: {e})",
+                    "uvspan: the stack sampler looks at the loops every {:?}, wake-ups that cost uvspan ~1% of a CPU or more on a VM (the timer tracepoint that would wake it only when a loop is slow is not attached: {e})",
                     self.sampler_lead
                 )
             })
