@@ -189,7 +189,7 @@ impl Agent {
         let waker = Waker::new()?;
         let signal = watch_signals(&rt, waker.clone());
         let (rb, inbox) = open_ring(&tracer)?;
-        let sleeper = Sleeper::new(rb.epoll_fd(), waker.clone())?;
+        let sleeper = Sleeper::new(Some(rb.epoll_fd()), waker.clone())?;
         let status = cli.status_interval;
         let share = cli.sample_time.filter(|&s| s < 1.0);
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);

@@ -29,7 +29,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -38,6 +38,7 @@ use libbpf_rs::libbpf_sys;
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 use crate::kernel::skel::types::{loop_event, loop_state};
+use crate::kernel::wake::{Sleeper, Waker};
 
 /// `ioctl` requests on a perf event fd (linux/perf_event.h: `_IO('$', 0)`
 /// and `_IO('$', 1)`).
@@ -87,29 +88,13 @@ const PARK_MAX: Duration = Duration::from_secs(1);
 /// slow (see the module's notes) by a thread of its own. Dropped: the
 /// thread stops (the events stay as they were; their links close them).
 pub struct Gate {
-    /// Written when dropped: the thread stops at once.
-    stop: OwnedFd,
+    /// Set, with `waker` rung, when dropped: the thread stops at once.
+    stop: Arc<AtomicBool>,
+    waker: Waker,
     switched_on: Arc<AtomicU64>,
     /// The traced processes (their main threads' loops are looked at).
     pids: Arc<Mutex<Vec<u32>>>,
     thread: Option<JoinHandle<()>>,
-}
-
-/// Waits until `stop` or `other` is readable or `timeout` passes: true when
-/// stopped.
-fn wait(stop: &OwnedFd, other: Option<i32>, timeout: Duration) -> bool {
-    let mut fds = [
-        libc::pollfd { fd: stop.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        libc::pollfd { fd: other.unwrap_or(-1), events: libc::POLLIN, revents: 0 },
-    ];
-    let ts = libc::timespec {
-        tv_sec: libc::time_t::try_from(timeout.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: fds and ts live across the call; a negative fd is ignored by
-    // ppoll; no signal mask.
-    let n = unsafe { libc::ppoll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, &ts, std::ptr::null()) };
-    n > 0 && fds[0].revents != 0
 }
 
 impl Gate {
@@ -119,15 +104,9 @@ impl Gate {
     /// `lead`: how busy an iteration is when the events go on (and how often
     /// the thread looks while they are); `wake`: what wakes it (None: it
     /// looks every `lead`). The events start off.
-    pub fn start(events: Vec<OwnedFd>, loops: MapHandle, lead: Duration, wake: Option<Wake>) -> io::Result<Gate> {
-        // SAFETY: eventfd(2) with flags it knows; a new fd or -1.
-        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if efd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: the fd was just returned by the kernel and is owned by no one else.
-        let stop = unsafe { OwnedFd::from_raw_fd(efd) };
-        let stopped = stop.try_clone()?;
+    pub fn start(events: Vec<OwnedFd>, loops: MapHandle, lead: Duration, wake: Option<Wake>) -> anyhow::Result<Gate> {
+        let waker = Waker::new()?;
+        let stop = Arc::new(AtomicBool::new(false));
         let switched_on = Arc::new(AtomicU64::new(0));
         let set = |events: &[OwnedFd], on: bool| {
             for fd in events {
@@ -138,7 +117,7 @@ impl Gate {
         };
         set(&events, false);
         let pids: Arc<Mutex<Vec<u32>>> = Arc::default();
-        let (n, watched) = (switched_on.clone(), pids.clone());
+        let (n, watched, stopping, ringer) = (switched_on.clone(), pids.clone(), stop.clone(), waker.clone());
         let lead_ns = u64::try_from(lead.as_nanos()).unwrap_or(u64::MAX);
         let thread = std::thread::Builder::new().name("uvspan-sampler".into()).spawn(move || {
             let slow = || {
@@ -150,14 +129,20 @@ impl Gate {
                     Err(_) => true,
                 })
             };
+            let stopped = || stopping.load(Ordering::Relaxed);
             let ring = wake.as_ref().and_then(|w| {
                 let mut b = libbpf_rs::RingBufferBuilder::new();
                 b.add(&w.ring, |_| 0).ok()?;
                 b.build().ok()
             });
+            // Sleeps until the ring buffer has a wake-up, the gate is
+            // dropped, or the timeout.
+            let Ok(sleeper) = Sleeper::new(ring.as_ref().map(|r| r.epoll_fd()), ringer) else {
+                return;
+            };
             let mut on = false;
             let mut woken = false;
-            loop {
+            while !stopped() {
                 let want = slow();
                 if want {
                     woken = false;
@@ -173,31 +158,27 @@ impl Gate {
                     (Some(r), Some(w)) if !on => (r, w),
                     // On (or no wake-up to wait for): look again in `lead`.
                     _ => {
-                        if wait(&stopped, None, lead) {
-                            return;
-                        }
+                        sleeper.sleep(lead);
                         continue;
                     }
                 };
                 // Woken for a loop not watched: not woken again before this.
-                if woken && wait(&stopped, None, PARK_AFTER_NOTHING) {
-                    return;
+                if woken {
+                    sleeper.sleep(PARK_AFTER_NOTHING);
                 }
                 // To sleep: let the BPF side wake it, then look once more (a
                 // loop slow since would not).
                 let _ = wake.awake.update(&0u32.to_ne_bytes(), &0u32.to_ne_bytes(), MapFlags::ANY);
-                if slow() {
+                if slow() || stopped() {
                     woken = false;
                     continue;
                 }
-                if wait(&stopped, Some(ring.epoll_fd()), PARK_MAX) {
-                    return;
-                }
-                // A wake-up (not the timeout): see above.
+                sleeper.sleep(PARK_MAX);
+                // A wake-up (not the timeout or the stop): see above.
                 woken = ring.consume_raw() > 0;
             }
         })?;
-        Ok(Gate { stop, switched_on, pids, thread: Some(thread) })
+        Ok(Gate { stop, waker, switched_on, pids, thread: Some(thread) })
     }
 
     /// Look at process `pid`'s main-thread loop from now on.
@@ -224,9 +205,8 @@ impl Gate {
 
 impl Drop for Gate {
     fn drop(&mut self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: writes 8 bytes from a live buffer to the eventfd this gate owns.
-        unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        self.stop.store(true, Ordering::Relaxed);
+        self.waker.wake();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }

@@ -44,14 +44,14 @@ impl Waker {
     }
 }
 
-/// One epoll set: the ring buffer's epoll fd and the waker.
+/// One epoll set: a ring buffer's epoll fd (if any) and the waker.
 pub struct Sleeper {
     epoll: OwnedFd,
     waker: Waker,
 }
 
 impl Sleeper {
-    pub fn new(ring_epoll_fd: RawFd, waker: Waker) -> Result<Sleeper> {
+    pub fn new(ring_epoll_fd: Option<RawFd>, waker: Waker) -> Result<Sleeper> {
         // SAFETY: epoll_create1 has no memory preconditions; a non-negative
         // return is a new fd that we own.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
@@ -60,7 +60,7 @@ impl Sleeper {
         }
         // SAFETY: fd was just created and is owned by nobody else.
         let epoll = unsafe { OwnedFd::from_raw_fd(fd) };
-        for watched in [ring_epoll_fd, waker.0.as_raw_fd()] {
+        for watched in ring_epoll_fd.into_iter().chain([waker.0.as_raw_fd()]) {
             let mut ev = libc::epoll_event { events: libc::EPOLLIN as u32, u64: watched as u64 };
             // SAFETY: both fds are open for the life of the Sleeper (the ring
             // buffer and the waker outlive it); ev is a valid epoll_event.
