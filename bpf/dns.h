@@ -41,7 +41,7 @@ static __always_inline int dns_submit(struct pt_regs *ctx, __u64 cookie)
 		op_stack(ctx, req);
 	__u64 now = bpf_ktime_get_ns();
 	struct thread_state *ts = ops_local && requests ? thread_state_of(1) : 0;
-	__u64 cause = ts ? fresh_cause(ts->ctx.cause) : current_cause();
+	__u64 cause = ts ? fresh_cause(thread_cause(ts)) : current_cause();
 	if (ts && lean(cause) && dns_keep(ts, req, now, cause))
 		return 0;
 	struct scratch *s = get_scratch();
@@ -190,15 +190,22 @@ static __always_inline int dns_finish_kept(struct thread_state *ts, __u32 j, __u
 	return 0;
 }
 
-/* uv__getaddrinfo_done(struct uv__work *w, int status) */
-static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
+/* A lookup's result reaches the loop (status: 0, or UV_ECANCELED); its
+ * callback runs next. */
+static __always_inline int dns_done_of(__u32 pid, __u64 req, int status)
 {
-	struct req_key key = { .pid = current_ids() >> 32, .req = PT_REGS_PARM1(ctx) - GAI_WORK_OFF };
+	struct req_key key = { .pid = pid, .req = req };
 	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
 	__u32 j = ts ? dns_slot_of(ts, key.req) : UVSPAN_DNS_SLOTS;
 	if (ts && j < UVSPAN_DNS_SLOTS)
-		return dns_finish_kept(ts, j, key.pid, key.req, (int)PT_REGS_PARM2(ctx), END_DONE);
-	return dns_finish(&key, (int)PT_REGS_PARM2(ctx), END_DONE);
+		return dns_finish_kept(ts, j, key.pid, key.req, status, END_DONE);
+	return dns_finish(&key, status, END_DONE);
+}
+
+/* uv__getaddrinfo_done(struct uv__work *w, int status) */
+static __always_inline int dns_done(struct pt_regs *ctx, __u64 cookie)
+{
+	return dns_done_of(current_ids() >> 32, PT_REGS_PARM1(ctx) - GAI_WORK_OFF, (int)PT_REGS_PARM2(ctx));
 }
 
 /* Fallback for builds without uv__getaddrinfo_work (stripped): libc's

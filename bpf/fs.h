@@ -243,7 +243,7 @@ static __always_inline int fs_submit(struct pt_regs *ctx, __u64 cookie)
 	 * the request's slot. */
 	struct thread_state *ts = thread_state_of(sync || ops_local);
 	struct sync_slot *slot = (struct sync_slot *)ts;
-	__u64 cause = requests && ts ? fresh_cause(ts->ctx.cause) : 0;
+	__u64 cause = requests && ts ? fresh_cause(thread_cause(ts)) : 0;
 	if (slot && slot->req)
 		sync_end(slot, END_NEXT);
 

@@ -519,7 +519,7 @@ static __noinline int http_message(struct pt_regs *ctx)
 	if (is_response(head)) {
 		/* the stream's writer's cause (a request's or a task's call),
 		 * restored by uv__stream_io */
-		emit_http(HTTP_RESPONSE, fresh_cause(t->ctx.cause), t->ctx.stream, p, len, len, 1, 0);
+		emit_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, p, len, len, 1, 0);
 		return 0;
 	}
 	if (!is_request(head))
@@ -530,7 +530,7 @@ static __noinline int http_message(struct pt_regs *ctx)
 		http_next_on(pid, t->ctx.stream, what == HTTP_PIPELINED);
 	/* sent first: the sampler decides the request's cause there */
 	__u64 cause = http_request(what, new_cause(CAUSE_REQUEST), t->ctx.stream, p, len);
-	t->ctx.cause = cause;
+	cause_put(t, cause);
 	if (t->ctx.stream)
 		stream_cause_set(pid, t->ctx.stream, cause);
 	return 0;
@@ -550,7 +550,7 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 		return 0;
 	t->ctx.stream = stream;
 	t->ctx.callbacks++;
-	t->ctx.cause = c ? *c : new_task_cause(CAUSE_IO);
+	cause_put(t, c ? *c : new_task_cause(CAUSE_IO));
 	return 0;
 }
 
@@ -568,7 +568,7 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	__u32 nbufs = args.v[(i + 2) & 7];
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = stream };
 	struct thread_state *t = requests ? thread_state_of(0) : 0;
-	__u64 cause = t ? fresh_cause(t->ctx.cause) : 0;
+	__u64 cause = t ? fresh_cause(thread_cause(t)) : 0;
 	if (!cause) {
 		bpf_map_delete_elem(&stream_cause, &key);
 		return 0;
@@ -620,7 +620,7 @@ static __always_inline int stream_connect(struct pt_regs *ctx)
 static __always_inline int tls_write(struct pt_regs *ctx)
 {
 	struct thread_state *t = requests ? thread_state_of(0) : 0;
-	__u64 cause = t ? fresh_cause(t->ctx.cause) : 0;
+	__u64 cause = t ? fresh_cause(thread_cause(t)) : 0;
 	if (!cause)
 		return 0;
 	__u64 buf = PT_REGS_PARM2(ctx);
@@ -650,7 +650,7 @@ static __always_inline int task_start(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	struct thread_state *t = thread_state_of(1);
 	if (t) {
-		t->ctx.cause = new_task_cause(cookie & CAUSE_KIND_MASK);
+		cause_put(t, new_task_cause(cookie & CAUSE_KIND_MASK));
 		t->ctx.stream = 0;
 		t->ctx.callbacks++;
 	}

@@ -187,10 +187,24 @@ struct dns_slot {
 /* Everything uvspan keeps per thread, in one task-local storage: an fs
  * submit needs both the sync slot and the cause, and each lookup is a
  * cache miss on a busy machine. */
+/* Per loop thread: the finished threadpool jobs uv__work_done took last
+ * (batch.h), whose callbacks run one after the other now: each one's node
+ * in libuv's queue on uv__work_done's stack, and the cause its callback
+ * runs for. n: how many are kept (0: no batch, the thread's cause is
+ * ctx.cause); more: the batch had more jobs than are kept. */
+struct work_batch {
+	__u64 head;
+	__u32 n;
+	__u32 more;
+	__u64 q[UVSPAN_BATCH];
+	__u64 cause[UVSPAN_BATCH];
+};
+
 struct thread_state {
 	struct sync_slot sync; /* first: a slot pointer is the state's own (no
 				* arithmetic on a maybe-NULL pointer for the verifier) */
 	struct thread_ctx ctx;
+	struct work_batch batch;
 	struct gc_state gc;
 	struct fs_slot fs[UVSPAN_FS_SLOTS];
 	struct dns_slot dns[UVSPAN_DNS_SLOTS];
@@ -407,6 +421,7 @@ struct scratch {
 			enum h2_client_slot h2c;
 			enum op_flags op_flags;
 			enum hdr_flags hdr_flags;
+			enum work_batch_layout batch;
 			enum h2_state h2_state;
 		} enums; /* likewise, for the enums */
 	};

@@ -36,12 +36,53 @@ __attribute__((noinline)) __u64 fresh_cause(__u64 cause)
 	return sampling && (cause >> 8) < window_open_ns ? 0 : cause;
 }
 
+/* The thread's cause now. While the callbacks of a batch of finished
+ * threadpool jobs run (batch.h), the cause of the job whose callback runs:
+ * libuv takes each job off the head of the queue on uv__work_done's stack
+ * before its callback, so the queue's head is the job after it (the queue
+ * empty: the last job's runs, or the batch is over). A head not among the
+ * jobs kept is one past them (a batch of more than UVSPAN_BATCH: not
+ * known), or the batch is over and its stack reused (the last job's cause
+ * stays, as it did when each job's callback set it). A global function:
+ * verified once. */
+__attribute__((noinline)) __u64 thread_cause(struct thread_state *ts)
+{
+	if (!ts)
+		return 0;
+	__u32 n = ts->batch.n;
+	if (!n || n > UVSPAN_BATCH)
+		return ts->ctx.cause;
+	__u64 head = ts->batch.head, next = head;
+	bpf_probe_read_user(&next, sizeof(next), (void *)head);
+	__u32 cur = n - 1;
+	if (next != head) {
+		for (__u32 i = 1; i < UVSPAN_BATCH; i++) {
+			if (i >= n)
+				break;
+			if (ts->batch.q[i] == next) {
+				cur = i - 1;
+				break;
+			}
+		}
+		if (cur == n - 1 && ts->batch.more)
+			return 0;
+	}
+	return ts->batch.cause[cur & (UVSPAN_BATCH - 1)];
+}
+
+/* The thread's cause is this one now (a batch's, if any, is over). */
+static __always_inline void cause_put(struct thread_state *ts, __u64 cause)
+{
+	ts->ctx.cause = cause;
+	ts->batch.n = 0;
+}
+
 __attribute__((noinline)) __u64 current_cause(void)
 {
 	if (!requests)
 		return 0;
 	struct thread_state *t = thread_state_of(0);
-	return t ? fresh_cause(t->ctx.cause) : 0;
+	return t ? fresh_cause(thread_cause(t)) : 0;
 }
 
 __attribute__((noinline)) int set_cause(__u64 cause)
@@ -50,7 +91,7 @@ __attribute__((noinline)) int set_cause(__u64 cause)
 		return 0;
 	struct thread_state *t = thread_state_of(cause != 0);
 	if (t)
-		t->ctx.cause = cause;
+		cause_put(t, cause);
 	return 0;
 }
 
@@ -60,7 +101,7 @@ static __always_inline void put_cause(struct thread_state *ts, __u64 cause)
 	if (!ts)
 		set_cause(cause);
 	else if (requests)
-		ts->ctx.cause = cause;
+		cause_put(ts, cause);
 }
 
 /* Requests that start and end on one thread wait for their end in its

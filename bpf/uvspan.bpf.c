@@ -39,6 +39,7 @@
 #include "stacks.h"
 #include "fs.h"
 #include "dns.h"
+#include "batch.h"
 #include "loop.h"
 #include "epoll.h"
 #include "http.h"
@@ -173,6 +174,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_HTTP_MESSAGE: return http_message(ctx);
 	/* a session uprobe only (the stream id is its return value) */
 	case PROBE_H2_SUBMIT: return 0;
+	case PROBE_WORK_BATCH: return work_batch(ctx, cookie);
 	}
 	return 0;
 }

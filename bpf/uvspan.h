@@ -30,6 +30,8 @@ enum uvspan_sizes {
 	UVSPAN_GC_TYPES = 5,        /* v8::GCType bits: scavenge, minor mark-sweep, mark-compact, incremental, weak callbacks */
 	UVSPAN_H2_NAME = 64,        /* HTTP/2 header record: the name's bytes (NUL-padded), the value after */
 	UVSPAN_HIST_BOUNDS = 16,    /* bucket bounds of a kernel-side operation histogram (op_hist) at most */
+	UVSPAN_BATCH = 32,          /* finished threadpool jobs of one uv__work_done whose callbacks' causes are kept */
+	UVSPAN_BATCH_WALK = 1024,   /* the most jobs of one uv__work_done ended there (the rest: at their cleanup) */
 };
 
 /* The attach cookie: the handler (enum probe_kind) in the top byte; for fs
@@ -150,6 +152,20 @@ enum probe_kind {
 	PROBE_H2_DATA = 25,     /* Http2Session::OnDataChunkReceived: its 'data' handlers run (session uprobe, as PROBE_H2_FRAME) */
 	PROBE_HTTP_MESSAGE = 26, /* llhttp__on_message_begin: a message starts in a parser's bytes (a request: a new cause; a response: an outgoing call's) */
 	PROBE_H2_SUBMIT = 27,   /* nghttp2_submit_request: an outgoing HTTP/2 stream (session uprobe: its id is the return value) */
+	PROBE_WORK_BATCH = 28,  /* uv__work_done has taken the loop's finished threadpool jobs (cookie: see work_batch_layout) */
+};
+
+/* PROBE_WORK_BATCH's cookie: where uv__fs_done and uv__getaddrinfo_done are
+ * (signed byte distances from the probe point: bits 0..19 and 20..39; 0:
+ * not known), and where the stack queue of jobs is (its head at %rbp, bit
+ * 52 set, or %rsp, plus a signed displacement in bits 40..51). */
+enum work_batch_layout {
+	BATCH_DNS_SHIFT = 20,
+	BATCH_DISP_SHIFT = 40,
+	BATCH_FRAME_SHIFT = 52,
+	BATCH_FIELD_BITS = 20,
+	BATCH_DISP_BITS = 12,
+	WORK_WQ_OFF = 24, /* offsetof(struct uv__work, wq): work, done, loop before it */
 };
 
 /* What an HTTP record says. */
@@ -275,7 +291,8 @@ enum stat_idx {
 	STAT_UNSAMPLED_REQS = 10,   /* unsampled HTTP requests the kernel followed to their end and counted in op_hist */
 	STAT_H2_UNSENT = 11,        /* HTTP/2: kept request headers of a stream dropped as a root, then sampled, past the H2_SAVED it saved: not sent */
 	STAT_OPS_UNFINISHED = 12,   /* requests in a thread's slots when it exited (ops_local) */
-	STAT_MAX = 13,
+	STAT_BATCH_CUT = 13,        /* a batch of finished threadpool jobs longer than UVSPAN_BATCH_WALK: the rest not ended (spans lost) */
+	STAT_MAX = 14,
 };
 
 /* What an op_hist entry counts: the operations of one process, family and

@@ -70,8 +70,14 @@ const STEPS: [&str; 5] = ["fs.stat 1-", "fs.access 2-", "fs.stat 3- (await)", "d
 
 /// Checks the requests' spans; returns the SERVER span of each request.
 fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> BTreeMap<usize, Span> {
+    check_requests_of(dir, out, spans, scheme, N, 95)
+}
+
+/// As [`check_requests`], for `n` requests, each step under its request in
+/// at least `pct`% of them.
+fn check_requests_of(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str, n: usize, pct: usize) -> BTreeMap<usize, Span> {
     let sent = sent(&out.stdout);
-    assert_eq!(sent.len(), N, "{}", out.context());
+    assert_eq!(sent.len(), n, "{}", out.context());
     let servers: BTreeMap<usize, Span> = spans
         .iter()
         .filter(|s| s.kind == 2)
@@ -80,7 +86,7 @@ fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> 
             (path.trim_start_matches("/r/").parse::<usize>().expect("/r/<i>"), s.clone())
         })
         .collect();
-    assert_eq!(servers.len(), N, "one SERVER span per request\n{}", dump(&spans.iter().filter(|s| s.kind == 2).collect::<Vec<_>>()));
+    assert_eq!(servers.len(), n, "one SERVER span per request\n{}", dump(&spans.iter().filter(|s| s.kind == 2).collect::<Vec<_>>()));
     for (i, s) in &sent {
         let srv = &servers[i];
         assert_eq!(srv.name, "GET", "{}", srv.brief());
@@ -107,7 +113,7 @@ fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> 
     let path = |s: &Span, name: &str, file: String| s.name == name && s.str("file.path") == Some(file.as_str());
     let mut shares = Vec::new();
     for (k, step) in STEPS.iter().enumerate() {
-        let joined = (0..N)
+        let joined = (0..n)
             .filter(|&i| {
                 let one = match k {
                     0 => under(i, &|s| path(s, "fs.stat", dir.join(&format!("1-{i}")))),
@@ -119,10 +125,10 @@ fn check_requests(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str) -> 
                 one == 1
             })
             .count();
-        shares.push(format!("{step}: {joined}/{N}"));
+        shares.push(format!("{step}: {joined}/{n}"));
         assert!(
-            joined * 100 >= N * 95,
-            "step {step}: {joined} of {N} requests have it under their SERVER span (< 95%)\n{}",
+            joined * 100 >= n * pct,
+            "step {step}: {joined} of {n} requests have it under their SERVER span (< {pct}%)\n{}",
             shares.join(", ")
         );
     }
@@ -402,6 +408,75 @@ fn pipelined_over(topology: Topology, tag: &str, node: &str, tls: Option<(&str, 
         }
     }
     eprintln!("pipelined ({tag}): {} requests in {ROUNDS} rounds of 3, each its own SERVER span with its status and its work", 3 * ROUNDS);
+}
+
+/// Finished fs and DNS jobs end a batch at a time where the build allows
+/// (one probe hit where uv__work_done has taken the loop's queue of them);
+/// their callbacks then run one after the other, each for its own request.
+/// 64 requests, 32 at a time (the pool's threads finish several jobs
+/// between two looks of the loop): every step of every request's chain
+/// under its own SERVER span, with batches and with one hit per finished
+/// job (`UVSPAN_BENCH_PER_JOB_DONE=1`); the hit counts at exit say which
+/// ran, and that batches of more than one job were seen.
+fn batches_in(topology: Topology, tag: &str) {
+    const REQUESTS: usize = 64;
+    for per_job in [false, true] {
+        let rx = Receiver::start(Protocol::Grpc);
+        let ep = rx.endpoint();
+        let dir = TempDir::new(&format!("{tag}-{}", if per_job { "per-job" } else { "batch" }));
+        let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
+        let (script, d, n) = (fixture("requests_server.js"), dir.str(), REQUESTS.to_string());
+        let mut c = topology.command(&uv, &["node", &script, &d, &n, "32"]);
+        c.env("UVSPAN_BENCH_COUNT_HITS", "1");
+        if per_job {
+            c.env("UVSPAN_BENCH_PER_JOB_DONE", "1");
+        }
+        let out = run(c);
+        assert_eq!(out.code(), Some(0), "{}", out.context());
+        let spans = rx.spans();
+        check_summary(&out, spans.len());
+        let hits = |symbol: &str| -> u64 {
+            out.stderr
+                .lines()
+                .filter_map(|l| l.strip_prefix("uvspan: hits "))
+                .filter_map(|l| l.split_once(' '))
+                .filter(|(_, name)| name.split('|').any(|n| n == symbol))
+                .filter_map(|(count, _)| count.parse::<u64>().ok())
+                .sum()
+        };
+        let (batches, fs_done, dns_done) = (hits("uv__work_done"), hits("uv__fs_done"), hits("uv__getaddrinfo_done"));
+        let jobs = spans
+            .iter()
+            .filter(|s| (s.name.starts_with("fs.") && s.bool("uvspan.sync") != Some(true)) || s.name == "dns.getaddrinfo")
+            .count() as u64;
+        eprintln!("{tag} (per job: {per_job}): {jobs} finished jobs, {batches} batch hits, {fs_done} + {dns_done} per-job hits");
+        if per_job {
+            assert_eq!(batches, 0, "one hit per job asked for\n{}", out.context());
+            assert!(fs_done > 0 && dns_done > 0, "{}", out.context());
+        } else {
+            assert_eq!((fs_done, dns_done), (0, 0), "jobs ended in batches\n{}", out.context());
+            assert!(batches > 0 && batches < jobs, "{batches} batches for {jobs} jobs: some batch held several\n{}", out.context());
+        }
+        check_requests_of(&dir, &out, &spans, "http", REQUESTS, 100);
+    }
+}
+
+#[test]
+fn work_of_concurrent_requests_keeps_its_request_in_batches() {
+    require_root();
+    batches_in(Topology::Host, "batch-host");
+}
+
+#[test]
+fn batches_keep_requests_in_one_namespace() {
+    require_root();
+    batches_in(Topology::BothInOne, "batch-both");
+}
+
+#[test]
+fn batches_keep_requests_of_an_app_alone_in_its_namespace() {
+    require_root();
+    batches_in(Topology::AppAlone, "batch-alone");
 }
 
 /// Pipelining on every official build (18, 20, 22, 24, 26), over HTTP, on

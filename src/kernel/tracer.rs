@@ -81,8 +81,9 @@ pub struct KernelSampling {
 /// Kernel-side counters (summed over CPUs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Records lost in the kernel: ring buffer full, or an async request
-    /// not tracked because the in-flight table was full.
+    /// Records lost in the kernel: ring buffer full, an async request
+    /// not tracked because the in-flight table was full, or a finished job
+    /// past the most one batch of them is walked (UVSPAN_BATCH_WALK).
     pub records_lost: u64,
     pub loop_iterations: u64,
     pub loop_emitted: u64,
@@ -709,7 +710,7 @@ impl Tracer {
                 .unwrap_or(0)
         };
         Stats {
-            records_lost: read(stat_idx::STAT_RINGBUF_LOST) + read(stat_idx::STAT_INFLIGHT_FULL),
+            records_lost: read(stat_idx::STAT_RINGBUF_LOST) + read(stat_idx::STAT_INFLIGHT_FULL) + read(stat_idx::STAT_BATCH_CUT),
             loop_iterations: read(stat_idx::STAT_LOOP_ITERATIONS),
             loop_emitted: read(stat_idx::STAT_LOOP_EMITTED),
             inflight_replaced: read(stat_idx::STAT_INFLIGHT_REPLACED),
@@ -882,6 +883,10 @@ pub(super) fn times_hits(multi: bool) -> bool {
 
 /// The probe points an attach cookie stands for (`cookie …` if none).
 fn cookie_name(base: u64) -> String {
+    use crate::kernel::skel::types::{cookie_layout, probe_kind};
+    // The batch probe's cookie also says where things are in its image.
+    let kind = base >> cookie_layout::COOKIE_KIND_SHIFT.0;
+    let base = if kind == u64::from(probe_kind::PROBE_WORK_BATCH.0) { kind << cookie_layout::COOKIE_KIND_SHIFT.0 } else { base };
     let names: Vec<&str> = crate::probes::catalog::all_probes().iter().filter(|p| p.attach_cookie() == base).map(|p| p.symbol).collect();
     if names.is_empty() {
         format!("cookie {base:#x}")

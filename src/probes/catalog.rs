@@ -4,7 +4,8 @@
 //! row in [`OTHER`] (its handler is a case of `enum probe_kind` in
 //! bpf/uvspan.h, dispatched in bpf/uvspan.bpf.c).
 
-use crate::kernel::skel::types::{cause_kind, cookie_layout as cookie, loop_phase, probe_kind};
+use crate::kernel::skel::types::{cause_kind, cookie_layout as cookie, loop_phase, probe_kind, work_batch_layout as batch};
+use crate::symbols::point::WorkBatch;
 
 /// Which file a probe's symbol lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -130,6 +131,12 @@ pub enum Needed {
     /// kernel refuses fentry programs, has session uprobes, and the process
     /// was attached by itself: see `kernel::tracer`).
     LoopWaits,
+    /// Only where finished jobs are not ended in batches ([`WORK_BATCH`]
+    /// not found, or the batch of this kind of job not told apart).
+    JobDone,
+    /// Only where finished jobs are ended in batches (not turned off for
+    /// a comparison: `UVSPAN_BENCH_PER_JOB_DONE=1`).
+    Batches,
 }
 
 impl Probe {
@@ -261,6 +268,40 @@ pub fn fs_cookie(id: usize, op: &FsOp) -> u64 {
         | idx(op.fd, cookie::COOKIE_FD_SHIFT)
 }
 
+/// Where the loop takes its batch of finished threadpool jobs: one probe
+/// hit per batch (bpf/batch.h ends each fs and DNS job in it) instead of one
+/// per job at `uv__fs_done` and `uv__getaddrinfo_done`. Its probe point is
+/// inside the function ([`crate::symbols::point::work_batch`]).
+pub const WORK_BATCH: &str = "uv__work_done";
+
+/// The symbols whose addresses the batch point needs.
+pub const WORK_BATCH_SYMBOLS: [&str; 4] = [WORK_BATCH, "uv_mutex_unlock", "uv__fs_done", "uv__getaddrinfo_done"];
+
+/// The batch probe's cookie (enum work_batch_layout in bpf/uvspan.h): the
+/// byte distances from its point to `uv__fs_done` and (if known)
+/// `uv__getaddrinfo_done`, and where the job queue's head is. None when a
+/// distance does not fit.
+pub fn work_batch_cookie(fs_done: i64, dns_done: Option<i64>, at: WorkBatch) -> Option<u64> {
+    let bits = batch::BATCH_FIELD_BITS.0;
+    let field = |v: i64, bits: u32| {
+        let half = 1i64 << (bits - 1);
+        (v != 0 && (-half..half).contains(&v)).then_some(v as u64 & ((1u64 << bits) - 1))
+    };
+    let dns = match dns_done {
+        Some(d) => field(d, bits)?,
+        None => 0,
+    };
+    let disp = (i64::from(at.disp) as u64) & ((1u64 << batch::BATCH_DISP_BITS.0) - 1);
+    let disp_fits = (-(1i64 << (batch::BATCH_DISP_BITS.0 - 1))..(1i64 << (batch::BATCH_DISP_BITS.0 - 1))).contains(&i64::from(at.disp));
+    disp_fits.then_some(())?;
+    Some(
+        field(fs_done, bits)?
+            | dns << batch::BATCH_DNS_SHIFT.0
+            | disp << batch::BATCH_DISP_SHIFT.0
+            | u64::from(at.frame) << batch::BATCH_FRAME_SHIFT.0,
+    )
+}
+
 /// A loop phase function (`--detail phases`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Phase {
@@ -359,10 +400,21 @@ const LOOP_WAIT: Probe = Probe {
 
 /// The probes besides the fs submits and the loop phases.
 pub const OTHER: &[Probe] = &[
+    // One hit per batch of finished jobs where the build allows (its
+    // point found: symbols::point::work_batch); else one per job at
+    // uv__fs_done and uv__getaddrinfo_done.
+    Probe {
+        symbol: WORK_BATCH,
+        kind: probe_kind::PROBE_WORK_BATCH,
+        if_missing: "each finished fs and DNS job is a probe hit of its own (uv__fs_done, uv__getaddrinfo_done)",
+        only_for: Some(Needed::Batches),
+        ..Probe::ROW
+    },
     Probe {
         symbol: "uv__fs_done",
         kind: probe_kind::PROBE_FS_DONE,
         if_missing: "async fs spans end at uv_fs_req_cleanup, after the JS callback ran",
+        only_for: Some(Needed::JobDone),
         ..Probe::ROW
     },
     Probe {
@@ -377,6 +429,7 @@ pub const OTHER: &[Probe] = &[
         symbol: "uv__getaddrinfo_done",
         kind: probe_kind::PROBE_DNS_DONE,
         if_missing: "DNS spans end at uv_freeaddrinfo, after the JS callback ran",
+        only_for: Some(Needed::JobDone),
         ..Probe::ROW
     },
     // --detail threadpool
@@ -755,6 +808,28 @@ mod tests {
             let handled = dispatch.contains(&format!("case {name}:")) || (name == "PROBE_EPOLL_WAIT" && session_check);
             assert!(handled, "{name} has no case in dispatch() ({at})");
         }
+    }
+
+    #[test]
+    fn work_batch_cookie_fields_read_back_as_the_kernel_reads_them() {
+        // bpf/batch.h: batch_field sign-extends bits [shift, shift + bits).
+        let field = |c: u64, shift: u32, bits: u32| ((c << (64 - shift - bits)) as i64) >> (64 - bits);
+        let at = WorkBatch { delta: 0x58, frame: true, disp: -0x30 };
+        let c = work_batch_cookie(0x6d38, Some(0xadc8), at).unwrap();
+        let bits = batch::BATCH_FIELD_BITS.0;
+        assert_eq!(field(c, 0, bits), 0x6d38);
+        assert_eq!(field(c, batch::BATCH_DNS_SHIFT.0, bits), 0xadc8);
+        assert_eq!(field(c, batch::BATCH_DISP_SHIFT.0, batch::BATCH_DISP_BITS.0), -0x30);
+        assert_eq!((c >> batch::BATCH_FRAME_SHIFT.0) & 1, 1);
+        assert!(c < 1 << cookie::COOKIE_ONE_PROCESS_SHIFT.0, "below the tracer's and the handler's bits");
+        let back = work_batch_cookie(-0x7000, None, WorkBatch { frame: false, disp: 8, ..at }).unwrap();
+        assert_eq!((field(back, 0, bits), field(back, batch::BATCH_DNS_SHIFT.0, bits)), (-0x7000, 0));
+        assert_eq!((back >> batch::BATCH_FRAME_SHIFT.0) & 1, 0);
+        // too far, or no distance at all: no batch point
+        assert_eq!(work_batch_cookie(1 << 19, None, at), None);
+        assert_eq!(work_batch_cookie(0, None, at), None);
+        assert_eq!(work_batch_cookie(0x100, Some(-(1 << 20)), at), None);
+        assert_eq!(work_batch_cookie(0x100, None, WorkBatch { disp: 4096, ..at }), None);
     }
 
     #[test]

@@ -22,6 +22,9 @@ pub struct Conditions {
     pub io_uring: bool,
     /// The loop's epoll waits are seen by uprobes on libc's wrappers.
     pub waits_by_uprobe: bool,
+    /// Finished jobs may be ended in batches at uv__work_done (false: one
+    /// hit per job, for a comparison: `UVSPAN_BENCH_PER_JOB_DONE=1`).
+    pub work_batch: bool,
 }
 
 impl Conditions {
@@ -29,7 +32,8 @@ impl Conditions {
     pub fn of(sync_at_return: bool, waits_by_uprobe: bool, images: &Images, env: &io_uring::Env) -> Conditions {
         let img = &images.libuv.image;
         let io_uring = io_uring::fs_may_use_io_uring(img.uv_version, img.node_io_uring_patch, env);
-        Conditions { sync_at_return, io_uring, waits_by_uprobe }
+        let work_batch = std::env::var_os("UVSPAN_BENCH_PER_JOB_DONE").is_none_or(|v| v != "1");
+        Conditions { sync_at_return, io_uring, waits_by_uprobe, work_batch }
     }
 }
 
@@ -125,6 +129,8 @@ fn state_of(p: &Probe, images: Symbols, detail: Detail, ends: Conditions) -> (Pr
         None => true,
         Some(Needed::FsEnds) => !ends.sync_at_return || ends.io_uring || !libuv.contains_key("uv__fs_done"),
         Some(Needed::LoopWaits) => ends.waits_by_uprobe,
+        Some(Needed::JobDone) => !ends.work_batch || !libuv.contains_key(catalog::WORK_BATCH),
+        Some(Needed::Batches) => ends.work_batch,
     };
     if !needed {
         return (ProbeState::NotNeeded, None);
@@ -176,6 +182,9 @@ pub fn plan(images: &Images, detail: Detail, ends: Conditions) -> Vec<ProbeStatu
         let loc = images.of(r.image);
         r.path = loc.map(|l| l.path.clone());
         r.single_stepped = r.state == ProbeState::Usable && loc.is_some_and(|l| l.image.single_stepped.contains(&r.symbol));
+        if r.kind == probe_kind::PROBE_WORK_BATCH {
+            r.cookie |= images.libuv.image.work_batch.unwrap_or(0);
+        }
     }
     out
 }
@@ -232,7 +241,7 @@ mod tests {
     use super::*;
 
     /// Without session uprobes: uv_fs_req_cleanup ends sync calls.
-    const AT_CLEANUP: Conditions = Conditions { sync_at_return: false, io_uring: true, waits_by_uprobe: false };
+    const AT_CLEANUP: Conditions = Conditions { sync_at_return: false, io_uring: true, waits_by_uprobe: false, work_batch: true };
 
     fn plan_on(
         libuv: &HashMap<&'static str, u64>,
@@ -288,7 +297,7 @@ mod tests {
         let no_done: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| **k != "uv__fs_done").map(|(k, v)| (*k, *v)).collect();
         let cleanup = |syms: &HashMap<&'static str, u64>, sync_at_return, io_uring| {
             get(
-                &plan_on(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false }),
+                &plan_on(syms, None, Detail::default(), Conditions { sync_at_return, io_uring, waits_by_uprobe: false, work_batch: true }),
                 "uv_fs_req_cleanup",
             )
             .0
@@ -378,18 +387,33 @@ mod tests {
             v.sort();
             v
         };
-        // Per async fs request: submit, uv__fs_done, uv_fs_req_cleanup; per
-        // DNS lookup: submit and done; per V8 garbage collection its two
-        // callbacks; no probe per loop iteration.
+        // Per async fs request: submit and uv_fs_req_cleanup; per DNS
+        // lookup: submit; per batch of finished jobs one hit; per V8
+        // garbage collection its two callbacks; no probe per loop iteration.
         assert_eq!(
             attached(Detail::default()),
-            [catalog::GC_EPILOGUE, catalog::GC_PROLOGUE, "uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]
+            [catalog::GC_EPILOGUE, catalog::GC_PROLOGUE, catalog::WORK_BATCH, "uv_fs_req_cleanup", "uv_getaddrinfo"]
         );
+        // Without the batch point (not found, or turned off): a hit per finished job.
+        let mut no_batch = full.clone();
+        no_batch.remove(catalog::WORK_BATCH);
+        for (syms, ends) in [(&no_batch, AT_CLEANUP), (&full, Conditions { work_batch: false, ..AT_CLEANUP })] {
+            let mut v: Vec<_> = plan_on(syms, Some(&libc), Detail::default(), ends)
+                .into_iter()
+                .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
+                .map(|r| r.symbol)
+                .collect();
+            v.sort();
+            assert_eq!(
+                v,
+                [catalog::GC_EPILOGUE, catalog::GC_PROLOGUE, "uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]
+            );
+        }
         let tp = attached(Detail::from_kinds(&[DetailKind::Threadpool]));
         assert!(tp.contains(&"uv__fs_work") && tp.contains(&"uv_async_send") && !tp.contains(&"uv__io_poll"));
         let ph = attached(Detail::from_kinds(&[DetailKind::Phases]));
         assert!(ph.contains(&"uv__io_poll") && ph.contains(&"uv__run_timers") && !ph.contains(&"uv__fs_work"));
-        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 14);
+        assert_eq!(attached(Detail::from_kinds(&[DetailKind::All]).with_requests(false)).len(), 13);
         // Request context: where HTTP/1 messages begin (one hit per
         // message), stream callbacks, writes, and node's timers/immediates (which fire only
         // when JS timers or immediates run) and handle closes; the HTTP/2
@@ -406,7 +430,7 @@ mod tests {
         ] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 6 + 9 + 6);
+        assert_eq!(rq.len(), 5 + 9 + 6);
         // Outgoing HTTP/2 streams: with session uprobes only (the stream id
         // is the return value); without them, said so.
         let at_return = Conditions { sync_at_return: true, ..AT_CLEANUP };

@@ -83,7 +83,13 @@ fn note(r: &ProbeStatus) -> String {
         (ProbeState::Usable, Some(primary)) => format!("in use for missing {primary}"),
         (ProbeState::NotNeeded, Some(primary)) => format!("only used without {primary}"),
         (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::FsEnds) => {
-            "sync calls end at their return, async ones at uv__fs_done (no io_uring)".into()
+            "sync calls end at their return, async ones where the loop takes them (no io_uring)".into()
+        }
+        (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::JobDone) => {
+            "finished jobs end in batches at uv__work_done (one hit per batch)".into()
+        }
+        (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::Batches) => {
+            "turned off (UVSPAN_BENCH_PER_JOB_DONE=1): one hit per finished job".into()
         }
         (ProbeState::NotNeeded, None) if r.only_for == Some(Needed::LoopWaits) => {
             "fentry programs see the loop's epoll waits (as uvspan last found on this boot, else assumed)".into()

@@ -50,6 +50,8 @@ struct Stored {
     uv_version: Option<u32>,
     #[serde(default)]
     node_io_uring_patch: bool,
+    #[serde(default)]
+    work_batch: Option<u64>,
 }
 
 impl Stored {
@@ -67,6 +69,7 @@ impl Stored {
             libuv_version: img.libuv_version.clone(),
             uv_version: img.uv_version,
             node_io_uring_patch: img.node_io_uring_patch,
+            work_batch: img.work_batch,
         }
     }
 
@@ -90,6 +93,7 @@ impl Stored {
             libuv_version: self.libuv_version,
             uv_version: self.uv_version,
             node_io_uring_patch: self.node_io_uring_patch,
+            work_batch: self.work_batch,
         })
     }
 }
@@ -97,9 +101,10 @@ impl Stored {
 /// Bumped when what an image holds is computed differently (probe points
 /// chosen another way; 3: the libuv version and io_uring patch read from
 /// every image; 4: uv_version() read with a frame pointer too; 5: a probe
-/// point is not moved where a branch lands on it or on what it skips):
+/// point is not moved where a branch lands on it or on what it skips; 6:
+/// uv__work_done's batch point):
 /// older files are read again from the ELF.
-const FORMAT: u32 = 5;
+const FORMAT: u32 = 6;
 
 /// The catalog's symbols whose probe points may skip argument writes, sorted.
 fn moved_args() -> Vec<String> {
@@ -150,6 +155,7 @@ mod tests {
             libuv_version: None,
             uv_version: Some(0x012e00),
             node_io_uring_patch: true,
+            work_batch: Some(0x1234),
         };
         let json = serde_json::to_string(&Stored::of(&img)).unwrap();
         let back = serde_json::from_str::<Stored>(&json).unwrap().image().unwrap();

@@ -34,6 +34,11 @@ pub struct Image {
     /// Node's copy of libuv patched to keep io_uring off unless asked
     /// (it exports `uv__node_patch_is_using_io_uring`).
     pub node_io_uring_patch: bool,
+    /// The cookie of the probe where `uv__work_done` has taken its batch
+    /// of finished jobs ([`catalog::work_batch_cookie`]), whose file offset
+    /// is `offsets[catalog::WORK_BATCH]`; None where that point is not
+    /// found (each job's completion is probed instead).
+    pub work_batch: Option<u64>,
 }
 
 impl Image {
@@ -106,6 +111,8 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
     let mut single_stepped = Vec::new();
     let has_symtab = elf.section_by_name(".symtab").is_some();
     let (mut uv_version, mut node_io_uring_patch) = (None, false);
+    // The addresses the batch point needs (name -> (address, size)).
+    let mut batch_syms: HashMap<&'static str, (u64, u64)> = HashMap::new();
     for sym in elf.symbols().chain(elf.dynamic_symbols()) {
         if sym.kind() != object::SymbolKind::Text || sym.address() == 0 {
             continue;
@@ -119,8 +126,11 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
             NODE_IO_URING_PATCH => node_io_uring_patch = true,
             _ => {}
         }
+        if let Some(&b) = catalog::WORK_BATCH_SYMBOLS.iter().find(|b| **b == name) {
+            batch_syms.entry(b).or_insert((sym.address(), sym.size()));
+        }
         let Some(&w) = wanted.get(name) else { continue };
-        if offsets.contains_key(w) {
+        if offsets.contains_key(w) || w == catalog::WORK_BATCH {
             continue;
         }
         // An offset outside the file is no place for a probe.
@@ -135,6 +145,10 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
             offsets.insert(w, off + point.delta);
         }
     }
+    let work_batch = work_batch_point(elf, data, &batch_syms).map(|(off, cookie)| {
+        offsets.insert(catalog::WORK_BATCH, off);
+        cookie
+    });
     // Node's version lives in read-only data: search only there.
     let rodata = elf
         .section_by_name(".rodata")
@@ -150,7 +164,24 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         libuv_version: uv_version.map(|v| format!("{}.{}.{}", v >> 16, (v >> 8) & 0xff, v & 0xff)),
         uv_version,
         node_io_uring_patch,
+        work_batch,
     }
+}
+
+/// The file offset and cookie of `uv__work_done`'s batch point, when the
+/// function is of the known shape and the job completions it tells apart
+/// are near it.
+fn work_batch_point(elf: &object::File<'_>, data: &[u8], syms: &HashMap<&'static str, (u64, u64)>) -> Option<(u64, u64)> {
+    let &(start, size) = syms.get(catalog::WORK_BATCH)?;
+    let &(unlock, _) = syms.get("uv_mutex_unlock")?;
+    let &(fs_done, _) = syms.get("uv__fs_done")?;
+    let dns_done = syms.get("uv__getaddrinfo_done").map(|s| s.0);
+    let off = file_offset(elf, start)?;
+    let body = code_at(data, off, usize::try_from(size).ok()?.min(MAX_FUNCTION))?;
+    let b = point::work_batch(body, start, unlock)?;
+    let at = start + b.delta;
+    let cookie = catalog::work_batch_cookie(fs_done as i64 - at as i64, dns_done.map(|d| d as i64 - at as i64), b)?;
+    Some((off + b.delta, cookie))
 }
 
 /// Exported only by Node's patched copies of libuv 1.45-1.47.

@@ -96,6 +96,54 @@ pub fn choose(code: &[u8], body: &[u8], args_may_change: bool) -> Point {
     Point { delta: 0, emulated: false }
 }
 
+/// Where `uv__work_done` has taken the loop's finished threadpool jobs:
+/// its call of `uv_mutex_unlock` (an emulated instruction), by which
+/// libuv has moved `loop->wq` into a queue on its own stack, whose head
+/// the instruction after the call reads (`mov disp(%rbp|%rsp), reg`: the
+/// queue's first node). The jobs are all there then, and the lock still
+/// keeps the pool's threads from adding any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct WorkBatch {
+    /// Bytes from the function's start to the call.
+    pub delta: u64,
+    /// The stack queue's head is at this register plus `disp`: the frame
+    /// pointer (true) or the stack pointer (false).
+    pub frame: bool,
+    pub disp: i32,
+}
+
+/// The batch point of `uv__work_done` (its code from its start, at address
+/// `start`), given `uv_mutex_unlock`'s address; None when the code is not
+/// of that shape (then each job's completion is probed instead).
+pub fn work_batch(body: &[u8], start: u64, unlock: u64) -> Option<WorkBatch> {
+    let mut decoder = Decoder::with_ip(64, body, start, DecoderOptions::NONE);
+    while decoder.can_decode() {
+        let i = decoder.decode();
+        if i.is_invalid() {
+            return None;
+        }
+        if i.flow_control() != FlowControl::Call || i.op0_kind() != OpKind::NearBranch64 || i.near_branch_target() != unlock {
+            continue;
+        }
+        // The first unlock: the next instruction loads the queue's first node.
+        let next = decoder.can_decode().then(|| decoder.decode())?;
+        let base = next.memory_base();
+        let load = next.mnemonic() == Mnemonic::Mov
+            && next.op_count() == 2
+            && next.op0_kind() == OpKind::Register
+            && next.op0_register().size() == 8
+            && next.op1_kind() == OpKind::Memory
+            && next.memory_index() == Register::None
+            && matches!(base, Register::RBP | Register::RSP);
+        let disp = next.memory_displacement64() as i64;
+        if !load || !(-2048..2048).contains(&disp) {
+            return None;
+        }
+        return Some(WorkBatch { delta: i.ip() - start, frame: base == Register::RBP, disp: disp as i32 });
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +207,35 @@ mod tests {
     #[test]
     fn endbr_then_push_moves_past_endbr() {
         assert_eq!(choose(&[0xf3, 0x0f, 0x1e, 0xfa, 0x55], &[], false), Point { delta: 4, emulated: true });
+    }
+
+    #[test]
+    fn work_batch_is_the_unlock_call_and_the_head_the_next_load() {
+        // Node 20's uv__work_done, from the mutex lock's return to the first callback:
+        // call uv_mutex_lock; ...; call uv_mutex_unlock; mov -0x30(%rbp),%rax; cmp %r13,%rax
+        let start = 0x18a8190u64;
+        let body: Vec<u8> = [
+            &[0x55, 0x48, 0x89, 0xe5][..],   // push %rbp; mov %rsp,%rbp
+            &[0xe8, 0xc7, 0x2c, 0x01, 0x00], // call 18bae60 (lock), at +4
+            &[0x4c, 0x89, 0xf7],             // mov %r14,%rdi
+            &[0xe8, 0x0c, 0x2d, 0x01, 0x00], // call 18baeb0 (unlock), at +12
+            &[0x48, 0x8b, 0x45, 0xd0],       // mov -0x30(%rbp),%rax
+            &[0x4c, 0x39, 0xe8],             // cmp %r13,%rax
+        ]
+        .concat();
+        let unlock = start + 12 + 5 + 0x12d0c;
+        let lock = start + 4 + 5 + 0x12cc7;
+        assert_eq!(work_batch(&body, start, unlock), Some(WorkBatch { delta: 12, frame: true, disp: -0x30 }));
+        // the stack pointer as the base
+        let mut rsp = body.clone();
+        rsp.splice(17..21, [0x48, 0x8b, 0x44, 0x24, 0x10]); // mov 0x10(%rsp),%rax
+        assert_eq!(work_batch(&rsp, start, unlock), Some(WorkBatch { delta: 12, frame: false, disp: 0x10 }));
+        // no call of the unlock, or something else after it: not this shape
+        assert_eq!(work_batch(&body, start, lock + 1), None);
+        let mut other = body.clone();
+        other.splice(17..21, [0x48, 0x8b, 0x47, 0x10]); // mov 0x10(%rdi),%rax
+        assert_eq!(work_batch(&other, start, unlock), None);
+        assert_eq!(work_batch(&[], start, unlock), None);
+        assert_eq!(work_batch(&body[..17], start, unlock), None);
     }
 }
