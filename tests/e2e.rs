@@ -1059,7 +1059,7 @@ fn probes_listing_follows_detail() {
         assert!(submit.starts_with("failed: the kernel has no session uprobes"), "{default:?}");
     }
     // uv_fs_req_cleanup only where sync calls cannot end at their return
-    // (no session uprobes): async ones end at uv__fs_done.
+    // (no session uprobes): async ones end where the loop takes them.
     let cleanup = usize::from(!session_uprobes());
     // libc's epoll_wait and epoll_pwait, both or neither: where the kernel
     // refuses fentry (as uvspan last found on this boot) and has session
@@ -1070,20 +1070,21 @@ fn probes_listing_follows_detail() {
     // V8's two GC callbacks, always on.
     let gc = 2;
     assert_eq!(default.iter().filter(|(s, v)| s.contains("CallGC") && *v == "usable").count(), gc, "{default:?}");
-    assert_eq!(usable(&default), 36 + 3 + cleanup + gc + 9 + 6 + h2_client, "default set: 36 uv_fs_* submits + uv__fs_done, uv_getaddrinfo, uv__getaddrinfo_done (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2 servers (+ 1 for HTTP/2 clients): {default:?}");
+    assert_eq!(usable(&default), 36 + 2 + cleanup + gc + 9 + 6 + h2_client, "default set: 36 uv_fs_* submits + uv__work_done (a batch of finished jobs), uv_getaddrinfo (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2 servers (+ 1 for HTTP/2 clients): {default:?}");
     let off = listing(&["--requests", "off"]);
-    assert_eq!(usable(&off), 36 + 3 + cleanup + gc, "{off:?}");
+    assert_eq!(usable(&off), 36 + 2 + cleanup + gc, "{off:?}");
     for sym in requests.iter().chain(&["nghttp2_submit_request"]) {
         assert_eq!(off[*sym], "off: --requests on", "{sym}: {off:?}");
     }
-    assert_eq!(default["uv__fs_done"], "usable");
+    assert_eq!(default["uv__work_done"], "usable");
+    assert_eq!((default["uv__fs_done"].as_str(), default["uv__getaddrinfo_done"].as_str()), ("not_needed", "not_needed"));
     assert_eq!(default["uv_fs_req_cleanup"], if session_uprobes() { "not_needed" } else { "usable" });
 
     let tp = listing(&["--detail", "threadpool"]);
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 3 + cleanup + gc + 9 + 6 + h2_client + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 2 + cleanup + gc + 9 + 6 + h2_client + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

@@ -96,7 +96,8 @@ const EXPORTED: [&str; 39] = [
 /// libuv's internal functions (only in a .symtab), in catalog order, with
 /// what is lost without each: the text of uvspan's notice and of the NOTE
 /// column of `uvspan probes`.
-const INTERNAL: [(&str, &str); 9] = [
+const INTERNAL: [(&str, &str); 10] = [
+    ("uv__work_done", "each finished fs and DNS job is a probe hit of its own (uv__fs_done, uv__getaddrinfo_done)"),
     ("uv__fs_done", "async fs spans end at uv_fs_req_cleanup, after the JS callback ran"),
     ("uv__getaddrinfo_done", "DNS spans end at uv_freeaddrinfo, after the JS callback ran"),
     ("uv__fs_work", "async fs spans have no threadpool queue/run split"),
@@ -200,20 +201,26 @@ const ALL_PROBES: usize = EXPORTED.len() + INTERNAL.len() + FALLBACKS.len() + LO
 /// Probes attached on a build with a full symbol table / with the exported
 /// API only, with `gc`'s GC points.
 fn full_probes(gc: Gc) -> usize {
-    EXPORTED.len() + INTERNAL.len() + gc.probes() - usize::from(cleanup_left_out(false))
+    EXPORTED.len() + INTERNAL.len() - JOB_DONE.len() + gc.probes() - usize::from(cleanup_left_out(false))
 }
+
+/// Where uv__work_done's batch point is found (every official build), the
+/// finished jobs end a batch at a time there: their one-per-job done
+/// functions are left out.
+const JOB_DONE: [&str; 2] = ["uv__fs_done", "uv__getaddrinfo_done"];
+const JOB_DONE_NOTE: &str = "finished jobs end in batches at uv__work_done (one hit per batch)";
 fn exported_only_probes(gc: Gc) -> usize {
     EXPORTED.len() + FALLBACKS.len() + gc.probes()
 }
 
 /// uv_fs_req_cleanup is left out where nothing ends there: sync calls end
-/// at their return (session uprobes), async requests at uv__fs_done (a full
+/// at their return (session uprobes), async requests at uv__work_done (a full
 /// symbol table; none of the builds here sends fs requests to io_uring by
 /// default: tests/e2e.rs turns it on).
 fn cleanup_left_out(stripped: bool) -> bool {
     !stripped && session_uprobes()
 }
-const CLEANUP_LEFT_OUT_NOTE: &str = "sync calls end at their return, async ones at uv__fs_done (no io_uring)";
+const CLEANUP_LEFT_OUT_NOTE: &str = "sync calls end at their return, async ones where the loop takes them (no io_uring)";
 
 /// The notice lines (after "uvspan:   ") uvspan prints for a build whose
 /// libuv at `libuv_path` only exports its API, with `gc`'s GC points (a
@@ -223,7 +230,7 @@ fn exported_only_notices(libuv_path: &str, gc: Gc) -> Vec<String> {
         vec![format!("{libuv_path} has no symbol table (stripped build, or a shared libuv): only libuv's exported API can be probed")];
     // In catalog order: the operations' internals, the GC callbacks, the
     // phases; then the fallbacks.
-    let (ops, phases) = INTERNAL.split_at(4);
+    let (ops, phases) = INTERNAL.split_at(5);
     let (gc_missing, gc_fallbacks) = gc.notices();
     v.extend(ops.iter().map(|(sym, lost)| format!("{sym} not found: {lost}")));
     v.extend(gc_missing);
@@ -1053,6 +1060,17 @@ fn want_rows(e: &ProbesExpect, waits: bool) -> Vec<WantRow> {
         v.push(if e.stripped {
             assert!(!e.libuv.offsets.contains_key(sym), "{} has {sym}: not stripped", e.libuv.path);
             WantRow::missing(sym, lost)
+        } else if JOB_DONE.contains(&sym) {
+            WantRow {
+                symbol: sym,
+                image: "libuv",
+                function: None,
+                status: "not needed",
+                note: JOB_DONE_NOTE.into(),
+                json_status: "not_needed",
+                fallback_for: None,
+                if_missing: Some(lost),
+            }
         } else {
             WantRow::attachable(sym, e.libuv.function(sym), lost)
         });
@@ -1196,8 +1214,10 @@ fn check_probes_json(text: &str, e: &ProbesExpect) -> (JsonProbes, bool) {
             }
             Some((start, size)) => {
                 let off = p["offset"].as_u64().unwrap_or_else(|| panic!("no offset: {pctx}"));
+                // uv__work_done's point is inside it: where it has taken its batch.
+                let most = if w.symbol == "uv__work_done" { size } else { MAX_PROBE_POINT_DELTA };
                 assert!(
-                    off >= start && off < start + size.max(1) && off - start <= MAX_PROBE_POINT_DELTA,
+                    off >= start && off < start + size.max(1) && off - start <= most,
                     "the probe point {off:#x} is not at the start of {} ({start:#x}, {size} bytes) in {}: {pctx}",
                     w.symbol,
                     path

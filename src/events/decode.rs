@@ -415,8 +415,9 @@ fn cstr(buf: &[i8]) -> String {
     }
 }
 
-/// Where an operation was seen to end: libuv's completion function
-/// (`uv__fs_done`, `uv__getaddrinfo_done`), `uv_fs_req_cleanup`,
+/// Where an operation was seen to end: where the loop took its result
+/// (`libuv_done`: a batch of finished jobs at `uv__work_done`, or one job at
+/// `uv__fs_done`, `uv__getaddrinfo_done`), `uv_fs_req_cleanup`,
 /// `uv_freeaddrinfo`, `return` (a sync call's uv_fs_* function returned), or
 /// `next_libuv_call` (a sync call whose end was not seen).
 pub fn ended_at(end_kind: u8) -> Option<&'static str> {
