@@ -89,6 +89,7 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 		ts->batch.head = b.head;
 		ts->batch.n = b.n < UVSPAN_BATCH ? b.n : UVSPAN_BATCH;
 		ts->batch.more = b.n > UVSPAN_BATCH;
+		ts->batch.hint = 0;
 	}
 	return 0;
 }

@@ -395,7 +395,7 @@ static __always_inline int h2_enter(__u64 session, __s32 stream_id, __u64 *prev,
 	*prev = thread_cause(t);
 	/* --sample-time: a stream from before this window is no request */
 	__u64 cause = fresh_cause(c->cause);
-	cause_put(t, cause);
+	cause_enter(t, cause);
 	if (end_stream && c->client == H2_CLIENT_OPEN) {
 		c->client = H2_CLIENT_ENDED;
 		if (h2_client_sends(cause))
@@ -451,7 +451,7 @@ static __always_inline int h2_frame_return(__u64 prev)
 {
 	struct thread_state *t = thread_state_of(0);
 	if (t)
-		cause_put(t, prev);
+		cause_leave(t, prev);
 	return 0;
 }
 
@@ -570,7 +570,7 @@ __attribute__((noinline)) int h2_close(struct pt_regs *ctx, __u64 *prev)
 	if (!t)
 		return 0;
 	*prev = thread_cause(t);
-	cause_put(t, cause);
+	cause_enter(t, cause);
 	return 1;
 }
 

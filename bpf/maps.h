@@ -196,6 +196,8 @@ struct work_batch {
 	__u64 head;
 	__u32 n;
 	__u32 more;
+	__u32 paused; /* n while a cause is current for a while (cause_enter) */
+	__u32 hint;   /* the job whose callback ran when last asked (thread_cause) */
 	__u64 q[UVSPAN_BATCH];
 	__u64 cause[UVSPAN_BATCH];
 };

@@ -56,17 +56,27 @@ __attribute__((noinline)) __u64 thread_cause(struct thread_state *ts)
 	bpf_probe_read_user(&next, sizeof(next), (void *)head);
 	__u32 cur = n - 1;
 	if (next != head) {
-		for (__u32 i = 1; i < UVSPAN_BATCH; i++) {
-			if (i >= n)
-				break;
-			if (ts->batch.q[i] == next) {
-				cur = i - 1;
-				break;
+		/* Callbacks run in order: the job asked about last, or the one
+		 * after it, is most often the one running. */
+		__u32 h = ts->batch.hint & (UVSPAN_BATCH - 1);
+		if (h + 1 < n && ts->batch.q[(h + 1) & (UVSPAN_BATCH - 1)] == next) {
+			cur = h;
+		} else if (h + 2 < n && ts->batch.q[(h + 2) & (UVSPAN_BATCH - 1)] == next) {
+			cur = h + 1;
+		} else {
+			for (__u32 i = 1; i < UVSPAN_BATCH; i++) {
+				if (i >= n)
+					break;
+				if (ts->batch.q[i] == next) {
+					cur = i - 1;
+					break;
+				}
 			}
+			if (cur == n - 1 && ts->batch.more)
+				return 0;
 		}
-		if (cur == n - 1 && ts->batch.more)
-			return 0;
 	}
+	ts->batch.hint = cur;
 	return ts->batch.cause[cur & (UVSPAN_BATCH - 1)];
 }
 
@@ -75,6 +85,23 @@ static __always_inline void cause_put(struct thread_state *ts, __u64 cause)
 {
 	ts->ctx.cause = cause;
 	ts->batch.n = 0;
+}
+
+/* A cause current for a while inside a callback (an HTTP/2 frame's
+ * handlers: h2.h), the one before put back at its end (cause_leave): a
+ * batch's callback, with the rest of its batch after it. */
+static __always_inline void cause_enter(struct thread_state *ts, __u64 cause)
+{
+	ts->batch.paused = ts->batch.n;
+	ts->batch.n = 0;
+	ts->ctx.cause = cause;
+}
+
+static __always_inline void cause_leave(struct thread_state *ts, __u64 prev)
+{
+	ts->ctx.cause = prev;
+	ts->batch.n = ts->batch.paused;
+	ts->batch.paused = 0;
 }
 
 __attribute__((noinline)) __u64 current_cause(void)

@@ -30,7 +30,7 @@ enum uvspan_sizes {
 	UVSPAN_GC_TYPES = 5,        /* v8::GCType bits: scavenge, minor mark-sweep, mark-compact, incremental, weak callbacks */
 	UVSPAN_H2_NAME = 64,        /* HTTP/2 header record: the name's bytes (NUL-padded), the value after */
 	UVSPAN_HIST_BOUNDS = 16,    /* bucket bounds of a kernel-side operation histogram (op_hist) at most */
-	UVSPAN_BATCH = 32,          /* finished threadpool jobs of one uv__work_done whose callbacks' causes are kept */
+	UVSPAN_BATCH = 256,         /* finished threadpool jobs of one uv__work_done whose callbacks' causes are kept */
 	UVSPAN_BATCH_WALK = 1024,   /* the most jobs of one uv__work_done ended there (the rest: at their cleanup) */
 };
 
