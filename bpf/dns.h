@@ -191,8 +191,9 @@ static __always_inline int dns_finish_kept(struct thread_state *ts, __u32 j, __u
 }
 
 /* A lookup's result reaches the loop (status: 0, or UV_ECANCELED); its
- * callback runs next. */
-static __always_inline int dns_done_of(__u32 pid, __u64 req, int status)
+ * callback runs next. A global function: verified once for
+ * uv__getaddrinfo_done and the batches. */
+__attribute__((noinline)) int dns_done_of(__u32 pid, __u64 req, int status)
 {
 	struct req_key key = { .pid = pid, .req = req };
 	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;

@@ -332,11 +332,19 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 	return 0;
 }
 
+/* An async request ends (END_DONE: its result reaches the loop, its
+ * callback runs next). A global function: verified once for uv__fs_done,
+ * the batches and uv_fs_req_cleanup. */
+__attribute__((noinline)) int fs_job_end(__u32 pid, __u64 req, __u32 end_kind)
+{
+	return fs_finish_async(pid, req, end_kind);
+}
+
 /* uv__fs_done(struct uv__work *w, int status): completion on the loop thread,
  * just before the callback runs. */
 static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_finish_async(current_ids() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE);
+	return fs_job_end(current_ids() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
@@ -349,7 +357,7 @@ static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 		sync_end(slot, END_CLEANUP);
 		return 0;
 	}
-	return fs_finish_async(current_ids() >> 32, req, END_CLEANUP);
+	return fs_job_end(current_ids() >> 32, req, END_CLEANUP);
 }
 
 #endif /* UVSPAN_FS_H */

@@ -36,6 +36,24 @@ __attribute__((noinline)) __u64 fresh_cause(__u64 cause)
 	return sampling && (cause >> 8) < window_open_ns ? 0 : cause;
 }
 
+struct batch_find {
+	__u64 next;
+	__u32 found; /* the index of the job whose node is `next` (from 1) */
+};
+
+/* One job of the thread's batch (a bpf_loop callback: verified once, not
+ * per job). */
+static long batch_find_job(__u64 i, struct batch_find *f)
+{
+	struct thread_state *ts = thread_state_of(0);
+	if (!ts || i == 0)
+		return !ts;
+	if (ts->batch.q[i & (UVSPAN_BATCH - 1)] != f->next)
+		return 0;
+	f->found = i;
+	return 1;
+}
+
 /* The thread's cause now. While the callbacks of a batch of finished
  * threadpool jobs run (batch.h), the cause of the job whose callback runs:
  * libuv takes each job off the head of the queue on uv__work_done's stack
@@ -64,15 +82,11 @@ __attribute__((noinline)) __u64 thread_cause(struct thread_state *ts)
 		} else if (h + 2 < n && ts->batch.q[(h + 2) & (UVSPAN_BATCH - 1)] == next) {
 			cur = h + 1;
 		} else {
-			for (__u32 i = 1; i < UVSPAN_BATCH; i++) {
-				if (i >= n)
-					break;
-				if (ts->batch.q[i] == next) {
-					cur = i - 1;
-					break;
-				}
-			}
-			if (cur == n - 1 && ts->batch.more)
+			struct batch_find f = { .next = next, .found = n };
+			bpf_loop(n < UVSPAN_BATCH ? n : UVSPAN_BATCH, batch_find_job, &f, 0);
+			if (f.found < n)
+				cur = f.found - 1;
+			else if (ts->batch.more)
 				return 0;
 		}
 	}

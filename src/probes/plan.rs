@@ -378,8 +378,8 @@ mod tests {
         let full: HashMap<&'static str, u64> =
             catalog::all_probes().iter().filter(|p| p.image != ImageKind::Libc).map(|p| (p.symbol, 0x1000)).collect();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
-        let attached = |d: Detail| -> Vec<&'static str> {
-            let mut v: Vec<_> = plan_on(&full, Some(&libc), d, AT_CLEANUP)
+        let attached_on = |syms: &HashMap<&'static str, u64>, d: Detail, ends: Conditions| -> Vec<&'static str> {
+            let mut v: Vec<_> = plan_on(syms, Some(&libc), d, ends)
                 .into_iter()
                 .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
                 .map(|r| r.symbol)
@@ -387,6 +387,7 @@ mod tests {
             v.sort();
             v
         };
+        let attached = |d: Detail| attached_on(&full, d, AT_CLEANUP);
         // Per async fs request: submit and uv_fs_req_cleanup; per DNS
         // lookup: submit; per batch of finished jobs one hit; per V8
         // garbage collection its two callbacks; no probe per loop iteration.
@@ -398,14 +399,8 @@ mod tests {
         let mut no_batch = full.clone();
         no_batch.remove(catalog::WORK_BATCH);
         for (syms, ends) in [(&no_batch, AT_CLEANUP), (&full, Conditions { work_batch: false, ..AT_CLEANUP })] {
-            let mut v: Vec<_> = plan_on(syms, Some(&libc), Detail::default(), ends)
-                .into_iter()
-                .filter(|r| r.state == ProbeState::Usable && r.kind != probe_kind::PROBE_FS_SUBMIT)
-                .map(|r| r.symbol)
-                .collect();
-            v.sort();
             assert_eq!(
-                v,
+                attached_on(syms, Detail::default(), ends),
                 [catalog::GC_EPILOGUE, catalog::GC_PROLOGUE, "uv__fs_done", "uv__getaddrinfo_done", "uv_fs_req_cleanup", "uv_getaddrinfo"]
             );
         }
