@@ -79,12 +79,12 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 	if (bpf_probe_read_user(&b.q, sizeof(b.q), (void *)b.head) || b.q == b.head)
 		return 0;
 	/* Its callbacks run next: the thread's state keeps their causes. */
-	if (requests && !thread_state_of(1))
+	struct thread_state *ts = requests ? thread_state_of(1) : 0;
+	if (requests && !ts)
 		return 0;
 	bpf_loop(UVSPAN_BATCH_WALK, batch_job, &b, 0);
 	if (b.q != b.head)
 		stat_inc(STAT_BATCH_CUT);
-	struct thread_state *ts = requests ? thread_state_of(0) : 0;
 	if (ts) {
 		ts->batch.head = b.head;
 		ts->batch.n = b.n < UVSPAN_BATCH ? b.n : UVSPAN_BATCH;

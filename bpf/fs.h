@@ -109,8 +109,11 @@ static __always_inline __u32 fs_slot_of(struct thread_state *ts, __u64 req)
 }
 
 /* Ends an async request: reads what it needs from the request, one record.
- * Its start is in its thread's state (ops_local) or in inflight_fs. */
-static __always_inline int fs_finish_async(__u32 pid, __u64 req, __u8 end_kind)
+ * Its start is in its thread's state (ops_local) or in inflight_fs.
+ * END_DONE: its result reaches the loop, its callback runs next. A global
+ * function: verified once for uv__fs_done, the batches and
+ * uv_fs_req_cleanup. */
+__attribute__((noinline)) int fs_job_end(__u32 pid, __u64 req, __u32 end_kind)
 {
 	struct req_key key = { .pid = pid, .req = req };
 	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
@@ -330,14 +333,6 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
 	a->worker_tid = tid;
 	bpf_map_update_elem(&worker_jobs, &tid, &job, BPF_ANY);
 	return 0;
-}
-
-/* An async request ends (END_DONE: its result reaches the loop, its
- * callback runs next). A global function: verified once for uv__fs_done,
- * the batches and uv_fs_req_cleanup. */
-__attribute__((noinline)) int fs_job_end(__u32 pid, __u64 req, __u32 end_kind)
-{
-	return fs_finish_async(pid, req, end_kind);
 }
 
 /* uv__fs_done(struct uv__work *w, int status): completion on the loop thread,
