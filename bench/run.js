@@ -541,7 +541,12 @@ async function hitAnatomy(c, configs) {
   const out = {};
   const traced = configs.filter((cfg) => UVSPAN_CONFIGS[cfg] && !UVSPAN_CONFIGS[cfg].stopAfterAttach && !('bin' in UVSPAN_CONFIGS[cfg]));
   const runs = traced.map((cfg) => ({ cfg, count: false }));
-  if (traced.includes('uvspan')) runs.push({ cfg: 'uvspan', count: true });
+  // Counted by probe point: the default, and where this part runs them, the
+  // unsampled (always_off) and the trap-floor configurations: what a hit
+  // costs in BPF at each point when its request is sampled, when it is not,
+  // and when the program returns at once.
+  for (const cfg of ['uvspan', 'uvspan_metrics_only', 'uvspan_trap'])
+    if (traced.includes(cfg)) runs.push({ cfg, count: true });
   for (const { cfg, count } of runs) {
     const u = UVSPAN_CONFIGS[cfg];
     const app = await startNode([path.join(BENCH, 'app.js')]);
@@ -994,11 +999,23 @@ function markdown(R) {
         row(LABELS[cfg], a.runs_per_req, a.bpf_ns_per_run, round(a.bpf_ns_per_req / 1e3, 2), Object.entries(a.programs).map(([n, p]) => `${n} ${p.runs_per_req} × ${p.ns_per_run}`).join(', '));
       const d = o.anatomy.uvspan;
       if (d && d.points) {
-        L.push('', `Uprobe hits per request by probe point, default configuration (UVSPAN_BENCH_COUNT_HITS=1): ${d.uprobe_hits_per_req} in all; ns inside uvspan's program per hit there (UVSPAN_BENCH_TIME_HITS=1, with one program's entry and exit; a session probe's returns not timed).`, '');
-        row('probe point', 'hits/req', 'BPF ns/hit');
-        row('---', '---', '---');
+        // Unsampled (bm) and trap-floor (b0) columns where this part ran them.
+        const more = [['uvspan_metrics_only', 'BPF ns/hit, unsampled (always_off)'], ['uvspan_trap', 'BPF ns/hit, program returns at once']]
+          .filter(([cfg]) => o.anatomy[cfg] && o.anatomy[cfg].point_ns);
+        L.push('', `Uprobe hits per request by probe point, default configuration (UVSPAN_BENCH_COUNT_HITS=1): ${d.uprobe_hits_per_req} in all; ns inside uvspan's program per hit there (UVSPAN_BENCH_TIME_HITS=1, with one program's entry and exit; a session probe's returns not timed)${more.length ? ', also with every request unsampled (bm: counted in the metrics, no record) and with the programs returning at once (b0: the timing\'s own floor)' : ''}.`, '');
+        row('probe point', 'hits/req', 'BPF ns/hit', ...more.map(([, t]) => t));
+        row('---', '---', '---', ...more.map(() => '---'));
         const ns = d.point_ns || {};
-        for (const [pt, n] of Object.entries(d.points)) row(`\`${pt.replaceAll("|", "\\|")}\``, n, pt in ns ? ns[pt] : '-');
+        for (const [pt, n] of Object.entries(d.points))
+          row(`\`${pt.replaceAll("|", "\\|")}\``, n, pt in ns ? ns[pt] : '-', ...more.map(([cfg]) => o.anatomy[cfg].point_ns[pt] ?? '-'));
+        const perReq = (cfg) => {
+          const a = o.anatomy[cfg], pts = a && a.points, ns2 = a && a.point_ns;
+          if (!pts || !ns2) return null;
+          return round(Object.entries(pts).reduce((t, [pt, n]) => t + (pt in ns2 ? n * ns2[pt] : 0), 0), 0);
+        };
+        const sums = [['uvspan', 'sampled'], ...more.map(([cfg]) => [cfg, cfg === 'uvspan_trap' ? 'returning at once' : 'unsampled'])]
+          .map(([cfg, t]) => [t, perReq(cfg)]).filter(([, v]) => v !== null);
+        if (sums.length > 1) L.push('', `Timed BPF ns per request (hits/request × ns/hit, summed over the points): ${sums.map(([t, v]) => `${t} ${v}`).join(', ')}.`);
       }
     }
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req ?? '–'} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req ?? '–'} µs (ratio ${o.ratios.uvspan_added_over_sdk_added ?? '–'}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req ?? '–'} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req ?? '–'} µs. Ratios are medians of per-round ratios to that round's bare run.`);
