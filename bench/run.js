@@ -380,6 +380,12 @@ const UVSPAN_CONFIGS = {
   uvspan_noreq: { args: ['--requests', 'off'] },
   uvspan_all: { args: ['--detail', 'all'] },
   uvspan_trap: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1' } },
+  // The trap floor plus 1 µs of BPF time per hit spent in a compact loop
+  // (about what an unsampled hit's program takes here: the anatomy's ns/run
+  // of uvspan_metrics_only): BPF time without the real programs' memory
+  // traffic, so that metrics only over it is what their maps, scratch and
+  // code cost the app beyond their run time.
+  uvspan_trap_spin: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1', UVSPAN_BENCH_TRAP_SPIN_NS: '1000' } },
   uvspan_sample10: { args: ['--sample-time', '10%'] },
   uvspan_nostacks: { args: ['--stacks', 'off'] },
   // The standard sampler at 10% (decided in the kernel: the work of the
@@ -404,7 +410,7 @@ const MODES = {
   paced: { configs: ['bare', 'uvspan', 'uvspan_nostacks', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
   // Closed loop (no pacing) on 16 connections: the machine is saturated.
   saturated: {
-    configs: ['bare', 'uvspan', 'uvspan_trap', 'kernel_traps', 'uvspan_sample10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
+    configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_trap_spin', 'kernel_traps', 'uvspan_sample10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
     conns: 16,
     rate: 0,
   },
@@ -513,6 +519,15 @@ async function overhead(mode = 'paced') {
     const trapOf = (x) => runs.find((y) => y.round === x.round && y.config === 'uvspan_trap');
     ratios.uvspan_metrics_only_over_trap = round(median(runs.filter((x) => x.config === 'uvspan_metrics_only')
       .map((x) => (x.cpu_us_per_req - trapOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
+    // The same, paired, for the compact spin: what BPF time alone adds, and
+    // what metrics only adds beyond it.
+    if (configs.includes('uvspan_trap_spin')) {
+      const spinOf = (x) => runs.find((y) => y.round === x.round && y.config === 'uvspan_trap_spin');
+      ratios.uvspan_trap_spin_over_trap = round(median(runs.filter((x) => x.config === 'uvspan_trap_spin')
+        .map((x) => (x.cpu_us_per_req - trapOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
+      ratios.uvspan_metrics_only_over_trap_spin = round(median(runs.filter((x) => x.config === 'uvspan_metrics_only')
+        .map((x) => (x.cpu_us_per_req - spinOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
+    }
   }
   const anatomy = await hitAnatomy(c, configs);
   return {
@@ -966,6 +981,7 @@ function markdown(R) {
     uvspan_noreq: '(b−) uvspan --requests off → OTLP',
     uvspan_all: '(b+) uvspan --detail all → OTLP',
     uvspan_trap: '(b0) default probes, programs return at once',
+    uvspan_trap_spin: '(b0s) the same, each hit spinning 1 µs of BPF time in a compact loop',
     kernel_traps: "(bk) plain uprobes at uvspan's points, no BPF program (the kernel's traps alone)",
     uvspan_sample10: '(b10) uvspan --sample-time 10% → OTLP',
     uvspan_nostacks: '(bs) uvspan --stacks off → OTLP (b minus the stack sampler)',
@@ -1021,6 +1037,11 @@ function markdown(R) {
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req ?? '–'} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req ?? '–'} µs (ratio ${o.ratios.uvspan_added_over_sdk_added ?? '–'}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req ?? '–'} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req ?? '–'} µs. Ratios are medians of per-round ratios to that round's bare run.`);
     if (o.ratios.uvspan_metrics_only_over_trap !== undefined)
       L.push('', `Metrics only (bm) over the trap floor (b0), paired per round (the two runs' CPU difference over that round's bare run, median): ${o.ratios.uvspan_metrics_only_over_trap}× bare.`);
+    if (o.ratios.uvspan_trap_spin_over_trap !== undefined) {
+      const a = o.anatomy || {};
+      const us = (cfg) => (a[cfg] ? round(a[cfg].bpf_ns_per_req / 1e3, 2) : '–');
+      L.push('', `BPF time against the rest, paired the same way: the trap floor with each hit spinning 1 µs in a compact loop (b0s: ${us('uvspan_trap_spin')} µs of BPF per request, bpf_stats) adds ${o.ratios.uvspan_trap_spin_over_trap}× bare over the floor; metrics only (${us('uvspan_metrics_only')} µs of BPF per request) adds ${o.ratios.uvspan_metrics_only_over_trap_spin}× bare over that: what its programs' maps, scratch and code cost the app beyond their run time.`);
+    }
     const k = o.median.kernel_traps;
     if (k && k.uprobe_hits_per_req)
       L.push('', `Plain uprobes at the same points with no BPF program (bk: counting perf events on the uprobe PMU) add ${o.ratios.kernel_traps_added_us_per_req} µs per request at ${k.uprobe_hits_per_req} hits per request (counted): ${round(o.ratios.kernel_traps_added_us_per_req / k.uprobe_hits_per_req, 2)} µs of app CPU per hit, the kernel's cost of a hit here whatever the tracer.`);

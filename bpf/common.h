@@ -26,6 +26,10 @@ const volatile unsigned int discover = 0;
  * fire, their programs return at once (no spans). Measures what the kernel
  * charges for the probes alone. */
 const volatile unsigned int trap_only = 0;
+/* Benchmark only (UVSPAN_BENCH_TRAP_SPIN_NS=N, with trap_only): each entry
+ * hit spins N ns in a compact loop instead: BPF time without the real
+ * programs' memory traffic (their maps, scratch and code). */
+const volatile unsigned long long trap_spin_ns = 0;
 /* Benchmark only (UVSPAN_BENCH_COUNT_HITS=1): every uprobe hit is counted by
  * its attach point (hit_counts), for hits per request by probe point. */
 const volatile unsigned int count_hits = 0;

@@ -133,10 +133,26 @@ int bench_leave(struct pt_regs *ctx)
 	return 0;
 }
 
+static long trap_spin_step(__u64 i, __u64 *until)
+{
+	return bpf_ktime_get_ns() >= *until;
+}
+
+/* The trap floor's optional BPF time (trap_spin_ns). */
+static __always_inline void trap_spin(void)
+{
+	if (!trap_spin_ns)
+		return;
+	__u64 until = bpf_ktime_get_ns() + trap_spin_ns;
+	bpf_loop(1 << 20, trap_spin_step, &until, 0);
+}
+
 static __always_inline int dispatch(struct pt_regs *ctx)
 {
-	if (trap_only)
+	if (trap_only) {
+		trap_spin();
 		return 0;
+	}
 	/* --sample-time: attached, but the window is not open (yet, or any
 	 * more): see window_closed. */
 	if (sampling && window_closed)
@@ -203,8 +219,11 @@ int uv_session(struct pt_regs *ctx)
 		count_hit(cookie, bpf_session_is_return());
 	/* The benchmark's trap floor: an epoll wait that can block traps at
 	 * its return too, so it does here. */
-	if (trap_only)
+	if (trap_only) {
+		if (!bpf_session_is_return())
+			trap_spin();
 		return !epoll || libc_wait_timeout_zero(ctx, cookie);
+	}
 	if (epoll)
 		return epoll_wait_probe(ctx, cookie);
 	__u64 *req = bpf_session_cookie();

@@ -14,6 +14,17 @@ pub(super) fn bench_trap_only() -> bool {
     on
 }
 
+/// Benchmark only, with `UVSPAN_BENCH_TRAP_ONLY=1`: `UVSPAN_BENCH_TRAP_SPIN_NS=N`
+/// makes each entry hit spin N ns (up to 1 ms) in a compact loop: BPF time
+/// without the memory the real programs touch.
+pub(super) fn bench_trap_spin_ns() -> u64 {
+    let ns = std::env::var("UVSPAN_BENCH_TRAP_SPIN_NS").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0).min(1_000_000);
+    if ns > 0 && std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1") {
+        eprintln!("uvspan: UVSPAN_BENCH_TRAP_SPIN_NS={ns}: each probe hit spins {ns} ns (benchmark mode)");
+    }
+    ns
+}
+
 /// Benchmark only (`UVSPAN_BENCH_NO_FOLLOW=1`): unsampled HTTP/1 requests
 /// are sent up as records instead of followed in the kernel, to measure
 /// what following them saves.
@@ -62,6 +73,7 @@ pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::P
         ring_buffer_size: cli.ring_buffer_size,
         detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
         trap_only: bench_trap_only(),
+        trap_spin_ns: bench_trap_spin_ns(),
         sampling: cli.sample_time.is_some_and(|s| s < 1.0),
         stacks: cli.stacks != StacksMode::Off,
         stacks_all_ops: cli.stacks == StacksMode::AllOps,
