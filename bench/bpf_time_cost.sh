@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# What BPF run time costs bench/app.js, apart from what the real programs'
+# memory traffic (their maps, scratch and code) costs it: on one app (a
+# private copy of node), saturated (wrk -t1 -c16, as bench.sh's saturated
+# part), each round runs in turn
+#   bare;
+#   trap: uvspan's trap floor (UVSPAN_BENCH_TRAP_ONLY=1: its programs
+#     return at once);
+#   spin: the same, each entry hit spinning SPIN_NS of BPF time in a
+#     compact loop (UVSPAN_BENCH_TRAP_SPIN_NS);
+#   metrics: uvspan with OTEL_TRACES_SAMPLER=always_off (every request
+#     unsampled: counted in the metrics, no record);
+# and prints the app's CPU ns per request of each (on-CPU time from
+# /proc/PID/task/*/schedstat), then the medians over the rounds of the
+# paired differences over that round's bare run: spin - trap (what SPIN_NS
+# of BPF per hit costs the app), metrics - spin (what the real programs
+# cost beyond a loop of about their run time; SPIN_NS should be their ns
+# per run: hit_counts.sh with OTEL_TRACES_SAMPLER=always_off) and
+# metrics - trap.
+#
+#   sudo [ROUNDS=12] [BENCH_SECONDS=6] [SPIN_NS=1000] bench/bpf_time_cost.sh [UVSPAN_BINARY]
+# Needs wrk and jq. Not part of bench.sh.
+set -euo pipefail
+bin=$(realpath "${1:-$(dirname "$0")/../target/release/uvspan}")
+cd "$(dirname "$0")"
+rounds=${ROUNDS:-12}
+secs=${BENCH_SECONDS:-6}
+spin=${SPIN_NS:-1000}
+[ "$(id -u)" -eq 0 ] || { echo "bpf_time_cost: run as root" >&2; exit 1; }
+for t in wrk jq; do command -v $t >/dev/null || { echo "bpf_time_cost: needs $t" >&2; exit 1; }; done
+
+work=$(mktemp -d /tmp/uvspan-bpftime.XXXXXX)
+app=; side=
+cleanup() {
+  [ -n "$side" ] && kill -INT "$side" 2>/dev/null && wait "$side" 2>/dev/null || true
+  [ -n "$app" ] && kill "$app" 2>/dev/null && wait "$app" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+. ./start_app.sh
+start_app
+
+appcpu() { cat /proc/"$app"/task/*/schedstat | awk '{s += $1} END {printf "%.0f", s}'; }
+# One measured run under the configuration: prints its label and the app's
+# CPU ns per request.
+run() {
+  local label=$1; shift
+  if [ "$label" != bare ]; then
+    env "$@" "$bin" --pid "$app" --otlp-endpoint http://127.0.0.1:9 > /dev/null 2> "$work/uvspan.err" &
+    side=$!
+    for _ in $(seq 100); do grep -q 'tracing' "$work/uvspan.err" 2>/dev/null && break; sleep 0.05; done
+    sleep 1
+  fi
+  local c0 c1 n
+  c0=$(appcpu)
+  BENCH_DELAY_MS=0 wrk -t1 -c16 -d"${secs}s" --timeout 5s -s pace.lua "http://127.0.0.1:$port/" > "$work/wrk.out"
+  c1=$(appcpu)
+  n=$(sed -n 's/^WRKJSON //p' "$work/wrk.out" | jq .requests)
+  if [ -n "$side" ]; then kill -INT "$side"; wait "$side" || true; side=; fi
+  echo "$label $(( (c1 - c0) / n ))"
+}
+
+for r in $(seq "$rounds"); do
+  run bare
+  run trap UVSPAN_BENCH_TRAP_ONLY=1
+  run spin UVSPAN_BENCH_TRAP_ONLY=1 UVSPAN_BENCH_TRAP_SPIN_NS="$spin"
+  run metrics OTEL_TRACES_SAMPLER=always_off
+done | tee "$work/runs.txt" | sed 's/^/round run: /'
+
+awk -v spin="$spin" '
+  $1 == "bare" { r++ }
+  { v[$1, r] = $2 }
+  END {
+    for (i = 1; i <= r; i++) {
+      b = v["bare", i]
+      st[i] = (v["spin", i] - v["trap", i]) / b
+      ms[i] = (v["metrics", i] - v["spin", i]) / b
+      mt[i] = (v["metrics", i] - v["trap", i]) / b
+      bare[i] = b
+    }
+    printf "%d rounds; bare %.1f us/request (median)\n", r, med(bare, r) / 1000
+    printf "spin (%d ns a hit) - trap: %.3fx bare\n", spin, med(st, r)
+    printf "metrics only - spin:       %.3fx bare\n", med(ms, r)
+    printf "metrics only - trap:       %.3fx bare\n", med(mt, r)
+  }
+  function med(a, n,    i, j, t, c) {
+    for (i = 1; i <= n; i++) c[i] = a[i]
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (c[j] < c[i]) { t = c[i]; c[i] = c[j]; c[j] = t }
+    return n % 2 ? c[(n + 1) / 2] : (c[n / 2] + c[n / 2 + 1]) / 2
+  }' "$work/runs.txt"
