@@ -30,14 +30,8 @@ spin=${SPIN_NS:-1000}
 for t in wrk jq; do command -v $t >/dev/null || { echo "bpf_time_cost: needs $t" >&2; exit 1; }; done
 
 work=$(mktemp -d /tmp/uvspan-bpftime.XXXXXX)
-app=; side=
-cleanup() {
-  [ -n "$side" ] && kill -INT "$side" 2>/dev/null && wait "$side" 2>/dev/null || true
-  [ -n "$app" ] && kill "$app" 2>/dev/null && wait "$app" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 . ./start_app.sh
+trap stop_all EXIT
 start_app
 
 appcpu() { cat /proc/"$app"/task/*/schedstat | awk '{s += $1} END {printf "%.0f", s}'; }

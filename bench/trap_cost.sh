@@ -19,14 +19,8 @@ secs=${BENCH_SECONDS:-5}
 for t in wrk jq python3; do command -v $t >/dev/null || { echo "trap_cost: needs $t" >&2; exit 1; }; done
 
 work=$(mktemp -d /tmp/uvspan-trapcost.XXXXXX)
-app=; side=
-cleanup() {
-  [ -n "$side" ] && kill -INT "$side" 2>/dev/null && wait "$side" 2>/dev/null || true
-  [ -n "$app" ] && kill "$app" 2>/dev/null && wait "$app" 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
 . ./start_app.sh
+trap stop_all EXIT
 start_app
 "$bin" probes --pid "$app" --json > "$work/plan.json"
 
