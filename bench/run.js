@@ -512,21 +512,21 @@ async function overhead(mode = 'paced') {
     ratios.uvspan_ratio10_with_sidecar_over_sdk_ratio10_added = round(addedWithSidecar('uvspan_ratio10') / added('otel_sdk_ratio10'));
   }
   ratios.uvspan_added_over_sdk_added = round(added('uvspan') / addSdk);
-  // Metrics only over the trap floor: per round, the difference of the two
-  // ratios to that round's bare run, then median (paired: the rounds' drift
-  // in the bare run's CPU cancels).
+  // One configuration over another, paired: per round, the difference of the
+  // two runs' CPU over that round's bare run, then the median (the rounds'
+  // drift in the bare run's CPU cancels).
+  const over = (cfg, base) => {
+    const baseOf = (x) => runs.find((y) => y.round === x.round && y.config === base);
+    return round(median(runs.filter((x) => x.config === cfg)
+      .map((x) => (x.cpu_us_per_req - baseOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
+  };
+  // Metrics only over the trap floor; with the compact spin, what BPF time
+  // alone adds and what metrics only adds beyond it.
   if (configs.includes('uvspan_metrics_only') && configs.includes('uvspan_trap')) {
-    const trapOf = (x) => runs.find((y) => y.round === x.round && y.config === 'uvspan_trap');
-    ratios.uvspan_metrics_only_over_trap = round(median(runs.filter((x) => x.config === 'uvspan_metrics_only')
-      .map((x) => (x.cpu_us_per_req - trapOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
-    // The same, paired, for the compact spin: what BPF time alone adds, and
-    // what metrics only adds beyond it.
+    ratios.uvspan_metrics_only_over_trap = over('uvspan_metrics_only', 'uvspan_trap');
     if (configs.includes('uvspan_trap_spin')) {
-      const spinOf = (x) => runs.find((y) => y.round === x.round && y.config === 'uvspan_trap_spin');
-      ratios.uvspan_trap_spin_over_trap = round(median(runs.filter((x) => x.config === 'uvspan_trap_spin')
-        .map((x) => (x.cpu_us_per_req - trapOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
-      ratios.uvspan_metrics_only_over_trap_spin = round(median(runs.filter((x) => x.config === 'uvspan_metrics_only')
-        .map((x) => (x.cpu_us_per_req - spinOf(x).cpu_us_per_req) / bareOf(x).cpu_us_per_req)));
+      ratios.uvspan_trap_spin_over_trap = over('uvspan_trap_spin', 'uvspan_trap');
+      ratios.uvspan_metrics_only_over_trap_spin = over('uvspan_metrics_only', 'uvspan_trap_spin');
     }
   }
   const anatomy = await hitAnatomy(c, configs);

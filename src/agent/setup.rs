@@ -14,12 +14,12 @@ pub(super) fn bench_trap_only() -> bool {
     on
 }
 
-/// Benchmark only, with `UVSPAN_BENCH_TRAP_ONLY=1`: `UVSPAN_BENCH_TRAP_SPIN_NS=N`
-/// makes each entry hit spin N ns (up to 1 ms) in a compact loop: BPF time
-/// without the memory the real programs touch.
-pub(super) fn bench_trap_spin_ns() -> u64 {
+/// Benchmark only, with `UVSPAN_BENCH_TRAP_ONLY=1` (called then):
+/// `UVSPAN_BENCH_TRAP_SPIN_NS=N` makes each entry hit spin N ns (up to 1 ms)
+/// in a compact loop: BPF time without the memory the real programs touch.
+fn bench_trap_spin_ns() -> u64 {
     let ns = std::env::var("UVSPAN_BENCH_TRAP_SPIN_NS").ok().and_then(|v| v.trim().parse::<u64>().ok()).unwrap_or(0).min(1_000_000);
-    if ns > 0 && std::env::var_os("UVSPAN_BENCH_TRAP_ONLY").is_some_and(|v| v == "1") {
+    if ns > 0 {
         eprintln!("uvspan: UVSPAN_BENCH_TRAP_SPIN_NS={ns}: each probe hit spins {ns} ns (benchmark mode)");
     }
     ns
@@ -66,14 +66,15 @@ pub(super) fn tail_rule(cli: &Cli) -> Option<crate::requests::Tail> {
 /// What the kernel side is loaded with.
 pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>, sampling: Option<KernelSampling>) -> Settings {
     use crate::metrics::Metric;
+    let trap_only = bench_trap_only();
     Settings {
         loop_threshold: cli.loop_threshold,
         follow_forks: !cli.command.is_empty(),
         discover: cli.discover(),
         ring_buffer_size: cli.ring_buffer_size,
         detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
-        trap_only: bench_trap_only(),
-        trap_spin_ns: bench_trap_spin_ns(),
+        trap_only,
+        trap_spin_ns: if trap_only { bench_trap_spin_ns() } else { 0 },
         sampling: cli.sample_time.is_some_and(|s| s < 1.0),
         stacks: cli.stacks != StacksMode::Off,
         stacks_all_ops: cli.stacks == StacksMode::AllOps,

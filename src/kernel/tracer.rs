@@ -39,7 +39,7 @@ pub struct Settings {
     pub detail: Detail,
     /// Benchmark only: probe programs return at once (UVSPAN_BENCH_TRAP_ONLY=1).
     pub trap_only: bool,
-    /// With `trap_only`: ns each entry hit spins (benchmark only).
+    /// With `trap_only` (else 0): ns each entry hit spins (benchmark only).
     pub trap_spin_ns: u64,
     /// --sample-time: uprobes live only in sampling windows
     /// ([`Tracer::close_window`], [`Tracer::open_window`]).
@@ -401,7 +401,7 @@ impl Tracer {
             ro.follow_forks = u32::from(settings.follow_forks);
             ro.discover = u32::from(settings.discover);
             ro.trap_only = u32::from(settings.trap_only);
-            ro.trap_spin_ns = if settings.trap_only { settings.trap_spin_ns } else { 0 };
+            ro.trap_spin_ns = settings.trap_spin_ns;
             // Benchmark only: the loop split reads the thread's CPU time as the
             // scheduler last updated it, without the catch-up (bpf/loop.h).
             ro.sched_catchup = u32::from(std::env::var_os("UVSPAN_BENCH_SCHED_RAW").is_none_or(|v| v != "1"));
