@@ -20,6 +20,7 @@ struct batch_walk {
 	__u64 q;        /* the next job's node */
 	__u64 fs_done;  /* uv__fs_done's address in this process */
 	__u64 dns_done; /* uv__getaddrinfo_done's, or 0 */
+	struct thread_state *ts; /* the loop thread's (requests), else NULL */
 	__u32 pid;
 	__u32 n;        /* jobs walked */
 };
@@ -35,23 +36,27 @@ static long batch_job(__u64 i, struct batch_walk *b)
 	__u64 q = b->q;
 	if (q == b->head || !q)
 		return 1;
-	/* struct uv__work { work, done, loop, wq { next, prev } } */
+	/* struct uv__work { work, done, loop, wq { next, prev } }: in one
+	 * read with an fs request's fields before it (job_buf), else alone */
 	__u64 w[4] = {};
-	if (bpf_probe_read_user(w, sizeof(w), (void *)(q - WORK_WQ_OFF)))
+	__u32 zero = 0;
+	struct job_bytes *jb = bpf_map_lookup_elem(&job_buf, &zero);
+	int have = jb && !bpf_probe_read_user(jb->w, sizeof(jb->w), (void *)(q - WORK_WQ_OFF - FS_WORK_OFF + FS_RESULT_OFF));
+	if (have)
+		__builtin_memcpy(w, &jb->w[(FS_WORK_OFF - FS_RESULT_OFF) / 8], sizeof(w));
+	else if (bpf_probe_read_user(w, sizeof(w), (void *)(q - WORK_WQ_OFF)))
 		return 1;
 	b->q = w[3];
 	b->n = i + 1;
 	__u64 job = q - WORK_WQ_OFF;
 	if (w[1] == b->fs_done)
-		fs_job_end(b->pid, job - FS_WORK_OFF, END_DONE);
+		fs_job_end(b->ts, b->pid, job - FS_WORK_OFF, END_DONE, have);
 	else if (b->dns_done && w[1] == b->dns_done)
 		/* a finished job's work is NULL; a cancelled one's uv__cancelled */
 		dns_done_of(b->pid, job - GAI_WORK_OFF, w[0] ? -125 /* UV_ECANCELED */ : 0);
 	/* (another job: uv_queue_work, uv_random...: the cause before it stays) */
-	if (!requests || i >= UVSPAN_BATCH)
-		return 0;
-	struct thread_state *ts = thread_state_of(0);
-	if (ts) {
+	struct thread_state *ts = b->ts;
+	if (ts && i < UVSPAN_BATCH) {
 		ts->batch.q[i & (UVSPAN_BATCH - 1)] = q;
 		ts->batch.cause[i & (UVSPAN_BATCH - 1)] = ts->ctx.cause;
 	}
@@ -82,6 +87,7 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 	struct thread_state *ts = requests ? thread_state_of(1) : 0;
 	if (requests && !ts)
 		return 0;
+	b.ts = ts;
 	bpf_loop(UVSPAN_BATCH_WALK, batch_job, &b, 0);
 	if (b.q != b.head)
 		stat_inc(STAT_BATCH_CUT);

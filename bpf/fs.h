@@ -112,13 +112,14 @@ static __always_inline __u32 fs_slot_of(struct thread_state *ts, __u64 req)
  * Its start is in its thread's state (ops_local) or in inflight_fs.
  * END_DONE: its result reaches the loop, its callback runs next. A global
  * function: verified once for uv__fs_done, the batches and
- * uv_fs_req_cleanup. */
-__attribute__((noinline)) int fs_job_end(__u32 pid, __u64 req, __u32 end_kind)
+ * uv_fs_req_cleanup. `here`: the thread's state where the caller has it
+ * (else looked up); `read`: the batch walk read its fields (job_buf). */
+__attribute__((noinline)) int fs_job_end(struct thread_state *here, __u32 pid, __u64 req, __u32 end_kind, __u32 read)
 {
 	struct req_key key = { .pid = pid, .req = req };
-	struct thread_state *ts = ops_local ? thread_state_of(0) : 0;
+	struct thread_state *ts = here ? here : ops_local ? thread_state_of(0) : 0;
 	struct fs_async a;
-	__u32 j = ts ? fs_slot_of(ts, req) : UVSPAN_FS_SLOTS;
+	__u32 j = ts && ops_local ? fs_slot_of(ts, req) : UVSPAN_FS_SLOTS;
 	if (ts && j < UVSPAN_FS_SLOTS) {
 		a = ts->fs[j].a;
 		ts->fs[j].req = 0;
@@ -140,12 +141,17 @@ __attribute__((noinline)) int fs_job_end(__u32 pid, __u64 req, __u32 end_kind)
 	}
 	__u64 now = bpf_ktime_get_ns();
 	__u16 flags = 0;
+	__u32 zero = 0;
+	struct job_bytes *jb = read ? bpf_map_lookup_elem(&job_buf, &zero) : 0;
 	if (dropped(a.cause)) {
 		/* An unsampled trace's: counted (or, the map full, counted as
 		 * lost), no record, nothing read but its result (ktail: its
 		 * record sent held, see tail_hold). */
 		long long result = 0;
-		bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
+		if (jb)
+			result = (long long)jb->w[0];
+		else
+			bpf_probe_read_user(&result, sizeof(result), (void *)(req + FS_RESULT_OFF));
 		int lost = op_hist_add(pid, HIST_FS, a.op_id, 0, fs_err(result), now - a.start_ns);
 		if (!lost)
 			queue_hist_add(pid, HIST_FS, a.start_ns, a.work_start_ns);
@@ -178,13 +184,19 @@ __attribute__((noinline)) int fs_job_end(__u32 pid, __u64 req, __u32 end_kind)
 	e->op.flags = flags;
 	e->path_len = 0;
 	/* Neighbouring fields in one read each (each read is a helper call):
-	 * result .. path, and new_path .. file. */
+	 * result .. path, and new_path .. file; none where the batch walk read
+	 * them all. */
 	__u64 head[(FS_PATH_OFF - FS_RESULT_OFF) / 8 + 1] = {};
-	bpf_probe_read_user(head, sizeof(head), (void *)(req + FS_RESULT_OFF));
-	e->result = (long long)head[0];
 	__u64 tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8 + 1] = {};
-	if (a.has_fd || a.has_path2)
-		bpf_probe_read_user(tail, sizeof(tail), (void *)(req + FS_NEW_PATH_OFF));
+	if (jb) {
+		__builtin_memcpy(head, jb->w, sizeof(head));
+		__builtin_memcpy(tail, &jb->w[(FS_NEW_PATH_OFF - FS_RESULT_OFF) / 8], sizeof(tail));
+	} else {
+		bpf_probe_read_user(head, sizeof(head), (void *)(req + FS_RESULT_OFF));
+		if (a.has_fd || a.has_path2)
+			bpf_probe_read_user(tail, sizeof(tail), (void *)(req + FS_NEW_PATH_OFF));
+	}
+	e->result = (long long)head[0];
 	e->fd = a.has_fd ? (int)tail[(FS_FILE_OFF - FS_NEW_PATH_OFF) / 8] : -1;
 	e->path[0] = 0;
 	e->has_path2 = a.has_path2;
@@ -339,7 +351,7 @@ static __always_inline int fs_work(struct pt_regs *ctx, __u64 cookie)
  * just before the callback runs. */
 static __always_inline int fs_done(struct pt_regs *ctx, __u64 cookie)
 {
-	return fs_job_end(current_ids() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE);
+	return fs_job_end(0, current_ids() >> 32, PT_REGS_PARM1(ctx) - FS_WORK_OFF, END_DONE, 0);
 }
 
 /* uv_fs_req_cleanup(uv_fs_t *req): Node calls it once it has used the result.
@@ -352,7 +364,7 @@ static __always_inline int fs_cleanup(struct pt_regs *ctx, __u64 cookie)
 		sync_end(slot, END_CLEANUP);
 		return 0;
 	}
-	return fs_job_end(current_ids() >> 32, req, END_CLEANUP);
+	return fs_job_end(0, current_ids() >> 32, req, END_CLEANUP, 0);
 }
 
 #endif /* UVSPAN_FS_H */

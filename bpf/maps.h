@@ -436,6 +436,22 @@ struct {
 	__type(value, struct scratch);
 } scratch_buf SEC(".maps");
 
+/* A finished threadpool job's bytes, read once by the batch walk
+ * (batch.h): an fs request's from its result to its queue node, the
+ * uv__work (work, done, loop, wq.next) at their end; fs_job_end takes its
+ * fields from here instead of reading them again. */
+#define JOB_BYTES (FS_WORK_OFF + WORK_WQ_OFF + 8 - FS_RESULT_OFF)
+struct job_bytes {
+	__u64 w[JOB_BYTES / 8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct job_bytes);
+} job_buf SEC(".maps");
+
 /* Bytes this CPU sent since it last looked at the ring buffer's fill. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
