@@ -538,13 +538,18 @@ static __noinline int http_message(struct pt_regs *ctx)
 		return 0;
 	__u32 pid = current_ids() >> 32;
 	__u32 what = parser_begins(pid, parser, t->ctx.callbacks) ? HTTP_PIPELINED : HTTP_REQUEST;
-	if (khttp && t->ctx.stream)
-		http_next_on(pid, t->ctx.stream, what == HTTP_PIPELINED);
+	/* the stream's cause, looked up once: its last request's, then this one's */
+	struct conn_key sk = { .pid = pid, .ptr = t->ctx.stream };
+	__u64 *stream_was = sk.ptr ? bpf_map_lookup_elem(&stream_cause, &sk) : 0;
+	if (khttp && stream_was)
+		http_next_on(pid, sk.ptr, *stream_was, what == HTTP_PIPELINED);
 	/* sent first: the sampler decides the request's cause there */
-	__u64 cause = http_request(what, new_cause(CAUSE_REQUEST), t->ctx.stream, p, len);
+	__u64 cause = http_request(what, new_cause(CAUSE_REQUEST), sk.ptr, p, len);
 	cause_put(t, cause);
-	if (t->ctx.stream)
-		stream_cause_set(pid, t->ctx.stream, cause);
+	if (stream_was)
+		*stream_was = cause;
+	else if (sk.ptr)
+		stream_cause_set(pid, sk.ptr, cause);
 	return 0;
 }
 

@@ -263,17 +263,13 @@ static __noinline void http_hand_over(struct conn_key *k, struct http_req *r)
 }
 
 /* A request begins on `stream` (`pipelined`: behind the one before it, in
- * the same read). A followed request before it there is over, as user
- * space ends it (at its last write); one a request is pipelined behind is
- * handed over, or (its response under way) ends without taking what is
- * written for the next one. */
-static __always_inline void http_next_on(__u32 pid, __u64 stream, int pipelined)
+ * the same read), whose cause was `prev` until now. A followed request
+ * before it there is over, as user space ends it (at its last write); one
+ * a request is pipelined behind is handed over, or (its response under
+ * way) ends without taking what is written for the next one. */
+static __always_inline void http_next_on(__u32 pid, __u64 stream, __u64 prev, int pipelined)
 {
-	struct conn_key sk = { .pid = pid, .ptr = stream };
-	__u64 *prev = bpf_map_lookup_elem(&stream_cause, &sk);
-	if (!prev)
-		return;
-	struct conn_key k = { .pid = pid, .ptr = *prev };
+	struct conn_key k = { .pid = pid, .ptr = prev };
 	struct http_req *r = bpf_map_lookup_elem(&http_reqs, &k);
 	if (!r || r->stream != stream)
 		return;
