@@ -70,6 +70,10 @@ __attribute__((noinline)) __u64 thread_cause(struct thread_state *ts)
 	__u32 n = ts->batch.n;
 	if (!n || n > UVSPAN_BATCH)
 		return ts->ctx.cause;
+	/* One job: its callback's, whatever the queue's head is now (the
+	 * batch is not over until another cause is put) */
+	if (n == 1 && !ts->batch.more)
+		return ts->batch.cause[0];
 	__u64 head = ts->batch.head, next = head;
 	bpf_probe_read_user(&next, sizeof(next), (void *)head);
 	__u32 cur = n - 1;
