@@ -17,18 +17,11 @@
 set -euo pipefail
 bin=$(realpath "${1:-$(dirname "$0")/../target/release/uvspan}"); shift || true
 cd "$(dirname "$0")"
-mode=${BENCH_MODE:-saturated}
+. ./start_app.sh
 secs=${BENCH_SECONDS:-8}
-[ "$(id -u)" -eq 0 ] || { echo "bpf_profile: run as root" >&2; exit 1; }
-for t in wrk jq perf; do command -v $t >/dev/null || { echo "bpf_profile: needs $t" >&2; exit 1; }; done
-case $mode in
-  saturated) conns=16; delay=0 ;;
-  paced) conns=10; delay=10 ;;
-  *) echo "bpf_profile: BENCH_MODE is saturated or paced, not $mode" >&2; exit 2 ;;
-esac
+bench_load bpf_profile wrk jq perf
 
 work=$(mktemp -d /tmp/uvspan-profile.XXXXXX)
-. ./start_app.sh
 trap stop_all EXIT
 start_app
 "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2> "$work/uvspan.err" &

@@ -18,15 +18,9 @@
 set -euo pipefail
 bin=$(realpath "${1:-$(dirname "$0")/../target/release/uvspan}"); shift || true
 cd "$(dirname "$0")"
-mode=${BENCH_MODE:-saturated}
+. ./start_app.sh
 secs=${BENCH_SECONDS:-5}
-[ "$(id -u)" -eq 0 ] || { echo "hit_counts: run as root" >&2; exit 1; }
-for t in wrk bpftool jq; do command -v $t >/dev/null || { echo "hit_counts: needs $t" >&2; exit 1; }; done
-case $mode in
-  saturated) conns=16; delay=0 ;;
-  paced) conns=10; delay=10 ;;
-  *) echo "hit_counts: BENCH_MODE is saturated or paced, not $mode" >&2; exit 2 ;;
-esac
+bench_load hit_counts wrk bpftool jq
 
 work=$(mktemp -d /tmp/uvspan-hits.XXXXXX)
 was=$(sysctl -n kernel.bpf_stats_enabled)
@@ -38,7 +32,6 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-. ./start_app.sh
 start_app
 sysctl -qw kernel.bpf_stats_enabled=1
 UVSPAN_BENCH_COUNT_HITS=1 UVSPAN_BENCH_TIME_HITS=1 "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2> "$work/uvspan.err" &
