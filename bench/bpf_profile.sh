@@ -19,9 +19,8 @@ bin=$(realpath "${1:-$(dirname "$0")/../target/release/uvspan}"); shift || true
 cd "$(dirname "$0")"
 . ./start_app.sh
 secs=${BENCH_SECONDS:-8}
-bench_load bpf_profile wrk jq perf
-
-work=$(mktemp -d /tmp/uvspan-profile.XXXXXX)
+bench_mode bpf_profile
+bench_begin bpf_profile wrk jq perf
 trap stop_all EXIT
 start_app
 "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2> "$work/uvspan.err" &

@@ -31,11 +31,8 @@ cd "$(dirname "$0")"
 rounds=${ROUNDS:-12}
 secs=${BENCH_SECONDS:-6}
 spin=${SPIN_NS:-1000}
-[ "$(id -u)" -eq 0 ] || { echo "bpf_time_cost: run as root" >&2; exit 1; }
-for t in wrk jq; do command -v $t >/dev/null || { echo "bpf_time_cost: needs $t" >&2; exit 1; }; done
-
-work=$(mktemp -d /tmp/uvspan-bpftime.XXXXXX)
 . ./start_app.sh
+bench_begin bpf_time_cost wrk jq
 trap stop_all EXIT
 start_app
 # The OTLP receiver every configuration exports to (bench/sink.js).

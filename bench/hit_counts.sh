@@ -20,32 +20,28 @@ bin=$(realpath "${1:-$(dirname "$0")/../target/release/uvspan}"); shift || true
 cd "$(dirname "$0")"
 . ./start_app.sh
 secs=${BENCH_SECONDS:-5}
-bench_load hit_counts wrk bpftool jq
-
-work=$(mktemp -d /tmp/uvspan-hits.XXXXXX)
+bench_mode hit_counts
+bench_begin hit_counts wrk bpftool jq
 was=$(sysctl -n kernel.bpf_stats_enabled)
-app=; up=
 cleanup() {
-  [ -n "$up" ] && kill -INT "$up" 2>/dev/null && wait "$up" 2>/dev/null || true
-  [ -n "$app" ] && kill "$app" 2>/dev/null && wait "$app" 2>/dev/null || true
+  stop_all
   sysctl -qw kernel.bpf_stats_enabled="$was"
-  rm -rf "$work"
 }
 trap cleanup EXIT
 start_app
 sysctl -qw kernel.bpf_stats_enabled=1
 UVSPAN_BENCH_COUNT_HITS=1 UVSPAN_BENCH_TIME_HITS=1 "$bin" --otlp-endpoint http://127.0.0.1:9 "$@" --pid "$app" > /dev/null 2> "$work/uvspan.err" &
-up=$!
-for _ in $(seq 200); do grep -q '^prog_id:' /proc/"$up"/fdinfo/* 2>/dev/null && [ "$(grep -c 'uvspan' "$work/uvspan.err")" -gt 0 ] && break; sleep 0.05; done
+side=$!
+for _ in $(seq 200); do grep -q '^prog_id:' /proc/"$side"/fdinfo/* 2>/dev/null && [ "$(grep -c 'uvspan' "$work/uvspan.err")" -gt 0 ] && break; sleep 0.05; done
 sleep 1 # attached: its first lines are out
 BENCH_DELAY_MS=$delay wrk -t1 -c"$conns" -d"${secs}s" --timeout 5s -s pace.lua "http://127.0.0.1:$port/" > "$work/wrk.out"
 reqs=$(sed -n 's/^WRKJSON //p' "$work/wrk.out" | jq .requests)
-ids=$(grep -h '^prog_id:' /proc/"$up"/fdinfo/* 2>/dev/null | awk '{print $2}' | sort -un | paste -sd, -)
+ids=$(grep -h '^prog_id:' /proc/"$side"/fdinfo/* 2>/dev/null | awk '{print $2}' | sort -un | paste -sd, -)
 progs=$(bpftool prog show -j | jq -r --arg ids "[$ids]" '
   ($ids | fromjson) as $mine
   | [.[] | select(.id as $i | $mine | index($i)) | select(.run_cnt > 0) | select(.name | startswith("bench_") | not)]
   | sort_by(-.run_cnt)[] | "\(.name) \(.run_cnt) \(.run_time_ns)"')
-kill -INT "$up"; wait "$up" || true; up=
+kill -INT "$side"; wait "$side" || true; side=
 echo "mode $mode: wrk -t1 -c$conns, ${delay} ms between a connection's requests, ${secs} s: $reqs requests"
 echo "$progs" | awk -v n="$reqs" '
   BEGIN { printf "%-22s %12s %10s %12s\n", "BPF program", "runs", "ns/run", "runs/request" }

@@ -15,11 +15,8 @@ bin=$(realpath "${1:-$(dirname "$0")/../target/release/uvspan}")
 cd "$(dirname "$0")"
 rounds=${ROUNDS:-5}
 secs=${BENCH_SECONDS:-5}
-[ "$(id -u)" -eq 0 ] || { echo "trap_cost: run as root" >&2; exit 1; }
-for t in wrk jq python3; do command -v $t >/dev/null || { echo "trap_cost: needs $t" >&2; exit 1; }; done
-
-work=$(mktemp -d /tmp/uvspan-trapcost.XXXXXX)
 . ./start_app.sh
+bench_begin trap_cost wrk jq python3
 trap stop_all EXIT
 start_app
 "$bin" probes --pid "$app" --json > "$work/plan.json"
