@@ -50,7 +50,7 @@ static long batch_job(__u64 i, struct batch_walk *b)
 	b->n = i + 1;
 	__u64 job = q - WORK_WQ_OFF;
 	if (w[1] == b->fs_done)
-		fs_job_end(b->ts, b->pid, job - FS_WORK_OFF, END_DONE, have);
+		fs_job_end(b->ts, b->pid, job - FS_WORK_OFF, END_DONE, have ? jb : 0);
 	else if (b->dns_done && w[1] == b->dns_done)
 		/* a finished job's work is NULL; a cancelled one's uv__cancelled */
 		dns_done_of(b->pid, job - GAI_WORK_OFF, w[0] ? -125 /* UV_ECANCELED */ : 0);

@@ -113,8 +113,9 @@ static __always_inline __u32 fs_slot_of(struct thread_state *ts, __u64 req)
  * END_DONE: its result reaches the loop, its callback runs next. A global
  * function: verified once for uv__fs_done, the batches and
  * uv_fs_req_cleanup. `here`: the thread's state where the caller has it
- * (else looked up); `read`: the batch walk read its fields (job_buf). */
-__attribute__((noinline)) int fs_job_end(struct thread_state *here, __u32 pid, __u64 req, __u32 end_kind, __u32 read)
+ * (else looked up); `jb`: the request's fields as the batch walk read them
+ * (job_buf), else NULL (read here). */
+__attribute__((noinline)) int fs_job_end(struct thread_state *here, __u32 pid, __u64 req, __u32 end_kind, struct job_bytes *jb)
 {
 	struct req_key key = { .pid = pid, .req = req };
 	struct thread_state *ts = here ? here : ops_local ? thread_state_of(0) : 0;
@@ -141,8 +142,6 @@ __attribute__((noinline)) int fs_job_end(struct thread_state *here, __u32 pid, _
 	}
 	__u64 now = bpf_ktime_get_ns();
 	__u16 flags = 0;
-	__u32 zero = 0;
-	struct job_bytes *jb = read ? bpf_map_lookup_elem(&job_buf, &zero) : 0;
 	if (dropped(a.cause)) {
 		/* An unsampled trace's: counted (or, the map full, counted as
 		 * lost), no record, nothing read but its result (ktail: its
