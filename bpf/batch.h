@@ -21,6 +21,7 @@ struct batch_walk {
 	__u64 fs_done;  /* uv__fs_done's address in this process */
 	__u64 dns_done; /* uv__getaddrinfo_done's, or 0 */
 	struct thread_state *ts; /* the loop thread's (requests), else NULL */
+	struct job_bytes *jb;    /* this CPU's job_buf, else NULL */
 	__u32 pid;
 	__u32 n;        /* jobs walked */
 };
@@ -39,8 +40,7 @@ static long batch_job(__u64 i, struct batch_walk *b)
 	/* struct uv__work { work, done, loop, wq { next, prev } }: in one
 	 * read with an fs request's fields before it (job_buf), else alone */
 	__u64 w[4] = {};
-	__u32 zero = 0;
-	struct job_bytes *jb = bpf_map_lookup_elem(&job_buf, &zero);
+	struct job_bytes *jb = b->jb;
 	int have = jb && !bpf_probe_read_user(jb->w, sizeof(jb->w), (void *)(q - WORK_WQ_OFF - FS_WORK_OFF + FS_RESULT_OFF));
 	if (have)
 		__builtin_memcpy(w, &jb->w[(FS_WORK_OFF - FS_RESULT_OFF) / 8], sizeof(w));
@@ -88,6 +88,8 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 	if (requests && !ts)
 		return 0;
 	b.ts = ts;
+	__u32 zero = 0;
+	b.jb = bpf_map_lookup_elem(&job_buf, &zero);
 	bpf_loop(UVSPAN_BATCH_WALK, batch_job, &b, 0);
 	if (b.q != b.head)
 		stat_inc(STAT_BATCH_CUT);
