@@ -1100,11 +1100,14 @@ fn without_tracefs(cmd: Command) -> Command {
         .into_iter()
         .find(|p| Path::new(p).is_file())
         .expect("unshare (util-linux) is needed for this test: scripts/setup.sh installs it");
+    // A mountinfo line's type is the field after its "-" (optional fields
+    // such as "shared:1" come before it, zero or more).
     let script = r#"
-        for m in $(awk '$9 == "tracefs" || $9 == "debugfs" { print $5 }' /proc/self/mountinfo | sort -r); do
+        traces() { awk '{ for (i = 7; i < NF; i++) if ($i == "-") { if ($(i + 1) == "tracefs" || $(i + 1) == "debugfs") print $5; break } }' /proc/self/mountinfo; }
+        for m in $(traces | sort -r); do
             umount -l "$m" || exit 98
         done
-        if awk '$9 == "tracefs" || $9 == "debugfs"' /proc/self/mountinfo | grep -q .; then exit 99; fi
+        if traces | grep -q .; then exit 99; fi
         [ -e /sys/kernel/tracing/events ] && exit 99
         [ -e /sys/kernel/debug/tracing/events ] && exit 99
         exec "$@""#;
