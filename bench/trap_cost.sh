@@ -13,7 +13,8 @@
 # waits), one (uv_fs_open alone: one hit per request): what the first hits
 # cost beside the later ones. Each round starts at another configuration;
 # each is also paired with that round's bare run (the median of the
-# differences).
+# differences), for the whole app and for its loop thread alone ("loop",
+# where every probe point here is).
 #
 #   sudo [ROUNDS=5] [BENCH_SECONDS=5] [SUBSETS="ops http epoll one"] bench/trap_cost.sh [UVSPAN_BINARY]
 # Needs wrk, jq and python3. Not part of bench.sh.
@@ -41,14 +42,17 @@ done
 
 ticks=$(getconf CLK_TCK)
 cpu() { awk '{print $14 + $15}' "/proc/$app/stat"; }
-# One measured run: prints the app's CPU ns per request.
+# The loop thread's own (the main thread: every probe point here is on it).
+loop_cpu() { awk '{print $14 + $15}' "/proc/$app/task/$app/stat"; }
+# One measured run: prints the app's CPU ns per request, the requests and
+# the loop thread's CPU ns per request.
 measure() {
-  local c0 c1 n
-  c0=$(cpu)
+  local c0 c1 l0 l1 n
+  c0=$(cpu); l0=$(loop_cpu)
   BENCH_DELAY_MS=0 wrk -t1 -c16 -d"${secs}s" --timeout 5s -s pace.lua "http://127.0.0.1:$port/" > "$work/wrk.out"
-  c1=$(cpu)
+  c1=$(cpu); l1=$(loop_cpu)
   n=$(sed -n 's/^WRKJSON //p' "$work/wrk.out" | jq .requests)
-  echo $(( (c1 - c0) * 1000000000 / ticks / n )) "$n"
+  echo $(( (c1 - c0) * 1000000000 / ticks / n )) "$n" $(( (l1 - l0) * 1000000000 / ticks / n ))
 }
 wait_line() { for _ in $(seq 200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.05; done; echo "trap_cost: no '$2' in $1" >&2; cat "$1" >&2; exit 1; }
 
@@ -66,18 +70,18 @@ for r in $(seq "$rounds"); do
         python3 perf_uprobes.py "$app" < "$work/$([ $c = perf ] && echo plan || echo "plan-$c").json" > "$work/side.out" 2> "$work/side.err" &
         side=$!; wait_line "$work/side.out" '^attached' ;;
     esac
-    read -r ns n < <(measure)
+    read -r ns n loop < <(measure)
     hits=
     if [ -n "$side" ]; then
       kill -INT "$side"; wait "$side" 2>/dev/null || true; side=
       case $c in floor|uvspan) ;; *) hits=$(sed -n 's/^hits //p' "$work/side.out") ;; esac
     fi
-    echo "$r $c $ns $n ${hits:-}" >> "$work/runs"
+    echo "$r $c $ns $n $loop ${hits:-}" >> "$work/runs"
     echo "round $r $c: $((ns / 1000)) µs/request ($n requests${hits:+, $hits hits})" >&2
   done
 done
 awk -v order="${configs[*]}" '
-  { ns[$2] = ns[$2] " " $3; at[$1, $2] = $3; rounds[$1] = 1; if ($5 != "") { h[$2] += $5; q[$2] += $4 } }
+  { ns[$2] = ns[$2] " " $3; at[$1, $2] = $3; lp[$1, $2] = $5; rounds[$1] = 1; if ($6 != "") { h[$2] += $6; q[$2] += $4 } }
   function median(s,   a, n, i, j, t) {
     n = split(s, a, " ")
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
@@ -89,14 +93,16 @@ awk -v order="${configs[*]}" '
     name["ops"] = "plain uprobes: fs and DNS points only"; name["http"] = "plain uprobes: HTTP points only"
     name["epoll"] = "plain uprobes: epoll waits only"; name["one"] = "plain uprobes: uv_fs_open only"
     b = median(ns["bare"])
-    printf "%-44s %11s %7s %11s %9s %9s\n", "configuration (saturated, median of rounds)", "µs/request", "× bare", "paired +µs", "hits/req", "+µs/hit"
+    printf "%-44s %11s %7s %11s %11s %9s %9s\n", "configuration (saturated, median of rounds)", "µs/request", "× bare", "paired +µs", "loop +µs", "hits/req", "+µs/hit"
     n = split(order, cs, " ")
     for (i = 1; i <= n; i++) {
-      c = cs[i]; d = ""
-      for (r in rounds) if ((r, c) in at && (r, "bare") in at) d = d " " (at[r, c] - at[r, "bare"])
+      c = cs[i]; d = ""; dl = ""
+      for (r in rounds) if ((r, c) in at && (r, "bare") in at) {
+        d = d " " (at[r, c] - at[r, "bare"]); dl = dl " " (lp[r, c] - lp[r, "bare"])
+      }
       m = median(ns[c]); pd = median(d) / 1000
       per = q[c] ? h[c] / q[c] : 0
-      printf "%-44s %11.1f %7.2f %11.1f %9s %9s\n", name[c], m / 1000, m / b, pd,
+      printf "%-44s %11.1f %7.2f %11.1f %11.1f %9s %9s\n", name[c], m / 1000, m / b, pd, median(dl) / 1000,
         per ? sprintf("%.2f", per) : "–", per ? sprintf("%.2f", pd / per) : "–"
     }
   }' "$work/runs"
