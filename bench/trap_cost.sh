@@ -28,29 +28,30 @@ bench_begin trap_cost wrk jq python3
 trap stop_all EXIT
 start_app
 "$bin" probes --pid "$app" --json > "$work/plan.json"
-# The points of a subset, by symbol.
+# The points of each configuration of plain uprobes, by symbol (perf: all).
 declare -A subset=(
+  [perf]=''
   [ops]='^(uv_fs_open|uv_fs_fstat|uv_fs_read|uv_fs_close|uv_getaddrinfo|uv__work_done)$'
   [http]='^(llhttp__on_message_begin|uv__stream_io|uv_try_write)$'
   [epoll]='^(epoll_wait|epoll_pwait)$'
   [one]='^uv_fs_open$'
 )
-for s in ${SUBSETS:-}; do
-  [ -n "${subset[$s]:-}" ] || { echo "trap_cost: no subset $s (ops http epoll one)" >&2; exit 2; }
+for s in perf ${SUBSETS:-}; do
+  [ -n "${subset[$s]+set}" ] || { echo "trap_cost: no subset $s (ops http epoll one)" >&2; exit 2; }
   jq --arg r "${subset[$s]}" '.probes |= map(select(.symbol | test($r)))' "$work/plan.json" > "$work/plan-$s.json"
 done
 
 ticks=$(getconf CLK_TCK)
-cpu() { awk '{print $14 + $15}' "/proc/$app/stat"; }
-# The loop thread's own (the main thread: every probe point here is on it).
-loop_cpu() { awk '{print $14 + $15}' "/proc/$app/task/$app/stat"; }
+# utime + stime of the app (its stat) or of its loop thread, the main one
+# (task/PID/stat: every probe point here is on it).
+cpu() { awk '{print $14 + $15}' "$1"; }
 # One measured run: prints the app's CPU ns per request, the requests and
 # the loop thread's CPU ns per request.
 measure() {
   local c0 c1 l0 l1 n
-  c0=$(cpu); l0=$(loop_cpu)
+  c0=$(cpu "/proc/$app/stat"); l0=$(cpu "/proc/$app/task/$app/stat")
   BENCH_DELAY_MS=0 wrk -t1 -c16 -d"${secs}s" --timeout 5s -s pace.lua "http://127.0.0.1:$port/" > "$work/wrk.out"
-  c1=$(cpu); l1=$(loop_cpu)
+  c1=$(cpu "/proc/$app/stat"); l1=$(cpu "/proc/$app/task/$app/stat")
   n=$(sed -n 's/^WRKJSON //p' "$work/wrk.out" | jq .requests)
   echo $(( (c1 - c0) * 1000000000 / ticks / n )) "$n" $(( (l1 - l0) * 1000000000 / ticks / n ))
 }
@@ -67,7 +68,7 @@ for r in $(seq "$rounds"); do
         env $([ $c = floor ] && echo UVSPAN_BENCH_TRAP_ONLY=1) "$bin" --otlp-endpoint http://127.0.0.1:9 --pid "$app" > /dev/null 2> "$work/side.err" &
         side=$!; wait_line "$work/side.err" 'probes live\|attached'; sleep 1 ;;
       *)
-        python3 perf_uprobes.py "$app" < "$work/$([ $c = perf ] && echo plan || echo "plan-$c").json" > "$work/side.out" 2> "$work/side.err" &
+        python3 perf_uprobes.py "$app" < "$work/plan-$c.json" > "$work/side.out" 2> "$work/side.err" &
         side=$!; wait_line "$work/side.out" '^attached' ;;
     esac
     read -r ns n loop < <(measure)
