@@ -15,6 +15,37 @@
 #include "dns.h"
 #include "fs.h"
 
+/* A job queued with uv_queue_work (queue_work: its cause kept by its
+ * node) ends: its callback runs under that cause; a job queued unseen
+ * (uv_random, before the probes) is a task of its own, never the job's
+ * before it. A global function: verified once. */
+__attribute__((noinline)) int queued_job_cause(struct thread_state *ts, __u32 pid, __u64 job)
+{
+	if (!ts)
+		return 0;
+	struct conn_key k = { .pid = pid, .ptr = job };
+	__u64 *c = bpf_map_lookup_elem(&work_cause, &k);
+	if (c) {
+		ts->ctx.cause = *c;
+		bpf_map_delete_elem(&work_cause, &k);
+	} else {
+		ts->ctx.cause = new_task_cause(CAUSE_IO);
+	}
+	return 0;
+}
+
+/* uv_queue_work(loop, req, work_cb, after_work_cb): the job (req's
+ * work_req) is queued under the thread's cause. */
+static __always_inline int queue_work(struct pt_regs *ctx)
+{
+	__u64 cause = current_cause();
+	if (!cause)
+		return 0;
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM2(ctx) + WORK_REQ_OFF };
+	bpf_map_update_elem(&work_cause, &k, &cause, BPF_ANY);
+	return 0;
+}
+
 struct batch_walk {
 	__u64 head;     /* the stack queue's head */
 	__u64 q;        /* the next job's node */
@@ -54,7 +85,9 @@ static long batch_job(__u64 i, struct batch_walk *b)
 	else if (b->dns_done && w[1] == b->dns_done)
 		/* a finished job's work is NULL; a cancelled one's uv__cancelled */
 		dns_done_of(b->pid, job - GAI_WORK_OFF, w[0] ? -125 /* UV_ECANCELED */ : 0);
-	/* (another job: uv_queue_work, uv_random...: the cause before it stays) */
+	else if (b->ts)
+		/* another job (uv_queue_work: crypto, zlib, addons; uv_random...) */
+		queued_job_cause(b->ts, b->pid, job);
 	struct thread_state *ts = b->ts;
 	if (ts && i < UVSPAN_BATCH) {
 		ts->batch.q[i & (UVSPAN_BATCH - 1)] = q;

@@ -448,11 +448,24 @@ static __always_inline void emit_http(__u32 what, __u64 cause, __u64 conn, __u64
 __attribute__((noinline)) int stream_cause_set(__u32 pid, __u64 stream, __u64 cause)
 {
 	struct conn_key k = { .pid = pid, .ptr = stream };
-	__u64 *c = bpf_map_lookup_elem(&stream_cause, &k);
-	if (c)
-		*c = cause;
-	else
-		bpf_map_update_elem(&stream_cause, &k, &cause, BPF_ANY);
+	struct stream_owner *c = bpf_map_lookup_elem(&stream_cause, &k);
+	if (c) {
+		c->cause = cause;
+	} else {
+		struct stream_owner o = { .cause = cause };
+		bpf_map_update_elem(&stream_cause, &k, &o, BPF_ANY);
+	}
+	return 0;
+}
+
+/* A request begins on server connection `stream`: its callbacks and its
+ * writes are the request's from now on (see struct stream_owner). A global
+ * function: verified once. */
+__attribute__((noinline)) int stream_serves(__u32 pid, __u64 stream, __u64 cause)
+{
+	struct conn_key k = { .pid = pid, .ptr = stream };
+	struct stream_owner o = { .cause = cause, .server = cause };
+	bpf_map_update_elem(&stream_cause, &k, &o, BPF_ANY);
 	return 0;
 }
 
@@ -538,18 +551,20 @@ static __noinline int http_message(struct pt_regs *ctx)
 		return 0;
 	__u32 pid = current_ids() >> 32;
 	__u32 what = parser_begins(pid, parser, t->ctx.callbacks) ? HTTP_PIPELINED : HTTP_REQUEST;
-	/* the stream's cause, looked up once: its last request's, then this one's */
+	/* the stream's causes, looked up once: its last request's, then this one's */
 	struct conn_key sk = { .pid = pid, .ptr = t->ctx.stream };
-	__u64 *stream_was = sk.ptr ? bpf_map_lookup_elem(&stream_cause, &sk) : 0;
+	struct stream_owner *stream_was = sk.ptr ? bpf_map_lookup_elem(&stream_cause, &sk) : 0;
 	if (khttp && stream_was)
-		http_next_on(pid, sk.ptr, *stream_was, what == HTTP_PIPELINED);
+		http_next_on(pid, sk.ptr, stream_was->server ? stream_was->server : stream_was->cause, what == HTTP_PIPELINED);
 	/* sent first: the sampler decides the request's cause there */
 	__u64 cause = http_request(what, new_cause(CAUSE_REQUEST), sk.ptr, p, len);
 	cause_put(t, cause);
-	if (stream_was)
-		*stream_was = cause;
-	else if (sk.ptr)
-		stream_cause_set(pid, sk.ptr, cause);
+	if (stream_was) {
+		stream_was->cause = cause;
+		stream_was->server = cause;
+	} else if (sk.ptr) {
+		stream_serves(pid, sk.ptr, cause);
+	}
 	return 0;
 }
 
@@ -561,13 +576,13 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 {
 	__u64 stream = PT_REGS_PARM2(ctx) - STREAM_IO_OFF;
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = stream };
-	__u64 *c = bpf_map_lookup_elem(&stream_cause, &key);
+	struct stream_owner *c = bpf_map_lookup_elem(&stream_cause, &key);
 	struct thread_state *t = thread_state_of(1);
 	if (!t)
 		return 0;
 	t->ctx.stream = stream;
 	t->ctx.callbacks++;
-	cause_put(t, c ? *c : new_task_cause(CAUSE_IO));
+	cause_put(t, c ? c->cause : new_task_cause(CAUSE_IO));
 	return 0;
 }
 
@@ -585,12 +600,21 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	__u32 nbufs = args.v[(i + 2) & 7];
 	struct conn_key key = { .pid = current_ids() >> 32, .ptr = stream };
 	struct thread_state *t = requests ? thread_state_of(0) : 0;
-	__u64 cause = t ? fresh_cause(thread_cause(t)) : 0;
+	/* A server connection's write: its request's response, whatever
+	 * callback writes it; else the writer's (its replies are its). */
+	struct stream_owner *owner = requests ? bpf_map_lookup_elem(&stream_cause, &key) : 0;
+	__u64 server = owner ? owner->server : 0;
+	__u64 cause = server ? fresh_cause(server) : t ? fresh_cause(thread_cause(t)) : 0;
 	if (!cause) {
-		bpf_map_delete_elem(&stream_cause, &key);
+		if (!server)
+			bpf_map_delete_elem(&stream_cause, &key);
 		return 0;
 	}
-	stream_cause_set(key.pid, stream, cause);
+	/* (a server connection's causes stay its request's) */
+	if (!server && owner)
+		owner->cause = cause;
+	else if (!server)
+		stream_cause_set(key.pid, stream, cause);
 	/* struct uv_buf_t { char *base; size_t len; } */
 	__u64 first[2] = {};
 	if (nbufs)
@@ -601,7 +625,7 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	/* A task's writes: only its calls (their replies are its), and the
 	 * ciphertext of its HTTPS call (its socket) right after its SSL_write. */
 	if (is_task(cause) && !call) {
-		if (!t->ctx.tls_call)
+		if (!t || !t->ctx.tls_call)
 			return 0;
 		t->ctx.tls_call = 0;
 	}

@@ -228,12 +228,32 @@ struct conn_key {
 	__u64 ptr;
 };
 
+/* A stream's causes: `cause`, what its callbacks run under (its last
+ * writer's, or the request begun on it); `server`, on a server connection,
+ * the request its parser began last. A server connection's writes are that
+ * request's response whatever callback writes them (a threadpool job's, a
+ * worker's reply, a timer's), and never change its causes. */
+struct stream_owner {
+	__u64 cause;
+	__u64 server;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 16384);
 	__type(key, struct conn_key);
-	__type(value, __u64);
+	__type(value, struct stream_owner);
 } stream_cause SEC(".maps");
+
+/* The cause under which a uv_queue_work job was queued, by its struct
+ * uv__work (the job's node in the batch walk: batch.h), until its
+ * callback's batch takes it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} work_cause SEC(".maps");
 
 /* The stream callback (thread_ctx.callbacks) in which a server parser last
  * began a request (llhttp__on_message_begin): a second one begun in the

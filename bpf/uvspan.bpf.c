@@ -191,6 +191,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	/* a session uprobe only (the stream id is its return value) */
 	case PROBE_H2_SUBMIT: return 0;
 	case PROBE_WORK_BATCH: return work_batch(ctx, cookie);
+	case PROBE_QUEUE_WORK: return queue_work(ctx);
 	}
 	return 0;
 }

@@ -153,6 +153,7 @@ enum probe_kind {
 	PROBE_HTTP_MESSAGE = 26, /* llhttp__on_message_begin: a message starts in a parser's bytes (a request: a new cause; a response: an outgoing call's) */
 	PROBE_H2_SUBMIT = 27,   /* nghttp2_submit_request: an outgoing HTTP/2 stream (session uprobe: its id is the return value) */
 	PROBE_WORK_BATCH = 28,  /* uv__work_done has taken the loop's finished threadpool jobs (cookie: see work_batch_layout) */
+	PROBE_QUEUE_WORK = 29,  /* uv_queue_work: a threadpool job (crypto, zlib, an addon's) queued under a cause */
 };
 
 /* PROBE_WORK_BATCH's cookie: where uv__fs_done and uv__getaddrinfo_done are
@@ -166,6 +167,7 @@ enum work_batch_layout {
 	BATCH_FIELD_BITS = 20,
 	BATCH_DISP_BITS = 12,
 	WORK_WQ_OFF = 24, /* offsetof(struct uv__work, wq): work, done, loop before it */
+	WORK_REQ_OFF = 88, /* offsetof(uv_work_t, work_req): UV_REQ_FIELDS (64), loop, work_cb, after_work_cb */
 };
 
 /* What an HTTP record says. */

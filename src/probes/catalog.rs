@@ -494,6 +494,14 @@ pub const OTHER: &[Probe] = &[
         ..Probe::ROW
     },
     Probe {
+        symbol: "uv_queue_work",
+        kind: probe_kind::PROBE_QUEUE_WORK,
+        if_missing: "callbacks of other threadpool work (crypto, zlib, addons) are tasks of their own, not their request's",
+        detail: RQ,
+        requires: Some(HTTP_MESSAGE),
+        ..Probe::ROW
+    },
+    Probe {
         symbol: "uv_tcp_connect",
         kind: probe_kind::PROBE_STREAM_CONNECT,
         if_missing: "outgoing calls on new connections are not seen: no CLIENT spans for them",
