@@ -452,9 +452,26 @@ __attribute__((noinline)) int stream_cause_set(__u32 pid, __u64 stream, __u64 ca
 	if (c) {
 		c->cause = cause;
 	} else {
-		struct stream_owner o = { .cause = cause };
+		struct stream_owner o = { .cause = cause, .pending = 1 };
 		bpf_map_update_elem(&stream_cause, &k, &o, BPF_ANY);
 	}
+	return 0;
+}
+
+/* A client connection written under `cause`: its replies are the cause's,
+ * but when another cause still waits for one there (a connection shared by
+ * requests, its commands pipelined: a database's, a cache's): then no one's
+ * (struct stream_owner's `mixed`). A global function: verified once. */
+__attribute__((noinline)) int client_write(struct stream_owner *o, __u64 cause)
+{
+	if (!o)
+		return 0;
+	if (!o->pending)
+		o->mixed = 0;
+	else if (o->cause != cause)
+		o->mixed = 1;
+	o->cause = cause;
+	o->pending = 1;
 	return 0;
 }
 
@@ -543,8 +560,9 @@ static __noinline int http_message(struct pt_regs *ctx)
 		return 0;
 	if (is_response(head)) {
 		/* the stream's writer's cause (a request's or a task's call),
-		 * restored by uv__stream_io */
-		emit_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, p, len, len, 1, 0);
+		 * restored by uv__stream_io; not again where its read reported it */
+		if (p != t->ctx.read_head)
+			emit_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, p, len, len, 1, 0);
 		return 0;
 	}
 	if (!is_request(head))
@@ -582,7 +600,37 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 		return 0;
 	t->ctx.stream = stream;
 	t->ctx.callbacks++;
-	cause_put(t, c ? c->cause : new_task_cause(CAUSE_IO));
+	t->ctx.read_head = 0;
+	__u64 cause = c && !c->mixed ? c->cause : 0;
+	/* readable (POLLIN): its writers' replies come (see client_write) */
+	if (c && !c->server && (PT_REGS_PARM3(ctx) & 1)) {
+		if (c->mixed)
+			stat_inc(STAT_MIXED_READS);
+		c->pending = 0;
+	}
+	cause_put(t, cause ? cause : new_task_cause(CAUSE_IO));
+	return 0;
+}
+
+/* LibuvStreamWrap::OnUvRead(this, nread, buf): bytes a stream read, inside
+ * its uv__stream_io (the thread's stream). A response head is the reply to
+ * the call that waits there, whoever parses it: node's llhttp (which then
+ * does not report it again) or a client's own (undici's, fetch's, in
+ * WebAssembly). Its status line and head, as llhttp__on_message_begin sends
+ * them. */
+static __always_inline int stream_read(struct pt_regs *ctx)
+{
+	__s64 nread = (__s64)PT_REGS_PARM2(ctx);
+	struct thread_state *t = requests && nread >= 12 ? thread_state_of(0) : 0;
+	if (!t || !t->ctx.stream)
+		return 0;
+	__u64 base = 0;
+	char head[8] = {};
+	if (bpf_probe_read_user(&base, sizeof(base), (void *)PT_REGS_PARM3(ctx)) ||
+	    bpf_probe_read_user(head, sizeof(head), (void *)base) || !is_response(head))
+		return 0;
+	t->ctx.read_head = base;
+	emit_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, base, nread, nread, 1, 0);
 	return 0;
 }
 
@@ -612,7 +660,7 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	}
 	/* (a server connection's causes stay its request's) */
 	if (!server && owner)
-		owner->cause = cause;
+		client_write(owner, cause);
 	else if (!server)
 		stream_cause_set(key.pid, stream, cause);
 	/* struct uv_buf_t { char *base; size_t len; } */
@@ -650,9 +698,15 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 static __always_inline int stream_connect(struct pt_regs *ctx)
 {
 	__u64 cause = current_cause();
-	if (!cause)
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM2(ctx) };
+	/* a new connection: nothing of the stream's memory's last one stays
+	 * (a server connection's request, its writers) */
+	if (!cause) {
+		bpf_map_delete_elem(&stream_cause, &k);
 		return 0;
-	stream_cause_set(current_ids() >> 32, PT_REGS_PARM2(ctx), cause);
+	}
+	struct stream_owner o = { .cause = cause, .pending = 1 };
+	bpf_map_update_elem(&stream_cause, &k, &o, BPF_ANY);
 	return 0;
 }
 
@@ -681,6 +735,66 @@ static __always_inline int tls_write(struct pt_regs *ctx)
 	return 0;
 }
 
+/* HandleWrap::OnClose(handle): what uvspan kept of the handle goes (a
+ * stream's causes). A child process's pipe's close callbacks (where node
+ * emits the child's 'close', and execFile calls back) are the cause's that
+ * spawned it; any other handle's are a task of their own. Returns that
+ * cause, or 0. A global function: verified once. */
+__attribute__((noinline)) __u64 handle_closes(__u64 handle)
+{
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = handle };
+	struct stream_owner *o = bpf_map_lookup_elem(&stream_cause, &k);
+	if (!o)
+		return 0;
+	__u64 cause = o->child ? fresh_cause(o->cause) : 0;
+	bpf_map_delete_elem(&stream_cause, &k);
+	return cause;
+}
+
+/* uv_spawn(loop, process, options): the child's exit callback
+ * (ProcessWrap::OnExit) and its pipes' callbacks are the spawning cause's.
+ * uv_process_options_t: exit_cb, file, args, env, cwd, flags, stdio_count
+ * (at 44), stdio (at 48); uv_stdio_container_t: flags, then the stream (at
+ * 8) when UV_CREATE_PIPE (1). */
+static __always_inline int spawn(struct pt_regs *ctx)
+{
+	__u64 cause = current_cause();
+	__u32 pid = current_ids() >> 32;
+	struct conn_key k = { .pid = pid, .ptr = PT_REGS_PARM2(ctx) };
+	bpf_map_update_elem(&work_cause, &k, &cause, BPF_ANY);
+	__u64 opts = PT_REGS_PARM3(ctx);
+	__u64 stdio = 0;
+	int count = 0;
+	if (!cause || bpf_probe_read_user(&count, sizeof(count), (void *)(opts + 44)) ||
+	    bpf_probe_read_user(&stdio, sizeof(stdio), (void *)(opts + 48)))
+		return 0;
+	for (int i = 0; i < 3; i++) {
+		__u64 c[2] = {};
+		if (i >= count || bpf_probe_read_user(c, sizeof(c), (void *)(stdio + i * 16)))
+			break;
+		if (!(c[0] & 1) || !c[1])
+			continue;
+		struct conn_key pk = { .pid = pid, .ptr = c[1] };
+		struct stream_owner o = { .cause = cause, .child = 1 };
+		bpf_map_update_elem(&stream_cause, &pk, &o, BPF_ANY);
+	}
+	return 0;
+}
+
+/* ProcessWrap::OnExit(process, status, signal): the child's exit handlers
+ * run under the cause that spawned it (a child spawned under none: a task
+ * of its own). */
+static __always_inline int process_exit(struct pt_regs *ctx)
+{
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM1(ctx) };
+	__u64 *c = bpf_map_lookup_elem(&work_cause, &k);
+	__u64 cause = c ? fresh_cause(*c) : 0;
+	if (c)
+		bpf_map_delete_elem(&work_cause, &k);
+	set_cause(cause ? cause : new_task_cause(CAUSE_IO));
+	return 0;
+}
+
 /* node's timers and immediates run (Environment::RunTimers,
  * CheckImmediate): all due JS timers in one scope, so none of them can be
  * told apart per request. The batch is a task (the cookie: its enum
@@ -689,9 +803,12 @@ static __always_inline int task_start(struct pt_regs *ctx, __u64 cookie)
 {
 	if (!requests)
 		return 0;
+	__u64 cause = 0;
+	if (cookie & CAUSE_CLOSE_FLAG)
+		cause = handle_closes(PT_REGS_PARM1(ctx));
 	struct thread_state *t = thread_state_of(1);
 	if (t) {
-		cause_put(t, new_task_cause(cookie & CAUSE_KIND_MASK));
+		cause_put(t, cause ? cause : new_task_cause(cookie & CAUSE_KIND_MASK));
 		t->ctx.stream = 0;
 		t->ctx.callbacks++;
 	}

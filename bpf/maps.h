@@ -146,6 +146,9 @@ struct thread_ctx {
 	/* a task's HTTPS call was just written (SSL_write): the thread's next
 	 * socket write is its ciphertext, sent up for its socket */
 	__u64 tls_call;
+	/* where the response head a client stream's read reported starts (its
+	 * parser's begin there is not reported again: http_message) */
+	__u64 read_head;
 };
 
 /* Per thread: the V8 garbage collections in progress (gc.h): when each
@@ -236,6 +239,14 @@ struct conn_key {
 struct stream_owner {
 	__u64 cause;
 	__u64 server;
+	/* A client connection: written since its last read (its writer waits
+	 * for a reply), and written by two causes since then (`mixed`: the
+	 * replies' order is the protocol's, so the next read is a task of its
+	 * own, never one of the two). */
+	__u32 pending;
+	__u16 mixed;
+	/* a child process's pipe (uv_spawn): its close is its spawner's */
+	__u16 child;
 };
 
 struct {
@@ -247,13 +258,23 @@ struct {
 
 /* The cause under which a uv_queue_work job was queued, by its struct
  * uv__work (the job's node in the batch walk: batch.h), until its
- * callback's batch takes it. */
+ * callback's batch takes it; and under which a child process was spawned,
+ * by its uv_process_t, until its exit callback. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 8192);
 	__type(key, struct conn_key);
 	__type(value, __u64);
 } work_cause SEC(".maps");
+
+/* The cause under which a worker_threads message was posted, by its
+ * node::worker::Message, until it is received (ports.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct conn_key);
+	__type(value, __u64);
+} port_msgs SEC(".maps");
 
 /* The stream callback (thread_ctx.callbacks) in which a server parser last
  * began a request (llhttp__on_message_begin): a second one begun in the

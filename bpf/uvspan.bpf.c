@@ -43,6 +43,7 @@
 #include "loop.h"
 #include "epoll.h"
 #include "http.h"
+#include "ports.h"
 #include "gc.h"
 #include "h2.h"
 #include "procs.h"
@@ -192,6 +193,11 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_H2_SUBMIT: return 0;
 	case PROBE_WORK_BATCH: return work_batch(ctx, cookie);
 	case PROBE_QUEUE_WORK: return queue_work(ctx);
+	case PROBE_PORT_POST: return port_post(ctx);
+	case PROBE_PORT_RECEIVE: return port_receive(ctx);
+	case PROBE_STREAM_READ: return stream_read(ctx);
+	case PROBE_SPAWN: return spawn(ctx);
+	case PROBE_PROCESS_EXIT: return process_exit(ctx);
 	}
 	return 0;
 }

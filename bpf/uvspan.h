@@ -154,6 +154,11 @@ enum probe_kind {
 	PROBE_H2_SUBMIT = 27,   /* nghttp2_submit_request: an outgoing HTTP/2 stream (session uprobe: its id is the return value) */
 	PROBE_WORK_BATCH = 28,  /* uv__work_done has taken the loop's finished threadpool jobs (cookie: see work_batch_layout) */
 	PROBE_QUEUE_WORK = 29,  /* uv_queue_work: a threadpool job (crypto, zlib, an addon's) queued under a cause */
+	PROBE_PORT_POST = 30,   /* MessagePortData::AddToIncomingQueue: a worker_threads message posted under a cause */
+	PROBE_PORT_RECEIVE = 31, /* Message::Deserialize: a message about to reach its handlers (its cause current) */
+	PROBE_STREAM_READ = 32, /* LibuvStreamWrap::OnUvRead: bytes a stream read (a response head for a client whose parser is not node's: fetch, undici) */
+	PROBE_SPAWN = 33,       /* uv_spawn: a child process (its exit and pipes) under a cause */
+	PROBE_PROCESS_EXIT = 34, /* ProcessWrap::OnExit: a child's exit handlers run (its spawner's cause) */
 };
 
 /* PROBE_WORK_BATCH's cookie: where uv__fs_done and uv__getaddrinfo_done are
@@ -224,6 +229,9 @@ enum cause_kind {
 	 * cause's trace is not sampled; its fs and DNS work updates the
 	 * kernel's histograms (op_hist) and sends no record. */
 	CAUSE_DROP = 0x80,
+	/* PROBE_CAUSE_CLEAR's cookie: a handle closes (its first argument):
+	 * what uvspan kept of it goes (a stream's causes) */
+	CAUSE_CLOSE_FLAG = 0x100,
 };
 
 /* An HTTP/2 server stream under the kernel's sampler (struct h2_stream's
@@ -294,7 +302,8 @@ enum stat_idx {
 	STAT_H2_UNSENT = 11,        /* HTTP/2: kept request headers of a stream dropped as a root, then sampled, past the H2_SAVED it saved: not sent */
 	STAT_OPS_UNFINISHED = 12,   /* requests in a thread's slots when it exited (ops_local) */
 	STAT_BATCH_CUT = 13,        /* a batch of finished threadpool jobs longer than UVSPAN_BATCH_WALK: the rest not ended (spans lost) */
-	STAT_MAX = 14,
+	STAT_MIXED_READS = 14,      /* a client connection read while two causes waited for replies there: a task of its own */
+	STAT_MAX = 15,
 };
 
 /* What an op_hist entry counts: the operations of one process, family and

@@ -8,11 +8,15 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "test: the end-to-end tests load eBPF programs: run as root (sudo $0)" >&2
   exit 1
 fi
-# The official OpenTelemetry JS SDK, the oracle of tests/requests.rs, pinned by
-# bench/package-lock.json (the benchmark uses the same).
-if [ ! -e bench/node_modules/.package-lock.json ] || ! cmp -s bench/package-lock.json bench/node_modules/.bench-lock; then
-  echo "test: npm ci in bench/ (OpenTelemetry JS SDK)" >&2
-  (cd bench && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
-  cp bench/package-lock.json bench/node_modules/.bench-lock
-fi
+# npm packages the tests run, each folder pinned by its package-lock.json:
+# bench/ the official OpenTelemetry JS SDK, the oracle of tests/requests.rs
+# (the benchmark uses the same); tests/realcode/ the packages of
+# tests/realcode.rs (express, compression, undici, pg, ioredis).
+for d in bench tests/realcode; do
+  if [ ! -e "$d/node_modules/.package-lock.json" ] || ! cmp -s "$d/package-lock.json" "$d/node_modules/.lock-installed"; then
+    echo "test: npm ci in $d/" >&2
+    (cd "$d" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+    cp "$d/package-lock.json" "$d/node_modules/.lock-installed"
+  fi
+done
 cargo test --release "$@"

@@ -267,7 +267,7 @@ impl Procs {
                     // exit ends are in its metrics.
                 }
                 if let Some(r) = requests {
-                    r.exited(*pid, &src, out);
+                    r.exited(*pid, *ts_ns, &src, out);
                 }
                 return;
             }
@@ -353,7 +353,7 @@ impl Procs {
     pub fn expire(&mut self, requests: Option<&mut Requests>, clock: Clock, now_ns: u64, all: bool, out: &mut Out) {
         let src = SpanContextSource { clock, ids: &*self.ids, sampler: self.sampler };
         match (requests, all) {
-            (Some(r), true) => r.finish_all(&src, out),
+            (Some(r), true) => r.finish_all(now_ns, &src, out),
             (Some(r), false) => r.expire(now_ns, &src, out),
             (None, _) => {}
         }

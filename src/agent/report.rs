@@ -126,6 +126,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
                 } else {
                     String::new()
                 }
+                + &if r.unanswered > 0 {
+                    format!(
+                        "; {} ended without their response seen (their process exited, uvspan stopped, or none came in 30 s: \
+                         uvspan.http.ended_by)",
+                        r.unanswered
+                    )
+                } else {
+                    String::new()
+                }
         )
     });
     let stacks = match k.sampler_on {
@@ -172,6 +181,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     } else {
         String::new()
     };
+    let mixed = if k.mixed_reads > 0 {
+        format!(
+            "; {} reads of client connections shared by several requests' pipelined commands made tasks of their own (not \
+             attributed to either request)",
+            k.mixed_reads
+        )
+    } else {
+        String::new()
+    };
     let short = if run.short > 0 {
         format!("; {} operations outside requests shorter than --min-duration not exported", run.short)
     } else {
@@ -202,7 +220,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{mixed}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, unfinished(k, run), k.loop_iterations,
     )
 }

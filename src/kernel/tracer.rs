@@ -110,6 +110,9 @@ pub struct Stats {
     /// Request headers of HTTP/2 streams dropped as roots and then sampled
     /// by their traceparent, past the ones a stream saves: not sent.
     pub h2_headers_unsent: u64,
+    /// Reads of a client connection while two causes waited for replies
+    /// there (pipelined commands of several requests): tasks of their own.
+    pub mixed_reads: u64,
 }
 
 /// One entry of the kernel's operation histograms (`op_hists`): a
@@ -725,6 +728,7 @@ impl Tracer {
             followed_requests: read(stat_idx::STAT_UNSAMPLED_REQS),
             hist_full: read(stat_idx::STAT_HIST_FULL),
             h2_headers_unsent: read(stat_idx::STAT_H2_UNSENT),
+            mixed_reads: read(stat_idx::STAT_MIXED_READS),
         }
     }
 

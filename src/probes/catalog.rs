@@ -384,6 +384,18 @@ const NO_GC: &str = "no V8 garbage collections: no v8js.gc events, uvspan.loop.g
 /// Local<Value>*, async_context)`: the call that runs a batch of JS immediates.
 pub const MAKE_CALLBACK: &str =
     "_ZN4node12MakeCallbackEPN2v87IsolateENS0_5LocalINS0_6ObjectEEENS3_INS0_8FunctionEEEiPNS3_INS0_5ValueEEENS_13async_contextE";
+/// node's `LibuvStreamWrap::OnUvRead(ssize_t, const uv_buf_t*)`: the bytes
+/// a stream read, inside its `uv__stream_io`.
+pub const STREAM_READ: &str = "_ZN4node15LibuvStreamWrap8OnUvReadElPK8uv_buf_t";
+/// node's `ProcessWrap::OnExit(uv_process_t*, int64_t, int)`: a child
+/// process's exit callback (in `.symtab` only).
+pub const PROCESS_EXIT: &str = "_ZN4node12_GLOBAL__N_111ProcessWrap6OnExitEP12uv_process_sli";
+/// node's `MessagePortData::AddToIncomingQueue(std::shared_ptr<Message>)`:
+/// a worker_threads message queued on its receiving port (the sender's thread).
+pub const PORT_POST: &str = "_ZN4node6worker15MessagePortData18AddToIncomingQueueESt10shared_ptrINS0_7MessageEE";
+/// node's `Message::Deserialize(Environment*, Local<Context>, Local<Value>*)`:
+/// a queued message about to reach its 'message' handlers (the receiver's loop thread).
+pub const PORT_RECEIVE: &str = "_ZN4node6worker7Message11DeserializeEPNS_11EnvironmentEN2v85LocalINS4_7ContextEEEPNS5_INS4_5ValueEEE";
 /// nghttp2's `nghttp2_submit_request`: an outgoing HTTP/2 stream.
 pub const H2_SUBMIT: &str = "nghttp2_submit_request";
 /// node's `Http2Session::OnHeaderCallback`: HTTP/2 request context needs it.
@@ -502,6 +514,46 @@ pub const OTHER: &[Probe] = &[
         ..Probe::ROW
     },
     Probe {
+        symbol: STREAM_READ,
+        kind: probe_kind::PROBE_STREAM_READ,
+        if_missing: "outgoing calls of clients that parse HTTP themselves (fetch, undici) have no response status",
+        detail: RQ,
+        requires: Some(HTTP_MESSAGE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: "uv_spawn",
+        kind: probe_kind::PROBE_SPAWN,
+        if_missing: "a child process's exit and output callbacks are tasks of their own, not the request's that spawned it",
+        detail: RQ,
+        requires: Some(HTTP_MESSAGE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: PROCESS_EXIT,
+        kind: probe_kind::PROBE_PROCESS_EXIT,
+        if_missing: "a child process's exit callback runs under the cause of the callback before it",
+        detail: RQ,
+        requires: Some("uv_spawn"),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: PORT_POST,
+        kind: probe_kind::PROBE_PORT_POST,
+        if_missing: "worker_threads messages carry no request context: their handlers are tasks of their own",
+        detail: RQ,
+        requires: Some(HTTP_MESSAGE),
+        ..Probe::ROW
+    },
+    Probe {
+        symbol: PORT_RECEIVE,
+        kind: probe_kind::PROBE_PORT_RECEIVE,
+        if_missing: "worker_threads messages carry no request context: their handlers are tasks of their own",
+        detail: RQ,
+        requires: Some(PORT_POST),
+        ..Probe::ROW
+    },
+    Probe {
         symbol: "uv_tcp_connect",
         kind: probe_kind::PROBE_STREAM_CONNECT,
         if_missing: "outgoing calls on new connections are not seen: no CLIENT spans for them",
@@ -551,7 +603,7 @@ pub const OTHER: &[Probe] = &[
     Probe {
         symbol: "_ZN4node10HandleWrap7OnCloseEP11uv_handle_s",
         kind: probe_kind::PROBE_CAUSE_CLEAR,
-        cookie: cause_kind::CAUSE_IO.0 as u64,
+        cookie: (cause_kind::CAUSE_IO.0 | cause_kind::CAUSE_CLOSE_FLAG.0) as u64,
         if_missing: "work started by a handle's close callback (a socket's 'close' handlers) can be joined to the request whose callback ran just before",
         detail: RQ,
         requires: Some(HTTP_MESSAGE),

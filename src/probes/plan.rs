@@ -419,13 +419,14 @@ mod tests {
             "uv__stream_io",
             "uv_try_write",
             "uv_write2",
+            "uv_queue_work",
             "SSL_write",
             "nghttp2_submit_response",
             "nghttp2_submit_trailer",
         ] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 5 + 9 + 6);
+        assert_eq!(rq.len(), 5 + 15 + 6);
         // Outgoing HTTP/2 streams: with session uprobes only (the stream id
         // is the return value); without them, said so.
         let at_return = Conditions { sync_at_return: true, ..AT_CLEANUP };

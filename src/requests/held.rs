@@ -163,7 +163,7 @@ mod tests {
                     rec => assert!(r.work(rec, &src, &mut ready).is_none(), "held under its request"),
                 }
             }
-            r.finish_all(&src, &mut ready);
+            r.finish_all(0, &src, &mut ready);
             let spans: Vec<_> = ready.into_values().flatten().collect();
             assert_eq!(spans.len(), if kept { 2 } else { 0 }, "status {status}: {spans:?}");
             let f = &r.finished.as_ref().unwrap()[0];

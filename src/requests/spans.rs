@@ -90,9 +90,17 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
                 s.attributes.push(KeyValue::new("error.type", code.to_string()));
             }
         }
-        None => s.attributes.push(KeyValue::new("uvspan.http.response_seen", false)),
+        None => unanswered(&mut s, req),
     }
     s
+}
+
+/// A SERVER span whose response was not seen: says so, and how it ended.
+fn unanswered(s: &mut Span, req: &Request) {
+    s.attributes.push(KeyValue::new("uvspan.http.response_seen", false));
+    if let Some(how) = req.unanswered {
+        s.attributes.push(KeyValue::new("uvspan.http.ended_by", how.as_str()));
+    }
 }
 
 /// gRPC status codes a server's span is ERROR for (semantic conventions:
@@ -126,7 +134,7 @@ fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut at
             s.attributes.push(KeyValue::new("error.type", code.to_string()));
         }
         (None, Some(_)) => {}
-        (None, None) => s.attributes.push(KeyValue::new("uvspan.http.response_seen", false)),
+        (None, None) => unanswered(&mut s, req),
     }
     s
 }
@@ -383,7 +391,7 @@ mod tests {
             r.http(&c(3, "/other", "00-11111111111111111111111111111111-00000000000000a3-01"), false, src, ready);
             // The caller's traceparent passed on unchanged: its span is the caller's.
             r.http(&c(5, "/passed", TP), false, src, ready);
-            r.finish_all(src, ready);
+            r.finish_all(0, src, ready);
         });
         for (path, span) in [("/sdk", "00000000000000a1"), ("/other", "00000000000000a3"), ("/passed", "b7ad6b7169203331")] {
             let s = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();

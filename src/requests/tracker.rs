@@ -92,6 +92,9 @@ pub struct RequestStats {
     /// Unsampled HTTP/2 streams the kernel followed whose close never came
     /// (their process exited, or uvspan did, first): not in the metrics.
     pub h2_open_at_end: u64,
+    /// Requests ended without their response seen (their process exited,
+    /// uvspan stopped, none came in time, too many open).
+    pub unanswered: u64,
 }
 
 /// An outgoing HTTP call a request (or a task) made.
@@ -151,6 +154,34 @@ pub(super) struct Request {
     pub(super) grpc_status: Option<u8>,
     /// The kernel's sampler dropped it (`CAUSE_DROP`): its work sent no record.
     kernel_dropped: bool,
+    /// Ended before its response was seen: how ([`Unanswered`]).
+    pub(super) unanswered: Option<Unanswered>,
+}
+
+/// How a request whose response uvspan never saw was ended: its span then
+/// lasts until then (at least its last work), says so
+/// (`uvspan.http.ended_by`), and is counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unanswered {
+    /// Its process exited first.
+    ProcessExit,
+    /// uvspan stopped first.
+    Stopped,
+    /// No response for [`NO_RESPONSE_NS`].
+    NoResponse,
+    /// More requests were open than uvspan keeps: the oldest went.
+    Evicted,
+}
+
+impl Unanswered {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unanswered::ProcessExit => "process_exit",
+            Unanswered::Stopped => "uvspan_stopped",
+            Unanswered::NoResponse => "no_response",
+            Unanswered::Evicted => "evicted",
+        }
+    }
 }
 
 impl Call {
@@ -598,17 +629,20 @@ impl Requests {
             bad_traceparent: false,
             grpc_status: None,
             kernel_dropped: r.dropped,
+            unanswered: None,
         }
     }
 
     /// A request open from now on (the oldest sent as it is past OPEN_MAX).
     fn insert(&mut self, cause: u64, req: Request, src: &SpanContextSource<'_>, ready: &mut Ready) {
+        let start_ns = req.start_ns;
         self.open.insert(cause, req);
         self.order.push_back(cause);
         while self.open.len() > OPEN_MAX {
             let Some(oldest) = self.order.pop_front() else { break };
             if self.open.contains_key(&oldest) {
                 self.stats.not_held += 1;
+                self.end_unanswered(oldest, Unanswered::Evicted, start_ns);
                 self.finish(oldest, src, ready);
             }
         }
@@ -759,14 +793,26 @@ impl Requests {
         let over: Vec<u64> =
             self.open.iter().filter(|(_, r)| request_over(now_ns, r.last_ns, r.status.is_some())).map(|(c, _)| *c).collect();
         for c in over {
+            self.end_unanswered(c, Unanswered::NoResponse, now_ns);
             self.finish(c, src, ready);
         }
     }
 
-    /// A process exited: its requests are over.
-    pub fn exited(&mut self, pid: u32, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    /// A request not answered (no status seen) ends `how`, at `at_ns` (or
+    /// its last work, if later): unanswered that long, not 0 ms.
+    fn end_unanswered(&mut self, cause: u64, how: Unanswered, at_ns: u64) {
+        if let Some(req) = self.open.get_mut(&cause).filter(|r| r.status.is_none()) {
+            req.last_ns = req.last_ns.max(at_ns);
+            req.unanswered = Some(how);
+            self.stats.unanswered += 1;
+        }
+    }
+
+    /// A process exited (at `at_ns`): its requests are over.
+    pub fn exited(&mut self, pid: u32, at_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
         let mine: Vec<u64> = self.open.iter().filter(|(_, r)| r.pid == pid).map(|(c, _)| *c).collect();
         for c in mine {
+            self.end_unanswered(c, Unanswered::ProcessExit, at_ns);
             self.finish(c, src, ready);
         }
         self.by_conn.retain(|(p, _), _| *p != pid);
@@ -791,10 +837,11 @@ impl Requests {
         }
     }
 
-    /// Everything still open (uvspan is stopping).
-    pub fn finish_all(&mut self, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    /// Everything still open (uvspan is stopping, at `now_ns`).
+    pub fn finish_all(&mut self, now_ns: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
         let all: Vec<u64> = self.open.keys().copied().collect();
         for c in all {
+            self.end_unanswered(c, Unanswered::Stopped, now_ns);
             self.finish(c, src, ready);
         }
     }
@@ -903,7 +950,7 @@ mod tests {
             // Late work of request 1 joins its trace; request 2's is not sampled.
             assert!(r.work(fs(1, 6_000, 7_000), src, ready).is_none());
             assert!(r.work(fs(2, 6_000, 7_000), src, ready).is_none());
-            r.finish_all(src, ready);
+            r.finish_all(0, src, ready);
             assert_eq!(r.stats.bad_traceparent, 1);
             assert_eq!(r.stats.unsampled, 1);
         });
@@ -914,6 +961,26 @@ mod tests {
         assert_eq!(attr(&spans[0], "uvspan.http.response_seen"), Some(&Value::Bool(false)));
     }
 
+    /// A request whose response was never seen lasts until its process
+    /// exited (or uvspan stopped), says how it ended, and is counted: never
+    /// a 0 ms span.
+    #[test]
+    fn unanswered_requests_end_where_they_were_given_up() {
+        let spans = run(|r, src, ready| {
+            r.http(&http(HttpWhat::Request, 1, 100, 1_000, "GET /a HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Request, 2, 200, 1_500, "GET /b HTTP/1.1\r\n\r\n"), false, src, ready);
+            r.http(&http(HttpWhat::Write, 2, 200, 1_600, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"), false, src, ready);
+            r.exited(7, 9_000, src, ready);
+            assert_eq!(r.stats.unanswered, 1, "request 2 was answered");
+        });
+        let a = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from("/a"))).expect("request /a");
+        assert_eq!(a.end_ns - a.start_ns, 8_000, "until its process exited");
+        assert_eq!(attr(a, "uvspan.http.response_seen"), Some(&Value::Bool(false)));
+        assert_eq!(attr(a, "uvspan.http.ended_by"), Some(&Value::from("process_exit")));
+        let b = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from("/b"))).expect("request /b");
+        assert_eq!(attr(b, "uvspan.http.ended_by"), None);
+    }
+
     #[test]
     fn requests_on_unknown_connections_do_not_end_each_other() {
         let spans = run(|r, src, ready| {
@@ -921,7 +988,7 @@ mod tests {
             r.http(&http(HttpWhat::Request, 2, 0, 1_500, "GET /b HTTP/1.1\r\n\r\n"), false, src, ready);
             assert_eq!(r.open(), 2, "both still open");
             r.work(fs(1, 2_000, 2_100), src, ready);
-            r.finish_all(src, ready);
+            r.finish_all(0, src, ready);
         });
         assert_eq!(spans.len(), 3);
         assert_eq!(spans.iter().filter(|s| s.parent_span_id != SpanId::INVALID).count(), 1, "request 1's stat under it");
@@ -932,7 +999,7 @@ mod tests {
         let spans = run(|r, src, ready| {
             r.http(&http(HttpWhat::Request, 1, 100, 1_000, &format!("GET / HTTP/1.1\r\ntraceparent: {TP}\r\n\r\n")), true, src, ready);
             r.work(fs(1, 1_100, 1_200), src, ready);
-            r.exited(7, src, ready);
+            r.exited(7, 0, src, ready);
         });
         assert_eq!(spans.len(), 1);
         assert_eq!(spans[0].parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
@@ -1019,7 +1086,7 @@ mod tests {
             r.http(&http(HttpWhat::Request, 4, 100, 3_000, "GET /d HTTP/1.1\r\n\r\n"), false, src, ready);
             assert_eq!(r.open(), 1, "the next request ends /c");
             assert!(r.pipelines.is_empty());
-            r.finish_all(src, ready);
+            r.finish_all(0, src, ready);
         });
         let server = |path: &'static str| spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
         for (path, code, end, cause) in [("/a", 200, 2_000, 1), ("/b", 404, 2_150, 2), ("/c", 500, 2_200, 3)] {
@@ -1047,7 +1114,7 @@ mod tests {
             r.http(&http(HttpWhat::Write, 1, 100, 2_010, "\x17\x03"), false, src, ready);
             r.http(&tls(1, 2_100, "HTTP/1.1 404 X\r\nContent-Length: 2\r\n\r\nno"), false, src, ready);
             r.http(&http(HttpWhat::Write, 1, 100, 2_110, "\x17\x03"), false, src, ready);
-            r.finish_all(src, ready);
+            r.finish_all(0, src, ready);
         });
         for (path, code) in [("/a", 200), ("/b", 404)] {
             let s = spans.iter().find(|s| attr(s, "url.path") == Some(&Value::from(path))).unwrap();
@@ -1093,7 +1160,7 @@ mod tests {
             r.http(&http(HttpWhat::Write, 1, 0xb0, 1_310, "\x17\x03"), false, src, ready);
             r.http(&http(HttpWhat::Response, 1, 0xb0, 1_400, "HTTP/1.1 503 X\r\n\r\n"), false, src, ready);
             r.http(&http(HttpWhat::Response, 2, 0xa0, 1_500, "HTTP/1.1 200 OK\r\n\r\n"), false, src, ready);
-            r.finish_all(src, ready);
+            r.finish_all(0, src, ready);
         });
         let call = |path: &'static str| {
             spans.iter().find(|s| s.span_kind == SpanKind::Client && attr(s, "url.path") == Some(&Value::from(path))).unwrap()
@@ -1181,7 +1248,7 @@ mod tests {
                         let _ = r.work(fs(*cause, *ts, ts + 100), src, ready);
                     }
                     r.expire(u64::MAX / 2, src, ready);
-                    r.finish_all(src, ready);
+                    r.finish_all(0, src, ready);
                     assert_eq!(r.open(), 0);
                 });
                 for s in &spans {

@@ -37,7 +37,7 @@ const worker = new Worker(
 const waiting = new Map();
 worker.on('message', (m) => { const f = waiting.get(m); waiting.delete(m); f(); });
 
-const keepAlive = new http.Agent({ keepAlive: true, maxSockets: 2 });
+const keepAlive = new http.Agent({ keepAlive: true });
 const upstream = `http://127.0.0.1:${up}`;
 const undiciPool = new undici.Pool(upstream, { connections: 2 });
 
