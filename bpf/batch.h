@@ -46,6 +46,17 @@ static __always_inline int queue_work(struct pt_regs *ctx)
 	return 0;
 }
 
+/* uv__queue_work(w): a uv_queue_work job's work runs on a threadpool
+ * thread; what it does there (a sync fs call: node 24+'s fs.readFile)
+ * is its queuing cause's, or no one's. */
+static __always_inline int queued_work_runs(struct pt_regs *ctx)
+{
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM1(ctx) };
+	__u64 *c = bpf_map_lookup_elem(&work_cause, &k);
+	set_cause(c ? *c : 0);
+	return 0;
+}
+
 struct batch_walk {
 	__u64 head;     /* the stack queue's head */
 	__u64 q;        /* the next job's node */

@@ -193,6 +193,7 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	case PROBE_H2_SUBMIT: return 0;
 	case PROBE_WORK_BATCH: return work_batch(ctx, cookie);
 	case PROBE_QUEUE_WORK: return queue_work(ctx);
+	case PROBE_QUEUE_WORK_RUN: return queued_work_runs(ctx);
 	case PROBE_PORT_POST: return port_post(ctx);
 	case PROBE_PORT_RECEIVE: return port_receive(ctx);
 	case PROBE_STREAM_READ: return stream_read(ctx);

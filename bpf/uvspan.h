@@ -159,6 +159,7 @@ enum probe_kind {
 	PROBE_STREAM_READ = 32, /* LibuvStreamWrap::OnUvRead: bytes a stream read (a response head for a client whose parser is not node's: fetch, undici) */
 	PROBE_SPAWN = 33,       /* uv_spawn: a child process (its exit and pipes) under a cause */
 	PROBE_PROCESS_EXIT = 34, /* ProcessWrap::OnExit: a child's exit handlers run (its spawner's cause) */
+	PROBE_QUEUE_WORK_RUN = 35, /* uv__queue_work: a uv_queue_work job's work runs on a threadpool thread (its cause current there) */
 };
 
 /* PROBE_WORK_BATCH's cookie: where uv__fs_done and uv__getaddrinfo_done are

@@ -1044,6 +1044,13 @@ fn probes_listing_follows_detail() {
         "uv_try_write",
         "uv_write2",
         "uv_tcp_connect",
+        "uv_queue_work",
+        "uv__queue_work",
+        "uv_spawn",
+        "_ZN4node12_GLOBAL__N_111ProcessWrap6OnExitEP12uv_process_sli",
+        "_ZN4node15LibuvStreamWrap8OnUvReadElPK8uv_buf_t",
+        "_ZN4node6worker15MessagePortData18AddToIncomingQueueESt10shared_ptrINS0_7MessageEE",
+        "_ZN4node6worker7Message11DeserializeEPNS_11EnvironmentEN2v85LocalINS4_7ContextEEEPNS5_INS4_5ValueEEE",
         "SSL_write",
         "nghttp2_submit_response",
         "nghttp2_submit_trailer",
@@ -1070,7 +1077,7 @@ fn probes_listing_follows_detail() {
     // V8's two GC callbacks, always on.
     let gc = 2;
     assert_eq!(default.iter().filter(|(s, v)| s.contains("CallGC") && *v == "usable").count(), gc, "{default:?}");
-    assert_eq!(usable(&default), 36 + 2 + cleanup + gc + 9 + 6 + h2_client, "default set: 36 uv_fs_* submits + uv__work_done (a batch of finished jobs), uv_getaddrinfo (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 9 for requests + 6 for HTTP/2 servers (+ 1 for HTTP/2 clients): {default:?}");
+    assert_eq!(usable(&default), 36 + 2 + cleanup + gc + 16 + 6 + h2_client, "default set: 36 uv_fs_* submits + uv__work_done (a batch of finished jobs), uv_getaddrinfo (+ uv_fs_req_cleanup, + libc's epoll waits) + 2 GC callbacks + 16 for requests + 6 for HTTP/2 servers (+ 1 for HTTP/2 clients): {default:?}");
     let off = listing(&["--requests", "off"]);
     assert_eq!(usable(&off), 36 + 2 + cleanup + gc, "{off:?}");
     for sym in requests.iter().chain(&["nghttp2_submit_request"]) {
@@ -1084,7 +1091,7 @@ fn probes_listing_follows_detail() {
     assert_eq!(tp["uv__fs_work"], "usable");
     assert_eq!(tp["uv__io_poll"], "off: --detail phases");
     let all = listing(&["--detail", "all"]);
-    assert_eq!(usable(&all), 36 + 2 + cleanup + gc + 9 + 6 + h2_client + 3 + 5, "{all:?}");
+    assert_eq!(usable(&all), 36 + 2 + cleanup + gc + 16 + 6 + h2_client + 3 + 5, "{all:?}");
     assert!(all.values().all(|s| !s.starts_with("off")), "{all:?}");
 }
 

@@ -118,12 +118,19 @@ const FALLBACKS: [(&str, &str, &str); 3] = [
 
 /// Request context probes (checked by tests/e2e.rs and tests/requests.rs;
 /// the matrix runs with --requests off, so `uvspan probes` lists them off).
-const REQUEST_PROBES: [&str; 16] = [
+const REQUEST_PROBES: [&str; 23] = [
     "llhttp__on_message_begin",
     "uv__stream_io",
     "uv_try_write",
     "uv_write2",
     "uv_tcp_connect",
+    "uv_queue_work",
+    "uv__queue_work",
+    "uv_spawn",
+    "_ZN4node12_GLOBAL__N_111ProcessWrap6OnExitEP12uv_process_sli",
+    "_ZN4node15LibuvStreamWrap8OnUvReadElPK8uv_buf_t",
+    "_ZN4node6worker15MessagePortData18AddToIncomingQueueESt10shared_ptrINS0_7MessageEE",
+    "_ZN4node6worker7Message11DeserializeEPNS_11EnvironmentEN2v85LocalINS4_7ContextEEEPNS5_INS4_5ValueEEE",
     "SSL_write",
     "_ZN4node11Environment9RunTimersEP10uv_timer_s",
     "_ZN4node12MakeCallbackEPN2v87IsolateENS0_5LocalINS0_6ObjectEEENS3_INS0_8FunctionEEEiPNS3_INS0_5ValueEEENS_13async_contextE",

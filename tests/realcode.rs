@@ -3,7 +3,8 @@
 //! whose routes each use one pattern real services use — `http.get` through a
 //! keep-alive agent, `fetch()`, npm undici, async crypto (pbkdf2, scrypt,
 //! WebCrypto), zlib, the compression middleware, a worker thread's reply, a
-//! timer, an immediate, a child process — then read a file named after the
+//! timer, an immediate, a child process, a `pg` pool logging in with
+//! scram-sha-256 (Debian's PostgreSQL), ioredis (redis-server) — then read a file named after the
 //! request and answer with a status that tells requests apart. Load comes
 //! from another, untraced process (tests/realcode/driver.js: sequential, then
 //! concurrent requests on keep-alive connections), and so does the upstream
@@ -37,10 +38,12 @@ const C: &str = "4";
 
 /// Patterns whose hand-off uvspan follows: the work after them is under
 /// their request (at least 95% of it).
-const FOLLOWED: [&str; 8] = ["http", "pbkdf2", "scrypt", "subtle", "gzip", "compress", "worker", "exec"];
+const FOLLOWED: [&str; 9] = ["http", "pbkdf2", "scrypt", "subtle", "gzip", "compress", "worker", "exec", "pg"];
 /// Patterns whose work after them is not followed yet (README, limits): a
 /// task of its own, never another request's.
-const NOT_FOLLOWED: [&str; 4] = ["fetch", "undici", "timeout", "immediate"];
+/// (redis: one connection shares every request's commands, the concurrent
+/// half's replies are read for several requests at once.)
+const NOT_FOLLOWED: [&str; 5] = ["fetch", "undici", "timeout", "immediate", "redis"];
 /// Patterns whose outgoing call is a CLIENT span with the upstream's status
 /// (fetch and undici parse responses in WebAssembly: read at the socket).
 const CALLS: [&str; 3] = ["http", "fetch", "undici"];
@@ -77,6 +80,12 @@ fn sent(stdout: &str) -> BTreeMap<(String, usize), i64> {
 fn realcode_in(topology: Topology) {
     require_root();
     require_node();
+    let routes: Vec<&str> = FOLLOWED.iter().chain(NOT_FOLLOWED.iter()).copied().collect();
+    realcode_with(topology, "node", &routes);
+}
+
+/// The app on `node`, loaded on `routes` only.
+fn realcode_with(topology: Topology, node: &str, routes: &[&str]) {
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("realcode");
     let (mut up, up_port) = upstream();
@@ -84,7 +93,17 @@ fn realcode_in(topology: Topology) {
     let ep = rx.endpoint();
     let port_arg = up_port.to_string();
     let uv = ["--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
-    let mut app_run = Running::spawn(topology.command(&uv, &["node", &app, &dir.str(), &port_arg]));
+    // The database routes' servers, the test's own.
+    let pg = routes.contains(&"pg").then(|| postgres(PgAuth::Scram));
+    let cache = routes.contains(&"redis").then(redis);
+    let mut cmd = topology.command(&uv, &[node, &app, &dir.str(), &port_arg]);
+    if let Some(pg) = &pg {
+        cmd.env("PG_URL", pg.pg_url());
+    }
+    if let Some(r) = &cache {
+        cmd.env("REDIS_PORT", r.port.to_string());
+    }
+    let mut app_run = Running::spawn(cmd);
     app_run.wait_stdout(RUN_TIMEOUT, "the app listening", |o| o.contains("\"listening\""));
     let port = app_run
         .stdout()
@@ -92,9 +111,8 @@ fn realcode_in(topology: Topology) {
         .find_map(|l| l.contains("\"listening\"").then(|| serde_json::from_str::<serde_json::Value>(l).ok()).flatten())
         .and_then(|v| v["port"].as_u64())
         .expect("the app's port");
-    let routes: Vec<&str> = FOLLOWED.iter().chain(NOT_FOLLOWED.iter()).copied().collect();
     let mut load = Command::new("node");
-    load.arg(format!("{}/driver.js", realcode_dir())).args(["load", &port.to_string(), &N.to_string(), C]).args(&routes);
+    load.arg(format!("{}/driver.js", realcode_dir())).args(["load", &port.to_string(), &N.to_string(), C]).args(routes);
     let load = run(load);
     assert_eq!(load.code(), Some(0), "the load\n{}", load.context());
     let out = app_run.finish(RUN_TIMEOUT);
@@ -105,11 +123,11 @@ fn realcode_in(topology: Topology) {
     check_summary(&out, spans.len());
     let sent = sent(&load.stdout);
     assert_eq!(sent.len(), routes.len() * 2 * N, "every request answered\n{}", load.context());
-    check(&spans, &sent, &dir.str(), &out.context());
+    check(&spans, &sent, routes, &dir.str(), &out.context());
 }
 
 /// The checks of the module's doc.
-fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, dir: &str, ctx: &str) {
+fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, routes: &[&str], dir: &str, ctx: &str) {
     let by_id: HashMap<(&'a str, &'a str), &'a Span> = spans.iter().map(|s| ((s.trace_id.as_str(), s.span_id.as_str()), s)).collect();
     // The SERVER span of each request, by (route, i).
     let mut server: HashMap<(String, usize), &Span> = HashMap::new();
@@ -122,8 +140,7 @@ fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, dir: &str
     let request_of = |s: &'a Span| request_of(&by_id, s);
     let mut report = Vec::new();
     let mut failures = Vec::new();
-    let routes: Vec<&str> = FOLLOWED.iter().chain(NOT_FOLLOWED.iter()).copied().collect();
-    for route in &routes {
+    for route in routes {
         let mine: Vec<(usize, i64)> = sent.iter().filter(|((r, _), _)| r == route).map(|((_, i), st)| (*i, *st)).collect();
         let (mut right, mut under, mut wrong) = (0, 0, 0);
         for (i, status) in &mine {
@@ -221,4 +238,32 @@ fn request_of<'a>(by_id: &HashMap<(&'a str, &'a str), &'a Span>, s: &'a Span) ->
         }
     }
     None
+}
+
+/// The threadpool, client-connection, worker and child-process paths on
+/// the official builds of the other Node lines (npm undici needs Node 20).
+fn on_official(major: u32) {
+    require_root();
+    let node = official_node(major);
+    realcode_with(Topology::Host, &node.to_string_lossy(), &["http", "fetch", "pbkdf2", "gzip", "compress", "worker", "exec", "timeout"]);
+}
+
+#[test]
+fn real_packages_keep_their_request_context_on_node_18() {
+    on_official(18);
+}
+
+#[test]
+fn real_packages_keep_their_request_context_on_node_22() {
+    on_official(22);
+}
+
+#[test]
+fn real_packages_keep_their_request_context_on_node_24() {
+    on_official(24);
+}
+
+#[test]
+fn real_packages_keep_their_request_context_on_node_26() {
+    on_official(26);
 }

@@ -128,7 +128,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
                 }
                 + &if r.unanswered > 0 {
                     format!(
-                        "; {} ended without their response seen (their process exited, uvspan stopped, or none came in 30 s: \
+                        "; {} ended without their response seen (their process exited, uvspan stopped, their connection began another, or none came in 30 s: \
                          uvspan.http.ended_by)",
                         r.unanswered
                     )

@@ -522,6 +522,14 @@ pub const OTHER: &[Probe] = &[
         ..Probe::ROW
     },
     Probe {
+        symbol: "uv__queue_work",
+        kind: probe_kind::PROBE_QUEUE_WORK_RUN,
+        if_missing: "sync fs calls a threadpool job makes on its thread (node 24+'s fs.readFile) join no request",
+        detail: RQ,
+        requires: Some("uv_queue_work"),
+        ..Probe::ROW
+    },
+    Probe {
         symbol: "uv_spawn",
         kind: probe_kind::PROBE_SPAWN,
         if_missing: "a child process's exit and output callbacks are tasks of their own, not the request's that spawned it",

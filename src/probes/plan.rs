@@ -426,7 +426,7 @@ mod tests {
         ] {
             assert!(rq.contains(&s), "{s}");
         }
-        assert_eq!(rq.len(), 5 + 15 + 6);
+        assert_eq!(rq.len(), 5 + 16 + 6);
         // Outgoing HTTP/2 streams: with session uprobes only (the stream id
         // is the return value); without them, said so.
         let at_return = Conditions { sync_at_return: true, ..AT_CLEANUP };

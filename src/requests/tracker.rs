@@ -171,6 +171,9 @@ pub enum Unanswered {
     NoResponse,
     /// More requests were open than uvspan keeps: the oldest went.
     Evicted,
+    /// Its connection began another request (or its stream's memory came
+    /// back as a new connection's): it was gone by then.
+    NextRequest,
 }
 
 impl Unanswered {
@@ -180,6 +183,7 @@ impl Unanswered {
             Unanswered::Stopped => "uvspan_stopped",
             Unanswered::NoResponse => "no_response",
             Unanswered::Evicted => "evicted",
+            Unanswered::NextRequest => "next_request",
         }
     }
 }
@@ -565,8 +569,10 @@ impl Requests {
                     }
                     queue.push_back(r.cause);
                 } else {
+                    self.end_unanswered(prev, Unanswered::NextRequest, r.ts_ns);
                     self.finish(prev, src, ready);
                     for c in self.pipelines.remove(&key).unwrap_or_default() {
+                        self.end_unanswered(c, Unanswered::NextRequest, r.ts_ns);
                         self.finish(c, src, ready);
                     }
                 }

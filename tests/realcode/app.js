@@ -19,7 +19,6 @@ const { execFile } = require('child_process');
 const { Worker } = require('worker_threads');
 const express = require('express');
 const compression = require('compression');
-const undici = require('undici');
 
 const [dir, upArg] = process.argv.slice(2);
 const up = +upArg;
@@ -39,14 +38,21 @@ worker.on('message', (m) => { const f = waiting.get(m); waiting.delete(m); f(); 
 
 const keepAlive = new http.Agent({ keepAlive: true });
 const upstream = `http://127.0.0.1:${up}`;
-const undiciPool = new undici.Pool(upstream, { connections: 2 });
+// npm undici needs Node 20: loaded on first use.
+let undiciPool;
+const pool = () => (undiciPool ??= new (require('undici').Pool)(upstream, { connections: 2 }));
+
+// PG_URL: a PostgreSQL (the pool's clients time out at once when idle, so
+// that new logins, SCRAM's included, keep happening); REDIS_PORT: a redis.
+const pgPool = process.env.PG_URL && new (require('pg').Pool)({ connectionString: process.env.PG_URL, max: 8, idleTimeoutMillis: 1 });
+const redis = process.env.REDIS_PORT && new (require('ioredis'))(+process.env.REDIS_PORT, '127.0.0.1');
 
 // Each pattern: calls done() once its work is over.
 const patterns = {
   http: (i, done) =>
     http.get({ host: '127.0.0.1', port: up, path: `/x/${i}`, agent: keepAlive }, (r) => { r.resume(); r.on('end', done); }),
   fetch: (i, done) => fetch(`${upstream}/x/${i}`).then((r) => r.text()).then(() => done()),
-  undici: (i, done) => undiciPool.request({ path: `/x/${i}`, method: 'GET' }).then((r) => r.body.text()).then(() => done()),
+  undici: (i, done) => pool().request({ path: `/x/${i}`, method: 'GET' }).then((r) => r.body.text()).then(() => done()),
   pbkdf2: (i, done) => crypto.pbkdf2('secret', `salt${i}`, 20000, 32, 'sha256', done),
   scrypt: (i, done) => crypto.scrypt('secret', `salt${i}`, 32, done),
   subtle: (i, done) => crypto.subtle.digest('SHA-256', Buffer.alloc(1 << 16, i)).then(() => done()),
@@ -55,6 +61,8 @@ const patterns = {
   timeout: (i, done) => setTimeout(done, 15),
   immediate: (i, done) => setImmediate(done),
   exec: (i, done) => execFile('true', done),
+  pg: (i, done) => pgPool.query('SELECT $1::int AS i, pg_sleep(0.005)', [i], done),
+  redis: (i, done) => redis.set(`k${i}`, String(i)).then(() => redis.get(`k${i}`)).then(() => done()),
 };
 
 const app = express();
@@ -78,7 +86,9 @@ app.get('/quit', (req, res) => {
   res.end('bye');
   clearInterval(bg);
   keepAlive.destroy();
-  undiciPool.close();
+  undiciPool?.close();
+  if (pgPool) pgPool.end();
+  if (redis) redis.disconnect();
   worker.terminate();
   server.close();
   setTimeout(() => process.exit(0), 50);
