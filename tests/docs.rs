@@ -157,7 +157,7 @@ fn every_relative_link_resolves() {
                 broken.push(format!("{}:{line}: {dest}: no such file", rel(f)));
                 continue;
             };
-            if anchor.is_empty() || !target.extension().is_some_and(|e| e == "md") {
+            if anchor.is_empty() || target.extension().is_none_or(|e| e != "md") {
                 continue;
             }
             match docs.get(&target) {
