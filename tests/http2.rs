@@ -47,15 +47,29 @@ fn call_markers(out: &Output, n: usize) -> Vec<serde_json::Value> {
 /// attributed as `test.Echo/{method}` with the call's grpc-status.
 fn grpc_server_span<'a>(spans: &'a [Span], call: &serde_json::Value, i: u64, method: &str, code: i64) -> &'a Span {
     let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
-    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1] && s.str("rpc.system").is_some()).collect();
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1] && s.str("rpc.system.name").is_some()).collect();
     let [srv] = servers[..] else { panic!("call {i}: one gRPC SERVER span in the caller's trace\n{}", dump(&servers)) };
     assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
     assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
-    assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
-    assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
-    assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
-    assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.system.name"), Some("grpc"), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.method"), Some(format!("test.Echo/{method}").as_str()), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.response.status_code"), Some(grpc_code_name(code)), "{}", srv.brief());
+    for old in ["rpc.system", "rpc.service", "rpc.grpc.status_code"] {
+        assert!(srv.str(old).is_none() && srv.int(old).is_none(), "no {old}: {}", srv.brief());
+    }
     srv
+}
+
+/// The gRPC status code's name, as `rpc.response.status_code` carries it.
+fn grpc_code_name(code: i64) -> &'static str {
+    match code {
+        0 => "OK",
+        5 => "NOT_FOUND",
+        12 => "UNIMPLEMENTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        _ => panic!("no name for gRPC status {code} in this test"),
+    }
 }
 
 /// What the fixture says about one request it sent: (traceparent, status).
@@ -336,7 +350,7 @@ fn h2c_on_every_official_build_and_the_stripped_node() {
 /// gRPC over node:http2 as @grpc/grpc-js answers on the wire
 /// (tests/fixtures/grpc_server.js, 20 concurrent calls on one session):
 /// each call a SERVER span named `{package.Service}/{Method}` with
-/// `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`
+/// `rpc.system.name`, `rpc.method` (`test.Echo/Say`) and `rpc.response.status_code`
 /// (from trailers, or from the headers of a trailers-only answer), INTERNAL
 /// and UNIMPLEMENTED as ERROR, in the caller's trace, with the stats of its
 /// 'data' and 'end' handlers under it (at least 95%).
@@ -573,7 +587,7 @@ fn grpc_js_with(topology: Topology, tag: &str, node: &str) {
     let spans = rx.spans();
     check_summary(&out, spans.len());
     let calls = call_markers(&out, CALLS);
-    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("rpc.system") == Some("grpc")).collect();
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("rpc.system.name") == Some("grpc")).collect();
     assert_eq!(clients.len(), CALLS, "a CLIENT span per call\n{}", dump(&clients));
     for call in &calls {
         let (i, method, code) =
@@ -593,9 +607,8 @@ fn grpc_js_with(topology: Topology, tag: &str, node: &str) {
         assert_eq!(client.name, format!("test.Echo/{method}"), "{}", client.brief());
         assert_eq!(client.parent_span_id, caller.span_id, "call {i}: under its caller's SERVER span\n{}", client.brief());
         assert_eq!(client.span_id, written[2], "call {i}: the span id the app wrote\n{}", client.brief());
-        assert_eq!(client.str("rpc.service"), Some("test.Echo"), "{}", client.brief());
-        assert_eq!(client.str("rpc.method"), Some(method), "{}", client.brief());
-        assert_eq!(client.int("rpc.grpc.status_code"), Some(code), "{}\nall:\n{}", client.brief(), dump(&clients));
+        assert_eq!(client.str("rpc.method"), Some(format!("test.Echo/{method}").as_str()), "{}", client.brief());
+        assert_eq!(client.str("rpc.response.status_code"), Some(grpc_code_name(code)), "{}\nall:\n{}", client.brief(), dump(&clients));
         assert_eq!(client.int("http.response.status_code"), Some(200), "{}", client.brief());
         assert_eq!(client.str("network.protocol.version"), Some("2"), "{}", client.brief());
         assert_eq!(client.str("server.address"), Some("127.0.0.1"), "{}", client.brief());
