@@ -131,7 +131,8 @@ fn check_streams(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str, what
     for (i, (tp, status)) in &sent {
         let srv = by_i[i];
         let kind = if *status == 503 { "fail" } else { "item" };
-        assert_eq!(srv.name, "GET", "{}", srv.brief());
+        assert_eq!(srv.name, format!("GET /{kind}/{{id}}"), "{}", srv.brief());
+        assert_eq!(srv.str("url.template"), Some(format!("/{kind}/{{id}}").as_str()), "{}", srv.brief());
         assert_eq!(srv.str("http.request.method"), Some("GET"));
         assert_eq!(srv.str("url.path"), Some(format!("/{kind}/{i}").as_str()), "{}", srv.brief());
         assert_eq!(srv.str("url.query"), Some(format!("token=REDACTED&n={i}").as_str()), "{}", srv.brief());
@@ -701,7 +702,7 @@ fn check_h2_calls(dir: &TempDir, out: &Output, spans: &[Span], n: usize, scheme:
                 .iter()
                 .find(|c| c.str("url.path") == Some(path.as_str()))
                 .unwrap_or_else(|| panic!("no CLIENT span of {path} ({what})\n{}", dump(&clients)));
-            assert_eq!(c.name, "GET", "{}", c.brief());
+            assert_eq!(c.name, format!("GET /b/{{id}}/{x}"), "{}", c.brief());
             assert_eq!(c.str("http.request.method"), Some("GET"), "{}", c.brief());
             assert_eq!(
                 (c.trace_id.as_str(), c.parent_span_id.as_str()),

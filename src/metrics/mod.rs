@@ -402,7 +402,12 @@ impl Metrics {
     /// A finished HTTP request (its SERVER span's attributes that are
     /// bounded), and the calls it made.
     pub fn request(&mut self, f: &Finished) {
-        self.add(f.pid, Metric::HttpServer, server_attrs(&f.method, f.tls, f.version, f.status), secs(f.start_ns, f.end_ns));
+        let mut attrs = server_attrs(&f.method, f.tls, f.version, f.status);
+        if let Some(t) = &f.template {
+            attrs.push(("url.template", Val::Str(t.clone().into())));
+            attrs.sort();
+        }
+        self.add(f.pid, Metric::HttpServer, attrs, secs(f.start_ns, f.end_ns));
         for c in &f.calls {
             self.call(f.pid, c);
         }
@@ -424,6 +429,9 @@ impl Metrics {
         if let Some((host, port)) = &c.server {
             attrs.push(("server.address", Val::Str(host.clone().into())));
             attrs.push(("server.port", Val::Int(i64::from(*port))));
+        }
+        if let Some(t) = &c.template {
+            attrs.push(("url.template", Val::Str(t.clone().into())));
         }
         if let Some(code) = c.status {
             attrs.push(("http.response.status_code", Val::Int(i64::from(code))));

@@ -58,6 +58,7 @@ fn series_per_process_with_bounded_attributes() {
         status: Some(503),
         tls: true,
         version: "1.1",
+        template: Some("/items/{id}".into()),
         start_ns: 0,
         end_ns: 2_000_000,
         calls: vec![FinishedCall {
@@ -65,12 +66,14 @@ fn series_per_process_with_bounded_attributes() {
             status: Some(200),
             tls: false,
             server: Some(("api".into(), 8080)),
+            template: Some("/stock/{id}".into()),
             start_ns: 10,
             end_ns: 1_000_010,
         }],
     };
     m.request(&f);
     m.request(&Finished { status: Some(200), method: "GET".into(), ..f.clone() });
+    m.request(&Finished { status: Some(200), method: "GET".into(), template: Some("/health".into()), calls: vec![], ..f.clone() });
     // A process whose resource is not known is not kept.
     m.fs(&fs(8, 1, 0, false));
     let got = m.collect(false);
@@ -83,11 +86,20 @@ fn series_per_process_with_bounded_attributes() {
         series.iter().find(|((m, a), _)| *m == Metric::Fs && a.contains(&("error.type", Val::Str("ENOENT".into())))).expect("ENOENT");
     assert!(fs_err.0 .1.contains(&("uvspan.fs.sync", Val::Bool(true))));
     let servers: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).collect();
-    assert_eq!(servers.len(), 2, "503 and 200 are two series");
+    assert_eq!(servers.len(), 3, "503 and 200 are two series, and each url.template its own");
     assert!(servers.iter().any(|((_, a), _)| a.contains(&("http.request.method", Val::Str("_OTHER".into())))
         && a.contains(&("error.type", Val::Str("503".into())))));
-    let clients = series.iter().filter(|((m, _), _)| *m == Metric::HttpClient).map(|(_, h)| h.count).sum::<u64>();
-    assert_eq!(clients, 2);
+    let by_template = |t: &str| {
+        servers
+            .iter()
+            .filter(|((_, a), _)| a.contains(&("url.template", Val::Str(t.to_string().into()))))
+            .map(|(_, h)| h.count)
+            .sum::<u64>()
+    };
+    assert_eq!((by_template("/items/{id}"), by_template("/health")), (2, 1));
+    let clients: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::HttpClient).collect();
+    assert_eq!(clients.iter().map(|(_, h)| h.count).sum::<u64>(), 2);
+    assert!(clients.iter().all(|((_, a), _)| a.contains(&("url.template", Val::Str("/stock/{id}".into())))));
     // Cumulative: the same again; delta: reset.
     assert_eq!(m.collect(false)[0].series, *series);
     assert_eq!(m.collect(true)[0].series, *series);
@@ -264,7 +276,7 @@ fn the_threadpool_queue_wait_counts_async_work_whose_start_was_seen() {
 
 /// A request process 7's request tracker saw, from 0 to `end_ns`, with no call.
 fn server_request(method: &str, status: u16, tls: bool, version: &'static str, end_ns: u64) -> Finished {
-    Finished { pid: 7, method: method.into(), status: Some(status), tls, version, start_ns: 0, end_ns, calls: vec![] }
+    Finished { pid: 7, method: method.into(), status: Some(status), tls, version, template: None, start_ns: 0, end_ns, calls: vec![] }
 }
 
 /// A request the kernel followed (counted in its histogram, or ended by

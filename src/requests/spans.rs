@@ -7,6 +7,7 @@ use std::borrow::Cow;
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 
 use super::head::{host_port, parse_traceparent, redact_query, Head};
+use super::template::url_template;
 use super::tracker::{Call, Request};
 use crate::events::spans::{build_into, span_under, Family, KeyValue, Parent, Span, SpanContextSource};
 use crate::semconv;
@@ -82,7 +83,10 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     if let Some((service, method)) = h.grpc() {
         return grpc_span(req, src, &parent, attrs, service, method);
     }
-    let mut s = span(src, &parent, req.span_id, h.method.clone(), SpanKind::Server, (req.start_ns, end), attrs);
+    let template = url_template(&h.path);
+    let name = Cow::Owned(format!("{} {template}", h.method));
+    attrs.push(KeyValue::new(semconv::URL_TEMPLATE, template.into_owned()));
+    let mut s = span(src, &parent, req.span_id, name, SpanKind::Server, (req.start_ns, end), attrs);
     match req.status {
         Some(code) => {
             s.attributes.push(KeyValue::new(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(code)));
@@ -219,7 +223,10 @@ pub(crate) fn call_span(c: &CallSpan<'_>, span_id: SpanId, parent: &Parent, src:
         }
         return s;
     }
-    let mut s = span(src, parent, span_id, h.method.clone(), SpanKind::Client, c.times, attrs);
+    let template = url_template(&h.path);
+    let name = Cow::Owned(format!("{} {template}", h.method));
+    attrs.push(KeyValue::new(semconv::URL_TEMPLATE, template.into_owned()));
+    let mut s = span(src, parent, span_id, name, SpanKind::Client, c.times, attrs);
     if let Some(code) = http_error {
         s.status = Status::error(format!("HTTP {code}"));
         s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, code.to_string()));
@@ -254,7 +261,8 @@ mod tests {
         let (server, stat) = (&spans[0], &spans[1]);
         let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
         assert_eq!(server.span_kind, SpanKind::Server);
-        assert_eq!(server.name, "GET");
+        assert_eq!(server.name, "GET /x");
+        assert_eq!(attr(server, "url.template"), Some(&Value::from("/x")));
         assert_eq!(server.span_context.trace_id(), trace);
         assert_eq!(server.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
         assert!(server.parent_span_is_remote);
@@ -350,7 +358,8 @@ mod tests {
         assert_eq!(spans.iter().filter(|s| s.span_kind == SpanKind::Client).count(), 3);
         for (path, code, start, end) in [("/a", 404, 1_101, 1_330), ("/b", 503, 1_103, 1_310)] {
             let s = call(path);
-            assert_eq!(s.name, "GET");
+            assert_eq!(s.name, format!("GET {path}"));
+            assert_eq!(attr(s, "url.template"), Some(&Value::from(path)));
             assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(code)), "{path}: its own response");
             assert_eq!((s.start_ns, s.end_ns), (start, end), "{path}: to its response's end");
             assert_eq!(attr(s, "network.protocol.version"), Some(&Value::from("2")));
