@@ -53,6 +53,18 @@ pub const UVSPAN_HTTP_TRACEPARENT_WRITTEN: &str = "uvspan.http.traceparent_writt
 /// `rpc.system.name` of gRPC calls.
 pub const RPC_SYSTEM_NAME_GRPC: &str = "grpc";
 
+/// gRPC status codes a server's span and call are errors for (UNKNOWN, DEADLINE_EXCEEDED,
+/// UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS; the others are the client's doing).
+pub fn grpc_server_error(code: u8) -> bool {
+    matches!(code, 2 | 4 | 12 | 13 | 14 | 15)
+}
+
+/// Metric names of the conventions that uvspan exports.
+pub use opentelemetry_semantic_conventions::metric::{
+    DNS_LOOKUP_DURATION, HTTP_CLIENT_REQUEST_DURATION, HTTP_SERVER_REQUEST_DURATION, NODEJS_EVENTLOOP_TIME, NODEJS_EVENTLOOP_UTILIZATION,
+    RPC_CLIENT_CALL_DURATION, RPC_SERVER_CALL_DURATION, V8JS_GC_DURATION,
+};
+
 /// The gRPC status code's name, as `rpc.response.status_code` carries it (`OK`,
 /// `DEADLINE_EXCEEDED`); a code outside the 17 defined ones as its number.
 pub fn grpc_status_name(code: u32) -> std::borrow::Cow<'static, str> {

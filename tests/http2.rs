@@ -647,6 +647,46 @@ fn grpc_js_calls_are_server_spans_with_their_work() {
 }
 
 /// The same on every official build (18, 20, 22, 24, 26), on the host.
+/// A real @grpc/grpc-js server and client's calls as the RPC conventions' metrics:
+/// `rpc.server.call.duration` and `rpc.client.call.duration` count every call once, by
+/// `rpc.method` and the status's name, and none of them is an HTTP/2 request in
+/// `http.server.request.duration` (the HTTP/1 requests that make them are).
+#[test]
+fn grpc_js_calls_are_rpc_call_durations() {
+    require_root();
+    const CALLS: usize = 12;
+    let modules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/node_modules");
+    assert!(modules.join("@grpc/grpc-js").is_dir(), "@grpc/grpc-js is not installed: run `npm ci` in bench/");
+    let col = common::collector::Collector::start(common::collector::Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let dir = TempDir::new("grpcjs-metrics");
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0"];
+    let (script, d, n) = (fixture("grpc_js.js"), dir.str(), CALLS.to_string());
+    let mut c = Topology::Host.command(&uv, &["node", &script, &d, &n]);
+    c.env("NODE_PATH", &modules);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+    ]);
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let calls = call_markers(&out, CALLS);
+    let failing = calls.iter().filter(|c| c["method"].as_str() == Some("Fail")).count() as u64;
+    assert!(failing > 0 && failing < CALLS as u64, "the fixture makes failing and good calls");
+    let count = |metric: &str, want: &[(&str, &str)]| common::collector::histogram_count(&col, metric, want);
+    for metric in ["rpc.server.call.duration", "rpc.client.call.duration"] {
+        let grpc = [("rpc.system.name", "\"grpc\"")];
+        assert_eq!(count(metric, &grpc), CALLS as u64, "{metric}: every call once\n{}", out.context());
+        let unavailable = [("rpc.response.status_code", "\"UNAVAILABLE\""), ("error.type", "\"UNAVAILABLE\"")];
+        assert_eq!(count(metric, &unavailable), failing, "{metric}: the failing calls\n{}", out.context());
+        assert_eq!(count(metric, &[("rpc.response.status_code", "\"OK\"")]), CALLS as u64 - failing, "{metric}\n{}", out.context());
+        assert_eq!(count(metric, &[("rpc.method", "/Fail\"")]), failing, "{metric}: rpc.method is Service/Method\n{}", out.context());
+    }
+    assert_eq!(count("http.server.request.duration", &[("network.protocol.version", "\"2\"")]), 0, "gRPC calls are not HTTP metrics");
+    assert_eq!(count("http.server.request.duration", &[("network.protocol.version", "\"1.1\"")]), CALLS as u64, "{}", out.context());
+}
+
 #[test]
 fn grpc_js_calls_on_every_official_build() {
     require_root();

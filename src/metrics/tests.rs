@@ -59,6 +59,7 @@ fn series_per_process_with_bounded_attributes() {
         tls: true,
         version: "1.1",
         template: Some("/items/{id}".into()),
+        rpc: None,
         start_ns: 0,
         end_ns: 2_000_000,
         calls: vec![FinishedCall {
@@ -67,6 +68,7 @@ fn series_per_process_with_bounded_attributes() {
             tls: false,
             server: Some(("api".into(), 8080)),
             template: Some("/stock/{id}".into()),
+            rpc: None,
             start_ns: 10,
             end_ns: 1_000_010,
         }],
@@ -276,7 +278,18 @@ fn the_threadpool_queue_wait_counts_async_work_whose_start_was_seen() {
 
 /// A request process 7's request tracker saw, from 0 to `end_ns`, with no call.
 fn server_request(method: &str, status: u16, tls: bool, version: &'static str, end_ns: u64) -> Finished {
-    Finished { pid: 7, method: method.into(), status: Some(status), tls, version, template: None, start_ns: 0, end_ns, calls: vec![] }
+    Finished {
+        pid: 7,
+        method: method.into(),
+        status: Some(status),
+        tls,
+        version,
+        template: None,
+        rpc: None,
+        start_ns: 0,
+        end_ns,
+        calls: vec![],
+    }
 }
 
 /// A request the kernel followed (counted in its histogram, or ended by
@@ -332,4 +345,55 @@ fn followed_http2_streams_join_the_trackers_series() {
     assert!(attrs.contains(&("network.protocol.version", Val::Str("2".into()))), "{attrs:?}");
     assert!(attrs.contains(&("http.request.method", Val::Str("_OTHER".into()))), "{attrs:?}");
     assert!(attrs.contains(&("url.scheme", Val::Str("http".into()))), "{attrs:?}");
+}
+
+/// gRPC calls are RPC metrics in seconds, named by the current conventions, not HTTP ones.
+#[test]
+fn grpc_calls_are_rpc_call_durations() {
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    let call = |code: Option<u8>| FinishedCall {
+        method: "POST".into(),
+        status: Some(200),
+        tls: false,
+        server: None,
+        template: None,
+        rpc: Some(("test.Echo/Say".into(), code)),
+        start_ns: 0,
+        end_ns: 3_000_000,
+    };
+    let served = |code: u8| Finished {
+        pid: 7,
+        method: "POST".into(),
+        status: Some(200),
+        tls: false,
+        version: "2",
+        template: None,
+        rpc: Some(("helloworld.Greeter/SayHello".into(), Some(code))),
+        start_ns: 0,
+        end_ns: 250_000_000,
+        calls: vec![],
+    };
+    m.request(&served(0));
+    m.request(&served(13));
+    m.request(&Finished { calls: vec![call(Some(5)), call(None)], ..served(0) });
+    let got = m.collect(false);
+    let series = &got[0].series;
+    assert!(series.iter().all(|((m, _), _)| !matches!(m, Metric::HttpServer | Metric::HttpClient)), "{series:?}");
+    assert_eq!(Metric::RpcServer.name(), "rpc.server.call.duration");
+    assert_eq!(Metric::RpcClient.name(), "rpc.client.call.duration");
+    let servers: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::RpcServer).collect();
+    let of = |code: &str| {
+        servers.iter().find(|((_, a), _)| a.contains(&("rpc.response.status_code", Val::Str(code.to_string().into())))).unwrap()
+    };
+    assert_eq!(of("OK").1.count, 2);
+    assert!((of("OK").1.sum - 0.5).abs() < 1e-9, "seconds");
+    assert!(of("OK").0 .1.contains(&("rpc.method", Val::Str("helloworld.Greeter/SayHello".into()))));
+    assert!(of("OK").0 .1.contains(&("rpc.system.name", Val::Str("grpc".into()))));
+    assert!(of("INTERNAL").0 .1.contains(&("error.type", Val::Str("INTERNAL".into()))));
+    let clients: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::RpcClient).collect();
+    assert_eq!(clients.iter().map(|(_, h)| h.count).sum::<u64>(), 2);
+    // A client's view: NOT_FOUND is an error; a call without a status has none.
+    assert!(clients.iter().any(|((_, a), _)| a.contains(&("error.type", Val::Str("NOT_FOUND".into())))));
+    assert!(clients.iter().any(|((_, a), _)| !a.iter().any(|(k, _)| *k == "rpc.response.status_code")));
 }

@@ -100,11 +100,6 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     s
 }
 
-/// gRPC status codes a server's span is ERROR for (semantic conventions:
-/// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
-/// DATA_LOSS; the others are the client's doing).
-const GRPC_SERVER_ERRORS: [u8; 6] = [2, 4, 12, 13, 14, 15];
-
 /// A gRPC call's SERVER span: `{package.Service}/{Method}`, with the
 /// `rpc.*` attributes beside the HTTP ones.
 fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut attrs: Vec<KeyValue>, service: &str, method: &str) -> Span {
@@ -121,7 +116,7 @@ fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut at
         (Some(code), _) => {
             let name = semconv::grpc_status_name(u32::from(code));
             s.attributes.push(KeyValue::new(semconv::RPC_RESPONSE_STATUS_CODE, name.to_string()));
-            if GRPC_SERVER_ERRORS.contains(&code) {
+            if semconv::grpc_server_error(code) {
                 s.status = Status::error(format!("gRPC status {code} ({name})"));
                 s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, name.into_owned()));
             }

@@ -211,7 +211,11 @@ impl Call {
 
     /// As the metrics see it (unanswered: ended with its caller).
     pub(crate) fn finished(&self, caller_end: u64) -> FinishedCall {
-        FinishedCall::of(&self.head, self.tls, self.status, (self.start_ns, self.end_or(caller_end)))
+        let mut f = FinishedCall::of(&self.head, self.tls, self.status, (self.start_ns, self.end_or(caller_end)));
+        if let Some(rpc) = f.rpc.as_mut() {
+            rpc.1 = self.grpc_status;
+        }
+        f
     }
 }
 
@@ -313,6 +317,8 @@ pub struct Finished {
     pub version: &'static str,
     /// `url.template` of its path; `None` for gRPC calls (named by their method).
     pub template: Option<String>,
+    /// A gRPC call: `rpc.method` (`package.Service/Method`) and its grpc-status.
+    pub rpc: Option<(String, Option<u8>)>,
     pub start_ns: u64,
     pub end_ns: u64,
     pub calls: Vec<FinishedCall>,
@@ -328,6 +334,8 @@ pub struct FinishedCall {
     pub server: Option<(String, u16)>,
     /// `url.template` of its path; `None` for gRPC calls.
     pub template: Option<String>,
+    /// A gRPC call: `rpc.method` and its grpc-status.
+    pub rpc: Option<(String, Option<u8>)>,
     pub start_ns: u64,
     pub end_ns: u64,
 }
@@ -344,6 +352,7 @@ impl FinishedCall {
                 (name.to_string(), port)
             }),
             template: super::template::of_head(head),
+            rpc: head.grpc().map(|(s, m)| (format!("{s}/{m}"), None)),
             start_ns,
             end_ns,
         }
@@ -360,6 +369,7 @@ impl Finished {
             tls: req.tls,
             version: req.head.version,
             template: super::template::of_head(&req.head),
+            rpc: req.head.grpc().map(|(s, m)| (format!("{s}/{m}"), req.grpc_status)),
             start_ns: req.start_ns,
             end_ns: req.last_ns,
             calls,
