@@ -93,6 +93,30 @@ impl FileConfig {
         Ok(file)
     }
 
+    /// `--config`: uvspan's YAML file, or an OpenTelemetry configuration file (`file_format`).
+    fn load_any(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<(FileConfig, Vec<(&'static str, String)>)> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
+        if otel_file::is_otel(&text) {
+            return FileConfig::from_otel(&text, env)
+                .with_context(|| format!("invalid OpenTelemetry configuration file {}", path.display()));
+        }
+        let file = FileConfig::parse(&text).with_context(|| format!("invalid config file {}", path.display()))?;
+        Ok((file, Vec::new()))
+    }
+
+    /// `OTEL_CONFIG_FILE`.
+    fn load_otel(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<(FileConfig, Vec<(&'static str, String)>)> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("OTEL_CONFIG_FILE: cannot read {}", path.display()))?;
+        FileConfig::from_otel(&text, env).with_context(|| format!("invalid OpenTelemetry configuration file {}", path.display()))
+    }
+
+    /// An OpenTelemetry configuration file: uvspan's file and the variables it sets.
+    pub fn from_otel(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<(FileConfig, Vec<(&'static str, String)>)> {
+        let t = otel_file::translate(&otel_file::substitute(text, env)?)?;
+        let file = FileConfig::parse(&serde_yaml_ng::to_string(&t.file)?)?;
+        Ok((file, t.env))
+    }
+
     pub fn load(path: &Path) -> Result<FileConfig> {
         let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config file {}", path.display()))?;
         FileConfig::parse(&text).with_context(|| format!("invalid config file {}", path.display()))
@@ -241,10 +265,21 @@ pub fn parse(argv: &[OsString], env: &dyn Fn(&str) -> Option<OsString>) -> Resul
     // A first parse: --help, --version, usage errors, and which file.
     let first = crate::cli::command().try_get_matches_from(argv)?;
     let m = first.subcommand_matches("run").unwrap_or(&first);
-    let file = match m.get_one::<PathBuf>("config") {
-        Some(p) => FileConfig::load(p)?,
-        None => FileConfig::default(),
+    let env_str = |name: &str| env(name).and_then(|v| v.into_string().ok());
+    let (file, set) = match m.get_one::<PathBuf>("config") {
+        Some(p) => FileConfig::load_any(p, &env_str)?,
+        None => match env_str("OTEL_CONFIG_FILE").filter(|p| !p.is_empty()) {
+            Some(p) => FileConfig::load_otel(Path::new(&p), &env_str)?,
+            None => (FileConfig::default(), Vec::new()),
+        },
     };
+    // What the OpenTelemetry configuration file sets for what reads the environment (the
+    // sampler, the metric reader), unless the environment sets it: still one thread here.
+    for (name, value) in set {
+        if env(name).is_none() {
+            std::env::set_var(name, value);
+        }
+    }
     let m = layered(env, &file)?.try_get_matches_from(argv)?;
     cli_with_file(&m, file)
 }
@@ -286,6 +321,8 @@ fn cli_with_file(m: &ArgMatches, file: FileConfig) -> Result<(Cli, FileConfig)> 
     }
     Ok((cli, file))
 }
+
+mod otel_file;
 
 #[cfg(test)]
 mod tests;

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod probes;
 pub mod report;
 pub mod requests;
+pub mod semconv;
 pub mod stacks;
 pub mod symbols;
 pub mod tasks;

@@ -47,15 +47,29 @@ fn call_markers(out: &Output, n: usize) -> Vec<serde_json::Value> {
 /// attributed as `test.Echo/{method}` with the call's grpc-status.
 fn grpc_server_span<'a>(spans: &'a [Span], call: &serde_json::Value, i: u64, method: &str, code: i64) -> &'a Span {
     let p: Vec<&str> = call["traceparent"].as_str().expect("traceparent").split('-').collect();
-    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1] && s.str("rpc.system").is_some()).collect();
+    let servers: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.trace_id == p[1] && s.str("rpc.system.name").is_some()).collect();
     let [srv] = servers[..] else { panic!("call {i}: one gRPC SERVER span in the caller's trace\n{}", dump(&servers)) };
     assert_eq!(srv.name, format!("test.Echo/{method}"), "{}", srv.brief());
     assert_eq!(srv.parent_span_id, p[2], "call {i}: under the caller's span");
-    assert_eq!(srv.str("rpc.system"), Some("grpc"), "{}", srv.brief());
-    assert_eq!(srv.str("rpc.service"), Some("test.Echo"), "{}", srv.brief());
-    assert_eq!(srv.str("rpc.method"), Some(method), "{}", srv.brief());
-    assert_eq!(srv.int("rpc.grpc.status_code"), Some(code), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.system.name"), Some("grpc"), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.method"), Some(format!("test.Echo/{method}").as_str()), "{}", srv.brief());
+    assert_eq!(srv.str("rpc.response.status_code"), Some(grpc_code_name(code)), "{}", srv.brief());
+    for old in ["rpc.system", "rpc.service", "rpc.grpc.status_code"] {
+        assert!(srv.str(old).is_none() && srv.int(old).is_none(), "no {old}: {}", srv.brief());
+    }
     srv
+}
+
+/// The gRPC status code's name, as `rpc.response.status_code` carries it.
+fn grpc_code_name(code: i64) -> &'static str {
+    match code {
+        0 => "OK",
+        5 => "NOT_FOUND",
+        12 => "UNIMPLEMENTED",
+        13 => "INTERNAL",
+        14 => "UNAVAILABLE",
+        _ => panic!("no name for gRPC status {code} in this test"),
+    }
 }
 
 /// What the fixture says about one request it sent: (traceparent, status).
@@ -117,7 +131,8 @@ fn check_streams(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str, what
     for (i, (tp, status)) in &sent {
         let srv = by_i[i];
         let kind = if *status == 503 { "fail" } else { "item" };
-        assert_eq!(srv.name, "GET", "{}", srv.brief());
+        assert_eq!(srv.name, format!("GET /{kind}/{{id}}"), "{}", srv.brief());
+        assert_eq!(srv.str("url.template"), Some(format!("/{kind}/{{id}}").as_str()), "{}", srv.brief());
         assert_eq!(srv.str("http.request.method"), Some("GET"));
         assert_eq!(srv.str("url.path"), Some(format!("/{kind}/{i}").as_str()), "{}", srv.brief());
         assert_eq!(srv.str("url.query"), Some(format!("token=REDACTED&n={i}").as_str()), "{}", srv.brief());
@@ -336,7 +351,7 @@ fn h2c_on_every_official_build_and_the_stripped_node() {
 /// gRPC over node:http2 as @grpc/grpc-js answers on the wire
 /// (tests/fixtures/grpc_server.js, 20 concurrent calls on one session):
 /// each call a SERVER span named `{package.Service}/{Method}` with
-/// `rpc.system`, `rpc.service`, `rpc.method` and `rpc.grpc.status_code`
+/// `rpc.system.name`, `rpc.method` (`test.Echo/Say`) and `rpc.response.status_code`
 /// (from trailers, or from the headers of a trailers-only answer), INTERNAL
 /// and UNIMPLEMENTED as ERROR, in the caller's trace, with the stats of its
 /// 'data' and 'end' handlers under it (at least 95%).
@@ -573,7 +588,7 @@ fn grpc_js_with(topology: Topology, tag: &str, node: &str) {
     let spans = rx.spans();
     check_summary(&out, spans.len());
     let calls = call_markers(&out, CALLS);
-    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("rpc.system") == Some("grpc")).collect();
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.kind == 3 && s.str("rpc.system.name") == Some("grpc")).collect();
     assert_eq!(clients.len(), CALLS, "a CLIENT span per call\n{}", dump(&clients));
     for call in &calls {
         let (i, method, code) =
@@ -593,9 +608,8 @@ fn grpc_js_with(topology: Topology, tag: &str, node: &str) {
         assert_eq!(client.name, format!("test.Echo/{method}"), "{}", client.brief());
         assert_eq!(client.parent_span_id, caller.span_id, "call {i}: under its caller's SERVER span\n{}", client.brief());
         assert_eq!(client.span_id, written[2], "call {i}: the span id the app wrote\n{}", client.brief());
-        assert_eq!(client.str("rpc.service"), Some("test.Echo"), "{}", client.brief());
-        assert_eq!(client.str("rpc.method"), Some(method), "{}", client.brief());
-        assert_eq!(client.int("rpc.grpc.status_code"), Some(code), "{}\nall:\n{}", client.brief(), dump(&clients));
+        assert_eq!(client.str("rpc.method"), Some(format!("test.Echo/{method}").as_str()), "{}", client.brief());
+        assert_eq!(client.str("rpc.response.status_code"), Some(grpc_code_name(code)), "{}\nall:\n{}", client.brief(), dump(&clients));
         assert_eq!(client.int("http.response.status_code"), Some(200), "{}", client.brief());
         assert_eq!(client.str("network.protocol.version"), Some("2"), "{}", client.brief());
         assert_eq!(client.str("server.address"), Some("127.0.0.1"), "{}", client.brief());
@@ -633,6 +647,46 @@ fn grpc_js_calls_are_server_spans_with_their_work() {
 }
 
 /// The same on every official build (18, 20, 22, 24, 26), on the host.
+/// A real @grpc/grpc-js server and client's calls as the RPC conventions' metrics:
+/// `rpc.server.call.duration` and `rpc.client.call.duration` count every call once, by
+/// `rpc.method` and the status's name, and none of them is an HTTP/2 request in
+/// `http.server.request.duration` (the HTTP/1 requests that make them are).
+#[test]
+fn grpc_js_calls_are_rpc_call_durations() {
+    require_root();
+    const CALLS: usize = 12;
+    let modules = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/node_modules");
+    assert!(modules.join("@grpc/grpc-js").is_dir(), "@grpc/grpc-js is not installed: run `npm ci` in bench/");
+    let col = common::collector::Collector::start(common::collector::Listen::Plain);
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    let dir = TempDir::new("grpcjs-metrics");
+    let uv = ["--loop-threshold", "10m", "--status-interval", "0"];
+    let (script, d, n) = (fixture("grpc_js.js"), dir.str(), CALLS.to_string());
+    let mut c = Topology::Host.command(&uv, &["node", &script, &d, &n]);
+    c.env("NODE_PATH", &modules);
+    c.envs([
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", ep.as_str()),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+    ]);
+    let out = run(c);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let calls = call_markers(&out, CALLS);
+    let failing = calls.iter().filter(|c| c["method"].as_str() == Some("Fail")).count() as u64;
+    assert!(failing > 0 && failing < CALLS as u64, "the fixture makes failing and good calls");
+    let count = |metric: &str, want: &[(&str, &str)]| common::collector::histogram_count(&col, metric, want);
+    for metric in ["rpc.server.call.duration", "rpc.client.call.duration"] {
+        let grpc = [("rpc.system.name", "\"grpc\"")];
+        assert_eq!(count(metric, &grpc), CALLS as u64, "{metric}: every call once\n{}", out.context());
+        let unavailable = [("rpc.response.status_code", "\"UNAVAILABLE\""), ("error.type", "\"UNAVAILABLE\"")];
+        assert_eq!(count(metric, &unavailable), failing, "{metric}: the failing calls\n{}", out.context());
+        assert_eq!(count(metric, &[("rpc.response.status_code", "\"OK\"")]), CALLS as u64 - failing, "{metric}\n{}", out.context());
+        assert_eq!(count(metric, &[("rpc.method", "/Fail\"")]), failing, "{metric}: rpc.method is Service/Method\n{}", out.context());
+    }
+    assert_eq!(count("http.server.request.duration", &[("network.protocol.version", "\"2\"")]), 0, "gRPC calls are not HTTP metrics");
+    assert_eq!(count("http.server.request.duration", &[("network.protocol.version", "\"1.1\"")]), CALLS as u64, "{}", out.context());
+}
+
 #[test]
 fn grpc_js_calls_on_every_official_build() {
     require_root();
@@ -688,7 +742,7 @@ fn check_h2_calls(dir: &TempDir, out: &Output, spans: &[Span], n: usize, scheme:
                 .iter()
                 .find(|c| c.str("url.path") == Some(path.as_str()))
                 .unwrap_or_else(|| panic!("no CLIENT span of {path} ({what})\n{}", dump(&clients)));
-            assert_eq!(c.name, "GET", "{}", c.brief());
+            assert_eq!(c.name, format!("GET /b/{{id}}/{x}"), "{}", c.brief());
             assert_eq!(c.str("http.request.method"), Some("GET"), "{}", c.brief());
             assert_eq!(
                 (c.trace_id.as_str(), c.parent_span_id.as_str()),

@@ -89,7 +89,9 @@ fn check_requests_of(dir: &TempDir, out: &Output, spans: &[Span], scheme: &str, 
     assert_eq!(servers.len(), n, "one SERVER span per request\n{}", dump(&spans.iter().filter(|s| s.kind == 2).collect::<Vec<_>>()));
     for (i, s) in &sent {
         let srv = &servers[i];
-        assert_eq!(srv.name, "GET", "{}", srv.brief());
+        // Named by its url.template: the request's number is a placeholder.
+        assert_eq!(srv.name, "GET /r/{id}", "{}", srv.brief());
+        assert_eq!(srv.str("url.template"), Some("/r/{id}"), "{}", srv.brief());
         assert_eq!(srv.str("http.request.method"), Some("GET"));
         assert_eq!(srv.str("url.scheme"), Some(scheme));
         assert_eq!(srv.int("http.response.status_code"), Some(s.status), "{}", srv.brief());
@@ -313,7 +315,8 @@ fn outgoing_calls_of_a_request_are_its_client_spans() {
             .find(|c| c.str("url.path") == Some(format!("/up/{i}").as_str()))
             .unwrap_or_else(|| panic!("no CLIENT span for request {i}'s call\n{}", dump(&clients)));
         assert_eq!((c.trace_id.as_str(), c.parent_span_id.as_str()), (srv.trace_id.as_str(), srv.span_id.as_str()), "{}", c.brief());
-        assert_eq!(c.name, "GET");
+        assert_eq!(c.name, "GET /up/{id}", "{}", c.brief());
+        assert_eq!(c.str("url.template"), Some("/up/{id}"), "{}", c.brief());
         assert_eq!(c.str("server.address"), Some("127.0.0.1"), "{}", c.brief());
         assert_eq!(c.int("server.port"), Some(port), "{}", c.brief());
         assert_eq!(c.int("http.response.status_code"), Some(200), "{}", c.brief());

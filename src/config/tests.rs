@@ -397,3 +397,150 @@ fn shipped_example_parses() {
     assert!(shown.contains("\npids: [4242]\n"), "{shown}");
     FileConfig::parse(&shown).unwrap_or_else(|e| panic!("{e:#}\n{shown}"));
 }
+
+/// An OpenTelemetry configuration file in the schema's 1.0 shape: exporters per signal,
+/// batching, the sampler, the resource's service.name, the propagators, uvspan's own options
+/// under `extensions.uvspan`, and `${VAR:-default}` substitution.
+const OTEL_FILE: &str = r#"
+file_format: "1.0"
+disabled: false
+log_level: info
+resource:
+  attributes:
+    - name: service.name
+      value: checkout
+  detection/development:
+    detectors:
+      - process:
+attribute_limits:
+  attribute_count_limit: 128
+propagator:
+  composite:
+    - tracecontext:
+    - baggage:
+tracer_provider:
+  processors:
+    - batch:
+        schedule_delay: 500
+        export_timeout: 30000
+        max_queue_size: 4096
+        max_export_batch_size: 256
+        exporter:
+          otlp_grpc:
+            endpoint: ${COLLECTOR:-http://localhost:4317}
+            tls:
+              certificate_file: /etc/otel/ca.pem
+            compression: gzip
+            timeout: 2500
+            headers:
+              - name: api-key
+                value: s3cret
+            headers_list: "api-key=ignored,tenant=blue"
+  limits:
+    attribute_count_limit: 128
+  sampler:
+    parent_based:
+      root:
+        trace_id_ratio_based:
+          ratio: 0.25
+      remote_parent_sampled:
+        always_on:
+      remote_parent_not_sampled:
+        always_off:
+meter_provider:
+  readers:
+    - periodic:
+        interval: 15000
+        exporter:
+          otlp_http:
+            endpoint: http://metrics:4318/v1/metrics
+            temporality_preference: delta
+logger_provider:
+  processors:
+    - batch:
+        exporter:
+          otlp_http:
+            endpoint: http://localhost:4318/v1/logs
+extensions:
+  obi:
+    discovery: {}
+  uvspan:
+    loop_threshold: 25ms
+    requests: always
+"#;
+
+fn otel(text: &str, env: &[(&str, &str)]) -> Result<(FileConfig, Vec<(&'static str, String)>)> {
+    FileConfig::from_otel(text, &|n| env.iter().find(|(k, _)| *k == n).map(|(_, v)| v.to_string()))
+}
+
+#[test]
+fn an_opentelemetry_configuration_file_sets_export_sampler_resource_and_options() {
+    let (file, set) = otel(OTEL_FILE, &[("COLLECTOR", "https://gateway:4317")]).unwrap();
+    let o = file.otlp.as_ref().expect("otlp");
+    let traces = o.traces.as_ref().expect("traces");
+    assert_eq!(traces.endpoint.as_deref(), Some("https://gateway:4317"), "substituted");
+    assert_eq!(traces.protocol.as_deref(), Some("grpc"));
+    assert_eq!(traces.compression.as_deref(), Some("gzip"));
+    assert_eq!(traces.timeout.as_deref(), Some("2500ms"));
+    assert_eq!(traces.certificate.as_deref(), Some("/etc/otel/ca.pem"));
+    let headers = traces.headers.as_ref().unwrap();
+    assert_eq!((headers["api-key"].as_str(), headers["tenant"].as_str()), ("s3cret", "blue"), "headers win over headers_list");
+    let metrics = o.metrics.as_ref().expect("metrics");
+    assert_eq!(metrics.endpoint.as_deref(), Some("http://metrics:4318/v1/metrics"));
+    assert_eq!(metrics.protocol.as_deref(), Some("http/protobuf"));
+    let b = file.batch().unwrap();
+    assert_eq!((b.max_queue_spans, b.max_batch, b.schedule_delay), (4096, 256, Duration::from_millis(500)));
+    for want in [
+        ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+        ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "15000"),
+        ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta"),
+    ] {
+        assert!(set.iter().any(|(k, v)| (*k, v.as_str()) == want), "{want:?} in {set:?}");
+    }
+    // uvspan's own options, and the resource's service.name, as if from its YAML file.
+    let m = layered(&|_| None, &file).unwrap().try_get_matches_from(["uvspan", "--pid", "1"]).unwrap();
+    let (cli, _) = cli_with_file(&m, file).unwrap();
+    assert_eq!(cli.loop_threshold, Duration::from_millis(25));
+    assert_eq!(cli.requests, RequestsMode::Always);
+    assert_eq!(cli.service_name.as_deref(), Some("checkout"));
+}
+
+#[test]
+fn the_schemas_getting_started_shape_works() {
+    // The schema's smallest example: a batch OTLP/HTTP exporter per signal from the environment.
+    let text = "file_format: '1.0'\npropagator:\n  composite_list: tracecontext,baggage\ntracer_provider:\n  processors:\n    - batch:\n        exporter:\n          otlp_http:\n            endpoint: ${OTEL_EXPORTER_OTLP_ENDPOINT:-http://localhost:4318}/v1/traces\n  sampler:\n    parent_based:\n      root:\n        always_on:\n";
+    let (file, set) = otel(text, &[]).unwrap();
+    assert_eq!(file.otlp.unwrap().traces.unwrap().endpoint.as_deref(), Some("http://localhost:4318/v1/traces"));
+    assert_eq!(set, vec![("OTEL_TRACES_SAMPLER", "parentbased_always_on".to_string())]);
+    assert!(otel_file::is_otel(text) && !otel_file::is_otel("loop_threshold: 5ms\n"));
+}
+
+#[test]
+fn what_uvspan_cannot_honour_is_one_line() {
+    let err = |text: &str| {
+        let e = format!("{:#}", otel(text, &[]).unwrap_err());
+        assert_eq!(e.lines().count(), 1, "one line: {e}");
+        e
+    };
+    assert!(err("file_format: '1.0'\ntracer_providr: {}\n").contains("unknown key `tracer_providr`"));
+    assert!(err("file_format: '0.3'\n").contains("format 1.0"));
+    assert!(err("file_format: '1.0'\npropagator:\n  composite:\n    - b3:\n").contains("propagator b3"));
+    assert!(err("file_format: '1.0'\nresource:\n  attributes:\n    - name: team\n      value: x\n").contains("resource attribute team"));
+    let two = "file_format: '1.0'\ntracer_provider:\n  processors:\n    - batch: {exporter: {console: {}}}\n    - batch: {exporter: {console: {}}}\n";
+    assert!(err(two).contains("one place"));
+    assert!(err("file_format: '1.0'\ntracer_provider:\n  processors:\n    - batch:\n        exporter:\n          otlp_grpc:\n            endpont: x\n").contains("unknown key `endpont`"));
+    assert!(err("file_format: '1.0'\nextensions:\n  uvspan:\n    loop_treshold: 5ms\n").contains("unknown key `loop_treshold`"));
+    assert!(err(
+        "file_format: '1.0'\ntracer_provider:\n  sampler:\n    parent_based:\n      remote_parent_not_sampled:\n        always_on:\n"
+    )
+    .contains("not supported"));
+    assert!(err("file_format: '1.0'\nx: ${unclosed\n").contains("unclosed"));
+}
+
+#[test]
+fn substitution() {
+    let env = |n: &str| (n == "A").then(|| "1".to_string());
+    assert_eq!(otel_file::substitute("a=${A} b=${B:-2} c=${env:A} d=$$ e=${B}.", &env).unwrap(), "a=1 b=2 c=1 d=$ e=.");
+    assert!(otel_file::substitute("${a b}", &env).is_err());
+}

@@ -18,12 +18,17 @@ use crate::events::decode::{DnsRecord, FsRecord, GcRecord};
 pub use crate::events::loop_time::{BusySplit, Iterations, LoopTime, ITER_BUCKETS};
 use crate::kernel::tracer::{FollowedRequest, HTTP_METHODS};
 use crate::requests::{Finished, FinishedCall};
+use crate::semconv;
 
 /// The metrics uvspan makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Metric {
     HttpServer,
     HttpClient,
+    /// gRPC calls served (instead of `HttpServer`).
+    RpcServer,
+    /// gRPC calls made (instead of `HttpClient`).
+    RpcClient,
     Dns,
     Fs,
     /// Threadpool work's wait in libuv's queue (fs and DNS).
@@ -48,13 +53,15 @@ const ITER_BOUNDS: [f64; 16] =
 impl Metric {
     pub fn name(self) -> &'static str {
         match self {
-            Metric::HttpServer => "http.server.request.duration",
-            Metric::HttpClient => "http.client.request.duration",
-            Metric::Dns => "dns.lookup.duration",
+            Metric::HttpServer => semconv::HTTP_SERVER_REQUEST_DURATION,
+            Metric::HttpClient => semconv::HTTP_CLIENT_REQUEST_DURATION,
+            Metric::RpcServer => semconv::RPC_SERVER_CALL_DURATION,
+            Metric::RpcClient => semconv::RPC_CLIENT_CALL_DURATION,
+            Metric::Dns => semconv::DNS_LOOKUP_DURATION,
             Metric::Fs => "uvspan.fs.duration",
             Metric::QueueWait => "uvspan.threadpool.queue.duration",
             Metric::LoopIteration => "uvspan.eventloop.iteration.duration",
-            Metric::Gc => "v8js.gc.duration",
+            Metric::Gc => semconv::V8JS_GC_DURATION,
         }
     }
 
@@ -62,6 +69,8 @@ impl Metric {
         match self {
             Metric::HttpServer => "Duration of HTTP server requests",
             Metric::HttpClient => "Duration of HTTP client requests",
+            Metric::RpcServer => "Duration of RPC calls served (gRPC)",
+            Metric::RpcClient => "Duration of RPC calls made (gRPC)",
             Metric::Dns => "Duration of DNS lookups (getaddrinfo)",
             Metric::Fs => "Duration of fs operations (libuv uv_fs_*), async from submit to callback, sync as the call",
             Metric::QueueWait => "Time threadpool work (fs, DNS) waited in libuv's queue for a free threadpool thread",
@@ -272,6 +281,24 @@ fn server_attrs(m: &str, tls: bool, version: &'static str, status: Option<u16>) 
     attrs
 }
 
+/// A gRPC call's attributes: `rpc.system.name`, `rpc.method`, `rpc.response.status_code` (the
+/// status's name) and `error.type` where `error` says the code is one.
+fn rpc_attrs(method: &str, code: Option<u8>, error: fn(u8) -> bool) -> Vec<(&'static str, Val)> {
+    let mut attrs = vec![
+        (semconv::RPC_SYSTEM_NAME, Val::Str(Cow::Borrowed(semconv::RPC_SYSTEM_NAME_GRPC))),
+        (semconv::RPC_METHOD, Val::Str(method.to_string().into())),
+    ];
+    if let Some(code) = code {
+        let name = semconv::grpc_status_name(u32::from(code));
+        if error(code) {
+            attrs.push((semconv::ERROR_TYPE, Val::Str(name.clone())));
+        }
+        attrs.push((semconv::RPC_RESPONSE_STATUS_CODE, Val::Str(name)));
+    }
+    attrs.sort();
+    attrs
+}
+
 /// The kernel's `enum http_method`.
 fn followed_method(m: u8) -> &'static str {
     HTTP_METHODS.get(usize::from(m)).copied().unwrap_or("_OTHER")
@@ -402,7 +429,19 @@ impl Metrics {
     /// A finished HTTP request (its SERVER span's attributes that are
     /// bounded), and the calls it made.
     pub fn request(&mut self, f: &Finished) {
-        self.add(f.pid, Metric::HttpServer, server_attrs(&f.method, f.tls, f.version, f.status), secs(f.start_ns, f.end_ns));
+        if let Some((method, code)) = &f.rpc {
+            self.add(f.pid, Metric::RpcServer, rpc_attrs(method, *code, semconv::grpc_server_error), secs(f.start_ns, f.end_ns));
+            for c in &f.calls {
+                self.call(f.pid, c);
+            }
+            return;
+        }
+        let mut attrs = server_attrs(&f.method, f.tls, f.version, f.status);
+        if let Some(t) = &f.template {
+            attrs.push(("url.template", Val::Str(t.clone().into())));
+            attrs.sort();
+        }
+        self.add(f.pid, Metric::HttpServer, attrs, secs(f.start_ns, f.end_ns));
         for c in &f.calls {
             self.call(f.pid, c);
         }
@@ -417,6 +456,11 @@ impl Metrics {
 
     /// An outgoing HTTP call (a request's or a task's), over.
     pub fn call(&mut self, pid: u32, c: &FinishedCall) {
+        if let Some((method, code)) = &c.rpc {
+            // A client's view: every code but OK is an error.
+            self.add(pid, Metric::RpcClient, rpc_attrs(method, *code, |c| c != 0), secs(c.start_ns, c.end_ns));
+            return;
+        }
         let mut attrs = vec![
             ("http.request.method", Val::Str(Cow::Borrowed(method(&c.method)))),
             ("url.scheme", Val::Str(Cow::Borrowed(if c.tls { "https" } else { "http" }))),
@@ -424,6 +468,9 @@ impl Metrics {
         if let Some((host, port)) = &c.server {
             attrs.push(("server.address", Val::Str(host.clone().into())));
             attrs.push(("server.port", Val::Int(i64::from(*port))));
+        }
+        if let Some(t) = &c.template {
+            attrs.push(("url.template", Val::Str(t.clone().into())));
         }
         if let Some(code) = c.status {
             attrs.push(("http.response.status_code", Val::Int(i64::from(code))));

@@ -58,6 +58,8 @@ fn series_per_process_with_bounded_attributes() {
         status: Some(503),
         tls: true,
         version: "1.1",
+        template: Some("/items/{id}".into()),
+        rpc: None,
         start_ns: 0,
         end_ns: 2_000_000,
         calls: vec![FinishedCall {
@@ -65,12 +67,15 @@ fn series_per_process_with_bounded_attributes() {
             status: Some(200),
             tls: false,
             server: Some(("api".into(), 8080)),
+            template: Some("/stock/{id}".into()),
+            rpc: None,
             start_ns: 10,
             end_ns: 1_000_010,
         }],
     };
     m.request(&f);
     m.request(&Finished { status: Some(200), method: "GET".into(), ..f.clone() });
+    m.request(&Finished { status: Some(200), method: "GET".into(), template: Some("/health".into()), calls: vec![], ..f.clone() });
     // A process whose resource is not known is not kept.
     m.fs(&fs(8, 1, 0, false));
     let got = m.collect(false);
@@ -83,11 +88,20 @@ fn series_per_process_with_bounded_attributes() {
         series.iter().find(|((m, a), _)| *m == Metric::Fs && a.contains(&("error.type", Val::Str("ENOENT".into())))).expect("ENOENT");
     assert!(fs_err.0 .1.contains(&("uvspan.fs.sync", Val::Bool(true))));
     let servers: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::HttpServer).collect();
-    assert_eq!(servers.len(), 2, "503 and 200 are two series");
+    assert_eq!(servers.len(), 3, "503 and 200 are two series, and each url.template its own");
     assert!(servers.iter().any(|((_, a), _)| a.contains(&("http.request.method", Val::Str("_OTHER".into())))
         && a.contains(&("error.type", Val::Str("503".into())))));
-    let clients = series.iter().filter(|((m, _), _)| *m == Metric::HttpClient).map(|(_, h)| h.count).sum::<u64>();
-    assert_eq!(clients, 2);
+    let by_template = |t: &str| {
+        servers
+            .iter()
+            .filter(|((_, a), _)| a.contains(&("url.template", Val::Str(t.to_string().into()))))
+            .map(|(_, h)| h.count)
+            .sum::<u64>()
+    };
+    assert_eq!((by_template("/items/{id}"), by_template("/health")), (2, 1));
+    let clients: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::HttpClient).collect();
+    assert_eq!(clients.iter().map(|(_, h)| h.count).sum::<u64>(), 2);
+    assert!(clients.iter().all(|((_, a), _)| a.contains(&("url.template", Val::Str("/stock/{id}".into())))));
     // Cumulative: the same again; delta: reset.
     assert_eq!(m.collect(false)[0].series, *series);
     assert_eq!(m.collect(true)[0].series, *series);
@@ -264,7 +278,18 @@ fn the_threadpool_queue_wait_counts_async_work_whose_start_was_seen() {
 
 /// A request process 7's request tracker saw, from 0 to `end_ns`, with no call.
 fn server_request(method: &str, status: u16, tls: bool, version: &'static str, end_ns: u64) -> Finished {
-    Finished { pid: 7, method: method.into(), status: Some(status), tls, version, start_ns: 0, end_ns, calls: vec![] }
+    Finished {
+        pid: 7,
+        method: method.into(),
+        status: Some(status),
+        tls,
+        version,
+        template: None,
+        rpc: None,
+        start_ns: 0,
+        end_ns,
+        calls: vec![],
+    }
 }
 
 /// A request the kernel followed (counted in its histogram, or ended by
@@ -320,4 +345,55 @@ fn followed_http2_streams_join_the_trackers_series() {
     assert!(attrs.contains(&("network.protocol.version", Val::Str("2".into()))), "{attrs:?}");
     assert!(attrs.contains(&("http.request.method", Val::Str("_OTHER".into()))), "{attrs:?}");
     assert!(attrs.contains(&("url.scheme", Val::Str("http".into()))), "{attrs:?}");
+}
+
+/// gRPC calls are RPC metrics in seconds, named by the current conventions, not HTTP ones.
+#[test]
+fn grpc_calls_are_rpc_call_durations() {
+    let mut m = Metrics::default();
+    m.resource(7, &resource(7));
+    let call = |code: Option<u8>| FinishedCall {
+        method: "POST".into(),
+        status: Some(200),
+        tls: false,
+        server: None,
+        template: None,
+        rpc: Some(("test.Echo/Say".into(), code)),
+        start_ns: 0,
+        end_ns: 3_000_000,
+    };
+    let served = |code: u8| Finished {
+        pid: 7,
+        method: "POST".into(),
+        status: Some(200),
+        tls: false,
+        version: "2",
+        template: None,
+        rpc: Some(("helloworld.Greeter/SayHello".into(), Some(code))),
+        start_ns: 0,
+        end_ns: 250_000_000,
+        calls: vec![],
+    };
+    m.request(&served(0));
+    m.request(&served(13));
+    m.request(&Finished { calls: vec![call(Some(5)), call(None)], ..served(0) });
+    let got = m.collect(false);
+    let series = &got[0].series;
+    assert!(series.iter().all(|((m, _), _)| !matches!(m, Metric::HttpServer | Metric::HttpClient)), "{series:?}");
+    assert_eq!(Metric::RpcServer.name(), "rpc.server.call.duration");
+    assert_eq!(Metric::RpcClient.name(), "rpc.client.call.duration");
+    let servers: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::RpcServer).collect();
+    let of = |code: &str| {
+        servers.iter().find(|((_, a), _)| a.contains(&("rpc.response.status_code", Val::Str(code.to_string().into())))).unwrap()
+    };
+    assert_eq!(of("OK").1.count, 2);
+    assert!((of("OK").1.sum - 0.5).abs() < 1e-9, "seconds");
+    assert!(of("OK").0 .1.contains(&("rpc.method", Val::Str("helloworld.Greeter/SayHello".into()))));
+    assert!(of("OK").0 .1.contains(&("rpc.system.name", Val::Str("grpc".into()))));
+    assert!(of("INTERNAL").0 .1.contains(&("error.type", Val::Str("INTERNAL".into()))));
+    let clients: Vec<_> = series.iter().filter(|((m, _), _)| *m == Metric::RpcClient).collect();
+    assert_eq!(clients.iter().map(|(_, h)| h.count).sum::<u64>(), 2);
+    // A client's view: NOT_FOUND is an error; a call without a status has none.
+    assert!(clients.iter().any(|((_, a), _)| a.contains(&("error.type", Val::Str("NOT_FOUND".into())))));
+    assert!(clients.iter().any(|((_, a), _)| !a.iter().any(|(k, _)| *k == "rpc.response.status_code")));
 }

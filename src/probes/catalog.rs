@@ -675,7 +675,7 @@ pub const OTHER: &[Probe] = &[
     Probe {
         symbol: "nghttp2_submit_trailer",
         kind: probe_kind::PROBE_H2_RESPONSE,
-        if_missing: "gRPC calls have no rpc.grpc.status_code when it is sent in trailers",
+        if_missing: "gRPC calls have no rpc.response.status_code when it is sent in trailers",
         detail: RQ,
         requires: Some(H2_HEADER),
         ..Probe::ROW

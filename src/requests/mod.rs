@@ -13,6 +13,7 @@
 pub mod head;
 mod held;
 mod spans;
+pub mod template;
 mod tracker;
 
 #[cfg(test)]

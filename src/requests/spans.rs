@@ -7,8 +7,10 @@ use std::borrow::Cow;
 use opentelemetry::trace::{SpanId, SpanKind, Status};
 
 use super::head::{host_port, parse_traceparent, redact_query, Head};
+use super::template::url_template;
 use super::tracker::{Call, Request};
 use crate::events::spans::{build_into, span_under, Family, KeyValue, Parent, Span, SpanContextSource};
+use crate::semconv;
 
 /// A finished request's spans, built into `spans`: its SERVER span (when
 /// uvspan makes it), its held work under `parent`, a CLIENT span per
@@ -51,43 +53,46 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     // Sized for all it may get (one allocation).
     let mut attrs = Vec::with_capacity(14);
     attrs.extend([
-        KeyValue::new("http.request.method", h.method.clone()),
-        KeyValue::new("url.path", h.path.clone()),
-        KeyValue::new("url.scheme", if req.tls { "https" } else { "http" }),
-        KeyValue::new("thread.id", i64::from(req.tid)),
+        KeyValue::new(semconv::HTTP_REQUEST_METHOD, h.method.clone()),
+        KeyValue::new(semconv::URL_PATH, h.path.clone()),
+        KeyValue::new(semconv::URL_SCHEME, if req.tls { "https" } else { "http" }),
+        KeyValue::new(semconv::THREAD_ID, i64::from(req.tid)),
     ]);
     // Not known where the request line was longer than the capture.
     if !h.version.is_empty() {
-        attrs.push(KeyValue::new("network.protocol.version", h.version));
+        attrs.push(KeyValue::new(semconv::NETWORK_PROTOCOL_VERSION, h.version));
     }
     if let Some(q) = &h.query {
-        attrs.push(KeyValue::new("url.query", redact_query(q)));
+        attrs.push(KeyValue::new(semconv::URL_QUERY, redact_query(q)));
     }
     if let Some(p) = req.peer {
-        attrs.push(KeyValue::new("client.address", p.ip().to_string()));
-        attrs.push(KeyValue::new("client.port", i64::from(p.port())));
+        attrs.push(KeyValue::new(semconv::CLIENT_ADDRESS, p.ip().to_string()));
+        attrs.push(KeyValue::new(semconv::CLIENT_PORT, i64::from(p.port())));
     }
     if let Some(p) = req.local_port {
-        attrs.push(KeyValue::new("server.port", i64::from(p)));
+        attrs.push(KeyValue::new(semconv::SERVER_PORT, i64::from(p)));
     }
     // HTTP/2: its :authority (HTTP/1's Host is the client's say, not kept).
     if let Some(host) = h.header("host").filter(|_| h.version == "2") {
-        attrs.push(KeyValue::new("server.address", host_port(host, 0).0.to_string()));
+        attrs.push(KeyValue::new(semconv::SERVER_ADDRESS, host_port(host, 0).0.to_string()));
     }
     if let Some(ua) = h.header("user-agent") {
-        attrs.push(KeyValue::new("user_agent.original", ua.to_string()));
+        attrs.push(KeyValue::new(semconv::USER_AGENT_ORIGINAL, ua.to_string()));
     }
     let end = req.last_ns;
     if let Some((service, method)) = h.grpc() {
         return grpc_span(req, src, &parent, attrs, service, method);
     }
-    let mut s = span(src, &parent, req.span_id, h.method.clone(), SpanKind::Server, (req.start_ns, end), attrs);
+    let template = url_template(&h.path);
+    let name = Cow::Owned(format!("{} {template}", h.method));
+    attrs.push(KeyValue::new(semconv::URL_TEMPLATE, template.into_owned()));
+    let mut s = span(src, &parent, req.span_id, name, SpanKind::Server, (req.start_ns, end), attrs);
     match req.status {
         Some(code) => {
-            s.attributes.push(KeyValue::new("http.response.status_code", i64::from(code)));
+            s.attributes.push(KeyValue::new(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(code)));
             if code >= 500 {
                 s.status = Status::error(format!("HTTP {code}"));
-                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+                s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, code.to_string()));
             }
         }
         None => unanswered(&mut s, req),
@@ -97,41 +102,36 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
 
 /// A SERVER span whose response was not seen: says so, and how it ended.
 fn unanswered(s: &mut Span, req: &Request) {
-    s.attributes.push(KeyValue::new("uvspan.http.response_seen", false));
+    s.attributes.push(KeyValue::new(semconv::UVSPAN_HTTP_RESPONSE_SEEN, false));
     if let Some(how) = req.unanswered {
-        s.attributes.push(KeyValue::new("uvspan.http.ended_by", how.as_str()));
+        s.attributes.push(KeyValue::new(semconv::UVSPAN_HTTP_ENDED_BY, how.as_str()));
     }
 }
-
-/// gRPC status codes a server's span is ERROR for (semantic conventions:
-/// UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE,
-/// DATA_LOSS; the others are the client's doing).
-const GRPC_SERVER_ERRORS: [u8; 6] = [2, 4, 12, 13, 14, 15];
 
 /// A gRPC call's SERVER span: `{package.Service}/{Method}`, with the
 /// `rpc.*` attributes beside the HTTP ones.
 fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut attrs: Vec<KeyValue>, service: &str, method: &str) -> Span {
     attrs.extend([
-        KeyValue::new("rpc.system", "grpc"),
-        KeyValue::new("rpc.service", service.to_string()),
-        KeyValue::new("rpc.method", method.to_string()),
+        KeyValue::new(semconv::RPC_SYSTEM_NAME, semconv::RPC_SYSTEM_NAME_GRPC),
+        KeyValue::new(semconv::RPC_METHOD, format!("{service}/{method}")),
     ]);
     if let Some(code) = req.status {
-        attrs.push(KeyValue::new("http.response.status_code", i64::from(code)));
+        attrs.push(KeyValue::new(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(code)));
     }
     let name = Cow::Owned(format!("{service}/{method}"));
     let mut s = span(src, parent, req.span_id, name, SpanKind::Server, (req.start_ns, req.last_ns), attrs);
     match (req.grpc_status, req.status) {
         (Some(code), _) => {
-            s.attributes.push(KeyValue::new("rpc.grpc.status_code", i64::from(code)));
-            if GRPC_SERVER_ERRORS.contains(&code) {
-                s.status = Status::error(format!("gRPC status {code}"));
-                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+            let name = semconv::grpc_status_name(u32::from(code));
+            s.attributes.push(KeyValue::new(semconv::RPC_RESPONSE_STATUS_CODE, name.to_string()));
+            if semconv::grpc_server_error(code) {
+                s.status = Status::error(format!("gRPC status {code} ({name})"));
+                s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, name.into_owned()));
             }
         }
         (None, Some(code)) if code >= 500 => {
             s.status = Status::error(format!("HTTP {code}"));
-            s.attributes.push(KeyValue::new("error.type", code.to_string()));
+            s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, code.to_string()));
         }
         (None, Some(_)) => {}
         (None, None) => unanswered(&mut s, req),
@@ -182,54 +182,57 @@ pub(crate) fn call_span(c: &CallSpan<'_>, span_id: SpanId, parent: &Parent, src:
     let h = c.head;
     let mut attrs = Vec::with_capacity(12);
     attrs.extend([
-        KeyValue::new("http.request.method", h.method.clone()),
-        KeyValue::new("url.path", h.path.clone()),
-        KeyValue::new("url.scheme", if c.tls { "https" } else { "http" }),
+        KeyValue::new(semconv::HTTP_REQUEST_METHOD, h.method.clone()),
+        KeyValue::new(semconv::URL_PATH, h.path.clone()),
+        KeyValue::new(semconv::URL_SCHEME, if c.tls { "https" } else { "http" }),
     ]);
     if c.h2 {
-        attrs.push(KeyValue::new("network.protocol.version", "2"));
+        attrs.push(KeyValue::new(semconv::NETWORK_PROTOCOL_VERSION, "2"));
     }
     if let Some(host) = h.header("host") {
         let (name, port) = host_port(host, if c.tls { 443 } else { 80 });
-        attrs.push(KeyValue::new("server.address", name.to_string()));
-        attrs.push(KeyValue::new("server.port", i64::from(port)));
+        attrs.push(KeyValue::new(semconv::SERVER_ADDRESS, name.to_string()));
+        attrs.push(KeyValue::new(semconv::SERVER_PORT, i64::from(port)));
     }
     if let Some(tp) = h.header("traceparent") {
-        attrs.push(KeyValue::new("uvspan.http.traceparent_written", tp.to_string()));
+        attrs.push(KeyValue::new(semconv::UVSPAN_HTTP_TRACEPARENT_WRITTEN, tp.to_string()));
     }
     if let Some(code) = c.status {
-        attrs.push(KeyValue::new("http.response.status_code", i64::from(code)));
+        attrs.push(KeyValue::new(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(code)));
     }
     let http_error = c.status.filter(|c| *c >= 400);
     if let Some((service, method)) = h.grpc() {
         attrs.extend([
-            KeyValue::new("rpc.system", "grpc"),
-            KeyValue::new("rpc.service", service.to_string()),
-            KeyValue::new("rpc.method", method.to_string()),
+            KeyValue::new(semconv::RPC_SYSTEM_NAME, semconv::RPC_SYSTEM_NAME_GRPC),
+            KeyValue::new(semconv::RPC_METHOD, format!("{service}/{method}")),
         ]);
         let name = Cow::Owned(format!("{service}/{method}"));
         let mut s = span(src, parent, span_id, name, SpanKind::Client, c.times, attrs);
         // A client's view: every code but OK is an error.
         match (c.grpc_status, http_error) {
             (Some(code), _) => {
-                s.attributes.push(KeyValue::new("rpc.grpc.status_code", i64::from(code)));
+                let name = semconv::grpc_status_name(u32::from(code));
+                s.attributes.push(KeyValue::new(semconv::RPC_RESPONSE_STATUS_CODE, name.to_string()));
                 if code != 0 {
-                    s.status = Status::error(format!("gRPC status {code}"));
-                    s.attributes.push(KeyValue::new("error.type", code.to_string()));
+                    s.status = Status::error(format!("gRPC status {code} ({name})"));
+                    s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, name.into_owned()));
                 }
             }
             (None, Some(code)) => {
                 s.status = Status::error(format!("HTTP {code}"));
-                s.attributes.push(KeyValue::new("error.type", code.to_string()));
+                s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, code.to_string()));
             }
             (None, None) => {}
         }
         return s;
     }
-    let mut s = span(src, parent, span_id, h.method.clone(), SpanKind::Client, c.times, attrs);
+    let template = url_template(&h.path);
+    let name = Cow::Owned(format!("{} {template}", h.method));
+    attrs.push(KeyValue::new(semconv::URL_TEMPLATE, template.into_owned()));
+    let mut s = span(src, parent, span_id, name, SpanKind::Client, c.times, attrs);
     if let Some(code) = http_error {
         s.status = Status::error(format!("HTTP {code}"));
-        s.attributes.push(KeyValue::new("error.type", code.to_string()));
+        s.attributes.push(KeyValue::new(semconv::ERROR_TYPE, code.to_string()));
     }
     s
 }
@@ -261,7 +264,8 @@ mod tests {
         let (server, stat) = (&spans[0], &spans[1]);
         let trace = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
         assert_eq!(server.span_kind, SpanKind::Server);
-        assert_eq!(server.name, "GET");
+        assert_eq!(server.name, "GET /x");
+        assert_eq!(attr(server, "url.template"), Some(&Value::from("/x")));
         assert_eq!(server.span_context.trace_id(), trace);
         assert_eq!(server.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
         assert!(server.parent_span_is_remote);
@@ -291,12 +295,15 @@ mod tests {
             }
         });
         assert_eq!(spans.len(), 3);
-        for (s, code, error) in [(&spans[0], 0, false), (&spans[1], 13, true), (&spans[2], 5, false)] {
+        for (s, code, error) in [(&spans[0], "OK", false), (&spans[1], "INTERNAL", true), (&spans[2], "NOT_FOUND", false)] {
             assert_eq!(s.name, "helloworld.Greeter/SayHello");
-            assert_eq!(attr(s, "rpc.system"), Some(&Value::from("grpc")));
-            assert_eq!(attr(s, "rpc.service"), Some(&Value::from("helloworld.Greeter")));
-            assert_eq!(attr(s, "rpc.method"), Some(&Value::from("SayHello")));
-            assert_eq!(attr(s, "rpc.grpc.status_code"), Some(&Value::I64(code)));
+            assert_eq!(attr(s, "rpc.system.name"), Some(&Value::from("grpc")));
+            assert_eq!(attr(s, "rpc.method"), Some(&Value::from("helloworld.Greeter/SayHello")));
+            assert_eq!(attr(s, "rpc.response.status_code"), Some(&Value::from(code)));
+            for old in ["rpc.system", "rpc.service", "rpc.grpc.status_code"] {
+                assert_eq!(attr(s, old), None, "{old}");
+            }
+            assert_eq!(attr(s, "error.type"), error.then(|| Value::from(code)).as_ref());
             assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(200)));
             assert_eq!(matches!(s.status, Status::Error { .. }), error, "grpc-status {code}");
         }
@@ -354,7 +361,8 @@ mod tests {
         assert_eq!(spans.iter().filter(|s| s.span_kind == SpanKind::Client).count(), 3);
         for (path, code, start, end) in [("/a", 404, 1_101, 1_330), ("/b", 503, 1_103, 1_310)] {
             let s = call(path);
-            assert_eq!(s.name, "GET");
+            assert_eq!(s.name, format!("GET {path}"));
+            assert_eq!(attr(s, "url.template"), Some(&Value::from(path)));
             assert_eq!(attr(s, "http.response.status_code"), Some(&Value::I64(code)), "{path}: its own response");
             assert_eq!((s.start_ns, s.end_ns), (start, end), "{path}: to its response's end");
             assert_eq!(attr(s, "network.protocol.version"), Some(&Value::from("2")));
@@ -369,10 +377,11 @@ mod tests {
         let g = call("/test.Echo/Say");
         assert_eq!(g.name, "test.Echo/Say");
         assert_eq!(g.span_context.span_id(), SpanId::from_hex("00000000000000c5").unwrap());
-        assert_eq!(attr(g, "rpc.system"), Some(&Value::from("grpc")));
-        assert_eq!(attr(g, "rpc.service"), Some(&Value::from("test.Echo")));
-        assert_eq!(attr(g, "rpc.method"), Some(&Value::from("Say")));
-        assert_eq!(attr(g, "rpc.grpc.status_code"), Some(&Value::I64(5)));
+        assert_eq!(attr(g, "rpc.system.name"), Some(&Value::from("grpc")));
+        assert_eq!(attr(g, "rpc.method"), Some(&Value::from("test.Echo/Say")));
+        assert_eq!(attr(g, "rpc.response.status_code"), Some(&Value::from("NOT_FOUND")));
+        assert_eq!(attr(g, "error.type"), Some(&Value::from("NOT_FOUND")));
+        assert_eq!(attr(g, "rpc.service"), None);
         assert!(matches!(g.status, Status::Error { .. }), "NOT_FOUND is a client's error");
     }
 

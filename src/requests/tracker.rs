@@ -246,7 +246,11 @@ impl Call {
 
     /// As the metrics see it (unanswered: ended with its caller).
     pub(crate) fn finished(&self, caller_end: u64) -> FinishedCall {
-        FinishedCall::of(&self.head, self.tls, self.status, (self.start_ns, self.end_or(caller_end)))
+        let mut f = FinishedCall::of(&self.head, self.tls, self.status, (self.start_ns, self.end_or(caller_end)));
+        if let Some(rpc) = f.rpc.as_mut() {
+            rpc.1 = self.grpc_status;
+        }
+        f
     }
 }
 
@@ -346,6 +350,10 @@ pub struct Finished {
     pub status: Option<u16>,
     pub tls: bool,
     pub version: &'static str,
+    /// `url.template` of its path; `None` for gRPC calls (named by their method).
+    pub template: Option<String>,
+    /// A gRPC call: `rpc.method` (`package.Service/Method`) and its grpc-status.
+    pub rpc: Option<(String, Option<u8>)>,
     pub start_ns: u64,
     pub end_ns: u64,
     pub calls: Vec<FinishedCall>,
@@ -359,6 +367,10 @@ pub struct FinishedCall {
     pub tls: bool,
     /// From its Host header.
     pub server: Option<(String, u16)>,
+    /// `url.template` of its path; `None` for gRPC calls.
+    pub template: Option<String>,
+    /// A gRPC call: `rpc.method` and its grpc-status.
+    pub rpc: Option<(String, Option<u8>)>,
     pub start_ns: u64,
     pub end_ns: u64,
 }
@@ -374,6 +386,8 @@ impl FinishedCall {
                 let (name, port) = super::head::host_port(h, if tls { 443 } else { 80 });
                 (name.to_string(), port)
             }),
+            template: super::template::of_head(head),
+            rpc: head.grpc().map(|(s, m)| (format!("{s}/{m}"), None)),
             start_ns,
             end_ns,
         }
@@ -389,6 +403,8 @@ impl Finished {
             status: req.status,
             tls: req.tls,
             version: req.head.version,
+            template: super::template::of_head(&req.head),
+            rpc: req.head.grpc().map(|(s, m)| (format!("{s}/{m}"), req.grpc_status)),
             start_ns: req.start_ns,
             end_ns: req.last_ns,
             calls,
@@ -1049,7 +1065,7 @@ mod tests {
         assert_eq!(a.span_context.trace_id(), TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap());
         assert_eq!(a.parent_span_id, SpanId::from_hex("b7ad6b7169203331").unwrap());
         assert_eq!(b.parent_span_id, SpanId::INVALID, "a malformed traceparent: a trace of its own");
-        assert_eq!((a.name.as_ref(), a.start_ns, a.end_ns), ("POST", 1_001, 1_700), "from its first header to its close");
+        assert_eq!((a.name.as_ref(), a.start_ns, a.end_ns), ("POST /a", 1_001, 1_700), "from its first header to its close");
         assert_eq!((b.start_ns, b.end_ns), (1_002, 1_500));
         assert_eq!(attr(a, "network.protocol.version"), Some(&Value::from("2")));
         assert_eq!(attr(a, "url.scheme"), Some(&Value::from("https")));

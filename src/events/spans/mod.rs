@@ -20,42 +20,20 @@ use crate::events::clock::Clock;
 use crate::events::decode::{OpRecord, Record};
 use crate::events::errno;
 
-/// Attribute keys not covered by OpenTelemetry semantic conventions.
+/// The attribute keys of [`crate::semconv`] under the short names the span modules and the
+/// report use.
 pub mod keys {
-    pub const THREAD_ID: &str = "thread.id";
-    pub const FILE_PATH: &str = "file.path";
-    pub const ERROR_TYPE: &str = "error.type";
-    pub const DNS_NAME: &str = "dns.question.name";
-    pub const DNS_ANSWERS: &str = "dns.answers";
-    pub const NEW_PATH: &str = "uvspan.file.new_path";
-    pub const FD: &str = "uvspan.fs.fd";
-    pub const BYTES: &str = "uvspan.fs.bytes";
-    pub const ENTRIES: &str = "uvspan.fs.entries";
-    pub const SYNC: &str = "uvspan.sync";
-    pub const ENDED_AT: &str = "uvspan.ended_at";
-    pub const QUEUE_WAIT: &str = "uvspan.threadpool.queue_wait_ms";
-    pub const RUN: &str = "uvspan.threadpool.run_ms";
-    pub const CALLBACK_WAIT: &str = "uvspan.loop.callback_wait_ms";
-    pub const WORKER: &str = "uvspan.threadpool.thread.id";
-    pub const BUSY: &str = "uvspan.loop.busy_ms";
-    pub const POLL_WAIT: &str = "uvspan.loop.poll_wait_ms";
-    pub const ON_CPU: &str = "uvspan.loop.on_cpu_ms";
-    pub const OFF_CPU: &str = "uvspan.loop.off_cpu_ms";
-    pub const RUNQUEUE: &str = "uvspan.loop.runqueue_ms";
-    pub const THROTTLED: &str = "uvspan.loop.throttled_ms";
-    pub const FAST_BEFORE: &str = "uvspan.loop.fast_iterations_before";
-    pub const PHASE: &str = "uvspan.loop.phase";
-    pub const STACKTRACE: &str = "code.stacktrace";
-    pub const BLOCKED_BY: &str = "uvspan.loop.blocked_by";
-    pub const STACK_SAMPLES: &str = "uvspan.loop.stack_samples";
-    pub const STACKS_NOTICE: &str = "uvspan.loop.stacks_notice";
-    pub const SAMPLES: &str = "uvspan.stack.samples";
-    pub const SHARE: &str = "uvspan.stack.share";
-    pub const SAMPLED_MS: &str = "uvspan.stack.ms";
-    pub const GC: &str = "uvspan.loop.gc_ms";
-    pub const GC_COUNT: &str = "uvspan.loop.gc_count";
-    pub const GC_TYPE: &str = "v8js.gc.type";
-    pub const GC_DURATION: &str = "uvspan.gc.duration_ms";
+    pub use crate::semconv::{
+        CODE_STACKTRACE as STACKTRACE, DNS_ANSWERS, DNS_QUESTION_NAME as DNS_NAME, ERROR_TYPE, FILE_PATH, THREAD_ID,
+        UVSPAN_ENDED_AT as ENDED_AT, UVSPAN_FILE_NEW_PATH as NEW_PATH, UVSPAN_FS_BYTES as BYTES, UVSPAN_FS_ENTRIES as ENTRIES,
+        UVSPAN_FS_FD as FD, UVSPAN_GC_DURATION_MS as GC_DURATION, UVSPAN_LOOP_BLOCKED_BY as BLOCKED_BY, UVSPAN_LOOP_BUSY_MS as BUSY,
+        UVSPAN_LOOP_CALLBACK_WAIT_MS as CALLBACK_WAIT, UVSPAN_LOOP_FAST_ITERATIONS_BEFORE as FAST_BEFORE, UVSPAN_LOOP_GC_COUNT as GC_COUNT,
+        UVSPAN_LOOP_GC_MS as GC, UVSPAN_LOOP_OFF_CPU_MS as OFF_CPU, UVSPAN_LOOP_ON_CPU_MS as ON_CPU, UVSPAN_LOOP_PHASE as PHASE,
+        UVSPAN_LOOP_POLL_WAIT_MS as POLL_WAIT, UVSPAN_LOOP_RUNQUEUE_MS as RUNQUEUE, UVSPAN_LOOP_STACKS_NOTICE as STACKS_NOTICE,
+        UVSPAN_LOOP_STACK_SAMPLES as STACK_SAMPLES, UVSPAN_LOOP_THROTTLED_MS as THROTTLED, UVSPAN_STACK_MS as SAMPLED_MS,
+        UVSPAN_STACK_SAMPLES as SAMPLES, UVSPAN_STACK_SHARE as SHARE, UVSPAN_SYNC as SYNC, UVSPAN_THREADPOOL_QUEUE_WAIT_MS as QUEUE_WAIT,
+        UVSPAN_THREADPOOL_RUN_MS as RUN, UVSPAN_THREADPOOL_THREAD_ID as WORKER, V8JS_GC_TYPE as GC_TYPE,
+    };
 }
 
 /// Name of the span event of one V8 garbage collection in a slow iteration.
