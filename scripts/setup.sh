@@ -7,7 +7,8 @@
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
 # clang pulls binutils in on Debian, but not every clang install does), and
 # chromium (tests/run.rs renders the HTML report headless), podman and runc
-# (tests/namespaces.rs: real containers).
+# (tests/namespaces.rs: real containers), and Debian's PostgreSQL, MariaDB and
+# redis-server with their clients (tests/db.rs runs private instances of each).
 # Idempotent: it installs only what is missing.
 #   scripts/setup.sh           build + test machine (also checks node and BTF)
 #   scripts/setup.sh --build   build only (the Dockerfile's build stage)
@@ -31,6 +32,13 @@ if [ $build_only -eq 0 ]; then
   # OCI runtime (runc: crun refuses hybrid cgroup hosts).
   command -v podman >/dev/null || need+=(podman)
   command -v runc >/dev/null || need+=(runc)
+  # tests/db.rs: private database and cache servers (tests/common/servers.rs).
+  compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null || need+=(postgresql)
+  command -v psql >/dev/null || need+=(postgresql-client)
+  [ -x /usr/sbin/mariadbd ] || command -v mariadbd >/dev/null || need+=(mariadb-server)
+  command -v mariadb >/dev/null || need+=(mariadb-client)
+  command -v redis-server >/dev/null || need+=(redis-server)
+  command -v redis-cli >/dev/null || need+=(redis-tools)
 fi
 [ -e /usr/include/libelf.h ] || need+=(libelf-dev)
 [ -e /usr/include/zlib.h ] || need+=(zlib1g-dev)

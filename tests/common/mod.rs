@@ -9,7 +9,8 @@
 //! - [`checks`]: checks shared by several test files;
 //! - [`node_builds`]: the Node builds of the matrix, downloaded once into a cache;
 //! - [`faults`]: collector faults (a receiver that stops, restarts and is slow);
-//! - [`collector`]: a collector speaking OTLP over TLS (certificates made by the test) and gzip.
+//! - [`collector`]: a collector speaking OTLP over TLS (certificates made by the test) and gzip;
+//! - [`servers`]: private PostgreSQL, MariaDB and redis-server instances.
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cgroups;
@@ -21,7 +22,8 @@ pub mod node_builds;
 pub mod otlp;
 pub mod report;
 pub mod runner;
+pub mod servers;
 
 // Flat, so that a test file's `use common::*;` sees every helper.
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use self::{cgroups::*, checks::*, faults::*, host::*, node_builds::*, otlp::*, report::*, runner::*};
+pub use self::{cgroups::*, checks::*, faults::*, host::*, node_builds::*, otlp::*, report::*, runner::*, servers::*};

@@ -1,0 +1,67 @@
+//! Database and cache clients: the private servers the tests run (Debian's
+//! PostgreSQL, MariaDB and redis-server) start, answer their own clients,
+//! and stop.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+#[test]
+fn postgres_with_scram_answers_the_right_password_only() {
+    require_root();
+    let pg = postgres(PgAuth::Scram);
+    assert_eq!(psql(&pg, DB_NAME, "SELECT 40 + 2").as_deref(), Ok("42"), "log: {}", pg.log());
+    assert_eq!(psql(&pg, DB_NAME, "SHOW password_encryption").as_deref(), Ok("scram-sha-256"));
+    let mut wrong = Command::new("psql");
+    wrong.args(["-X", "-w", "-d", &format!("postgresql://{DB_USER}@127.0.0.1:{}/{DB_NAME}", pg.port), "-c", "SELECT 1"]);
+    wrong.env("PGPASSWORD", "not-the-password");
+    let out = wrong.output().expect("run psql");
+    assert!(!out.status.success(), "a wrong password was accepted: the server does not ask for one");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("password authentication failed"), "{err}");
+}
+
+#[test]
+fn postgres_with_trust_asks_no_password() {
+    require_root();
+    let pg = postgres(PgAuth::Trust);
+    let mut c = Command::new("psql");
+    c.args(["-X", "-w", "-A", "-t", "-d", &format!("postgresql://{DB_USER}@127.0.0.1:{}/{DB_NAME}", pg.port), "-c", "SELECT current_user"]);
+    c.env_remove("PGPASSWORD");
+    let out = c.output().expect("run psql");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), DB_USER);
+}
+
+#[test]
+fn postgres_stops_when_dropped() {
+    require_root();
+    let pg = postgres(PgAuth::Trust);
+    let (addr, dir) = (pg.addr(), pg.dir().to_path_buf());
+    drop(pg);
+    assert!(std::net::TcpStream::connect(addr).is_err(), "PostgreSQL still listens on {addr} after its handle was dropped");
+    assert!(!dir.exists(), "{} left behind", dir.display());
+}
+
+#[test]
+fn mariadb_answers_its_user() {
+    require_root();
+    let db = mariadb();
+    assert_eq!(mariadb_sql(&db, "SELECT 40 + 2").as_deref(), Ok("42"), "log: {}", db.log());
+    let v = mariadb_sql(&db, "SELECT VERSION()").unwrap();
+    assert!(v.contains("MariaDB"), "{v}");
+    assert_eq!(mariadb_sql(&db, "SELECT DATABASE()").as_deref(), Ok(DB_NAME));
+}
+
+#[test]
+fn redis_answers_and_stops_when_dropped() {
+    require_root();
+    let r = redis();
+    assert_eq!(redis_cli(&r, &["SET", "k", "v"]).as_deref(), Ok("OK"));
+    assert_eq!(redis_cli(&r, &["GET", "k"]).as_deref(), Ok("v"), "log: {}", r.log());
+    let addr = r.addr();
+    drop(r);
+    assert!(std::net::TcpStream::connect(addr).is_err(), "redis-server still listens on {addr}");
+}
