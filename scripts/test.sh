@@ -15,4 +15,11 @@ if [ ! -e bench/node_modules/.package-lock.json ] || ! cmp -s bench/package-lock
   (cd bench && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
   cp bench/package-lock.json bench/node_modules/.bench-lock
 fi
+# The database and cache drivers tests/db.rs runs (pg, postgres, mysql2,
+# ioredis, redis, express), pinned by tests/db/package-lock.json.
+if [ ! -e tests/db/node_modules/.package-lock.json ] || ! cmp -s tests/db/package-lock.json tests/db/node_modules/.db-lock; then
+  echo "test: npm ci in tests/db/ (database drivers)" >&2
+  (cd tests/db && npm ci --no-audit --no-fund --loglevel=error >/dev/null)
+  cp tests/db/package-lock.json tests/db/node_modules/.db-lock
+fi
 cargo test --release "$@"

@@ -65,3 +65,47 @@ fn redis_answers_and_stops_when_dropped() {
     drop(r);
     assert!(std::net::TcpStream::connect(addr).is_err(), "redis-server still listens on {addr}");
 }
+
+/// The recorded driver traffic of `scenario` (tests/db/record.js through
+/// its proxy) into `out`: the files it wrote.
+fn record(scenario: &str, out: &std::path::Path, pg: &DbServer, pg_trust: &DbServer, my: &DbServer, redis: &DbServer) -> Vec<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/db");
+    assert!(
+        dir.join("node_modules/pg").is_dir(),
+        "tests/db/node_modules is missing: run `npm ci` in tests/db (scripts/test.sh does it)"
+    );
+    let mut c = Command::new("node");
+    c.current_dir(&dir).arg("record.js").arg(scenario).arg(out);
+    c.env("PG_PORT", pg.port.to_string())
+        .env("PG_TRUST_PORT", pg_trust.port.to_string())
+        .env("MYSQL_PORT", my.port.to_string())
+        .env("REDIS_PORT", redis.port.to_string())
+        .env("DB_USER", DB_USER)
+        .env("DB_PASSWORD", DB_PASSWORD)
+        .env("DB_NAME", DB_NAME);
+    let o = run(c);
+    assert_eq!(o.code(), Some(0), "record.js {scenario}: {}", o.context());
+    let m = Markers::parse(&o.stdout);
+    m.get("recorded")["files"].as_array().expect("files").iter().map(|f| f.as_str().unwrap().to_string()).collect()
+}
+
+/// The recorded scenarios (tests/golden/db/<name>.rec).
+const SCENARIOS: [&str; 5] = ["pg_scram", "porsager_trust", "mysql2", "ioredis", "node_redis"];
+
+/// Regenerates tests/golden/db/*.rec from the real drivers and servers
+/// (`UVSPAN_RECORD_DB=1 cargo test --release --test db -- record_golden
+/// --ignored`). Not a test: a tool, kept beside the tests that use its
+/// output.
+#[test]
+#[ignore = "regenerates the recordings (UVSPAN_RECORD_DB=1)"]
+fn record_golden() {
+    require_root();
+    assert_eq!(std::env::var("UVSPAN_RECORD_DB").as_deref(), Ok("1"), "set UVSPAN_RECORD_DB=1 to overwrite tests/golden/db");
+    let (pg, pg_trust, my, redis) = (postgres(PgAuth::Scram), postgres(PgAuth::Trust), mariadb(), self::redis());
+    let out = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/db");
+    std::fs::create_dir_all(&out).unwrap();
+    for s in SCENARIOS {
+        let files = record(s, &out, &pg, &pg_trust, &my, &redis);
+        eprintln!("{s}: {files:?}");
+    }
+}
