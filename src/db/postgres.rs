@@ -19,6 +19,8 @@ use super::{Dir, Frame, Framer, Op, Options, Out, Stop, NAMES_MAX, PENDING_MAX};
 
 /// Largest message length believed (the server's own limit is 1 GiB).
 const MAX_LEN: u32 = 1 << 30;
+/// The message types a client sends after its startup packet.
+const CLIENT_TYPES: &[u8] = b"QPBEDSCHXFpdcf";
 
 /// What the client sent that awaits the server.
 #[derive(Debug)]
@@ -119,8 +121,9 @@ impl Parser {
             Dir::Request => {
                 if !self.seen_any && !bytes.is_empty() {
                     self.seen_any = true;
-                    // Mid-stream: a typed message, not a startup packet.
-                    self.client_startup = be32(bytes, 0).is_some_and(|l| l >= 8) && bytes[0] == 0;
+                    // Mid-stream: a typed message (its type is a letter; a
+                    // startup packet's length starts with a zero byte).
+                    self.client_startup = bytes[0] == 0;
                 }
                 loop {
                     let startup = self.client_startup;
@@ -128,7 +131,7 @@ impl Parser {
                     let frame = |h: &[u8]| -> Result<Frame, Stop> {
                         let len = if startup { be32(h, 0) } else { be32(h, 1) }.unwrap_or(0);
                         let min = if startup { 8 } else { 4 };
-                        if !(min..=MAX_LEN).contains(&len) {
+                        if !(min..=MAX_LEN).contains(&len) || !startup && !CLIENT_TYPES.contains(&h[0]) {
                             return Err(Stop::Garbled);
                         }
                         let keep = if startup || b"QPBEC".contains(&h[0]) { super::KEEP } else { 0 };

@@ -129,7 +129,10 @@ impl Reader {
                 let text = std::mem::take(&mut self.bulk_text);
                 return Ok(Some(self.complete(kind, text, 0)));
             }
-            // A line, up to its '\n'.
+            // A line, up to its '\n'; its first byte says what it is.
+            if self.line.is_empty() && !self.line_start_ok(bytes[0]) {
+                return Err(Stop::Garbled);
+            }
             let nl = memchr::memchr(b'\n', bytes);
             let part = &bytes[..nl.map_or(bytes.len(), |n| n + 1)];
             *bytes = &bytes[part.len()..];
@@ -207,6 +210,12 @@ impl Reader {
                 _ => return Err(Stop::Garbled),
             }
         }
+    }
+
+    /// Whether `b` may start a line here: a RESP type byte, or (a client's
+    /// top level) an inline command's first letter or an empty line.
+    fn line_start_ok(&self, b: u8) -> bool {
+        b"+-:,(#_$!=*~>%|".contains(&b) || self.inline && self.stack.is_empty() && (b.is_ascii_graphic() || b == b'\r' || b == b'\n')
     }
 
     /// A scalar item (or an empty aggregate) ended: the levels it closes.
