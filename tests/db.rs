@@ -109,3 +109,44 @@ fn record_golden() {
         eprintln!("{s}: {files:?}");
     }
 }
+
+/// A recording's operations through uvspan's parser, without their chunk
+/// numbers (a proxy's reads split the bytes differently every run).
+fn ops_of(path: &std::path::Path, system: uvspan::db::System) -> (Vec<uvspan::db::Op>, Option<uvspan::db::Stop>) {
+    use uvspan::db::{Conn, Dir, Options};
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut c = Conn::new(system, Options::default());
+    let mut ops = Vec::new();
+    for l in text.lines().filter(|l| !l.is_empty()) {
+        let (d, hex) = l.split_once(' ').expect("direction and hex");
+        let b: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex")).collect();
+        c.feed(if d == "c" { Dir::Request } else { Dir::Response }, &b, b.len());
+        ops.extend(c.take_ops());
+    }
+    for op in &mut ops {
+        (op.start_chunk, op.end_chunk) = (0, 0);
+    }
+    (ops, c.stopped())
+}
+
+/// Today's drivers against today's servers give the operations the
+/// committed recordings give: the golden tests' bytes are still what the
+/// pinned drivers send.
+#[test]
+fn live_driver_traffic_parses_as_the_recordings_do() {
+    require_root();
+    use uvspan::db::System;
+    let (pg, pg_trust, my, redis) = (postgres(PgAuth::Scram), postgres(PgAuth::Trust), mariadb(), self::redis());
+    let out = TempDir::new("db-record");
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/db");
+    let systems = [System::Postgres, System::Postgres, System::Mysql, System::Redis, System::Redis];
+    for (s, system) in SCENARIOS.iter().zip(systems) {
+        let files = record(s, out.path(), &pg, &pg_trust, &my, &redis);
+        assert_eq!(files, [format!("{s}.rec")], "{s}: one connection");
+        let (live, stop) = ops_of(&out.path().join(&files[0]), system);
+        assert_eq!(stop, None, "{s}: the live traffic stopped the parser");
+        let (want, _) = ops_of(&golden.join(&files[0]), system);
+        assert!(!want.is_empty(), "{s}: the recording has no operations");
+        assert_eq!(live, want, "{s}");
+    }
+}
