@@ -70,10 +70,7 @@ fn redis_answers_and_stops_when_dropped() {
 /// its proxy) into `out`: the files it wrote.
 fn record(scenario: &str, out: &std::path::Path, pg: &DbServer, pg_trust: &DbServer, my: &DbServer, redis: &DbServer) -> Vec<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/db");
-    assert!(
-        dir.join("node_modules/pg").is_dir(),
-        "tests/db/node_modules is missing: run `npm ci` in tests/db (scripts/test.sh does it)"
-    );
+    assert!(dir.join("node_modules/pg").is_dir(), "tests/db/node_modules is missing: run `npm ci` in tests/db (scripts/test.sh does it)");
     let mut c = Command::new("node");
     c.current_dir(&dir).arg("record.js").arg(scenario).arg(out);
     c.env("PG_PORT", pg.port.to_string())

@@ -143,7 +143,7 @@ impl Parser {
         let frame = |h: &[u8]| -> Result<Frame, Stop> {
             let len = le32(h, 0).unwrap_or(0);
             let op = le32(h, 12).unwrap_or(0);
-            if !(21..=MAX_LEN).contains(&len) && !(op == OP_REPLY && (36..=MAX_LEN).contains(&len)) {
+            if !((21..=MAX_LEN).contains(&len) || op == OP_REPLY && (36..=MAX_LEN).contains(&len)) {
                 return Err(Stop::Garbled);
             }
             match op {

@@ -178,8 +178,7 @@ impl Parser {
         };
         match dir {
             Dir::Request => {
-                loop {
-                    let Some(m) = self.client.next(&mut bytes, out.chunk, hdr, frame(super::KEEP))? else { break };
+                while let Some(m) = self.client.next(&mut bytes, out.chunk, hdr, frame(super::KEEP))? {
                     let (len, seq, body, cut, start) = (m.header_len(), m.header[3], m.body.to_vec(), m.cut, m.start_chunk);
                     self.client_packet(len, seq, &body, cut, start)?;
                 }
@@ -189,8 +188,7 @@ impl Parser {
                 }
             }
             Dir::Response => {
-                loop {
-                    let Some(m) = self.server.next(&mut bytes, out.chunk, hdr, frame(SERVER_KEEP))? else { break };
+                while let Some(m) = self.server.next(&mut bytes, out.chunk, hdr, frame(SERVER_KEEP))? {
                     let (len, seq, body) = (m.header_len(), m.header[3], m.body.to_vec());
                     self.server_packet(len, seq, &body, out)?;
                 }
@@ -250,11 +248,7 @@ impl Parser {
         let (sql_text, truncated) = st;
         let op = match kind {
             Kind::Query | Kind::Prepare | Kind::Execute => Op {
-                operation: if matches!(kind, Kind::Prepare) {
-                    "PREPARE".into()
-                } else {
-                    sql::operation(&sql_text).unwrap_or_default()
-                },
+                operation: if matches!(kind, Kind::Prepare) { "PREPARE".into() } else { sql::operation(&sql_text).unwrap_or_default() },
                 collection: sql::collection(&sql_text),
                 namespace: self.database.clone(),
                 query: (!sql_text.is_empty()).then(|| if self.options.raw_query { sql_text.clone() } else { sql::sanitize(&sql_text) }),
@@ -334,7 +328,7 @@ impl Parser {
             }
             Phase::Command => {}
         }
-        let last_seq = std::mem::replace(&mut self.last_seq, Some(seq));
+        let last_seq = self.last_seq.replace(seq);
         let deprecate = self.deprecate_eof;
         let is_eof = first == Some(0xfe) && (len < 9 || deprecate == Some(true) && len < 0xff_ffff);
         let Some(p) = self.pending.front_mut() else {

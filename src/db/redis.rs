@@ -32,8 +32,32 @@ const BULK_MAX: i64 = 512 << 20;
 /// Commands whose first argument is not a key: it is shown as `?` (a
 /// container command's first argument, its subcommand, is shown).
 const NO_KEY: &[&str] = &[
-    "AUTH", "HELLO", "ECHO", "PING", "SELECT", "SWAPDB", "INFO", "MULTI", "EXEC", "DISCARD", "QUIT", "EVAL", "EVALSHA", "EVAL_RO",
-    "EVALSHA_RO", "FCALL", "FCALL_RO", "MIGRATE", "WAIT", "DBSIZE", "FLUSHDB", "FLUSHALL", "SCAN", "KEYS", "PUBLISH", "SPUBLISH",
+    "AUTH",
+    "HELLO",
+    "ECHO",
+    "PING",
+    "SELECT",
+    "SWAPDB",
+    "INFO",
+    "MULTI",
+    "EXEC",
+    "DISCARD",
+    "QUIT",
+    "EVAL",
+    "EVALSHA",
+    "EVAL_RO",
+    "EVALSHA_RO",
+    "FCALL",
+    "FCALL_RO",
+    "MIGRATE",
+    "WAIT",
+    "DBSIZE",
+    "FLUSHDB",
+    "FLUSHALL",
+    "SCAN",
+    "KEYS",
+    "PUBLISH",
+    "SPUBLISH",
 ];
 /// Commands after which replies are no longer answers.
 const UNFOLLOWED: &[&str] = &["SUBSCRIBE", "PSUBSCRIBE", "SSUBSCRIBE", "MONITOR", "SYNC", "PSYNC"];
@@ -222,8 +246,7 @@ impl Reader {
     fn complete(&mut self, kind: u8, text: Vec<u8>, count: i64) -> Item {
         let depth = self.stack.len();
         let mut attr_done = kind == b'|';
-        loop {
-            let Some(top) = self.stack.last_mut() else { break };
+        while let Some(top) = self.stack.last_mut() {
             if !attr_done {
                 top.left -= 1;
             }
@@ -312,10 +335,11 @@ impl Parser {
                     self.client_item(item)?;
                 }
             }
-            Dir::Response => loop {
-                let Some(item) = self.server.next(&mut bytes, out.chunk, 128)? else { break };
-                self.server_item(item, out)?;
-            },
+            Dir::Response => {
+                while let Some(item) = self.server.next(&mut bytes, out.chunk, 128)? {
+                    self.server_item(item, out)?;
+                }
+            }
         }
         if skip > 0 {
             // Inside a bulk the rest of it can be skipped.

@@ -49,12 +49,7 @@ pub fn system_name(system: System, mariadb: bool) -> &'static str {
 /// target alone without an operation; `db.system.name` without either.
 pub fn span_name(c: &Call<'_>) -> String {
     let op = &c.op.operation;
-    let target = c
-        .op
-        .collection
-        .clone()
-        .or_else(|| c.op.namespace.clone())
-        .or_else(|| c.server.as_ref().map(|(a, p)| format!("{a}:{p}")));
+    let target = c.op.collection.clone().or_else(|| c.op.namespace.clone()).or_else(|| c.server.as_ref().map(|(a, p)| format!("{a}:{p}")));
     match (op.is_empty(), target) {
         (false, Some(t)) => format!("{op} {t}"),
         (false, None) => op.clone(),
@@ -208,7 +203,8 @@ mod tests {
         let get = r.iter().find(|s| attr(s, "db.query.text") == Some(&Value::from("GET user:1".to_string()))).unwrap();
         assert_eq!(get.name, "GET 127.0.0.1:6379");
         assert_eq!(attr(get, "db.system.name"), Some(&Value::from("redis")));
-        let err = r.iter().find(|s| s.status != Status::Unset && attr(s, "db.operation.name") == Some(&Value::from("INCR".to_string()))).unwrap();
+        let err =
+            r.iter().find(|s| s.status != Status::Unset && attr(s, "db.operation.name") == Some(&Value::from("INCR".to_string()))).unwrap();
         assert_eq!(attr(err, "error.type"), Some(&Value::from("ERR".to_string())));
     }
 
@@ -222,7 +218,8 @@ mod tests {
             status: Some("42P01".into()),
             ..Op::default()
         };
-        let c = Call { op: &op, system: System::Postgres, mariadb: false, server: Some(("db.local".into(), 5432)), times: (1_000, 21_000_000) };
+        let c =
+            Call { op: &op, system: System::Postgres, mariadb: false, server: Some(("db.local".into(), 5432)), times: (1_000, 21_000_000) };
         let a = metric_attributes(&c);
         let keys: Vec<&str> = a.iter().map(|(k, _)| *k).collect();
         assert_eq!(

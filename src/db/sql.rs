@@ -67,7 +67,9 @@ pub fn sanitize(sql: &str) -> String {
             b'0'..=b'9' if !in_word => {
                 // A number: digits, a point, an exponent, hex (0x…).
                 let mut j = i + 1;
-                while j < b.len() && (b[j].is_ascii_alphanumeric() || b[j] == b'.' || ((b[j] == b'+' || b[j] == b'-') && matches!(b[j - 1], b'e' | b'E'))) {
+                while j < b.len()
+                    && (b[j].is_ascii_alphanumeric() || b[j] == b'.' || ((b[j] == b'+' || b[j] == b'-') && matches!(b[j - 1], b'e' | b'E')))
+                {
                     j += 1;
                 }
                 out.push('?');

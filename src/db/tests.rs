@@ -58,7 +58,6 @@ fn golden(name: &str, system: System) -> Vec<String> {
     ops.iter().map(render).collect()
 }
 
-
 #[test]
 fn pg_simple_extended_prepared_error_transaction_with_scram_login() {
     assert_eq!(

@@ -105,9 +105,8 @@ fn require(bin: &str, what: &str) -> String {
 
 /// PostgreSQL's newest installed major version's bin directory.
 fn pg_bin() -> PathBuf {
-    let mut versions: Vec<u32> = std::fs::read_dir(PG_BIN)
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default();
+    let mut versions: Vec<u32> =
+        std::fs::read_dir(PG_BIN).map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
     versions.sort_unstable();
     let v = versions.last().unwrap_or_else(|| {
         panic!("no PostgreSQL under {PG_BIN}: this test runs a private PostgreSQL; install it with scripts/setup.sh (as root)")
@@ -167,7 +166,13 @@ fn wait_ready(server: &mut DbServer, mut ready: impl FnMut(&DbServer) -> bool) {
         }
         let last = |s: &DbServer| s.log().lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("(empty log)").to_string();
         if let Ok(Some(st)) = server.child.try_wait() {
-            panic!("{} on port {} exited ({st}) before answering: {} (log {})", server.kind, server.port, last(server), server.log.display());
+            panic!(
+                "{} on port {} exited ({st}) before answering: {} (log {})",
+                server.kind,
+                server.port,
+                last(server),
+                server.log.display()
+            );
         }
         if Instant::now() > deadline {
             panic!("{} on port {} did not answer within {SERVER_START:?}: {}", server.kind, server.port, last(server));
@@ -257,7 +262,8 @@ fn output(mut c: Command, what: &str) -> Result<String, String> {
 /// any host) and its database [`DB_NAME`].
 pub fn mariadb() -> DbServer {
     let install = require("mariadb-install-db", "MariaDB");
-    let mariadbd = if Path::new("/usr/sbin/mariadbd").is_file() { "/usr/sbin/mariadbd".to_string() } else { require("mariadbd", "MariaDB") };
+    let mariadbd =
+        if Path::new("/usr/sbin/mariadbd").is_file() { "/usr/sbin/mariadbd".to_string() } else { require("mariadbd", "MariaDB") };
     let dir = TempDir::new("mariadb");
     let data = owned_dir(&dir, "data");
     let run = owned_dir(&dir, "run");
