@@ -11,8 +11,10 @@ fi
 # npm packages the tests run, each folder pinned by its package-lock.json:
 # bench/ the official OpenTelemetry JS SDK, the oracle of tests/requests.rs
 # (the benchmark uses the same); tests/realcode/ the packages of
-# tests/realcode.rs (express, compression, undici, pg, ioredis).
-for d in bench tests/realcode; do
+# tests/realcode.rs (express, compression, undici, pg, ioredis); tests/db/
+# the database and cache drivers of tests/db.rs (pg, postgres, mysql2,
+# ioredis, redis, express).
+for d in bench tests/realcode tests/db; do
   if [ ! -e "$d/node_modules/.package-lock.json" ] || ! cmp -s "$d/package-lock.json" "$d/node_modules/.lock-installed"; then
     echo "test: npm ci in $d/" >&2
     (cd "$d" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)

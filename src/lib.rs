@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod cli;
 pub mod config;
+pub mod db;
 pub mod discover;
 pub mod enrich;
 pub mod events;

@@ -249,7 +249,7 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
             let item = Item::Iteration { tid, stack: text(STACKTRACE), blocked_by: text(keys::BLOCKED_BY), split: Split::of(s), gc_ms };
             return Some((item, busy, failed));
         }
-        Family::Phase | Family::Http | Family::Task | Family::Process | Family::Other => return None,
+        Family::Phase | Family::Http | Family::Db | Family::Task | Family::Process | Family::Other => return None,
     };
     Some((item, ms, failed))
 }

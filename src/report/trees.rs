@@ -245,6 +245,7 @@ fn op(s: &Span, start: SystemTime) -> Op {
     let target = match s.family {
         Family::Fs(_) => text(s, keys::FILE_PATH),
         Family::Dns => text(s, keys::DNS_NAME),
+        Family::Db => text(s, "db.query.text").or_else(|| text(s, "server.address")),
         Family::Http => match (text(s, "server.address"), text(s, "url.path")) {
             (Some(h), Some(p)) => Some(format!("{h}{p}")),
             (h, p) => h.or(p),
@@ -294,7 +295,7 @@ impl Trees {
                 let detail = int(s, "http.response.status_code").map(|c| c.to_string());
                 self.node(pid, 2, span_ns, kept(s, "request", name, detail));
             }
-            (Family::Fs(_) | Family::Dns | Family::Phase | Family::Http, _) => self.op(pid, s, span_ns, start),
+            (Family::Fs(_) | Family::Dns | Family::Phase | Family::Http | Family::Db, _) => self.op(pid, s, span_ns, start),
             (Family::Other, _) => {}
         }
     }

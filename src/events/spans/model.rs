@@ -147,6 +147,8 @@ pub enum Family {
     Phase,
     /// A request's SERVER span or an outgoing call's CLIENT span.
     Http,
+    /// A database or cache call's CLIENT span (`db.system.name`).
+    Db,
     /// A background task's root span, or a process's start-up span.
     Task,
     /// A process's root span (`--trace-per process`).
