@@ -42,9 +42,9 @@ const upstream = `http://127.0.0.1:${up}`;
 let undiciPool;
 const pool = () => (undiciPool ??= new (require('undici').Pool)(upstream, { connections: 2 }));
 
-// PG_URL: a PostgreSQL (the pool's clients time out at once when idle, so
+// PG_URL: a PostgreSQL (PG_POOL_MAX clients, 8 by default, each timing out at once when idle, so
 // that new logins, SCRAM's included, keep happening); REDIS_PORT: a redis.
-const pgPool = process.env.PG_URL && new (require('pg').Pool)({ connectionString: process.env.PG_URL, max: 8, idleTimeoutMillis: 1 });
+const pgPool = process.env.PG_URL && new (require('pg').Pool)({ connectionString: process.env.PG_URL, max: +(process.env.PG_POOL_MAX || 8), idleTimeoutMillis: 1 });
 const redis = process.env.REDIS_PORT && new (require('ioredis'))(+process.env.REDIS_PORT, '127.0.0.1');
 
 // Each pattern: calls done() once its work is over.
