@@ -640,11 +640,11 @@ fn request_context_on_every_official_build() {
             .as_array()
             .expect("probes")
             .iter()
-            // (node 18's uv__queue_work starts with `mov %rdi,%rax; lea
+            // (uv__queue_work starts with `mov %rdi,%rax; lea
             // -0x58(%rdi),%rdi`: single-stepped, once per uv_queue_work job
             // on a threadpool thread, never on the loop thread)
             .filter(|p| p["status"] == "usable" && p["single_stepped"] == true)
-            .filter(|p| !(major == 18 && p["symbol"] == "uv__queue_work"))
+            .filter(|p| p["symbol"] != "uv__queue_work")
             .map(|p| p["symbol"].as_str().unwrap_or("?"))
             .collect();
         assert!(slow.is_empty(), "node {major}: single-stepped probes {slow:?}");
