@@ -58,3 +58,148 @@ fn the_test_command_runs_every_binary_and_ends_with_the_summary() {
     assert!(cargo.contains("--no-fail-fast"), "a failing binary must not hide the others: {cargo}");
     assert!(script.trim_end().ends_with("./scripts/test-summary.sh \"$log\" \"$status\""), "{script}");
 }
+
+// ---------------------------------------------------------------------------
+// What a process is
+// ---------------------------------------------------------------------------
+
+/// Bun as npm installs it (scripts/setup.sh: tests/fixtures/bun).
+fn bun() -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bun/node_modules/@oven/bun-linux-x64/bin/bun");
+    assert!(p.is_file(), "{} is missing: scripts/setup.sh installs Bun from npm (tests/fixtures/bun)", p.display());
+    p.to_string_lossy().into_owned()
+}
+
+const NO_NODE: &str = "uvspan: no Node.js process ran under ";
+
+/// A line of uvspan's saying a program is not Node.js and is not traced.
+fn says_not_node(stderr: &str, program: &str, what: &str) -> bool {
+    stderr.lines().any(|l| l.starts_with("uvspan: ") && l.contains(program) && l.contains(what) && l.contains("cannot trace it"))
+}
+
+#[test]
+fn bun_is_said_to_be_bun_and_not_traced() {
+    require_root();
+    let bun = bun();
+    let out = run(uvspan_cmd(["--status-interval", "0", "--", &bun, &fixture("bun_http.js")]));
+    let ctx = out.context();
+    assert_eq!(out.code(), Some(0), "the command's exit status: {ctx}");
+    assert!(out.stdout.contains("\"served\""), "the app ran: {ctx}");
+    assert!(says_not_node(&out.stderr, &bun, "is Bun 1.4.5, not Node.js (its I/O does not go through libuv"), "{ctx}");
+    assert!(!out.stderr.contains("tracing command"), "Bun is not announced as a traced Node.js: {ctx}");
+    assert!(!out.stderr.contains("v26.3.0"), "the Node.js version Bun claims is not shown as its: {ctx}");
+    assert_eq!(out.stderr.matches(NO_NODE).count(), 1, "{ctx}");
+    // The same from `uvspan probes` and `--pid`, of the file and of a process.
+    let probes = run(uvspan_cmd(["probes", &bun]));
+    assert_ne!(probes.code(), Some(0), "{}", probes.context());
+    assert!(probes.stderr.contains("is Bun 1.4.5, not Node.js"), "{}", probes.context());
+    assert!(!probes.stdout.contains("node v"), "{}", probes.context());
+    let mut app = Running::spawn({
+        let mut c = Command::new(&bun);
+        c.args(["-e", "setTimeout(() => {}, 30000)"]);
+        c
+    });
+    let pid = app.pid.to_string();
+    for args in [vec!["probes", "--pid", &pid], vec!["--pid", &pid]] {
+        let out = run(uvspan_cmd(&args));
+        let ctx = format!("{args:?}\n{}", out.context());
+        assert_ne!(out.code(), Some(0), "{ctx}");
+        assert!(out.stderr.contains(&format!("cannot trace process {pid}: ")), "{ctx}");
+        assert!(out.stderr.contains("is Bun 1.4.5, not Node.js"), "{ctx}");
+        assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {ctx}");
+    }
+    app.kill_group();
+}
+
+/// `-- COMMAND` with no Node.js process in it: said at the start and at the
+/// end; `uvspan run` exits non-zero.
+fn no_node_in(topology: Topology, command: &[&str], program: &str) {
+    require_root();
+    let out = run(topology.command(&["--status-interval", "0"], command));
+    let ctx = format!("{topology:?} {command:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "the command's own exit status: {ctx}");
+    assert!(says_not_node(&out.stderr, program, "is not Node.js (no libuv in it)"), "{ctx}");
+    assert!(!out.stderr.contains("tracing command"), "{ctx}");
+    assert_eq!(out.stderr.matches(NO_NODE).count(), 1, "{ctx}");
+    let last = out.stderr.trim_end().lines().last().unwrap_or("");
+    assert!(last.starts_with(NO_NODE) && last.ends_with("nothing was traced"), "the last line: {ctx}");
+    let mut uv = vec!["run"];
+    uv.extend(["--status-interval", "0"]);
+    let out = run(topology.command(&uv, command));
+    let ctx = format!("{topology:?} run {command:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(4), "`uvspan run` of a job it could not see is not a clean gate: {ctx}");
+    assert_eq!(out.stderr.matches(NO_NODE).count(), 1, "{ctx}");
+}
+
+#[test]
+fn sleep_is_no_node() {
+    no_node_in(Topology::Host, &["sleep", "0.5"], "/sleep");
+}
+
+#[test]
+fn sleep_is_no_node_in_one_namespace() {
+    no_node_in(Topology::BothInOne, &["sleep", "0.5"], "/sleep");
+}
+
+#[test]
+fn sleep_is_no_node_app_alone() {
+    no_node_in(Topology::AppAlone, &["sleep", "0.5"], "/unshare");
+}
+
+#[test]
+fn python_is_no_node() {
+    require_tool("python3", "it is the program that is not Node.js here");
+    no_node_in(Topology::Host, &["python3", "-c", "import time; time.sleep(0.3)"], "/python3");
+}
+
+#[test]
+fn a_shell_starting_node_is_not_node_but_its_node_is_traced() {
+    require_root();
+    for topology in Topology::ALL {
+        let out = run(topology.command(&["--status-interval", "0"], &["sh", "-c", "node -e 'setTimeout(() => {}, 100)'; exit 3"]));
+        let ctx = format!("{topology:?}\n{}", out.context());
+        assert_eq!(out.code(), Some(3), "{ctx}");
+        let program = if topology == Topology::AppAlone { "/unshare" } else { "/sh" };
+        assert!(says_not_node(&out.stderr, program, "is not Node.js (no libuv in it)"), "{ctx}");
+        assert!(out.stderr.contains("uvspan: tracing the Node.js processes it starts (/"), "{ctx}");
+        assert!(!out.stderr.contains(NO_NODE), "a Node.js process ran: {ctx}");
+    }
+}
+
+#[test]
+fn node_itself_is_traced_as_before() {
+    require_root();
+    let out = run(uvspan_cmd(["--status-interval", "0", "--", "node", "-e", "setTimeout(() => {}, 50)"]));
+    let ctx = out.context();
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    assert!(out.stderr.contains("uvspan: tracing command (/"), "{ctx}");
+    assert!(!out.stderr.contains("is not Node.js"), "{ctx}");
+    assert!(!out.stderr.contains(NO_NODE), "{ctx}");
+}
+
+/// `--all` does not look at other uvspan instances (of another build too:
+/// a copy of the binary here), though their strings name libuv.so.
+#[test]
+fn all_leaves_other_uvspans_alone() {
+    require_root();
+    let dir = TempDir::new("other-uvspan");
+    let copy = dir.join("uvspan-other");
+    std::fs::copy(uvspan_bin(), &copy).expect("copy uvspan");
+    let mut other = Running::spawn({
+        let mut c = Command::new(&copy);
+        scrub_env(&mut c);
+        c.args(["--status-interval", "0", "--", "sleep", "30"]);
+        c
+    });
+    other.wait_stderr(RUN_TIMEOUT, "the other uvspan's start", |e| e.contains("it starts ("));
+    let mut all = Running::spawn(uvspan_cmd(["--all", "--status-interval", "0", "--otlp-endpoint", "http://127.0.0.1:9"]));
+    all.wait_stderr(RUN_TIMEOUT, "watching", |e| e.contains("uvspan: watching for Node.js processes"));
+    // The retries of a binary that names libuv.so are 5 x 20 ms.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // SAFETY: kill(2) with the pid of the uvspan this test started.
+    unsafe { libc::kill(all.pid as i32, libc::SIGINT) };
+    let out = all.finish(RUN_TIMEOUT);
+    other.kill_group();
+    assert!(!out.stderr.contains(&format!("cannot trace process {}:", other.pid)), "{}", out.context());
+    assert!(!out.stderr.contains("uvspan-other"), "{}", out.context());
+}
