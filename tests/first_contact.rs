@@ -10,6 +10,7 @@ mod common;
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use common::*;
 
@@ -202,4 +203,130 @@ fn all_leaves_other_uvspans_alone() {
     other.kill_group();
     assert!(!out.stderr.contains(&format!("cannot trace process {}:", other.pid)), "{}", out.context());
     assert!(!out.stderr.contains("uvspan-other"), "{}", out.context());
+}
+
+// ---------------------------------------------------------------------------
+// Stop what it started
+// ---------------------------------------------------------------------------
+
+/// (pid, ppid, state, comm) of every process.
+fn process_table() -> Vec<(u32, u32, char, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let comm = stat[open + 1..close].to_string();
+        let rest: Vec<&str> = stat[close + 2..].split_whitespace().collect();
+        let (Some(state), Some(ppid)) = (rest.first().and_then(|s| s.chars().next()), rest.get(1).and_then(|p| p.parse().ok())) else {
+            continue;
+        };
+        out.push((pid, ppid, state, comm));
+    }
+    out
+}
+
+/// Live processes below `root`, as (pid, comm).
+fn tree_of(root: u32) -> Vec<(u32, String)> {
+    let table = process_table();
+    let mut out = Vec::new();
+    let mut next = vec![root];
+    while let Some(p) = next.pop() {
+        for (pid, _, state, comm) in table.iter().filter(|t| t.1 == p) {
+            if *state != 'Z' {
+                out.push((*pid, comm.clone()));
+            }
+            next.push(*pid);
+        }
+    }
+    out
+}
+
+fn alive(pid: u32) -> bool {
+    process_table().iter().any(|t| t.0 == pid && t.2 != 'Z')
+}
+
+/// `uvspan -- sh -c 'node a.js & node b.js & wait'`, SIGTERM to uvspan:
+/// both node processes are gone within 5 s of uvspan's exit.
+fn sigterm_stops_the_group(topology: Topology) {
+    require_root();
+    let script = format!("node {0} a & node {0} b & wait", fixture("stay.js"));
+    let mut uv = Running::spawn(topology.command(&["--status-interval", "0"], &["sh", "-c", &script]));
+    uv.wait_stdout(RUN_TIMEOUT, "both nodes up", |o| o.contains("up-a") && o.contains("up-b"));
+    let tree = tree_of(uv.pid);
+    let nodes: Vec<u32> = tree.iter().filter(|t| t.1 == "node").map(|t| t.0).collect();
+    assert_eq!(nodes.len(), 2, "{topology:?}: {tree:?}");
+    // uvspan itself (under unshare in one namespace with the app).
+    let uvspan = if topology == Topology::BothInOne {
+        tree.iter().find(|t| t.1 == "uvspan").map(|t| t.0).expect("uvspan under unshare")
+    } else {
+        uv.pid
+    };
+    // SAFETY: kill(2) with the pid of the uvspan this test started.
+    unsafe { libc::kill(uvspan as i32, libc::SIGTERM) };
+    let out = uv.finish(RUN_TIMEOUT);
+    let gone = wait_until(Duration::from_secs(5), || nodes.iter().all(|&p| !alive(p)));
+    let left: Vec<u32> = nodes.iter().copied().filter(|&p| alive(p)).collect();
+    // SAFETY: kill(2) on the test's own leftovers, so a failure leaves nothing behind.
+    left.iter().for_each(|&p| unsafe {
+        libc::kill(p as i32, libc::SIGKILL);
+    });
+    assert!(gone, "{topology:?}: node processes {left:?} outlived uvspan by 5 s\n{}", out.context());
+    assert!(!out.stderr.contains(NO_NODE), "{}", out.context());
+}
+
+#[test]
+fn sigterm_stops_the_commands_group() {
+    sigterm_stops_the_group(Topology::Host);
+}
+
+#[test]
+fn sigterm_stops_the_commands_group_in_one_namespace() {
+    sigterm_stops_the_group(Topology::BothInOne);
+}
+
+#[test]
+fn sigterm_stops_the_commands_group_app_alone() {
+    sigterm_stops_the_group(Topology::AppAlone);
+}
+
+/// What a shell started in the background and left running when it exited
+/// is stopped when the run ends, and said.
+#[test]
+fn what_the_command_leaves_running_is_stopped() {
+    require_root();
+    let script = format!("node {} left & sleep 1", fixture("stay.js"));
+    let mut uv = Running::spawn(uvspan_cmd(["--status-interval", "0", "--", "sh", "-c", &script]));
+    uv.wait_stdout(RUN_TIMEOUT, "node up", |o| o.contains("up-left"));
+    let node = tree_of(uv.pid).iter().find(|t| t.1 == "node").map(|t| t.0).expect("node under uvspan");
+    let out = uv.finish(RUN_TIMEOUT);
+    let gone = wait_until(Duration::from_secs(5), || !alive(node));
+    if !gone {
+        // SAFETY: kill(2) on the test's own leftover.
+        unsafe { libc::kill(node as i32, libc::SIGKILL) };
+    }
+    assert!(gone, "node {node} outlived uvspan\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert!(out.stderr.contains(&format!("uvspan: stopped 1 process(es) the command left running (pids {node})")), "{}", out.context());
+}
+
+/// `uvspan run` leaves nothing in its process group once it has exited (no
+/// child of its own, not even a zombie).
+#[test]
+fn uvspan_run_leaves_no_process_behind() {
+    require_root();
+    let out = run(uvspan_cmd(["run", "--", "node", "-e", "setTimeout(() => {}, 50)"]));
+    // Right after the exit: Running put uvspan in a process group of its own.
+    let group: Vec<String> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let rest: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+            (rest.get(2)?.parse::<u32>().ok()? == out.pid).then(|| format!("{pid}: {stat}"))
+        })
+        .collect();
+    assert!(group.is_empty(), "left in uvspan run's process group: {group:#?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{}", out.context());
 }

@@ -317,6 +317,9 @@ impl Agent {
             return Ok(false);
         }
         if self.timers.check.due() {
+            if let Some(c) = &self.command {
+                crate::discover::tree::reap_orphans(Some(c.pid));
+            }
             if self.check_exited() {
                 return Ok(false);
             }
@@ -618,6 +621,19 @@ impl Agent {
 
     /// What the kernel still holds, flush, the summary; the exit code.
     pub fn shutdown(mut self) -> Result<i32> {
+        // What the command left running is stopped (its exits recorded below).
+        if !self.cli.command.is_empty() {
+            let left = crate::discover::tree::stop_leftovers(Duration::from_secs(3));
+            if !left.is_empty() {
+                let mut pids: Vec<String> = left.iter().map(u32::to_string).collect();
+                pids.truncate(10);
+                eprintln!(
+                    "uvspan: stopped {} process(es) the command left running (pids {}): none outlives uvspan",
+                    left.len(),
+                    pids.join(", ")
+                );
+            }
+        }
         let _ = self.rb.consume();
         self.handle_records(true);
         self.read_loop_times();
@@ -692,6 +708,7 @@ impl Agent {
                 cli.command[0]
             );
         }
+        let report_run = report.is_some();
         if let Some(r) = report {
             let facts = crate::report::aggregate::RunFacts {
                 command: cli.command.clone(),
@@ -710,6 +727,12 @@ impl Agent {
         }
         // Detaching uprobes waits for the kernel (~40 ms): a child process
         // does it after we are gone.
+        // Not behind `uvspan run`: a CI job's process group is left empty.
+        if report_run {
+            drop(rb);
+            drop(tracer);
+            return Ok(exit_code);
+        }
         wake::detach_after_exit();
         drop(rb);
         drop(tracer);

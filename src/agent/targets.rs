@@ -81,6 +81,7 @@ impl Agent {
     pub(super) fn start_command(&mut self, node: &target::CommandNode, found: Instant) -> Result<()> {
         let images = &node.images;
         let w = self.waker.clone();
+        crate::discover::tree::become_subreaper();
         let child = target::spawn_held(&self.cli.command, move || w.wake())?;
         let report = self.tracer.attach(images, child.pid, true)?.report;
         self.tracer.add_pid(child.pid, &report)?;
@@ -192,17 +193,20 @@ impl Agent {
         })
     }
 
-    /// SIGINT/SIGTERM: passed on to the command, whose exit (within 10 s)
-    /// ends the run; without a command, the run ends now.
+    /// SIGINT/SIGTERM: passed on to the command and every process below it
+    /// (what a shell started in the background too), whose exit (within
+    /// 10 s) ends the run; without a command, the run ends now.
     pub(super) fn stop_for_signal(&mut self) -> bool {
         let sig = self.signal.load(Ordering::SeqCst);
         if sig == 0 {
             return false;
         }
         match (&self.command, self.forwarded_at) {
-            (Some(child), None) => {
-                // SAFETY: kill(2) with a PID we started and a valid signal number.
-                unsafe { libc::kill(child.pid as i32, sig) };
+            (Some(_), None) => {
+                // uvspan's only children are the command's tree (uvspan is
+                // its subreaper: orphans stay below it).
+                let tree = crate::discover::tree::descendants(std::process::id());
+                crate::discover::tree::signal(&tree, sig);
                 self.forwarded_at = Some(Instant::now());
                 false
             }
