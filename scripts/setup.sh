@@ -7,8 +7,9 @@
 # binutils' strip (the Node build matrix, tests/matrix.rs, strips a copy of node;
 # clang pulls binutils in on Debian, but not every clang install does), and
 # chromium (tests/run.rs renders the HTML report headless), podman and runc
-# (tests/namespaces.rs: real containers), and Debian's PostgreSQL, MariaDB and
-# redis-server with their clients (tests/db.rs runs private instances of each).
+# (tests/namespaces.rs: real containers), Debian's PostgreSQL, MariaDB and
+# redis-server with their clients (tests/db.rs and tests/realcode.rs run
+# private instances of each), and Bun from npm (tests/first_contact.rs).
 # Idempotent: it installs only what is missing.
 #   scripts/setup.sh           build + test machine (also checks node and BTF)
 #   scripts/setup.sh --build   build only (the Dockerfile's build stage)
@@ -62,4 +63,14 @@ if [ $build_only -eq 1 ]; then
 fi
 command -v node >/dev/null || { echo "setup: node not found: install Node.js (the demo and tests trace it)" >&2; exit 1; }
 [ -e /sys/kernel/btf/vmlinux ] || { echo "setup: this kernel has no BTF (/sys/kernel/btf/vmlinux): uvspan needs it" >&2; exit 1; }
+# tests/first_contact.rs: Bun from npm (its platform package ships the
+# binary), pinned by tests/fixtures/bun/package-lock.json; its install
+# script is not run (the binary is used where the package puts it).
+bun_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/fixtures/bun"
+if [ ! -x "$bun_dir/node_modules/@oven/bun-linux-x64/bin/bun" ] || ! cmp -s "$bun_dir/package-lock.json" "$bun_dir/node_modules/.uvspan-lock"; then
+  command -v npm >/dev/null || { echo "setup: npm not found: install it (the tests install Bun with it)" >&2; exit 1; }
+  echo "setup: npm ci in tests/fixtures/bun (Bun, for the test of a runtime that is not Node.js)" >&2
+  (cd "$bun_dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >/dev/null)
+  cp "$bun_dir/package-lock.json" "$bun_dir/node_modules/.uvspan-lock"
+fi
 echo "setup: ok (clang $(clang -dumpversion), node $(node --version), kernel $(uname -r))" >&2

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # The test suite: unit and golden tests (no root) and end-to-end tests that
 # trace real node processes with eBPF and receive real OTLP (root needed).
+# Every test binary runs even when one fails; the last line sums them all:
+# "N passed, N failed[, N ignored]". The exit status is non-zero when any
+# test failed or a test binary did not build or run to its end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -21,4 +24,8 @@ for d in bench tests/realcode tests/db; do
     cp "$d/package-lock.json" "$d/node_modules/.lock-installed"
   fi
 done
-cargo test --release "$@"
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --release --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
+./scripts/test-summary.sh "$log" "$status"

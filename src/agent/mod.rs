@@ -135,6 +135,15 @@ pub struct Agent {
     command: Option<Spawned>,
     /// The images `-- COMMAND` was attached for.
     command_images: Option<Images>,
+    /// `-- COMMAND`: the node executable its probes are for, and whether a
+    /// Node.js process ran under it (the command itself, an exec of that
+    /// node, or a record of its probes).
+    node_exe: Option<(u64, u64)>,
+    node_ran: bool,
+    /// A process of the command exec'd something gone before it could be
+    /// looked at, and a loop was seen: it may have been Node.js.
+    exec_unknown: bool,
+    loop_seen: bool,
     waker: Waker,
     signal: Arc<AtomicI32>,
     /// When a signal was passed on to the command.
@@ -239,6 +248,10 @@ impl Agent {
             watcher: None,
             command: None,
             command_images: None,
+            node_exe: None,
+            node_ran: false,
+            exec_unknown: false,
+            loop_seen: false,
             waker,
             signal,
             forwarded_at: None,
@@ -267,8 +280,8 @@ impl Agent {
         if discovering {
             agent.start_watching()?;
         }
-        if let Some(images) = &targets.command_node {
-            agent.start_command(images, targets.found)?;
+        if let Some(node) = &targets.command_node {
+            agent.start_command(node, targets.found)?;
         }
         // The first sampling window starts now that the probes are live.
         agent.windows = share.map(|s| sampling::Windows::new(s, Instant::now()));
@@ -304,6 +317,9 @@ impl Agent {
             return Ok(false);
         }
         if self.timers.check.due() {
+            if let Some(c) = &self.command {
+                crate::discover::tree::reap_orphans(Some(c.pid));
+            }
             if self.check_exited() {
                 return Ok(false);
             }
@@ -418,6 +434,15 @@ impl Agent {
     /// One decoded record into the process table, the request tracker
     /// and `out`.
     fn handle_one(&mut self, rec: Record, out: &mut procs::Out) {
+        // Records of libuv's or V8's probes: a Node.js process ran (those
+        // probes are in Node's images only). An event loop alone is not
+        // one: its epoll waits may be read from tracepoints, which any
+        // program's loop passes (Bun's, Python's asyncio).
+        match &rec {
+            Record::Fs(_) | Record::Dns(_) | Record::Http(_) | Record::Gc(_) | Record::Held(_) => self.node_ran = true,
+            Record::Loop(_) => self.loop_seen = true,
+            _ => {}
+        }
         match rec {
             Record::Held(h) => self.held.hold(h, crate::events::clock::monotonic_ns),
             // The kernel ended a request whose records were sent held.
@@ -596,6 +621,19 @@ impl Agent {
 
     /// What the kernel still holds, flush, the summary; the exit code.
     pub fn shutdown(mut self) -> Result<i32> {
+        // What the command left running is stopped (its exits recorded below).
+        if !self.cli.command.is_empty() {
+            let left = crate::discover::tree::stop_leftovers(Duration::from_secs(3));
+            if !left.is_empty() {
+                let mut pids: Vec<String> = left.iter().map(u32::to_string).collect();
+                pids.truncate(10);
+                eprintln!(
+                    "uvspan: stopped {} process(es) the command left running (pids {}): none outlives uvspan",
+                    left.len(),
+                    pids.join(", ")
+                );
+            }
+        }
         let _ = self.rb.consume();
         self.handle_records(true);
         self.read_loop_times();
@@ -611,7 +649,23 @@ impl Agent {
         self.stats.gc_events_dropped = self.gcs.dropped;
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent {
-            exporter, health_metrics, op_metrics, procs, stats, cli, rb, tracer, mut exit_code, _rt, report, listener, health, ..
+            exporter,
+            health_metrics,
+            op_metrics,
+            procs,
+            stats,
+            cli,
+            rb,
+            tracer,
+            mut exit_code,
+            _rt,
+            report,
+            listener,
+            health,
+            node_ran,
+            exec_unknown,
+            loop_seen,
+            ..
         } = self;
         if let Some(l) = listener {
             l.finish(cli.flush_timeout);
@@ -645,6 +699,16 @@ impl Agent {
                 pids.join(", ")
             );
         }
+        // A command under which no Node.js process ran: nothing was traced.
+        let maybe = exec_unknown && (loop_seen || k.loop_iterations > 0);
+        let nothing = !cli.command.is_empty() && !node_ran && !maybe;
+        if nothing {
+            eprintln!(
+                "uvspan: no Node.js process ran under {} (it and what it started are not Node.js): nothing was traced",
+                cli.command[0]
+            );
+        }
+        let report_run = report.is_some();
         if let Some(r) = report {
             let facts = crate::report::aggregate::RunFacts {
                 command: cli.command.clone(),
@@ -656,9 +720,19 @@ impl Agent {
                 unseen: procs.unseen.clone(),
             };
             exit_code = r.finish(facts);
+            // A job uvspan could not see is never a clean gate.
+            if nothing && exit_code == 0 {
+                exit_code = crate::report::EXIT_UNSEEN;
+            }
         }
         // Detaching uprobes waits for the kernel (~40 ms): a child process
         // does it after we are gone.
+        // Not behind `uvspan run`: a CI job's process group is left empty.
+        if report_run {
+            drop(rb);
+            drop(tracer);
+            return Ok(exit_code);
+        }
         wake::detach_after_exit();
         drop(rb);
         drop(tracer);

@@ -48,12 +48,11 @@ pub struct Sampled {
     pub work: Option<f64>,
 }
 
-/// "uvspan: tracing …", and the notices of what this build loses (once per
-/// binary: `notices_too`).
-pub fn announce(pid: Option<u32>, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
+/// "uvspan: tracing WHO (…)", and the notices of what this build loses
+/// (once per binary: `notices_too`).
+pub fn announce(who: &str, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
     let loc = &images.libuv;
     let attached = report.iter().filter(|r| r.state == ProbeState::Usable).count();
-    let who = pid.map_or_else(|| "command".to_string(), |p| format!("process {p}"));
     let version = match (&images.node_version, &loc.image.libuv_version) {
         (Some(n), Some(u)) => format!("node {n}, libuv {u}"),
         (Some(n), None) => format!("node {n}"),

@@ -1,6 +1,7 @@
 //! The processes traced: --pid targets, the processes --all finds, and
 //! `-- COMMAND` (started, attached, its execs, its exit, signals passed on).
 
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -18,7 +19,7 @@ use crate::symbols::Images;
 pub(super) struct Targets {
     pub(super) found: Instant,
     pub(super) pids: Vec<(u32, Images)>,
-    pub(super) command_node: Option<Images>,
+    pub(super) command_node: Option<target::CommandNode>,
 }
 
 /// Resolves --pid targets and the command's node while BPF loads (reading
@@ -38,7 +39,7 @@ impl Agent {
     pub(super) fn attach_target(&mut self, pid: u32, images: &Images, found: Instant) -> Result<()> {
         let report = self.tracer.attach(images, pid, false)?.report;
         self.tracer.add_pid(pid, &report)?;
-        report::announce(Some(pid), images, &report, found.elapsed(), true);
+        report::announce(&format!("process {pid}"), images, &report, found.elapsed(), true);
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
         self.start_sampling(pid, images);
         Ok(())
@@ -77,13 +78,25 @@ impl Agent {
 
     /// `-- COMMAND`: started held before exec, attached (every process of the
     /// binary, the kernel keeps this one and its children), then released.
-    pub(super) fn start_command(&mut self, images: &Images, found: Instant) -> Result<()> {
+    pub(super) fn start_command(&mut self, node: &target::CommandNode, found: Instant) -> Result<()> {
+        let images = &node.images;
         let w = self.waker.clone();
+        crate::discover::tree::become_subreaper();
         let child = target::spawn_held(&self.cli.command, move || w.wake())?;
         let report = self.tracer.attach(images, child.pid, true)?.report;
         self.tracer.add_pid(child.pid, &report)?;
         self.start_sampling(child.pid, images);
-        report::announce(None, images, &report, found.elapsed(), true);
+        match &node.not_node {
+            None => {
+                self.node_ran = true;
+                report::announce("command", images, &report, found.elapsed(), true);
+            }
+            Some(why) => {
+                eprintln!("uvspan: {why}: uvspan cannot trace it");
+                report::announce("the Node.js processes it starts", images, &report, found.elapsed(), true);
+            }
+        }
+        self.node_exe = exe_id(&node.node_exe);
         // Its resource is read once it has exec'd (the exec record).
         self.procs.add(child.pid, Origin::Other, images.node_version.clone(), &self.exporter, false);
         if let Some(r) = self.report.as_mut() {
@@ -103,6 +116,12 @@ impl Agent {
     /// are left alone.
     pub(super) fn command_exec(&mut self, pid: u32) {
         let Some(cmd) = &self.command_images else { return };
+        if !self.node_ran {
+            match exe_id(Path::new(&format!("/proc/{pid}/exe"))) {
+                Some(exe) => self.node_ran = Some(exe) == self.node_exe,
+                None => self.exec_unknown = true,
+            }
+        }
         // --stacks: its loop thread's samples (the sampler covers every CPU;
         // only the processes added are named). A new image: its caches go.
         if let Some(st) = self.stacks.as_mut() {
@@ -157,7 +176,7 @@ impl Agent {
         if let Err(e) = self.tracer.add_pid(pid, &attach.report) {
             return eprintln!("uvspan: cannot trace process {pid}: {e:#}");
         }
-        report::announce(Some(pid), &images, &attach.report, since.elapsed(), attach.new);
+        report::announce(&format!("process {pid}"), &images, &attach.report, since.elapsed(), attach.new);
         self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
         self.start_sampling(pid, &images);
     }
@@ -174,17 +193,20 @@ impl Agent {
         })
     }
 
-    /// SIGINT/SIGTERM: passed on to the command, whose exit (within 10 s)
-    /// ends the run; without a command, the run ends now.
+    /// SIGINT/SIGTERM: passed on to the command and every process below it
+    /// (what a shell started in the background too), whose exit (within
+    /// 10 s) ends the run; without a command, the run ends now.
     pub(super) fn stop_for_signal(&mut self) -> bool {
         let sig = self.signal.load(Ordering::SeqCst);
         if sig == 0 {
             return false;
         }
         match (&self.command, self.forwarded_at) {
-            (Some(child), None) => {
-                // SAFETY: kill(2) with a PID we started and a valid signal number.
-                unsafe { libc::kill(child.pid as i32, sig) };
+            (Some(_), None) => {
+                // uvspan's only children are the command's tree (uvspan is
+                // its subreaper: orphans stay below it).
+                let tree = crate::discover::tree::descendants(std::process::id());
+                crate::discover::tree::signal(&tree, sig);
                 self.forwarded_at = Some(Instant::now());
                 false
             }
@@ -192,6 +214,12 @@ impl Agent {
             (None, _) => true,
         }
     }
+}
+
+/// (device, inode) of an executable file.
+pub(super) fn exe_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn say_trouble(t: Trouble) {

@@ -8,6 +8,7 @@ use crate::enrich::resource::{self, ProcFacts};
 
 pub mod pidns;
 pub mod target;
+pub mod tree;
 pub mod watcher;
 
 #[derive(Clone, Debug, Default)]

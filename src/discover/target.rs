@@ -66,40 +66,56 @@ pub fn shebang(head: &[u8]) -> Option<(String, Option<String>)> {
     Some((prog, parts.find(|a| !a.starts_with('-')).map(str::to_string)))
 }
 
+/// The Node.js binary a command runs, and what the command is when it is
+/// not Node.js itself.
+pub struct CommandNode {
+    pub images: Images,
+    /// The node executable the probes are for (a node process under the
+    /// command runs this file).
+    pub node_exe: PathBuf,
+    /// Why the command's own program is not Node.js ("/usr/bin/python3 is
+    /// not Node.js: no libuv in it"), when it is not: only the Node.js
+    /// processes it starts are traced.
+    pub not_node: Option<String>,
+}
+
 /// The Node.js binary a command will run: the command itself, the
 /// interpreter of a node script, or else `node` on PATH (for wrappers such as
 /// `npm` or `sh -c "node …"`, whose node children are followed).
-pub fn node_binary_for(argv0: &str) -> Result<Images> {
+pub fn node_binary_for(argv0: &str) -> Result<CommandNode> {
     let path_var = std::env::var("PATH").ok();
     let prog = resolve_program(argv0, path_var.as_deref())
         .ok_or_else(|| ExitCodeError { code: 127, msg: format!("command not found: {argv0} (not an executable file, and not on PATH)") })?;
     let mut head = [0u8; 256];
     let n = std::fs::File::open(&prog).and_then(|mut f| f.read(&mut head)).unwrap_or(0);
     let head = &head[..n];
-    let mut candidates = Vec::new();
-    if head.starts_with(b"\x7fELF") {
-        candidates.push(prog.clone());
+    // The program that runs first: the command, or its script's interpreter.
+    let first = if head.starts_with(b"\x7fELF") {
+        Some(prog.clone())
     } else if let Some((interp, arg)) = shebang(head) {
         if interp.ends_with("/env") {
-            if let Some(p) = arg.and_then(|a| resolve_program(&a, path_var.as_deref())) {
-                candidates.push(p);
-            }
+            arg.and_then(|a| resolve_program(&a, path_var.as_deref()))
         } else {
-            candidates.push(PathBuf::from(interp));
+            Some(PathBuf::from(interp))
         }
-    }
+    } else {
+        None
+    };
+    let script = |what: String| if first.as_ref() == Some(&prog) { what } else { format!("{} is a script; {what}", prog.display()) };
+    let not_node = match first.as_ref().map(|f| (f, symbols::locate_file(f))) {
+        Some((f, Ok(libuv))) => {
+            return Ok(CommandNode { images: Images::new(libuv, symbols::system_libc()), node_exe: f.clone(), not_node: None })
+        }
+        Some((_, Err(e))) if format!("{e}").contains(", not Node.js (") => script(format!("{e}")),
+        Some((f, Err(_))) => script(format!("{} is not Node.js (no libuv in it)", f.display())),
+        None => format!("{} is not Node.js (not an ELF executable, and not a script with a #! line)", prog.display()),
+    };
     if let Some(node) = resolve_program("node", path_var.as_deref()) {
-        candidates.push(node);
-    }
-    for c in &candidates {
-        if let Ok(libuv) = symbols::locate_file(c) {
-            return Ok(Images::new(libuv, symbols::system_libc()));
+        if let Ok(libuv) = symbols::locate_file(&node) {
+            return Ok(CommandNode { images: Images::new(libuv, symbols::system_libc()), node_exe: node, not_node: Some(not_node) });
         }
     }
-    bail!(
-        "cannot find the Node.js binary that {} will run: it is not node, not a node script, and no node with libuv is on PATH",
-        prog.display()
-    )
+    bail!("{not_node}: uvspan cannot trace it, and no node with libuv is on PATH for the Node.js processes it may start")
 }
 
 /// A command started by uvspan, stopped before exec until [`Spawned::release`].

@@ -48,6 +48,8 @@ pub struct Watcher {
     exec_again: HashSet<u32>,
     to_worker: Sender<(u32, u32)>,
     from_worker: Receiver<WorkerResult>,
+    /// uvspan's own executable: its other processes are not looked at.
+    own_exe: Option<ExeId>,
 }
 
 fn exe_id(pid: u32) -> Option<ExeId> {
@@ -55,11 +57,19 @@ fn exe_id(pid: u32) -> Option<ExeId> {
     std::fs::metadata(format!("/proc/{pid}/exe")).ok().map(|m| (m.dev(), m.ino()))
 }
 
+/// Bytes every uvspan executable holds (this very constant): another
+/// uvspan, of whatever build, is not a process to trace.
+const UVSPAN_MARK: &[u8] = b"uvspan: an eBPF agent, not a Node.js process";
+
 /// Whether an executable links a shared libuv or libnode (the loader maps it
-/// just after exec, so a first look can miss it).
+/// just after exec, so a first look can miss it); never a uvspan (its
+/// strings name them too).
 fn links_shared_libuv(pid: u32) -> bool {
     std::fs::read(format!("/proc/{pid}/exe"))
-        .map(|b| memchr::memmem::find(&b, b"libuv.so").is_some() || memchr::memmem::find(&b, b"libnode.so").is_some())
+        .map(|b| {
+            let has = |s: &[u8]| memchr::memmem::find(&b, s).is_some();
+            (has(b"libuv.so") || has(b"libnode.so")) && !has(UVSPAN_MARK)
+        })
         .unwrap_or(false)
 }
 
@@ -91,6 +101,7 @@ impl Watcher {
             exec_again: HashSet::new(),
             to_worker,
             from_worker,
+            own_exe: exe_id(std::process::id()),
         })
     }
 
@@ -111,7 +122,7 @@ impl Watcher {
             return Ok(None);
         }
         let Some(exe) = exe_id(pid) else { return Ok(None) };
-        if self.other_exes.contains(&exe) {
+        if self.other_exes.contains(&exe) || Some(exe) == self.own_exe {
             return Ok(None);
         }
         let Some(cand) = Candidate::read(pid) else { return Ok(None) };

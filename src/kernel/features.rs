@@ -112,18 +112,23 @@ pub fn known() -> Features {
 /// system call tracepoints).
 pub fn fallback_notice(errno: Option<i32>, by_uprobe: bool) -> String {
     let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::events::errno::error_type(-i64::from(e))));
-    let instead = if by_uprobe {
-        "by uprobes on each traced process's libc epoll_wait/epoll_pwait instead (two traps per blocking wait on a loop thread)"
-    } else {
-        "from the sys_enter/sys_exit tracepoints instead, which every system call on the host passes while uvspan \
-         runs (~0.2 µs each on the benchmark VM)"
-    };
-    format!("this kernel refuses fentry programs{why}, as kernels in lockdown do: the loop thread's epoll waits are read {instead}")
+    let instead =
+        if by_uprobe { "by libc epoll_wait uprobes (2 traps a wait)" } else { "at syscall tracepoints (~0.2 µs a host syscall)" };
+    format!("this kernel refuses fentry programs{why} (lockdown): loop epoll waits read {instead}")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fallback_notice_is_one_short_line() {
+        for by_uprobe in [true, false] {
+            let n = fallback_notice(Some(libc::EPERM), by_uprobe);
+            assert!(n.starts_with("this kernel refuses fentry programs (EPERM) (lockdown): loop epoll waits read "), "{n}");
+            assert!(!n.contains('\n') && n.chars().count() <= 125, "{} chars: {n}", n.chars().count());
+        }
+    }
 
     #[test]
     fn best_first_and_all_combinations() {

@@ -88,9 +88,11 @@ impl Sleeper {
 /// grace periods (~40 ms measured here), in the exiting task. The child
 /// inherits every fd, waits until this process is gone (its end of a pipe
 /// closes), then exits and pays that wait itself. It runs only
-/// async-signal-safe calls (close, read, _exit), and closes stdin, stdout
+/// async-signal-safe calls (close, setsid, read, _exit), and closes stdin, stdout
 /// and stderr first, so that a reader of uvspan's output sees it end when
-/// uvspan exits. When fork fails, uvspan simply detaches itself on exit.
+/// uvspan exits, and leaves uvspan's session and process group (setsid), so
+/// that what waits for the group is not held up by it either. When fork
+/// fails, uvspan simply detaches itself on exit.
 pub fn detach_after_exit() {
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two fds into the array we own.
@@ -98,7 +100,7 @@ pub fn detach_after_exit() {
         return;
     }
     // SAFETY: fork in a multi-threaded process: the child below only calls
-    // close, read and _exit, which are async-signal-safe.
+    // close, setsid, read and _exit, which are async-signal-safe.
     match unsafe { libc::fork() } {
         0 => {
             let mut b = [0u8; 1];
@@ -108,6 +110,7 @@ pub fn detach_after_exit() {
                 for fd in [0, 1, 2, fds[1]] {
                     libc::close(fd);
                 }
+                libc::setsid();
                 while libc::read(fds[0], b.as_mut_ptr().cast(), 1) < 0 && *libc::__errno_location() == libc::EINTR {}
                 libc::_exit(0);
             }

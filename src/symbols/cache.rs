@@ -52,6 +52,8 @@ struct Stored {
     node_io_uring_patch: bool,
     #[serde(default)]
     work_batch: Option<u64>,
+    #[serde(default)]
+    not_node: Option<String>,
 }
 
 impl Stored {
@@ -70,6 +72,7 @@ impl Stored {
             uv_version: img.uv_version,
             node_io_uring_patch: img.node_io_uring_patch,
             work_batch: img.work_batch,
+            not_node: img.not_node.clone(),
         }
     }
 
@@ -94,6 +97,7 @@ impl Stored {
             uv_version: self.uv_version,
             node_io_uring_patch: self.node_io_uring_patch,
             work_batch: self.work_batch,
+            not_node: self.not_node,
         })
     }
 }
@@ -102,9 +106,9 @@ impl Stored {
 /// chosen another way; 3: the libuv version and io_uring patch read from
 /// every image; 4: uv_version() read with a frame pointer too; 5: a probe
 /// point is not moved where a branch lands on it or on what it skips; 6:
-/// uv__work_done's batch point):
-/// older files are read again from the ELF.
-const FORMAT: u32 = 6;
+/// uv__work_done's batch point; 7: another runtime exporting libuv's API
+/// told apart): older files are read again from the ELF.
+const FORMAT: u32 = 7;
 
 /// The catalog's symbols whose probe points may skip argument writes, sorted.
 fn moved_args() -> Vec<String> {
@@ -156,6 +160,7 @@ mod tests {
             uv_version: Some(0x012e00),
             node_io_uring_patch: true,
             work_batch: Some(0x1234),
+            not_node: Some("Bun 1.4.5".into()),
         };
         let json = serde_json::to_string(&Stored::of(&img)).unwrap();
         let back = serde_json::from_str::<Stored>(&json).unwrap().image().unwrap();

@@ -39,6 +39,10 @@ pub struct Image {
     /// is `offsets[catalog::WORK_BATCH]`; None where that point is not
     /// found (each job's completion is probed instead).
     pub work_batch: Option<u64>,
+    /// Another JavaScript runtime that exports libuv's API for native
+    /// addons without running on libuv ("Bun 1.4.5"): not Node.js, nothing
+    /// to trace there.
+    pub not_node: Option<String>,
 }
 
 impl Image {
@@ -155,12 +159,15 @@ fn parse(elf: &object::File<'_>, data: &[u8], build_id: Option<String>) -> Image
         .and_then(|s| s.file_range())
         .and_then(|(o, n)| data.get(usize::try_from(o).ok()?..usize::try_from(o.checked_add(n)?).ok()?))
         .unwrap_or(data);
+    let dynstr = elf.section_by_name(".dynstr").and_then(|s| s.data().ok()).unwrap_or_default();
+    let not_node = other_runtime(dynstr, rodata);
     Image {
         build_id,
         offsets,
         single_stepped,
         has_symtab,
-        node_version: node_version(rodata),
+        node_version: if not_node.is_some() { None } else { node_version(rodata) },
+        not_node,
         libuv_version: uv_version.map(|v| format!("{}.{}.{}", v >> 16, (v >> 8) & 0xff, v & 0xff)),
         uv_version,
         node_io_uring_patch,
@@ -231,6 +238,20 @@ fn node_version(data: &[u8]) -> Option<String> {
     v[1..].split('.').all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())).then(|| v.to_string())
 }
 
+/// Bun: its exports are versioned `BUN_1.2` (in `.dynstr`), its version is
+/// in its banner "Bun v1.4.5 (Linux x64)". It exports libuv's API (and
+/// says it is a Node.js version) for native addons, but its I/O runs on its
+/// own event loop.
+fn other_runtime(dynstr: &[u8], rodata: &[u8]) -> Option<String> {
+    memchr::memmem::find(dynstr, b"\0BUN_")?;
+    let version = memchr::memmem::find_iter(rodata, b"Bun v").find_map(|at| {
+        let rest = rodata.get(at + 5..)?;
+        let end = rest.iter().take(20).position(|&b| !(b.is_ascii_digit() || b == b'.'))?;
+        (end > 0 && rest.get(end) == Some(&b' ')).then(|| String::from_utf8_lossy(&rest[..end]).into_owned())
+    });
+    Some(version.map_or_else(|| "Bun".to_string(), |v| format!("Bun {v}")))
+}
+
 /// A libuv version string in a libuv.so: a standalone "1.NN.N".
 fn libuv_version(data: &[u8]) -> Option<String> {
     data.split(|b| !b.is_ascii_graphic()).find_map(|s| {
@@ -246,6 +267,17 @@ fn libuv_version(data: &[u8]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bun_is_told_by_its_versioned_exports() {
+        let dynstr = b"\0uv_run\0napi_create_array\0BUN_1.2\0";
+        let rodata = b"x\0Bun v1.4.5 (Linux x64)\0";
+        assert_eq!(other_runtime(dynstr, rodata).as_deref(), Some("Bun 1.4.5"));
+        assert_eq!(other_runtime(dynstr, b"Bun v").as_deref(), Some("Bun"), "no version: still Bun");
+        assert_eq!(other_runtime(dynstr, b"Bun v1.2.3").as_deref(), Some("Bun"), "cut short");
+        assert_eq!(other_runtime(b"\0uv_run\0GLIBC_2.2.5\0", rodata), None, "Node's exports are not versioned so");
+        assert_eq!(other_runtime(b"", b""), None);
+    }
 
     #[test]
     fn uv_version_from_its_code() {

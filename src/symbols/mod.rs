@@ -157,6 +157,7 @@ pub fn locate(pid: u32) -> Result<Located> {
         std::fs::read_link(&exe_link).with_context(|| format!("cannot read {} (process gone, or no permission)", exe_link.display()))?;
     let exe_str = exe.to_string_lossy().trim_end_matches(" (deleted)").to_string();
     let img = inspect(&exe_link)?;
+    refuse_other_runtime(&exe_str, &img)?;
     if img.has_libuv() {
         return Ok(Located { attach_path: exe_link, path: exe_str, image: img });
     }
@@ -176,11 +177,23 @@ pub fn locate(pid: u32) -> Result<Located> {
     bail!("no libuv found in process {pid} ({exe_str}): it is not a Node.js process, or its libuv is not visible")
 }
 
+/// An executable of another JavaScript runtime (Bun) that exports libuv's
+/// API but does not run on it: said as what it is, in one line.
+fn refuse_other_runtime(path: &str, img: &Image) -> Result<()> {
+    match &img.not_node {
+        Some(what) => {
+            bail!("{path} is {what}, not Node.js (its I/O does not go through libuv: it only exports libuv's API for native addons)")
+        }
+        None => Ok(()),
+    }
+}
+
 /// libuv in an executable not yet started (the `--` command): the file
 /// itself, or the libuv.so / libnode.so it links against, looked up like the
 /// dynamic loader would (LD_LIBRARY_PATH, then the system directories).
 pub fn locate_file(path: &Path) -> Result<Located> {
     let img = inspect(path)?;
+    refuse_other_runtime(&path.display().to_string(), &img)?;
     if img.has_libuv() {
         return Ok(Located { attach_path: path.to_path_buf(), path: path.display().to_string(), image: img });
     }
