@@ -130,7 +130,19 @@ fn check_run(label: &str, stdout: &str, col: &Collector, pid: i64, ctx: &str, wh
         let at = e.time_unix_nano as f64 / 1e6;
         assert!(at >= it.start_ms() - CLOCK_SLACK_MS && at <= it.end_ms() + CLOCK_SLACK_MS, "{label}: {e:?} outside {}", it.brief());
     }
-    assert_eq!(seen, in_slow, "{label}: the iteration's v8js.gc events by type vs Node's gc entries in the callback\n{}", it.brief());
+    // The iteration holds the callback: each of Node's collections in it,
+    // and at most a scavenge or two besides (one can land in the same
+    // iteration outside the callback, the observer's own allocations).
+    for (t, n) in &in_slow {
+        assert!(
+            seen.get(t).copied().unwrap_or(0) >= *n,
+            "{label}: the iteration's v8js.gc events {seen:?} miss Node's gc entries in the callback {in_slow:?}\n{}",
+            it.brief()
+        );
+    }
+    let (got_n, want_n) = (seen.values().sum::<u64>(), in_slow.values().sum::<u64>());
+    assert!(got_n <= want_n + 2, "{label}: the iteration's v8js.gc events {seen:?} vs Node's in the callback {in_slow:?}\n{}", it.brief());
+    assert_eq!(seen.get("major"), in_slow.get("major"), "{label}: major collections {seen:?} vs {in_slow:?}");
     assert_eq!(it.int("uvspan.loop.gc_count"), Some(events.len() as i64), "{label}: {}", it.brief());
 
     // Its GC time: some, within the busy time, and no less than the longest

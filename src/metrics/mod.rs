@@ -436,11 +436,10 @@ impl Metrics {
             }
             return;
         }
-        let mut attrs = server_attrs(&f.method, f.tls, f.version, f.status);
-        if let Some(t) = &f.template {
-            attrs.push(("url.template", Val::Str(t.clone().into())));
-            attrs.sort();
-        }
+        // Not by url.template: the requests the kernel follows unsampled
+        // (metrics only) have no path, and the histogram is exact whatever
+        // is sampled only with the same attributes for every request.
+        let attrs = server_attrs(&f.method, f.tls, f.version, f.status);
         self.add(f.pid, Metric::HttpServer, attrs, secs(f.start_ns, f.end_ns));
         for c in &f.calls {
             self.call(f.pid, c);

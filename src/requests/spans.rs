@@ -79,7 +79,8 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
     if let Some(ua) = h.header("user-agent") {
         attrs.push(KeyValue::new(semconv::USER_AGENT_ORIGINAL, ua.to_string()));
     }
-    let end = req.last_ns;
+    // unanswered: until it was given up
+    let end = req.unanswered.map_or(req.last_ns, |(_, at)| at.max(req.last_ns));
     if let Some((service, method)) = h.grpc() {
         return grpc_span(req, src, &parent, attrs, service, method);
     }
@@ -103,7 +104,7 @@ fn server_span(req: &Request, src: &SpanContextSource<'_>) -> Span {
 /// A SERVER span whose response was not seen: says so, and how it ended.
 fn unanswered(s: &mut Span, req: &Request) {
     s.attributes.push(KeyValue::new(semconv::UVSPAN_HTTP_RESPONSE_SEEN, false));
-    if let Some(how) = req.unanswered {
+    if let Some((how, _)) = req.unanswered {
         s.attributes.push(KeyValue::new(semconv::UVSPAN_HTTP_ENDED_BY, how.as_str()));
     }
 }
@@ -119,7 +120,8 @@ fn grpc_span(req: &Request, src: &SpanContextSource<'_>, parent: &Parent, mut at
         attrs.push(KeyValue::new(semconv::HTTP_RESPONSE_STATUS_CODE, i64::from(code)));
     }
     let name = Cow::Owned(format!("{service}/{method}"));
-    let mut s = span(src, parent, req.span_id, name, SpanKind::Server, (req.start_ns, req.last_ns), attrs);
+    let end = req.unanswered.map_or(req.last_ns, |(_, at)| at.max(req.last_ns));
+    let mut s = span(src, parent, req.span_id, name, SpanKind::Server, (req.start_ns, end), attrs);
     match (req.grpc_status, req.status) {
         (Some(code), _) => {
             let name = semconv::grpc_status_name(u32::from(code));

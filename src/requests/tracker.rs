@@ -154,8 +154,9 @@ pub(super) struct Request {
     pub(super) grpc_status: Option<u8>,
     /// The kernel's sampler dropped it (`CAUSE_DROP`): its work sent no record.
     kernel_dropped: bool,
-    /// Ended before its response was seen: how ([`Unanswered`]).
-    pub(super) unanswered: Option<Unanswered>,
+    /// Ended before its response was seen: how ([`Unanswered`]), and
+    /// when (its SERVER span's end).
+    pub(super) unanswered: Option<(Unanswered, u64)>,
 }
 
 /// How a request whose response uvspan never saw was ended: its span then
@@ -824,8 +825,9 @@ impl Requests {
     /// its last work, if later): unanswered that long, not 0 ms.
     fn end_unanswered(&mut self, cause: u64, how: Unanswered, at_ns: u64) {
         if let Some(req) = self.open.get_mut(&cause).filter(|r| r.status.is_none()) {
-            req.last_ns = req.last_ns.max(at_ns);
-            req.unanswered = Some(how);
+            // The span's end only: the metrics and the tail rule keep its
+            // last work, as the kernel does for the requests it follows.
+            req.unanswered = Some((how, req.last_ns.max(at_ns)));
             self.stats.unanswered += 1;
         }
     }
