@@ -132,6 +132,9 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 	if (requests && !ts)
 		return 0;
 	b.ts = ts;
+	/* its callbacks are another callback than the thread's last (http.h) */
+	if (ts)
+		ts->ctx.callbacks++;
 	__u32 zero = 0;
 	b.jb = bpf_map_lookup_elem(&job_buf, &zero);
 	bpf_loop(UVSPAN_BATCH_WALK, batch_job, &b, 0);

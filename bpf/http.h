@@ -414,7 +414,11 @@ struct http_emit {
 	__u32 what;
 	__u8 capture;
 	__u8 tls;
-	__u16 _pad;
+	/* a wire record's number on its connection */
+	__u16 seq;
+	/* the thread's callback number (HTTP_WRITE, HTTP_WIRE_READ) */
+	__u32 callback;
+	__u32 _pad;
 };
 
 /* A global function: verified once (inline, the branches on a write's
@@ -424,8 +428,10 @@ __attribute__((noinline)) int emit_http_of(const struct http_emit *a)
 	if (!a)
 		return 0;
 	struct http_event *e = fill_http(a->what, a->cause, a->conn, a->data, a->avail, a->total, a->capture, a->tls);
-	if (e)
+	if (e) {
+		e->callback = a->callback;
 		send_http(e);
+	}
 	return 0;
 }
 
@@ -586,6 +592,107 @@ static __noinline int http_message(struct pt_regs *ctx)
 	return 0;
 }
 
+/* A client connection's first write (its first 16 bytes, `len` in its
+ * first buffer) looks like the start of a database protocol's message:
+ * PostgreSQL's startup (or SSL, GSS, cancel request) or a typed message, a
+ * MySQL packet (the handshake response, or a command), a Redis command
+ * array, a MongoDB message header. User space decides which (db::guess);
+ * this keeps every other connection's bytes off the ring buffer. */
+static __always_inline int wire_guess(const unsigned char *h, __u64 len)
+{
+	__u32 be0 = (__u32)h[0] << 24 | (__u32)h[1] << 16 | (__u32)h[2] << 8 | h[3];
+	__u32 be1 = (__u32)h[1] << 24 | (__u32)h[2] << 16 | (__u32)h[3] << 8 | h[4];
+	__u32 code = (__u32)h[4] << 24 | (__u32)h[5] << 16 | (__u32)h[6] << 8 | h[7];
+	if (be0 >= 8 && be0 <= len &&
+	    (code == 0x00030000 || code == 80877103 || code == 80877104 || code == 80877102))
+		return 1;
+	if ((h[0] == 'Q' || h[0] == 'P' || h[0] == 'B' || h[0] == 'E' || h[0] == 'S' || h[0] == 'X' || h[0] == 'p') &&
+	    be1 >= 4 && (__u64)be1 + 1 <= len)
+		return 1;
+	__u32 le3 = h[0] | (__u32)h[1] << 8 | (__u32)h[2] << 16;
+	if (le3 && (__u64)le3 + 4 <= len && h[3] <= 1)
+		return 1;
+	if (h[0] == '*' && h[1] >= '0' && h[1] <= '9')
+		return 1;
+	__u32 le0 = h[0] | (__u32)h[1] << 8 | (__u32)h[2] << 16 | (__u32)h[3] << 24;
+	__u32 op = h[12] | (__u32)h[13] << 8 | (__u32)h[14] << 16 | (__u32)h[15] << 24;
+	return le0 >= 21 && le0 <= len && (op == 2013 || op == 2004 || op == 2012);
+}
+
+/* One wire record (HTTP_WIRE_WRITE, HTTP_WIRE_READ) of a database
+ * connection: up to UVSPAN_HTTP_CAPTURE of its bytes, read at their exact
+ * length (a short reply near its buffer's end is still read); the first of
+ * a connection carries its peer. A global function: verified once. */
+__attribute__((noinline)) int emit_wire(const struct http_emit *a)
+{
+	if (!a)
+		return 0;
+	struct http_event *e = fill_http(a->what, a->cause, a->conn, 0, 0, a->total, 0, 0);
+	if (!e)
+		return 0;
+	__u32 n = a->avail > UVSPAN_HTTP_CAPTURE ? UVSPAN_HTTP_CAPTURE : a->avail;
+	if (n > UVSPAN_HTTP_CAPTURE)
+		n = UVSPAN_HTTP_CAPTURE;
+	if (n && !bpf_probe_read_user(e->data, n, (void *)a->data))
+		e->captured = n;
+	e->stream_id = a->seq;
+	e->callback = a->callback;
+	if (a->seq == 0)
+		peer_of(e, a->conn);
+	send_http(e);
+	return 0;
+}
+
+/* A client connection's write (its entry o; `head`: its first bytes):
+ * its protocol decided at the first; a database's every buffer sent up
+ * (its parser must see every byte in order, whoever writes them), a
+ * record each. Returns 1 when sent (no HTTP record then). A write of more
+ * buffers than UVSPAN_WRITE_BUFS loses the rest: the connection's
+ * sequence skips one, and user space stops parsing it. */
+static __always_inline int wire_write(struct stream_owner *o, __u64 cause, __u64 stream, __u64 bufs, __u32 nbufs,
+				      __u64 *first, const char *head, int http, __u32 callback)
+{
+	if (o->wire == WIRE_UNDECIDED)
+		o->wire = !http && wire_guess((const unsigned char *)head, first[1]) ? WIRE_DB : WIRE_OTHER;
+	if (o->wire != WIRE_DB)
+		return 0;
+	struct http_emit a = { .cause = cause, .conn = stream, .what = HTTP_WIRE_WRITE, .callback = callback };
+	for (int b = 0; b < UVSPAN_WRITE_BUFS; b++) {
+		if (b >= nbufs)
+			break;
+		__u64 buf[2] = {};
+		if (b == 0) {
+			buf[0] = first[0];
+			buf[1] = first[1];
+		} else {
+			bpf_probe_read_user(buf, sizeof(buf), (void *)(bufs + b * 16));
+		}
+		a.data = buf[0];
+		a.avail = a.total = buf[1];
+		a.seq = o->wire_seq++;
+		emit_wire(&a);
+	}
+	if (nbufs > UVSPAN_WRITE_BUFS)
+		o->wire_seq++;
+	return 1;
+}
+
+/* A read of a database connection (the thread's stream): sent up, under
+ * the thread's cause (its operations are their writes'). */
+static __always_inline int wire_read(struct thread_state *t, __u64 base, __s64 nread)
+{
+	struct conn_key k = { .pid = current_ids() >> 32, .ptr = t->ctx.stream };
+	struct stream_owner *o = bpf_map_lookup_elem(&stream_cause, &k);
+	if (!o || o->server || o->wire == WIRE_OTHER)
+		return 0;
+	struct http_emit a = {
+		.cause = fresh_cause(thread_cause(t)), .conn = k.ptr, .data = base, .avail = nread, .total = nread,
+		.what = HTTP_WIRE_READ, .seq = o->wire_seq++, .callback = t->ctx.callbacks,
+	};
+	emit_wire(&a);
+	return 0;
+}
+
 /* uv__stream_io(loop, w, events): a stream's callback is about to run; it
  * belongs to the cause of the stream's last write, or is a task of its own
  * (an I/O callback no request caused: a request line parsed in it makes the
@@ -601,6 +708,10 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 	t->ctx.stream = stream;
 	t->ctx.callbacks++;
 	t->ctx.read_head = 0;
+	/* a database's reads; a connection's before its first write, where its
+	 * server may speak first (MySQL's greeting) */
+	t->ctx.wire = c && !c->server && !c->child &&
+		      (c->wire == WIRE_DB || (c->wire == WIRE_UNDECIDED && c->pending));
 	__u64 cause = c && !c->mixed ? c->cause : 0;
 	/* readable (POLLIN): its writers' replies come (see client_write) */
 	if (c && !c->server && (PT_REGS_PARM3(ctx) & 1)) {
@@ -621,13 +732,16 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 static __always_inline int stream_read(struct pt_regs *ctx)
 {
 	__s64 nread = (__s64)PT_REGS_PARM2(ctx);
-	struct thread_state *t = requests && nread >= 12 ? thread_state_of(0) : 0;
+	struct thread_state *t = requests && nread > 0 ? thread_state_of(0) : 0;
 	if (!t || !t->ctx.stream)
 		return 0;
 	__u64 base = 0;
+	if (bpf_probe_read_user(&base, sizeof(base), (void *)PT_REGS_PARM3(ctx)))
+		return 0;
+	if (t->ctx.wire)
+		return wire_read(t, base, nread);
 	char head[8] = {};
-	if (bpf_probe_read_user(&base, sizeof(base), (void *)PT_REGS_PARM3(ctx)) ||
-	    bpf_probe_read_user(head, sizeof(head), (void *)base) || !is_response(head))
+	if (nread < 12 || bpf_probe_read_user(head, sizeof(head), (void *)base) || !is_response(head))
 		return 0;
 	t->ctx.read_head = base;
 	emit_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, base, nread, nread, 1, 0);
@@ -667,9 +781,17 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	__u64 first[2] = {};
 	if (nbufs)
 		bpf_probe_read_user(first, sizeof(first), (void *)bufs);
-	char head[8] = {};
+	char head[16] = {};
 	bpf_probe_read_user(head, sizeof(head), (void *)first[0]);
 	int call = is_request(head);
+	/* A client connection's: a database's bytes go up as they are. */
+	if (!server && requests) {
+		if (!owner)
+			owner = bpf_map_lookup_elem(&stream_cause, &key);
+		if (owner && !owner->child && wire_write(owner, cause, stream, bufs, nbufs, first, head, call || is_response(head),
+						       t ? t->ctx.callbacks : 0))
+			return 0;
+	}
 	/* A task's writes: only its calls (their replies are its), and the
 	 * ciphertext of its HTTPS call (its socket) right after its SSL_write. */
 	if (is_task(cause) && !call) {
@@ -688,7 +810,11 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 	if (khttp && dropped(cause) && !is_task(cause) && http_follow_write(cause, stream, first[0], first[1], total, head, call, 0))
 		return 0;
 	/* Only a head (status line, request line) is worth its bytes. */
-	emit_http(HTTP_WRITE, cause, stream, first[0], first[1], total, is_response(head) || call, 0);
+	struct http_emit a = {
+		.cause = cause, .conn = stream, .data = first[0], .avail = first[1], .total = total,
+		.what = HTTP_WRITE, .capture = is_response(head) || call, .callback = t ? t->ctx.callbacks : 0,
+	};
+	emit_http_of(&a);
 	return 0;
 }
 

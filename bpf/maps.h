@@ -149,6 +149,10 @@ struct thread_ctx {
 	/* where the response head a client stream's read reported starts (its
 	 * parser's begin there is not reported again: http_message) */
 	__u64 read_head;
+	/* the thread's stream's reads are sent up as wire records (its
+	 * protocol is a database's, or not decided and its server may speak
+	 * first: http.h stream_io) */
+	__u64 wire;
 };
 
 /* Per thread: the V8 garbage collections in progress (gc.h): when each
@@ -243,10 +247,17 @@ struct stream_owner {
 	 * for a reply), and written by two causes since then (`mixed`: the
 	 * replies' order is the protocol's, so the next read is a task of its
 	 * own, never one of the two). */
-	__u32 pending;
-	__u16 mixed;
+	__u16 pending;
+	__u8 mixed;
 	/* a child process's pipe (uv_spawn): its close is its spawner's */
-	__u16 child;
+	__u8 child;
+	/* A client connection's protocol, decided at its first write (enum
+	 * wire_state), and the number of its next wire record (user space
+	 * sees a lost record, or a new connection at the same address, by
+	 * it). */
+	__u8 wire;
+	__u8 _pad;
+	__u16 wire_seq;
 };
 
 struct {

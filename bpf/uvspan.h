@@ -199,6 +199,21 @@ enum http_what {
 	 * (HDR_HELD) is over for the kernel: `len` 1, they go on (kept, or
 	 * handed over: user space decides); 0, they are dropped. */
 	HTTP_TAIL = 8,
+	/* A database client connection's bytes (enum wire_state: WIRE_DB), as
+	 * the app wrote them (one record per buffer of a write) or read them:
+	 * `stream_id` is the connection's wire sequence number (from 0 at its
+	 * first), the first record carries the peer. `len` is what the
+	 * operation moved, `captured` the bytes in data. */
+	HTTP_WIRE_WRITE = 9,
+	HTTP_WIRE_READ = 10,
+};
+
+/* A client connection's protocol (struct stream_owner's `wire`), decided
+ * from the first bytes it is written. */
+enum wire_state {
+	WIRE_UNDECIDED = 0,
+	WIRE_DB = 1,    /* a database's (PostgreSQL, MySQL, Redis, MongoDB): its bytes sent up */
+	WIRE_OTHER = 2, /* HTTP, TLS, anything else: not sent up */
 };
 
 /* An HTTP2_CLIENT record's data: each request header uvspan reads in a
@@ -490,7 +505,11 @@ struct http_event {
 	unsigned short local_port;
 	unsigned char tls;
 	unsigned char _pad;
-	int stream_id;            /* HTTP/2 client streams' records: the stream (0: none) */
+	int stream_id;            /* HTTP/2 client streams' records: the stream (0: none); wire records: the sequence number */
+	/* HTTP_WRITE, wire records: the thread's callback number (struct
+	 * thread_ctx's `callbacks`): records of one callback share it */
+	unsigned int callback;
+	unsigned int _pad2;
 	unsigned char peer_addr[16];
 	char data[UVSPAN_HTTP_CAPTURE];
 };

@@ -131,6 +131,8 @@ pub struct Agent {
     stacks: Option<Stacks>,
     /// V8 garbage collections waiting for their slow iteration.
     gcs: crate::events::gc::PendingGcs,
+    /// Database connections' bytes made into operations.
+    wire: crate::db::live::Wire,
     watcher: Option<Watcher>,
     command: Option<Spawned>,
     /// The images `-- COMMAND` was attached for.
@@ -230,6 +232,7 @@ impl Agent {
             op_metrics: op_metrics.map(|(_, p)| p),
             stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
             gcs: Default::default(),
+            wire: crate::db::live::Wire::new(crate::db::Options::default()),
             joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window)),
             listener,
             cli,
@@ -337,6 +340,8 @@ impl Agent {
             }
             self.stats.short = self.procs.short;
             self.stats.gc_events_dropped = self.gcs.dropped;
+        self.stats.db = self.wire.stats;
+            self.stats.db = self.wire.stats;
             self.stats.sampling = self.sampled();
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
@@ -377,6 +382,13 @@ impl Agent {
         for rec in recs.drain(..) {
             self.handle_one(rec, &mut out);
         }
+        let mut ops = Vec::new();
+        if shutdown {
+            self.wire.flush(&mut ops);
+        } else {
+            self.wire.tick(crate::events::clock::monotonic_ns(), &mut ops);
+        }
+        self.db_ops(ops, &mut out);
         if recs.capacity() <= 65_536 {
             self.spare_records = recs;
         }
@@ -401,6 +413,13 @@ impl Agent {
         }
         self.exporter.tick();
         self.finished_to_metrics();
+    }
+
+    /// Database operations whose owner is known, into the process table.
+    fn db_ops(&mut self, ops: Vec<crate::db::live::DbRecord>, out: &mut procs::Out) {
+        for op in ops {
+            self.procs.handle(Record::Db(Box::new(op)), self.clock, &self.exporter, self.requests.as_mut(), out);
+        }
     }
 
     /// With metrics: the requests and calls that finished, counted.
@@ -439,7 +458,7 @@ impl Agent {
         // one: its epoll waits may be read from tracepoints, which any
         // program's loop passes (Bun's, Python's asyncio).
         match &rec {
-            Record::Fs(_) | Record::Dns(_) | Record::Http(_) | Record::Gc(_) | Record::Held(_) => self.node_ran = true,
+            Record::Fs(_) | Record::Dns(_) | Record::Http(_) | Record::Wire(_) | Record::Gc(_) | Record::Held(_) => self.node_ran = true,
             Record::Loop(_) => self.loop_seen = true,
             _ => {}
         }
@@ -456,6 +475,10 @@ impl Agent {
             }
             Record::Exec { pid, .. } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
             Record::Exit { pid, fast_iterations, .. } => {
+                // Its database operations first, while its requests are open.
+                let mut ops = Vec::new();
+                self.wire.exited(pid, &mut ops);
+                self.db_ops(ops, out);
                 if let Some(r) = self.report.as_mut() {
                     r.exited(pid, fast_iterations);
                 }
@@ -478,6 +501,19 @@ impl Agent {
                     s.forget(pid);
                 }
                 self.gcs.forget(pid);
+            }
+            Record::Wire(w) => {
+                let mut ops = Vec::new();
+                self.wire.record(&w, &mut ops);
+                self.db_ops(ops, out);
+            }
+            // A response written where a database operation's response was
+            // read says whose it was: decided before the response ends its request.
+            Record::Http(h) if h.what == decode::HttpWhat::Write => {
+                let mut ops = Vec::new();
+                self.wire.http_write(&h, &mut ops);
+                self.db_ops(ops, out);
+                self.procs.handle(Record::Http(h), self.clock, &self.exporter, self.requests.as_mut(), out);
             }
             Record::Stack(s) => {
                 if let Some(st) = self.stacks.as_mut() {

@@ -117,6 +117,7 @@ fn own_thread_ids(rec: &mut Record, v: &mut Views) {
         Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.pid, &mut op.tid, op.worker_tid.as_mut()),
         Record::Loop(r) => (r.pid, &mut r.tid, None),
         Record::Http(r) => (r.pid, &mut r.tid, None),
+        Record::Db(r) => (r.pid, &mut r.tid, None),
         _ => return,
     };
     *tid = v.tid(pid, *tid);
@@ -286,8 +287,13 @@ impl Procs {
                 Record::Fs(r) => m.fs(r),
                 Record::Dns(r) => m.dns(r),
                 Record::Gc(r) => m.gc(r),
+                Record::Db(r) => m.db(r),
                 _ => {}
             }
+        }
+        // An operation of a trace the kernel's sampler dropped: its metric only.
+        if matches!(&rec, Record::Db(d) if d.dropped) {
+            return;
         }
         // A collection's span event goes with its iteration (the agent's).
         if matches!(rec, Record::Gc(_)) {

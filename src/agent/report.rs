@@ -35,6 +35,8 @@ pub struct RunStats {
     /// `v8js.gc` span events dropped: more collections than a thread holds
     /// waiting for its next slow iteration (the metrics count them all).
     pub gc_events_dropped: u64,
+    /// Database connections and operations from their bytes.
+    pub db: crate::db::live::WireStats,
 }
 
 /// --sample-time: the share asked for and the shares the windows saw.
@@ -203,6 +205,25 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     } else {
         String::new()
     };
+    let d = &run.db;
+    let db = if d.connections > 0 || d.unknown > 0 {
+        let mut t = format!("; {} database operations on {} connections", d.ops, d.connections);
+        if d.lost_ops > 0 {
+            t += &format!(" ({} commands without an operation: unanswered when their connection's parsing ended or it was dropped)", d.lost_ops);
+        }
+        if d.stopped > 0 {
+            t += &format!(
+                ", {} connections no longer parsed (a lost record, bytes the parser could not follow, a protocol switch)",
+                d.stopped
+            );
+        }
+        if d.unknown > 0 {
+            t += &format!(", {} client connections of no known protocol", d.unknown);
+        }
+        t
+    } else {
+        String::new()
+    };
     let off = run.traces_off.map_or_else(String::new, |why| format!("; no span is sent anywhere ({why})"));
     let t = &run.tasks;
     let tasks = if t.tasks > 0 || t.processes > 0 {
@@ -219,7 +240,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{mixed}{tasks}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{mixed}{tasks}{db}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, unfinished(k, run), k.loop_iterations,
     )
 }

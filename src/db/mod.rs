@@ -23,6 +23,7 @@
 //! most [`PENDING_MAX`] requests awaiting their response and [`NAMES_MAX`]
 //! prepared statements and portals per connection.
 
+pub mod live;
 pub mod mongo;
 pub mod mysql;
 pub mod postgres;
@@ -191,14 +192,20 @@ impl Conn {
         self.dropped += out.dropped;
         if let Err(stop) = r {
             self.stop = Some(stop);
-            self.dropped += match &mut self.parser {
-                Parser::Postgres(p) => p.abandon(),
-                Parser::Mysql(p) => p.abandon(),
-                Parser::Redis(p) => p.abandon(),
-                Parser::Mongo(p) => p.abandon(),
-            };
+            self.dropped += self.abandon();
         }
         chunk
+    }
+
+    /// Forgets the requests awaiting their responses (the connection is
+    /// no longer followed); returns how many there were.
+    pub fn abandon(&mut self) -> u64 {
+        match &mut self.parser {
+            Parser::Postgres(p) => p.abandon(),
+            Parser::Mysql(p) => p.abandon(),
+            Parser::Redis(p) => p.abandon(),
+            Parser::Mongo(p) => p.abandon(),
+        }
     }
 
     /// The operations finished since the last call, in the order their

@@ -351,6 +351,15 @@ impl Parser {
                         self.client.bulk_keep = 0;
                     }
                 }
+                // The cut took its CRLF too: the bulk ends there.
+                Some((kind, left)) if skip - left <= 2 => {
+                    r.bulk = Some((kind, 0));
+                    if dir == Dir::Request {
+                        self.client.bulk_keep = 0;
+                    }
+                    let crlf = skip - left;
+                    return self.feed(dir, &b"\r\n"[..crlf], 0, out);
+                }
                 _ => return Err(Stop::Gap),
             }
         }

@@ -279,6 +279,12 @@ pub enum HttpWhat {
     /// for the kernel: `len` 1, they go on (kept, or handed over to user
     /// space, which decides); 0, they are dropped.
     Tail,
+    /// A database client connection's bytes the app wrote (one buffer of
+    /// a write) or read: `stream` is the connection's wire sequence number
+    /// (0 at its first record, which carries the peer). Decoded as
+    /// [`Record::Wire`].
+    WireWrite,
+    WireRead,
 }
 
 /// HTTP bytes seen at a parser or written on behalf of a cause.
@@ -306,6 +312,9 @@ pub struct HttpRecord {
     pub local_port: Option<u16>,
     /// The first bytes (request or status line and headers).
     pub data: Vec<u8>,
+    /// Writes and wire reads: the thread's callback number (records of
+    /// one callback share it; 0: not known).
+    pub callback: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -318,6 +327,12 @@ pub enum Record {
     Dns(DnsRecord),
     Loop(LoopRecord),
     Http(HttpRecord),
+    /// A database connection's bytes ([`HttpWhat::WireWrite`],
+    /// [`HttpWhat::WireRead`]): the wire stage (`db::live`) makes
+    /// [`Record::Db`] of them.
+    Wire(HttpRecord),
+    /// A database operation, from its connection's bytes.
+    Db(Box<crate::db::live::DbRecord>),
     Stack(StackRecord),
     Gc(GcRecord),
     Fork {
@@ -351,7 +366,8 @@ impl Record {
             Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => op.pid,
             Record::Held(r) => r.pid,
             Record::Loop(r) => r.pid,
-            Record::Http(r) => r.pid,
+            Record::Http(r) | Record::Wire(r) => r.pid,
+            Record::Db(r) => r.pid,
             Record::Stack(r) => r.pid,
             Record::Gc(r) => r.pid,
             Record::Fork { pid, .. } | Record::Exec { pid, .. } | Record::Exit { pid, .. } => *pid,
@@ -465,7 +481,10 @@ pub fn decode(data: &[u8]) -> Result<Record, DecodeError> {
         ev_kind::EV_DNS => dns(data).map(Record::Dns),
         ev_kind::EV_LOOP => iteration(data).map(Record::Loop),
         ev_kind::EV_STACK => stack(data).map(Record::Stack),
-        ev_kind::EV_HTTP => http(data).map(Record::Http),
+        ev_kind::EV_HTTP => http(data).map(|r| match r.what {
+            HttpWhat::WireWrite | HttpWhat::WireRead => Record::Wire(r),
+            _ => Record::Http(r),
+        }),
         ev_kind::EV_GC => gc(data).map(Record::Gc),
         kind @ (ev_kind::EV_PROC_FORK | ev_kind::EV_PROC_EXEC | ev_kind::EV_PROC_EXIT) => process(data, kind),
         other => Err(DecodeError::UnknownKind(other.0)),
@@ -568,6 +587,8 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         w if w == http_what::HTTP2_CLOSE.0 => HttpWhat::Http2Close,
         w if w == http_what::HTTP2_CLIENT.0 => HttpWhat::Http2Client,
         w if w == http_what::HTTP_TAIL.0 => HttpWhat::Tail,
+        w if w == http_what::HTTP_WIRE_WRITE.0 => HttpWhat::WireWrite,
+        w if w == http_what::HTTP_WIRE_READ.0 => HttpWhat::WireRead,
         _ => HttpWhat::Write,
     };
     // The captured bytes, straight from the record (one copy).
@@ -593,6 +614,7 @@ fn http(data: &[u8]) -> Result<HttpRecord, DecodeError> {
         peer: peer_addr(e.family, &e.peer_addr, e.peer_port),
         local_port: (e.family != 0).then_some(e.local_port),
         data: bytes,
+        callback: e.callback,
     })
 }
 

@@ -36,10 +36,14 @@ pub enum Metric {
     /// Every loop iteration's busy time (counted in the kernel).
     LoopIteration,
     Gc,
+    /// Database operations, from their connections' bytes.
+    Db,
 }
 
 /// The semantic conventions' advice for HTTP and DNS durations (s).
 const REQUEST_BOUNDS: [f64; 14] = [0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+/// The semantic conventions' advice for `db.client.operation.duration` (s).
+const DB_BOUNDS: [f64; 9] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0];
 /// The semantic conventions' advice for `v8js.gc.duration` (s).
 const GC_BOUNDS: [f64; 4] = [0.01, 0.1, 1.0, 10.0];
 /// fs operations take microseconds to seconds.
@@ -62,6 +66,7 @@ impl Metric {
             Metric::QueueWait => "uvspan.threadpool.queue.duration",
             Metric::LoopIteration => "uvspan.eventloop.iteration.duration",
             Metric::Gc => semconv::V8JS_GC_DURATION,
+            Metric::Db => crate::db::spans::DURATION_METRIC,
         }
     }
 
@@ -76,6 +81,7 @@ impl Metric {
             Metric::QueueWait => "Time threadpool work (fs, DNS) waited in libuv's queue for a free threadpool thread",
             Metric::LoopIteration => "Busy time of every event loop iteration: from its start to the next, less its waits for I/O",
             Metric::Gc => "Garbage collection duration (V8's GC prologue to epilogue callbacks, as perf_hooks measures it)",
+            Metric::Db => "Duration of database client operations: from the write of the command to the read of its response's end",
         }
     }
 
@@ -84,6 +90,7 @@ impl Metric {
             Metric::Fs | Metric::QueueWait => &FS_BOUNDS,
             Metric::LoopIteration => &ITER_BOUNDS,
             Metric::Gc => &GC_BOUNDS,
+            Metric::Db => &DB_BOUNDS,
             _ => &REQUEST_BOUNDS,
         }
     }
@@ -375,6 +382,12 @@ impl Metrics {
         if let (false, Some(start)) = (op.sync, op.work_start_ns) {
             self.add(op.pid, Metric::QueueWait, queue_attrs(work), secs(op.start_ns, start));
         }
+    }
+
+    /// A database operation (every one, whatever is sampled).
+    pub fn db(&mut self, r: &crate::db::live::DbRecord) {
+        let c = r.call();
+        self.add(r.pid, Metric::Db, crate::db::spans::metric_attributes(&c), crate::db::spans::duration_secs(&c));
     }
 
     pub fn dns(&mut self, r: &DnsRecord) {

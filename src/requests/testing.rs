@@ -29,6 +29,7 @@ pub(crate) fn http(what: HttpWhat, cause: u64, conn: u64, ts: u64, data: &str) -
         peer: Some("10.0.0.2:51000".parse().unwrap()),
         local_port: Some(8080),
         data: data.as_bytes().to_vec(),
+        callback: 0,
     }
 }
 

@@ -503,8 +503,9 @@ impl Requests {
                 }
                 self.finish(r.cause, src, ready);
             }
-            // The held records' verdict (the agent's, see held.rs).
-            HttpWhat::Tail => {}
+            // The held records' verdict (the agent's, see held.rs); a
+            // database connection's bytes (db::live's).
+            HttpWhat::Tail | HttpWhat::WireWrite | HttpWhat::WireRead => {}
         }
     }
 
@@ -781,6 +782,7 @@ impl Requests {
     pub fn work(&mut self, rec: Record, src: &SpanContextSource<'_>, ready: &mut Ready) -> Option<Record> {
         let (cause, pid, end) = match &rec {
             Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.cause, op.pid, op.end_ns),
+            Record::Db(r) => (r.cause, r.pid, r.end_ns),
             _ => return Some(rec),
         };
         if cause == 0 {

@@ -297,6 +297,7 @@ impl Tasks {
     pub fn work(&mut self, rec: Record, src: &SpanContextSource<'_>, ready: &mut Ready) -> Option<Record> {
         let (cause, pid, end) = match &rec {
             Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.cause, op.pid, op.end_ns),
+            Record::Db(r) => (r.cause, r.pid, r.end_ns),
             Record::Loop(r) => (0, r.pid, r.end_ns),
             _ => return Some(rec),
         };

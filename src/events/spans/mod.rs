@@ -205,7 +205,12 @@ pub fn build_into(rec: Record, src: &SpanContextSource<'_>, parent: Option<&Pare
         Record::Fs(r) => out.push(fs::span(&b, r)),
         Record::Dns(r) => out.push(dns::span(&b, r)),
         Record::Loop(r) => iteration::spans(&b, &r, out),
+        Record::Db(r) => {
+            let parent = Parent { trace_id: b.trace_id, span_id: b.parent, remote: b.parent_remote, state: b.state.clone() };
+            out.push(crate::db::spans::db_span(&r.call(), src.ids.new_span_id(), &parent, src));
+        }
         Record::Http(_)
+        | Record::Wire(_)
         | Record::Held(_)
         | Record::Stack(_)
         | Record::Gc(_)
