@@ -340,7 +340,6 @@ impl Agent {
             }
             self.stats.short = self.procs.short;
             self.stats.gc_events_dropped = self.gcs.dropped;
-        self.stats.db = self.wire.stats;
             self.stats.db = self.wire.stats;
             self.stats.sampling = self.sampled();
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
@@ -683,6 +682,7 @@ impl Agent {
         }
         self.stats.short = self.procs.short;
         self.stats.gc_events_dropped = self.gcs.dropped;
+        self.stats.db = self.wire.stats;
         report::update_health(&self.health, 0, &k, &self.stats);
         let Agent {
             exporter,

@@ -209,7 +209,10 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     let db = if d.connections > 0 || d.unknown > 0 {
         let mut t = format!("; {} database operations on {} connections", d.ops, d.connections);
         if d.lost_ops > 0 {
-            t += &format!(" ({} commands without an operation: unanswered when their connection's parsing ended or it was dropped)", d.lost_ops);
+            t += &format!(
+                " ({} commands without an operation: unanswered when their connection's parsing ended or it was dropped)",
+                d.lost_ops
+            );
         }
         if d.stopped > 0 {
             t += &format!(
@@ -219,6 +222,12 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         }
         if d.unknown > 0 {
             t += &format!(", {} client connections of no known protocol", d.unknown);
+        }
+        if d.unattributed > 0 {
+            t += &format!(
+                ", {} not under a request (their responses came in one read with several requests' answers: pipelined commands of several requests)",
+                d.unattributed
+            );
         }
         t
     } else {

@@ -41,6 +41,8 @@ pub const CHUNKS_MAX: usize = 8192;
 pub const HOLD_NS: u64 = 200_000_000;
 /// The most operations waiting so.
 const HELD_MAX: usize = 4096;
+/// The latest answers remembered.
+const ANSWERS_MAX: usize = 256;
 /// Bytes of a connection's first read kept while its protocol is not known
 /// (MySQL's server speaks first).
 const GREETING_MAX: usize = 1024;
@@ -104,6 +106,10 @@ pub struct WireStats {
     /// hand-off): given to the request that answered in their response's
     /// callback.
     pub handed_off: u64,
+    /// Operations whose response callback answered several requests that
+    /// cannot be matched to them (pipelined commands of several requests):
+    /// exported as no request's.
+    pub unattributed: u64,
 }
 
 /// A chunk's record facts: when, by whom, under which cause.
@@ -113,6 +119,8 @@ struct Chunk {
     tid: u32,
     cause: u64,
     dropped: bool,
+    /// A read's callback number (0: a write, or not known).
+    read_callback: u32,
 }
 
 enum State {
@@ -147,6 +155,8 @@ struct Waiting {
     /// The next command on its connection was written in that callback
     /// (a transaction's next statement, or a pool's hand-off).
     continued: bool,
+    /// The requests that answered their clients in that callback.
+    answers: Vec<u64>,
     /// Whose it is, once known.
     owner: Option<u64>,
 }
@@ -158,6 +168,10 @@ pub struct Wire {
     waiting: VecDeque<Waiting>,
     /// The newest record's time seen.
     now_ns: u64,
+    /// The latest answers (responses written), by thread and callback: an
+    /// operation's response may span reads, and its request may answer in
+    /// the first (an error) before the last ends it.
+    answers: VecDeque<((u32, u32, u32), u64)>,
     options: Options,
     pub stats: WireStats,
 }
@@ -181,16 +195,24 @@ impl Wire {
     /// An HTTP write: a response written in an operation's response
     /// callback says whose it was.
     pub fn http_write(&mut self, r: &HttpRecord, out: &mut Vec<DbRecord>) {
-        if self.waiting.is_empty() {
+        if self.links.is_empty() {
             return;
         }
         self.went_on(r);
         if r.callback != 0 && r.data.starts_with(b"HTTP/") && crate::tasks::cause::task_of(r.cause).is_none() {
-            let at = |w: &Waiting| w.owner.is_none() && w.callback != 0 && (w.rec.pid, w.tid, w.callback) == (r.pid, r.tid, r.callback);
-            let hit: Vec<usize> = (0..self.waiting.len()).filter(|&i| at(&self.waiting[i])).collect();
-            for i in hit {
-                // The writer's own answer keeps it; another's takes it.
-                self.decide(i, r.cause);
+            if self.answers.len() >= ANSWERS_MAX {
+                self.answers.pop_front();
+            }
+            self.answers.push_back(((r.pid, r.tid, r.callback), r.cause));
+            for w in self.waiting.iter_mut() {
+                if w.owner.is_none()
+                    && w.callback != 0
+                    && (w.rec.pid, w.tid, w.callback) == (r.pid, r.tid, r.callback)
+                    && !w.answers.contains(&r.cause)
+                    && w.answers.len() < 8
+                {
+                    w.answers.push(r.cause);
+                }
             }
         }
         self.release(false, out);
@@ -243,12 +265,54 @@ impl Wire {
                 w.callback != 0 && w.rec.pid == r.pid && w.tid == r.tid && w.callback != r.callback
             })
             .collect();
-        for i in over {
+        let mut callbacks: Vec<u32> = over.iter().map(|&i| self.waiting[i].callback).collect();
+        callbacks.dedup();
+        for cb in callbacks {
+            let group: Vec<usize> = over.iter().copied().filter(|&i| self.waiting[i].callback == cb).collect();
+            self.callback_over(&group);
+        }
+    }
+
+    /// The callback where operations `group` took their responses is over
+    /// (all of one thread's callback): whose each one was. An operation is
+    /// its writer's when the writer answered there, or the one request's
+    /// that answered there when it is the only operation; several
+    /// operations of one writer are one operation here (a pipeline); several
+    /// operations and several answers that do not match their writers one
+    /// to one cannot be told apart: they are no request's (counted), never
+    /// a guess. One that no one answered for is its writer's, or, when the
+    /// next command was written there, whoever that one's is.
+    fn callback_over(&mut self, group: &[usize]) {
+        let writers: Vec<u64> = group.iter().map(|&i| self.waiting[i].rec.cause).collect();
+        let answers = group.first().map(|&i| self.waiting[i].answers.clone()).unwrap_or_default();
+        let distinct = writers.iter().enumerate().all(|(k, w)| !writers[..k].contains(w));
+        for (k, &i) in group.iter().enumerate() {
             self.waiting[i].callback = 0;
-            if self.waiting[i].owner.is_none() && !self.waiting[i].continued {
-                let writer = self.waiting[i].rec.cause;
-                self.decide(i, writer);
+            if self.waiting[i].owner.is_some() {
+                continue;
             }
+            let writer = writers[k];
+            let owner = if answers.is_empty() {
+                if self.waiting[i].continued {
+                    continue;
+                }
+                writer
+            } else if group.len() == 1 || writers.iter().all(|w| *w == writers[0]) {
+                if answers.contains(&writer) {
+                    writer
+                } else if answers.len() == 1 {
+                    answers[0]
+                } else {
+                    self.stats.unattributed += 1;
+                    0
+                }
+            } else if distinct && writers.iter().all(|w| answers.contains(w)) {
+                writer
+            } else {
+                self.stats.unattributed += 1;
+                0
+            };
+            self.decide(i, owner);
         }
     }
 
@@ -270,6 +334,18 @@ impl Wire {
     fn release(&mut self, all: bool, out: &mut Vec<DbRecord>) {
         while let Some(w) = self.waiting.front() {
             let late = all || w.rec.end_ns + HOLD_NS < self.now_ns || self.waiting.len() > HELD_MAX;
+            if late && w.owner.is_none() && w.callback != 0 {
+                let key = (w.rec.pid, w.tid, w.callback);
+                let group: Vec<usize> = (0..self.waiting.len())
+                    .filter(|&i| {
+                        let v = &self.waiting[i];
+                        v.callback != 0 && (v.rec.pid, v.tid, v.callback) == key
+                    })
+                    .collect();
+                self.callback_over(&group);
+                continue;
+            }
+            let Some(w) = self.waiting.front() else { break };
             let owner = match w.owner {
                 Some(o) => o,
                 None if late => w.rec.cause,
@@ -323,7 +399,8 @@ impl Wire {
             }
         }
         link.next_seq = seq.wrapping_add(1);
-        let chunk = Chunk { ts_ns: r.ts_ns, tid: r.tid, cause: r.cause, dropped: r.dropped };
+        let read_callback = if dir == Dir::Response { r.callback } else { 0 };
+        let chunk = Chunk { ts_ns: r.ts_ns, tid: r.tid, cause: r.cause, dropped: r.dropped, read_callback };
         let len = (r.len as usize).max(r.data.len());
         let port = link.peer.map_or(0, |p| p.port());
         match &mut link.state {
@@ -381,6 +458,7 @@ impl Wire {
                 continue;
             };
             self.stats.ops += 1;
+            let (op_start, op_end) = (op.start_chunk + 1, op.end_chunk);
             let rec = DbRecord {
                 pid: r.pid,
                 tid: start.tid,
@@ -395,7 +473,20 @@ impl Wire {
             };
             // No callback number (not known): its writer's.
             let owner = (r.callback == 0).then_some(rec.cause);
-            let w = Waiting { rec, link: key, tid: r.tid, callback: r.callback, continued: false, owner };
+            // Answers in the callbacks of its response's earlier reads.
+            let mut answers = Vec::new();
+            for c in op_start..op_end {
+                let Some(ch) = at(c) else { continue };
+                if ch.read_callback == 0 {
+                    continue;
+                }
+                for (k, cause) in &self.answers {
+                    if *k == (r.pid, ch.tid, ch.read_callback) && !answers.contains(cause) && answers.len() < 8 {
+                        answers.push(*cause);
+                    }
+                }
+            }
+            let w = Waiting { rec, link: key, tid: r.tid, callback: r.callback, continued: false, answers, owner };
             self.waiting.push_back(w);
         }
         if conn.stopped().is_some() {
@@ -629,11 +720,10 @@ mod tests {
         answer(&mut w, &mut out, 6, 11);
         w.flush(&mut out);
         let got: Vec<(String, u64)> = out.iter().map(|o| (o.op.query.clone().unwrap_or_default(), o.cause)).collect();
-        let want: Vec<(String, u64)> =
-            [("GET a", 1), ("GET b", 2), ("GET c", 3), ("GET d", 3), ("GET e", 4), ("GET f", 4), ("GET g", 5)]
-                .iter()
-                .map(|(q, c)| (q.to_string(), *c))
-                .collect();
+        let want: Vec<(String, u64)> = [("GET a", 1), ("GET b", 2), ("GET c", 3), ("GET d", 3), ("GET e", 4), ("GET f", 4), ("GET g", 5)]
+            .iter()
+            .map(|(q, c)| (q.to_string(), *c))
+            .collect();
         assert_eq!(got, want);
         assert_eq!(w.stats.handed_off, 3);
     }

@@ -100,7 +100,7 @@ pub fn held_records(r: &FollowedRequest, held: &[Vec<u8>], undecodable: &std::ce
             // No length: the tracker ends it once quiet, at this write.
             data: format!("HTTP/1.1 {status:03} \r\n\r\n").into_bytes(),
             callback: 0,
-            }));
+        }));
     }
     out
 }

@@ -1,5 +1,5 @@
 // Load for tests/db/app.js: N requests of each route, C at a time, then
-// /quit. Prints {"marker":"sent","route":..,"i":..,"status":..} per request.
+// /quit (unless QUIT=0). Prints {"marker":"sent","route":..,"i":..,"status":..} per request.
 //   node load.js PORT N C ROUTE...
 'use strict';
 const http = require('http');
@@ -23,6 +23,6 @@ const get = (path) => new Promise((resolve, reject) => {
     }
   };
   await Promise.all(Array.from({ length: +c }, worker));
-  await get('/quit');
+  if (process.env.QUIT !== '0') await get('/quit');
   agent.destroy();
 })().catch((e) => { console.error(e); process.exit(1); });
