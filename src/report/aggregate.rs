@@ -389,14 +389,19 @@ impl Acc {
 }
 
 /// The top frame of a stack trace: its first line that is not a header
-/// ("Error", "Stack trace:"), trimmed, without a leading "at ".
+/// ("Error", "Stack trace:"), trimmed, without a leading "at "; never a
+/// shared library's frame ("open64 (libc.so.6)", "[vdso]"), an address or
+/// a marker ("[unknown] (0x...)", "[truncated]").
 pub fn culprit(stack: &str) -> Option<String> {
+    let library =
+        |l: &str| l.rsplit_once(" (").is_some_and(|(_, m)| m.contains(".so") && !m.starts_with("libnode") || m.starts_with("[vdso]"));
     stack
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.ends_with(':') && *l != "Error")
-        .map(|l| l.strip_prefix("at ").unwrap_or(l).to_string())
-        .next()
+        .map(|l| l.strip_prefix("at ").unwrap_or(l))
+        .find(|l| !l.starts_with('[') && !library(l))
+        .map(str::to_string)
 }
 
 /// Rounded to the microsecond: reports do not change with float noise.
@@ -704,5 +709,8 @@ pub(crate) mod tests {
         assert_eq!(culprit("Error\n  at f (/a.js:1:2)\n  at g").as_deref(), Some("f (/a.js:1:2)"));
         assert_eq!(culprit("busy (/x.js:3)\nmain").as_deref(), Some("busy (/x.js:3)"));
         assert_eq!(culprit("\n\n"), None);
+        assert_eq!(culprit("open64 (libc.so.6)\n[unknown] (0x6f6d5f65646f6e2e)"), None, "a libc leaf over an address");
+        assert_eq!(culprit("open64 (libc.so.6)\nuv_fs_open (node)\n[truncated]").as_deref(), Some("uv_fs_open (node)"));
+        assert_eq!(culprit("Scavenge (libnode.so.109)").as_deref(), Some("Scavenge (libnode.so.109)"));
     }
 }

@@ -8,6 +8,7 @@
 
 pub mod fold;
 pub mod perfmap;
+pub mod unwind;
 pub mod v8;
 
 use std::collections::HashMap;
@@ -51,6 +52,8 @@ struct Mapping {
     offset: u64,
     /// None: anonymous (JIT code).
     path: Option<PathBuf>,
+    /// How its code is unwound.
+    code: unwind::Code,
 }
 
 struct Proc {
@@ -75,6 +78,10 @@ struct Proc {
     /// --stacks all-ops: submit stacks by request address, until the
     /// request's record arrives.
     ops: rustc_hash::FxHashMap<u64, String>,
+    /// Its libraries' unwind info (read at the first sample in each).
+    modules: unwind::Modules,
+    /// The inode of its executable (its mappings are node's own code).
+    exe_inode: Option<u64>,
 }
 
 pub struct Stacks {
@@ -121,6 +128,8 @@ impl Stacks {
                 native: HashMap::new(),
                 pending: Vec::new(),
                 ops: Default::default(),
+                modules: Default::default(),
+                exe_inode: None,
             },
         );
     }
@@ -142,6 +151,7 @@ impl Stacks {
                 .and_then(|e| e.ok())
                 .is_some_and(|e| std::fs::metadata(e.path()).is_ok());
             p.perf_map = Some(perf_map_of(r.pid));
+            p.exe_inode = std::fs::metadata(format!("/proc/{}/exe", r.pid)).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
         }
         let stack = name_frames(&self.symbolizer, r.pid, p, r);
         if r.req != 0 {
@@ -238,19 +248,54 @@ fn refresh_maps(pid: u32, p: &mut Proc) {
     }
     p.maps_read = Some(Instant::now());
     let Ok(maps) = procfs::process::Process::new(pid as i32).and_then(|pr| pr.maps()) else { return };
+    let exe = p.exe_inode;
     p.maps = maps
         .iter()
         .filter(|m| m.perms.contains(procfs::process::MMPermissions::EXECUTE))
-        .map(|m| Mapping {
-            start: m.address.0,
-            end: m.address.1,
-            offset: m.offset,
-            path: match &m.pathname {
+        .map(|m| {
+            let path = match &m.pathname {
                 procfs::process::MMapPath::Path(path) => Some(path.clone()),
                 _ => None,
-            },
+            };
+            // Anonymous code (V8's JIT, the vDSO) keeps frame pointers;
+            // node's own code (its executable, libnode) mostly; other
+            // files are libraries (unwind::Code).
+            let code = match path.as_deref() {
+                None => unwind::Code::FramePointers,
+                Some(path) if Some(m.inode) == exe || base_name(path).starts_with("libnode") => unwind::Code::Node,
+                Some(_) => unwind::Code::Library,
+            };
+            Mapping { start: m.address.0, end: m.address.1, offset: m.offset, path, code }
         })
         .collect();
+}
+
+/// What `pc` is in process `p` (its maps as last read).
+fn code_of(p: &Proc, pc: u64) -> unwind::Code {
+    mapping_of(p, pc).map_or(unwind::Code::Outside, |m| m.code)
+}
+
+/// The true frames of sample `r` ([`unwind`]): its libraries' unwind info
+/// read when its leaf is in one of them.
+fn true_frames(pid: u32, p: &mut Proc, r: &StackRecord) -> unwind::Walked {
+    let first = r.frames.first().map(|f| f.pc);
+    if r.frames.iter().enumerate().any(|(i, f)| mapping_of(p, if i == 0 { f.pc } else { f.pc.wrapping_sub(1) }).is_none()) {
+        refresh_maps(pid, p);
+    }
+    if first.is_some_and(|pc| code_of(p, pc) == unwind::Code::Library) && !r.stack.is_empty() {
+        for m in p.maps.iter().filter(|m| m.code != unwind::Code::FramePointers) {
+            let Some(path) = &m.path else { continue };
+            let open = if p.map_files {
+                PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end))
+            } else {
+                PathBuf::from(format!("/proc/{pid}/root{}", path.display()))
+            };
+            let lib = unwind::LibMapping { range: m.start..m.end, offset: m.offset, open, name: base_name(path) };
+            p.modules.ensure(&lib);
+        }
+    }
+    let p: &Proc = p;
+    unwind::walk(r, &|pc| code_of(p, pc), &p.modules.unwinder)
 }
 
 fn mapping_of(p: &Proc, pc: u64) -> Option<&Mapping> {
@@ -272,14 +317,15 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
     if p.native.len() > CACHE_MAX {
         p.native.clear();
     }
+    let walked = true_frames(pid, p, r);
     // Return addresses point after the call: look up the call itself.
-    let lookups: Vec<u64> = r.frames.iter().enumerate().map(|(i, f)| if i == 0 { f.pc } else { f.pc.saturating_sub(1) }).collect();
+    let lookups: Vec<u64> = walked.frames.iter().enumerate().map(|(i, f)| if i == 0 { f.pc } else { f.pc.saturating_sub(1) }).collect();
     let missing: Vec<u64> = lookups.iter().copied().filter(|a| !p.native.contains_key(a)).collect();
     if !missing.is_empty() && name_native(sym, pid, p, &missing).is_none() {
         return Vec::new();
     }
-    let mut out = Vec::with_capacity(r.frames.len());
-    for (f, addr) in r.frames.iter().zip(&lookups) {
+    let mut out = Vec::with_capacity(walked.frames.len() + 1);
+    for (f, addr) in walked.frames.iter().zip(&lookups) {
         let (native, jit) = p.native.get(addr).cloned().unwrap_or_else(|| (Frame::native("[unknown]", None), false));
         // A JS frame runs JIT code (anonymous memory) or one of V8's
         // builtins (the interpreter, baseline code; in a stripped node they
@@ -289,6 +335,9 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
             Some(j) => Frame::js(&j.name, js_location(&j)),
             None => native,
         });
+    }
+    if walked.truncated {
+        out.push(Frame::native(fold::TRUNCATED, None));
     }
     out
 }
@@ -424,7 +473,17 @@ mod tests {
         let mut named = Vec::new();
         for (i, pc) in [base + 0x1010, base + 0x3000].into_iter().enumerate() {
             let start = 1_000 + i as u64;
-            st.sample(&StackRecord { pid, tid: pid, iter_start_ns: start, req: 0, ts_ns: start, frames: vec![frame(pc)] });
+            st.sample(&StackRecord {
+                pid,
+                tid: pid,
+                iter_start_ns: start,
+                req: 0,
+                ts_ns: start,
+                frames: vec![frame(pc)],
+                sp: 0,
+                fp: 0,
+                stack: Vec::new(),
+            });
             let blocked = st.take(pid, start).expect("folded");
             named.push(blocked.stacks[0].0[0].clone());
         }
