@@ -273,7 +273,6 @@ fn sampler_gate_run(env: &[(&str, &str)]) {
 /// names the user's function, and no sampled frame lies outside the
 /// process's code: a walk that leaves it ends with `[truncated]`.
 #[test]
-#[ignore = "not passing yet: under this harness the libc leaf is not named or unwound (a bare [unknown] (libc.so.6+0x...) or [truncated] stack), while the same fixture under `uvspan run` by hand names readAllConfigs"]
 fn a_loop_blocked_in_libc_names_the_js_function_and_no_frame_outside_the_code() {
     require_root();
     let (out, spans) = run_fixture(&official_node(20), "read_files_sync.js", &[], &[]);

@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
@@ -32,9 +31,17 @@ use crate::events::decode::{RawFrame, StackRecord};
 pub const MAX_FRAMES: usize = 64;
 /// A library larger than this is not read for its unwind sections.
 const MODULE_FILE_MAX: u64 = 1 << 30;
-/// A section larger than this is not copied (node's .text: its prologues
-/// are not analysed; its .eh_frame is a few MB).
-const SECTION_MAX: u64 = 32 << 20;
+/// A section larger than this is not copied (node's .eh_frame is 2.7 MB,
+/// its .eh_frame_hdr 0.6 MB).
+const SECTION_MAX: u64 = 8 << 20;
+/// A library's .text is copied (for the prologues and epilogues of a
+/// leaf) up to this size (libc's is 1.4 MB); node's never (27 MB: the
+/// leaf of a sample in node's code is not unwound here).
+const TEXT_MAX: u64 = 4 << 20;
+/// A process's unwind info is kept up to this many bytes and modules;
+/// a library past them unwinds by frame pointer.
+const MODULES_BYTES_MAX: usize = 16 << 20;
+const MODULES_MAX: usize = 16;
 
 /// What an address is in the sampled process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -48,6 +55,10 @@ pub enum Code {
     Node,
     /// A shared library's code, unwound by its CFI (libc, the loader).
     Library,
+    /// The kernel's uretprobe trampoline (`[uprobes]`): the return address
+    /// a uretprobe put in place of a caller's. Not a frame; the walk goes
+    /// on by the frame pointer (the caller's frame is unnamed).
+    Trampoline,
     /// Not in an executable mapping of the process: not a frame.
     Outside,
 }
@@ -68,15 +79,31 @@ fn word(stack: &[u8], sp: u64, addr: u64) -> Option<u64> {
     Some(u64::from_ne_bytes(b.try_into().ok()?))
 }
 
+/// What return address `ra` is: the trampoline (at its own address), else
+/// the code of the call before it.
+fn code_of_return(ra: u64, code: &dyn Fn(u64) -> Code) -> Code {
+    if code(ra) == Code::Trampoline {
+        return Code::Trampoline;
+    }
+    match code(ra.wrapping_sub(1)) {
+        Code::Trampoline => Code::Outside,
+        c => c,
+    }
+}
+
 /// The kernel's frames from `from` on, kept while each is code (a return
-/// address is looked up at the call: one byte before it).
+/// address is looked up at the call: one byte before it); a uretprobe's
+/// trampoline is skipped.
 fn keep_valid(out: &mut Walked, frames: &[RawFrame], from: usize, code: &dyn Fn(u64) -> Code) {
     for (i, f) in frames.iter().enumerate().skip(from) {
         if out.frames.len() >= MAX_FRAMES {
             return;
         }
-        let at = if i == 0 { f.pc } else { f.pc.wrapping_sub(1) };
-        if f.pc == 0 || code(at) == Code::Outside {
+        let kind = if i == 0 { code(f.pc) } else { code_of_return(f.pc, code) };
+        if i > 0 && kind == Code::Trampoline {
+            continue;
+        }
+        if f.pc == 0 || matches!(kind, Code::Outside | Code::Trampoline) {
             out.truncated = true;
             return;
         }
@@ -113,7 +140,7 @@ pub fn walk(r: &StackRecord, code: &dyn Fn(u64) -> Code, unwinder: &UnwinderX86_
                 return out;
             }
         };
-        let kind = code(ra.wrapping_sub(1));
+        let kind = code_of_return(ra, code);
         if ra == 0 || kind == Code::Outside {
             out.truncated = true;
             return out;
@@ -134,49 +161,65 @@ pub fn walk(r: &StackRecord, code: &dyn Fn(u64) -> Code, unwinder: &UnwinderX86_
                 }
             }
         }
-        out.frames.push(RawFrame { pc: ra, fp_m16: m16.unwrap_or(0), fp_m8: m8.unwrap_or(0), obj: [0; 6] });
+        if kind != Code::Trampoline {
+            out.frames.push(RawFrame { pc: ra, fp_m16: m16.unwrap_or(0), fp_m8: m8.unwrap_or(0), obj: [0; 6] });
+        }
         let Some(next) = FrameAddress::from_return_address(ra) else { break };
         address = next;
     }
     out
 }
 
+/// A library's unwind info as framehop keeps it.
+type LibModule = Module<Arc<[u8]>>;
+
 /// One library mapping of a process, for [`Modules`].
 #[derive(Clone, Debug)]
 pub struct LibMapping {
     pub range: Range<u64>,
     pub offset: u64,
-    /// Where uvspan opens it (`/proc/PID/map_files/...` or the process's
-    /// root and path).
-    pub open: PathBuf,
     pub name: String,
+    /// A shared library (its .text is read for a leaf's prologue), not
+    /// node's own code.
+    pub library: bool,
 }
 
-/// A process's libraries as framehop modules, read when a sample's leaf
-/// is first found in each (a library that cannot be read unwinds by frame
-/// pointer, and its frames end in `[truncated]` when that fails).
+/// A process's libraries as framehop modules, read when a sample's walk
+/// first needs each (a library that cannot be read unwinds by frame
+/// pointer, and its frames end in `[truncated]` when that fails), within
+/// [`MODULES_BYTES_MAX`] and [`MODULES_MAX`]; dropped with the process.
 #[derive(Default)]
 pub struct Modules {
     pub unwinder: UnwinderX86_64<Arc<[u8]>>,
     added: std::collections::HashSet<u64>,
+    /// Bytes of the sections kept.
+    pub bytes: usize,
 }
 
 impl Modules {
-    /// Adds the library mapped at `m` unless added before.
-    pub fn ensure(&mut self, m: &LibMapping) {
-        if !self.added.insert(m.range.start) {
-            return;
+    /// Adds the file mapped at `m` (open as `file`) unless tried before or
+    /// past the bounds; whether it was tried now.
+    pub fn ensure(&mut self, m: &LibMapping, file: &std::fs::File) -> bool {
+        if self.added.len() >= MODULES_MAX || self.bytes >= MODULES_BYTES_MAX || !self.added.insert(m.range.start) {
+            return false;
         }
-        if let Ok(module) = module_of(m) {
+        if let Ok((module, bytes)) = module_of(m, file, MODULES_BYTES_MAX - self.bytes) {
+            self.bytes += bytes;
             self.unwinder.add_module(module);
         }
+        true
+    }
+
+    /// Whether the mapping at `start` was tried.
+    pub fn has(&self, start: u64) -> bool {
+        self.added.contains(&start) || self.added.len() >= MODULES_MAX || self.bytes >= MODULES_BYTES_MAX
     }
 }
 
-/// The unwind sections of the library mapped at `m`, within bounds.
-fn module_of(m: &LibMapping) -> Result<Module<Arc<[u8]>>, &'static str> {
+/// The unwind sections of the library mapped at `m`, within bounds (at
+/// most `budget` bytes kept), and their size.
+fn module_of(m: &LibMapping, f: &std::fs::File, budget: usize) -> Result<(LibModule, usize), &'static str> {
     use object::{Object, ObjectSection, ObjectSegment};
-    let f = std::fs::File::open(&m.open).map_err(|_| "cannot open")?;
     if f.metadata().map_err(|_| "no metadata")?.len() > MODULE_FILE_MAX {
         return Err("too large");
     }
@@ -184,7 +227,7 @@ fn module_of(m: &LibMapping) -> Result<Module<Arc<[u8]>>, &'static str> {
     // through it; a library replaced on disk under it could change what is
     // read (a wrong unwind, not memory unsafety: the bytes are only parsed,
     // within their bounds), and only the sections copied below are kept.
-    let data = unsafe { memmap2::Mmap::map(&f) }.map_err(|_| "cannot map")?;
+    let data = unsafe { memmap2::Mmap::map(f) }.map_err(|_| "cannot map")?;
     let file = object::File::parse(&*data).map_err(|_| "not an object file")?;
     // Where the file's addresses (SVMAs) are in the process: the segment
     // that holds the mapping's file offset.
@@ -198,18 +241,24 @@ fn module_of(m: &LibMapping) -> Result<Module<Arc<[u8]>>, &'static str> {
     let (seg_off, _) = seg.file_range();
     let seg_svma_at_offset = seg.address().checked_add(m.offset - seg_off).ok_or("bad segment")?;
     let base_avma = m.range.start.checked_sub(seg_svma_at_offset).ok_or("bad segment")?;
-    let section = |name: &str| {
+    let section = |name: &str, max: u64| {
         let s = file.section_by_name(name)?;
-        if s.size() > SECTION_MAX {
+        if s.size() > max {
             return None;
         }
         let data: Arc<[u8]> = Arc::from(s.data().ok()?);
         Some((s.address()..s.address().saturating_add(s.size()), data))
     };
-    let text = section(".text");
-    let eh_frame = section(".eh_frame");
-    let eh_frame_hdr = section(".eh_frame_hdr");
-    eh_frame.as_ref().ok_or("no .eh_frame")?;
+    let eh_frame = section(".eh_frame", SECTION_MAX).ok_or("no .eh_frame")?;
+    let eh_frame_hdr = section(".eh_frame_hdr", SECTION_MAX);
+    let mut bytes = eh_frame.1.len() + eh_frame_hdr.as_ref().map_or(0, |s| s.1.len());
+    let text = if m.library { section(".text", TEXT_MAX) } else { None };
+    let text = text.filter(|t| bytes + t.1.len() <= budget);
+    bytes += text.as_ref().map_or(0, |t| t.1.len());
+    if bytes > budget {
+        return Err("over the unwind info's budget");
+    }
+    let eh_frame = Some(eh_frame);
     let info = ExplicitModuleSectionInfo {
         base_svma: 0,
         text_svma: text.as_ref().map(|t| t.0.clone()),
@@ -221,7 +270,7 @@ fn module_of(m: &LibMapping) -> Result<Module<Arc<[u8]>>, &'static str> {
         eh_frame_hdr: eh_frame_hdr.map(|t| t.1),
         ..Default::default()
     };
-    Ok(Module::new(m.name.clone(), m.range.clone(), base_avma, info))
+    Ok((Module::new(m.name.clone(), m.range.clone(), base_avma, info), bytes))
 }
 
 #[cfg(test)]
@@ -356,7 +405,47 @@ mod tests {
             })
             .expect("libc mapped");
         let procfs::process::MMapPath::Path(path) = &libc.pathname else { unreachable!() };
-        let m = LibMapping { range: libc.address.0..libc.address.1, offset: libc.offset, open: path.clone(), name: "libc.so.6".into() };
-        assert!(module_of(&m).is_ok(), "{m:?}");
+        let m = LibMapping { range: libc.address.0..libc.address.1, offset: libc.offset, name: "libc.so.6".into(), library: true };
+        let f = std::fs::File::open(path).expect("libc");
+        let (_, bytes) = module_of(&m, &f, MODULES_BYTES_MAX).expect("a module");
+        assert!(bytes > 0 && bytes <= (TEXT_MAX + 2 * SECTION_MAX) as usize, "{bytes}");
+        // Node's own code: its unwind sections only, no .text.
+        let node = LibMapping { library: false, ..m.clone() };
+        let (_, unwind_only) = module_of(&node, &f, MODULES_BYTES_MAX).expect("a module");
+        assert!(unwind_only < bytes, "{unwind_only} {bytes}");
+        // Over the budget: not kept.
+        assert!(module_of(&m, &f, 16).is_err());
+        // Bounded: a process keeps at most MODULES_MAX modules.
+        let mut mods = Modules::default();
+        for i in 0..MODULES_MAX as u64 + 4 {
+            let at = LibMapping { range: m.range.start + i..m.range.end, ..m.clone() };
+            mods.ensure(&at, &f);
+        }
+        assert!(mods.added.len() <= MODULES_MAX && mods.bytes <= MODULES_BYTES_MAX, "{} {}", mods.added.len(), mods.bytes);
+        assert!(mods.has(u64::MAX), "past the bounds, nothing more is tried");
+    }
+
+    /// A uretprobe's trampoline in place of a return address: skipped, the
+    /// walk goes on by the frame pointer (as the kernel's did).
+    #[test]
+    fn a_uretprobe_trampoline_is_not_a_frame_and_does_not_end_the_walk() {
+        const TRAMP: u64 = 0x7fff_ffff_e000;
+        let code = |a: u64| if (TRAMP..TRAMP + 0x1000).contains(&a) { Code::Trampoline } else { code(a) };
+        let none = UnwinderX86_64::new();
+        let r = record(vec![frame(0x40_1000), frame(0x40_2000), frame(TRAMP), frame(0x40_3000)], 0, vec![]);
+        let w = walk(&r, &code, &none);
+        assert_eq!((pcs(&w), w.truncated), (vec![0x40_1000, 0x40_2000, 0x40_3000], false));
+        // A return address just past the trampoline's page is not code.
+        let r = record(vec![frame(0x40_1000), frame(TRAMP + 0x1000)], 0, vec![]);
+        assert!(walk(&r, &code, &none).truncated);
+        // Over the copy from a library leaf: also skipped.
+        let mut stack = vec![0u64; 12];
+        stack[4] = SP + 0x40;
+        stack[5] = TRAMP;
+        stack[8] = SP + 0x50;
+        stack[9] = 0x40_3333;
+        let r = record(vec![frame(LIB.start + 0x10)], SP + 0x20, stack);
+        let w = walk(&r, &code, &none);
+        assert_eq!(pcs(&w)[..2], [LIB.start + 0x10, 0x40_3333], "{w:?}");
     }
 }
