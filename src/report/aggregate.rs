@@ -201,6 +201,21 @@ pub struct BudgetResult {
     /// is then broken, not held on nothing.
     pub value: Option<f64>,
     pub ok: bool,
+    /// The processes it was checked over (its selector, see
+    /// [`super::budget`]); absent for a number of the whole run (wall_ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The selected process whose own figure is the worst (the largest for
+    /// `<`, `<=`, `==`; the smallest for `>`, `>=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<FromProcess>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FromProcess {
+    pub pid: u32,
+    pub command: String,
+    pub value: f64,
 }
 
 impl BudgetResult {
@@ -208,6 +223,20 @@ impl BudgetResult {
     pub fn shown(&self) -> String {
         self.value.map_or_else(|| "not measured".to_string(), |v| v.to_string())
     }
+
+    /// Where the worst figure came from: "pid 12 node test.js", or "".
+    pub fn shown_from(&self) -> String {
+        self.from.as_ref().map_or_else(String::new, |f| format!("pid {} {}", f.pid, short_command(&f.command, 60)))
+    }
+}
+
+/// `command` cut to `max` characters.
+pub fn short_command(command: &str, max: usize) -> String {
+    if command.chars().count() <= max {
+        return command.to_string();
+    }
+    let cut: String = command.chars().take(max.saturating_sub(1)).collect();
+    cut + "…"
 }
 
 /// One span, as the report sees it.
@@ -327,6 +356,46 @@ impl Acc {
                     });
                 }
             }
+        }
+    }
+
+    /// Adds another section's sums (processes folded together).
+    fn merge(&mut self, o: &Acc) {
+        for (op, (d, e)) in &o.ops {
+            let m = self.ops.entry(op.clone()).or_default();
+            m.0.extend_from_slice(d);
+            m.1 += e;
+        }
+        self.sync_on_loop.0 += o.sync_on_loop.0;
+        self.sync_on_loop.1 += o.sync_on_loop.1;
+        for (p, (n, t)) in &o.paths {
+            let m = self.paths.entry(p.clone()).or_default();
+            m.0 += n;
+            m.1 += t;
+        }
+        self.dns.extend_from_slice(&o.dns);
+        self.dns_errors += o.dns_errors;
+        for (n, (c, e, x)) in &o.names {
+            let m = self.names.entry(n.clone()).or_default();
+            m.0 += c;
+            m.1 += e;
+            m.2 = m.2.max(*x);
+        }
+        self.iterations += o.iterations;
+        self.blocked.extend_from_slice(&o.blocked);
+        if let Some(w) = &o.worst {
+            if self.worst.as_ref().is_none_or(|m| w.busy_ms > m.busy_ms) {
+                self.worst = Some(w.clone());
+            }
+        }
+        for (m, p) in self.parts.iter_mut().zip(&o.parts) {
+            m.max_ms = m.max_ms.max(p.max_ms);
+            m.total_ms = round(m.total_ms + p.total_ms);
+        }
+        if let Some(g) = &o.gc {
+            let m = self.gc.get_or_insert_with(PartStats::default);
+            m.max_ms = m.max_ms.max(g.max_ms);
+            m.total_ms = round(m.total_ms + g.total_ms);
         }
     }
 
@@ -474,6 +543,20 @@ impl Aggregate {
         }
     }
 
+    /// The sections of processes `pids` folded together (a budget's
+    /// selected processes).
+    pub fn scoped(&self, pids: &[u32]) -> Sections {
+        let mut acc = Acc::default();
+        let mut trailing = 0;
+        for pid in pids {
+            if let Some(a) = self.procs.get(pid) {
+                acc.merge(a);
+            }
+            trailing += self.trailing_fast.get(pid).copied().unwrap_or(0);
+        }
+        acc.sections(acc.iterations + trailing)
+    }
+
     /// The report (without budgets).
     pub fn report(&self, facts: &RunFacts) -> Report {
         let processes = self
@@ -580,6 +663,12 @@ pub(crate) mod tests {
 
     /// A run of two processes with known work (the golden report).
     pub fn sample() -> Report {
+        let (a, facts) = sample_agg();
+        a.report(&facts)
+    }
+
+    /// [`sample`]'s fold and facts.
+    pub fn sample_agg() -> (Aggregate, RunFacts) {
         let mut a = Aggregate::default();
         let t = t0();
         for i in 0..4 {
@@ -610,7 +699,7 @@ pub(crate) mod tests {
                 .into(),
             unseen: vec![],
         };
-        a.report(&facts)
+        (a, facts)
     }
 
     #[test]
