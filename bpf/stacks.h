@@ -45,7 +45,8 @@ static __always_inline void walk_user_stack(struct stack_event *e, __u64 pc, __u
  * `req`, sent before the request's own record. */
 static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
 {
-	struct stack_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	/* Without the stack copy: the submit's frame 0 is libuv's (frame pointers). */
+	struct stack_event *e = bpf_ringbuf_reserve(&events, __builtin_offsetof(struct stack_event, stack), 0);
 	if (!e) {
 		stat_inc(STAT_RINGBUF_LOST);
 		return;
@@ -59,7 +60,8 @@ static __always_inline void op_stack(struct pt_regs *ctx, __u64 req)
 	e->ts_ns = bpf_ktime_get_ns();
 	e->sp = PT_REGS_SP(ctx);
 	e->req = req;
-	e->_pad = 0;
+	e->fp = PT_REGS_FP(ctx);
+	e->stack_bytes = 0;
 	walk_user_stack(e, PT_REGS_IP(ctx), PT_REGS_FP(ctx));
 	bpf_ringbuf_submit(e, wake_flags_after(sizeof(*e)));
 }
@@ -124,8 +126,19 @@ int loop_sample(struct bpf_perf_event_data *ctx)
 	e->ts_ns = now;
 	e->sp = BPF_CORE_READ(regs, sp);
 	e->req = 0;
-	e->_pad = 0;
-	walk_user_stack(e, BPF_CORE_READ(regs, ip), BPF_CORE_READ(regs, bp));
+	e->fp = BPF_CORE_READ(regs, bp);
+	walk_user_stack(e, BPF_CORE_READ(regs, ip), e->fp);
+	/* The stack from sp up, for leaf functions without a frame pointer
+	 * (the chain above is then wrong from frame 1 on): in chunks, up to
+	 * the first that cannot be read (the stack's top, often within the
+	 * copy's size of a loop thread's sp). */
+	e->stack_bytes = 0;
+	for (int i = 0; i < UVSPAN_STACK_COPY / UVSPAN_STACK_CHUNK; i++) {
+		if (bpf_probe_read_user(e->stack + i * UVSPAN_STACK_CHUNK, UVSPAN_STACK_CHUNK,
+					(void *)(e->sp + i * UVSPAN_STACK_CHUNK)))
+			break;
+		e->stack_bytes = (i + 1) * UVSPAN_STACK_CHUNK;
+	}
 	stat_inc(STAT_STACK_SAMPLES);
 	/* The frames are named from the live process (V8's heap, its maps):
 	 * wake the reader at the first sample of a slow iteration and every 32

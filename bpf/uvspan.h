@@ -23,6 +23,11 @@ enum uvspan_sizes {
 	UVSPAN_STACK_FRAMES = 64,   /* frames of a sampled loop-thread stack (--stacks) */
 	UVSPAN_FN_WORDS = 6,        /* words of a frame's function object kept with the sample */
 	UVSPAN_STACK_SAMPLES_MAX = 20000, /* samples sent per iteration at most (20 s at ~1 kHz) */
+	/* Bytes of a loop sample's user stack copied from its stack pointer up:
+	 * user space unwinds leaf functions without a frame pointer (libc's)
+	 * over them by their .eh_frame. */
+	UVSPAN_STACK_COPY = 8192,
+	UVSPAN_STACK_CHUNK = 512,   /* ... read in chunks of this many */
 	/* The loop-iteration histogram's bucket bounds (busy time, inclusive):
 	 * UVSPAN_ITER_BASE_NS doubled UVSPAN_ITER_BOUNDS - 1 times (0.1 ms … 3.3 s). */
 	UVSPAN_ITER_BASE_NS = 100000,
@@ -538,9 +543,13 @@ struct stack_event {
 	unsigned long long ts_ns;
 	unsigned long long sp;            /* user stack pointer at the sample */
 	unsigned long long req;           /* --stacks all-ops: the fs/DNS request submitted (0: a loop sample) */
+	unsigned long long fp;            /* user frame pointer register (rbp) at the sample */
 	unsigned int n_frames;
-	unsigned int _pad;
+	unsigned int stack_bytes;         /* bytes of `stack` copied (0: none; a submit stack is sent without) */
 	struct stack_frame frames[UVSPAN_STACK_FRAMES];
+	/* The user stack from `sp` up (loop samples only: a submit stack's
+	 * record ends before it). */
+	unsigned char stack[UVSPAN_STACK_COPY];
 };
 
 struct proc_event {

@@ -243,8 +243,12 @@ pub struct RunOpts {
     /// Write JUnit XML here: one test case per budget.
     #[arg(long, value_name = "FILE.xml")]
     pub junit: Option<std::path::PathBuf>,
-    /// A budget on the report, e.g. 'loop.blocked.max_ms<=100' (repeatable;
-    /// added to the config file's `budgets:`). Exit 3 when one is broken.
+    /// A budget on the report: a key, an optional process selector, a
+    /// number: 'loop.blocked.max_ms<=100' (the command's own processes, not
+    /// npm/npx/yarn/pnpm), 'loop.blocked.max_ms[vitest]<=200' (processes
+    /// whose command line holds "vitest"; a glob with * or ?),
+    /// 'loop.blocked.max_ms[*]<=200' (every process). Repeatable; added to
+    /// the config file's `budgets:`. Exit 3 when one is broken.
     #[arg(long = "budget", value_name = "EXPR")]
     pub budgets: Vec<String>,
 }
@@ -261,6 +265,7 @@ pub fn command() -> clap::Command {
     top.mut_subcommand("run", |run| {
         run.args(tracing).after_help(
             "Examples:\n  uvspan run --budget 'loop.blocked.max_ms<=100' --html uvspan.html -- npm test\n  \
+             uvspan run --budget 'loop.blocked.max_ms[vitest]<=200' --budget 'fs.by_op.stat.p99_ms[*]<=2' -- npx vitest run\n  \
              uvspan run --report uvspan.json --junit uvspan.xml --config uvspan.yaml -- node bench.js",
         )
     })

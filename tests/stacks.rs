@@ -266,3 +266,21 @@ fn sampler_gate_run(env: &[(&str, &str)]) {
         spans.iter().filter(|s| s.str("uvspan.loop.blocked_by").is_some_and(|b| b.starts_with("spinSlowly ("))).collect();
     assert_eq!(slow.len(), 2, "both slow iterations named\n{}\n{}", stacks_of(&spans), out.context());
 }
+
+/// A loop blocked in `readFileSync` over many files: most samples land in
+/// libc (open64 keeps the path it opens in rbp, where a frame-pointer walk
+/// would read the path's text as a return address). The slow iteration
+/// names the user's function, and no sampled frame lies outside the
+/// process's code: a walk that leaves it ends with `[truncated]`.
+#[test]
+fn a_loop_blocked_in_libc_names_the_js_function_and_no_frame_outside_the_code() {
+    require_root();
+    let (out, spans) = run_fixture(&official_node(20), "read_files_sync.js", &[], &[]);
+    let blocked = blocked_in(&spans, "readAllConfigs", &out);
+    assert!(stacktrace(blocked).contains("read_files_sync.js:"), "{}", stacks_of(&spans));
+    let all = stacks_of(&spans);
+    assert!(!all.contains("[unknown] (0x"), "a frame outside the process's code:\n{all}");
+    // Samples in libc are unwound through it to node's frames.
+    let through = all.lines().collect::<Vec<_>>().windows(2).any(|w| w[0].contains("(libc.so") && w[1].trim().ends_with("(node)"));
+    assert!(through, "no libc leaf unwound to its caller:\n{all}");
+}

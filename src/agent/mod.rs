@@ -305,6 +305,9 @@ impl Agent {
             wait = wait.min(w.until_next(Instant::now()));
         }
         self.sleeper.sleep(wait);
+        if let Some(s) = self.stacks.as_mut() {
+            s.refresh_live();
+        }
         let _ = self.rb.consume();
         self.handle_records(false);
         self.sample_window();

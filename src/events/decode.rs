@@ -248,6 +248,12 @@ pub struct StackRecord {
     pub ts_ns: u64,
     /// Innermost first.
     pub frames: Vec<RawFrame>,
+    /// The user stack pointer and frame pointer register at the sample.
+    pub sp: u64,
+    pub fp: u64,
+    /// The user stack from `sp` up, as copied at the sample (empty for a
+    /// submit stack or when it could not be read).
+    pub stack: Vec<u8>,
 }
 
 /// What an HTTP record says (enum http_what in bpf/uvspan.h).
@@ -564,8 +570,10 @@ fn gc(data: &[u8]) -> Result<GcRecord, DecodeError> {
 }
 
 fn stack(data: &[u8]) -> Result<StackRecord, DecodeError> {
-    let e: stack_event = read(data, ev_kind::EV_STACK.0, std::mem::size_of::<stack_event>())?;
+    // A submit stack is sent without the stack copy at the record's end.
+    let e: stack_event = read(data, ev_kind::EV_STACK.0, std::mem::offset_of!(stack_event, stack))?;
     let n = (e.n_frames as usize).min(e.frames.len());
+    let copied = (e.stack_bytes as usize).min(e.stack.len()).min(data.len().saturating_sub(std::mem::offset_of!(stack_event, stack)));
     Ok(StackRecord {
         pid: e.hdr.pid,
         tid: e.hdr.tid,
@@ -573,6 +581,9 @@ fn stack(data: &[u8]) -> Result<StackRecord, DecodeError> {
         req: e.req,
         ts_ns: e.ts_ns,
         frames: e.frames[..n].iter().map(|f| RawFrame { pc: f.pc, fp_m16: f.fp_m16, fp_m8: f.fp_m8, obj: f.obj }).collect(),
+        sp: e.sp,
+        fp: e.fp,
+        stack: e.stack[..copied].to_vec(),
     })
 }
 

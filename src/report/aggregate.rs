@@ -201,6 +201,21 @@ pub struct BudgetResult {
     /// is then broken, not held on nothing.
     pub value: Option<f64>,
     pub ok: bool,
+    /// The processes it was checked over (its selector, see
+    /// [`super::budget`]); absent for a number of the whole run (wall_ms).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The selected process whose own figure is the worst (the largest for
+    /// `<`, `<=`, `==`; the smallest for `>`, `>=`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub from: Option<FromProcess>,
+}
+
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct FromProcess {
+    pub pid: u32,
+    pub command: String,
+    pub value: f64,
 }
 
 impl BudgetResult {
@@ -208,6 +223,20 @@ impl BudgetResult {
     pub fn shown(&self) -> String {
         self.value.map_or_else(|| "not measured".to_string(), |v| v.to_string())
     }
+
+    /// Where the worst figure came from: "pid 12 node test.js", or "".
+    pub fn shown_from(&self) -> String {
+        self.from.as_ref().map_or_else(String::new, |f| format!("pid {} {}", f.pid, short_command(&f.command, 60)))
+    }
+}
+
+/// `command` cut to `max` characters.
+pub fn short_command(command: &str, max: usize) -> String {
+    if command.chars().count() <= max {
+        return command.to_string();
+    }
+    let cut: String = command.chars().take(max.saturating_sub(1)).collect();
+    cut + "…"
 }
 
 /// One span, as the report sees it.
@@ -330,6 +359,46 @@ impl Acc {
         }
     }
 
+    /// Adds another section's sums (processes folded together).
+    fn merge(&mut self, o: &Acc) {
+        for (op, (d, e)) in &o.ops {
+            let m = self.ops.entry(op.clone()).or_default();
+            m.0.extend_from_slice(d);
+            m.1 += e;
+        }
+        self.sync_on_loop.0 += o.sync_on_loop.0;
+        self.sync_on_loop.1 += o.sync_on_loop.1;
+        for (p, (n, t)) in &o.paths {
+            let m = self.paths.entry(p.clone()).or_default();
+            m.0 += n;
+            m.1 += t;
+        }
+        self.dns.extend_from_slice(&o.dns);
+        self.dns_errors += o.dns_errors;
+        for (n, (c, e, x)) in &o.names {
+            let m = self.names.entry(n.clone()).or_default();
+            m.0 += c;
+            m.1 += e;
+            m.2 = m.2.max(*x);
+        }
+        self.iterations += o.iterations;
+        self.blocked.extend_from_slice(&o.blocked);
+        if let Some(w) = &o.worst {
+            if self.worst.as_ref().is_none_or(|m| w.busy_ms > m.busy_ms) {
+                self.worst = Some(w.clone());
+            }
+        }
+        for (m, p) in self.parts.iter_mut().zip(&o.parts) {
+            m.max_ms = m.max_ms.max(p.max_ms);
+            m.total_ms = round(m.total_ms + p.total_ms);
+        }
+        if let Some(g) = &o.gc {
+            let m = self.gc.get_or_insert_with(PartStats::default);
+            m.max_ms = m.max_ms.max(g.max_ms);
+            m.total_ms = round(m.total_ms + g.total_ms);
+        }
+    }
+
     fn sections(&self, iterations: u64) -> Sections {
         let by_op: BTreeMap<String, OpStats> = self
             .ops
@@ -389,14 +458,19 @@ impl Acc {
 }
 
 /// The top frame of a stack trace: its first line that is not a header
-/// ("Error", "Stack trace:"), trimmed, without a leading "at ".
+/// ("Error", "Stack trace:"), trimmed, without a leading "at "; never a
+/// shared library's frame ("open64 (libc.so.6)", "[vdso]"), an address or
+/// a marker ("[unknown] (0x...)", "[truncated]").
 pub fn culprit(stack: &str) -> Option<String> {
+    let library =
+        |l: &str| l.rsplit_once(" (").is_some_and(|(_, m)| m.contains(".so") && !m.starts_with("libnode") || m.starts_with("[vdso]"));
     stack
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.ends_with(':') && *l != "Error")
-        .map(|l| l.strip_prefix("at ").unwrap_or(l).to_string())
-        .next()
+        .map(|l| l.strip_prefix("at ").unwrap_or(l))
+        .find(|l| !l.starts_with('[') && !library(l))
+        .map(str::to_string)
 }
 
 /// Rounded to the microsecond: reports do not change with float noise.
@@ -467,6 +541,20 @@ impl Aggregate {
             self.procs.entry(pid).or_default();
             *self.trailing_fast.entry(pid).or_default() += fast;
         }
+    }
+
+    /// The sections of processes `pids` folded together (a budget's
+    /// selected processes).
+    pub fn scoped(&self, pids: &[u32]) -> Sections {
+        let mut acc = Acc::default();
+        let mut trailing = 0;
+        for pid in pids {
+            if let Some(a) = self.procs.get(pid) {
+                acc.merge(a);
+            }
+            trailing += self.trailing_fast.get(pid).copied().unwrap_or(0);
+        }
+        acc.sections(acc.iterations + trailing)
     }
 
     /// The report (without budgets).
@@ -575,6 +663,12 @@ pub(crate) mod tests {
 
     /// A run of two processes with known work (the golden report).
     pub fn sample() -> Report {
+        let (a, facts) = sample_agg();
+        a.report(&facts)
+    }
+
+    /// [`sample`]'s fold and facts.
+    pub fn sample_agg() -> (Aggregate, RunFacts) {
         let mut a = Aggregate::default();
         let t = t0();
         for i in 0..4 {
@@ -605,7 +699,7 @@ pub(crate) mod tests {
                 .into(),
             unseen: vec![],
         };
-        a.report(&facts)
+        (a, facts)
     }
 
     #[test]
@@ -704,5 +798,8 @@ pub(crate) mod tests {
         assert_eq!(culprit("Error\n  at f (/a.js:1:2)\n  at g").as_deref(), Some("f (/a.js:1:2)"));
         assert_eq!(culprit("busy (/x.js:3)\nmain").as_deref(), Some("busy (/x.js:3)"));
         assert_eq!(culprit("\n\n"), None);
+        assert_eq!(culprit("open64 (libc.so.6)\n[unknown] (0x6f6d5f65646f6e2e)"), None, "a libc leaf over an address");
+        assert_eq!(culprit("open64 (libc.so.6)\nuv_fs_open (node)\n[truncated]").as_deref(), Some("uv_fs_open (node)"));
+        assert_eq!(culprit("Scavenge (libnode.so.109)").as_deref(), Some("Scavenge (libnode.so.109)"));
     }
 }

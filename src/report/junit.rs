@@ -18,7 +18,8 @@ pub fn junit(r: &Report) -> String {
         if b.ok {
             s.push_str("</testcase>\n");
         } else {
-            let msg = escape(&format!("budget {} broken: the value is {}", b.expr, b.shown()));
+            let worst = b.from.as_ref().map_or_else(String::new, |_| format!(" (worst in {})", b.shown_from()));
+            let msg = escape(&format!("budget {} broken: the value is {}{worst}", b.expr, b.shown()));
             s.push_str(&format!("\n      <failure type=\"budget\" message=\"{msg}\">{msg}</failure>\n    </testcase>\n"));
         }
     }
@@ -30,10 +31,11 @@ pub fn junit(r: &Report) -> String {
 mod tests {
     #[test]
     fn one_case_per_budget_escaped() {
-        let mut r = super::super::aggregate::tests::sample();
+        let (a, facts) = super::super::aggregate::tests::sample_agg();
+        let mut r = a.report(&facts);
         let b: Vec<_> =
             ["loop.blocked.max_ms<=100", "dns.errors<5"].iter().map(|e| super::super::budget::Budget::parse(e).unwrap()).collect();
-        super::super::budget::evaluate(&mut r, &b);
+        super::super::budget::evaluate(&mut r, &b, &a);
         let x = super::junit(&r);
         assert!(x.contains("tests=\"2\" failures=\"1\""), "{x}");
         assert!(x.contains("name=\"loop.blocked.max_ms&lt;=100\""), "{x}");

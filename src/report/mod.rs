@@ -132,7 +132,7 @@ impl Collector {
         for p in &mut report.processes {
             p.trace = self.trees.trace(p.pid, self.start);
         }
-        budget::evaluate(&mut report, &self.budgets);
+        budget::evaluate(&mut report, &self.budgets, &self.agg);
         eprint!("{}", summary::text(&report));
         let mut code = exit_status(&report);
         if let Err(e) = self.write(&report) {
@@ -192,9 +192,9 @@ pub(crate) mod tests {
         use super::aggregate::BudgetResult;
         let mut r = super::aggregate::tests::sample();
         assert_eq!(super::exit_status(&r), 0, "no budgets");
-        r.budgets = vec![BudgetResult { expr: "a<1".into(), value: Some(0.0), ok: true }];
+        r.budgets = vec![BudgetResult { expr: "a<1".into(), value: Some(0.0), ok: true, scope: None, from: None }];
         assert_eq!(super::exit_status(&r), 0);
-        r.budgets.push(BudgetResult { expr: "b<1".into(), value: Some(2.0), ok: false });
+        r.budgets.push(BudgetResult { expr: "b<1".into(), value: Some(2.0), ok: false, scope: None, from: None });
         assert_eq!(super::exit_status(&r), 3);
         r.unseen_processes = vec![12];
         assert_eq!(super::exit_status(&r), 4, "a run not seen is never clean, whatever the budgets say");

@@ -156,11 +156,21 @@ pub fn tables(r: &Report) -> Vec<Table> {
     if !r.budgets.is_empty() {
         out.push(Table {
             title: "Budgets".into(),
-            header: vec!["budget", "value", "result"],
-            rows: r.budgets.iter().map(|b| vec![b.expr.clone(), b.shown(), if b.ok { "ok" } else { "BROKEN" }.into()]).collect(),
+            header: vec!["budget", "value", "result", "worst process"],
+            rows: r
+                .budgets
+                .iter()
+                .map(|b| vec![b.expr.clone(), b.shown(), if b.ok { "ok" } else { "BROKEN" }.into(), b.shown_from()])
+                .collect(),
         });
     }
     out
+}
+
+/// ", worst in pid N COMMAND" when the budget says where its worst figure
+/// came from.
+fn worst_of(b: &super::aggregate::BudgetResult) -> String {
+    b.from.as_ref().map_or_else(String::new, |_| format!(", worst in {}", b.shown_from()))
 }
 
 /// Plain text for the console.
@@ -192,7 +202,7 @@ pub fn text(r: &Report) -> String {
         s.push_str(&format!("\n{w}\n"));
     }
     for b in r.budgets.iter().filter(|b| !b.ok) {
-        s.push_str(&format!("budget broken: {} (value {})\n", b.expr, b.shown()));
+        s.push_str(&format!("budget broken: {} (value {}{})\n", b.expr, b.shown(), worst_of(b)));
     }
     s
 }
@@ -235,7 +245,7 @@ pub fn markdown(r: &Report) -> String {
         s.push_str(&format!("\n{}\n", md_escape(&w)));
     }
     for b in r.budgets.iter().filter(|b| !b.ok) {
-        s.push_str(&format!("\n**budget broken:** {} (value {})\n", md_escape(&b.expr), b.shown()));
+        s.push_str(&format!("\n**budget broken:** {} (value {}{})\n", md_escape(&b.expr), b.shown(), md_escape(&worst_of(b))));
     }
     s
 }
@@ -245,12 +255,13 @@ mod tests {
     use super::*;
 
     fn sample() -> Report {
-        let mut r = super::super::aggregate::tests::sample();
+        let (a, facts) = super::super::aggregate::tests::sample_agg();
+        let mut r = a.report(&facts);
         let budgets: Vec<_> = ["loop.blocked.max_ms<=100", "fs.sync_on_loop.count<=50"]
             .iter()
             .map(|e| super::super::budget::Budget::parse(e).unwrap())
             .collect();
-        super::super::budget::evaluate(&mut r, &budgets);
+        super::super::budget::evaluate(&mut r, &budgets, &a);
         r
     }
 
@@ -271,7 +282,7 @@ mod tests {
     fn markdown_cells_cannot_break_the_table() {
         assert_eq!(md_escape("/a|b/<x>&_y_`"), "/a\\|b/&lt;x&gt;&amp;\\_y\\_\\`");
         let md = markdown(&sample());
-        assert!(md.contains("budget broken:** loop.blocked.max\\_ms&lt;=100 (value 150.25)"), "{md}");
+        assert!(md.contains("budget broken:** loop.blocked.max\\_ms&lt;=100 (value 150.25, worst in pid 100 node index.js)"), "{md}");
         assert!(!md.contains("<missing>"), "{md}");
     }
 }

@@ -61,15 +61,37 @@ impl Blocked {
         self.stacks.first().map(|(s, _)| render(s))
     }
 
-    /// The innermost user JS frame of the heaviest stack: the innermost JS
-    /// frame outside Node's built-in modules (`node:fs`, whose readSync the
-    /// user's code called), else the innermost JS frame, else the innermost
-    /// frame. The native frames above it stay in the stack.
+    /// The innermost frame of the project's own code in the heaviest
+    /// stack: the innermost JS frame outside Node's built-in modules
+    /// (`node:fs`, whose readSync the user's code called), else the
+    /// innermost JS frame, else the innermost JIT frame named by the perf
+    /// map, else the innermost named frame of node's own native code. Never
+    /// a shared library's frame (libc's `open64` on top of the user's
+    /// `readFileSync`), an address or a marker: None when the stack has
+    /// only those. The native frames above it stay in the stack.
     pub fn culprit(&self) -> Option<&Frame> {
         let (s, _) = self.stacks.first()?;
         let builtin = |f: &Frame| f.location.as_deref().is_some_and(|l| l.starts_with("node:"));
-        s.iter().find(|f| f.js && !builtin(f)).or_else(|| s.iter().find(|f| f.js)).or_else(|| s.first())
+        s.iter()
+            .find(|f| f.js && !builtin(f))
+            .or_else(|| s.iter().find(|f| f.js))
+            .or_else(|| s.iter().find(|f| f.location.as_deref().is_some_and(|l| l.ends_with(".map"))))
+            .or_else(|| s.iter().find(|f| is_own_native(f)))
     }
+}
+
+/// The marker that ends a stack whose walk left the process's code (or
+/// the copy of its stack): the frames above it are not known.
+pub const TRUNCATED: &str = "[truncated]";
+
+/// A named frame of node's own native code (its executable or libnode),
+/// not a library's (`libc.so.6`, `[vdso]`), nor an address or a marker.
+fn is_own_native(f: &Frame) -> bool {
+    let named = !f.function.starts_with('[');
+    let module = f.location.as_deref().unwrap_or("");
+    // "node", "libnode.so.109"; "node+0x1234" is an address.
+    let own = module == "node" || module.starts_with("libnode") && !module.contains('+');
+    !f.js && named && own
 }
 
 /// A stack as `code.stacktrace` text: one frame per line, innermost first.
@@ -199,7 +221,37 @@ mod tests {
             Some("readConfig (/app/blocker.js:10:1)")
         );
         assert_eq!(pick(vec![native("read"), read]).as_deref(), Some("readSync (node:fs:750:3)"), "only Node's own JS: its innermost");
-        assert_eq!(pick(vec![vdso, native("uv_run")]).as_deref(), Some("__vdso_gettimeofday ([vdso])"), "no JS at all");
+        assert_eq!(pick(vec![vdso.clone(), native("uv_run")]).as_deref(), Some("uv_run (node)"), "no JS at all: node's own code");
+    }
+
+    /// Never a library's leaf, an address or a marker: the stack
+    /// (libc's open64 over the text of a path read as a return address)
+    /// has no culprit; with its true frames, the user's function.
+    #[test]
+    fn the_culprit_is_never_a_library_leaf_or_an_address() {
+        let pick = |stack: Vec<Frame>| {
+            let mut f = Folder::default();
+            f.add(stack);
+            f.finish(1).culprit().map(ToString::to_string)
+        };
+        let open64 = Frame::native("open64", Some("libc.so.6".into()));
+        let garbage = Frame::native("[unknown]", Some("0x6f6d5f65646f6e2e".into()));
+        let truncated = Frame::native(TRUNCATED, None);
+        assert_eq!(pick(vec![open64.clone(), garbage.clone()]), None);
+        assert_eq!(pick(vec![open64.clone(), truncated.clone()]), None);
+        assert_eq!(pick(vec![Frame::native("[unknown]", Some("node+0x1234".into())), truncated.clone()]), None, "an address in node");
+        assert_eq!(pick(vec![Frame::native("__vdso_clock_gettime", Some("[vdso]".into()))]), None);
+        let read = Frame::js("readFileSync", Some("node:fs:441:22".into()));
+        assert_eq!(
+            pick(vec![open64.clone(), native("uv_fs_open"), read, js("readAllConfigs"), truncated]).as_deref(),
+            Some("readAllConfigs (/app/blocker.js:14:1)")
+        );
+        let jit = Frame::native("JS:*hotLoop /srv/app.js:3:1", Some("perf-42.map".into()));
+        assert_eq!(pick(vec![open64, jit, native("uv_run")]).as_deref(), Some("JS:*hotLoop /srv/app.js:3:1 (perf-42.map)"));
+        assert_eq!(
+            pick(vec![Frame::native("v8::internal::Heap::Scavenge", Some("libnode.so.109".into()))]).as_deref(),
+            Some("v8::internal::Heap::Scavenge (libnode.so.109)")
+        );
     }
 
     #[test]

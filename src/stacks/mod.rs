@@ -8,15 +8,17 @@
 
 pub mod fold;
 pub mod perfmap;
+pub mod unwind;
 pub mod v8;
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use blazesym::symbolize::source::{Process, Source};
+use blazesym::symbolize::source::{Elf, Process, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
 use blazesym::Pid;
 
@@ -51,6 +53,12 @@ struct Mapping {
     offset: u64,
     /// None: anonymous (JIT code).
     path: Option<PathBuf>,
+    /// How its code is unwound.
+    code: unwind::Code,
+    /// Its file, opened while the process ran (the process's mappings
+    /// are named and unwound from it also when its samples are read after
+    /// it exited, or from another mount namespace); freed with the process.
+    file: Option<Arc<File>>,
 }
 
 struct Proc {
@@ -75,6 +83,10 @@ struct Proc {
     /// --stacks all-ops: submit stacks by request address, until the
     /// request's record arrives.
     ops: rustc_hash::FxHashMap<u64, String>,
+    /// Its libraries' unwind info (read at the first sample in each).
+    modules: unwind::Modules,
+    /// The inode of its executable (its mappings are node's own code).
+    exe_inode: Option<u64>,
 }
 
 pub struct Stacks {
@@ -121,8 +133,29 @@ impl Stacks {
                 native: HashMap::new(),
                 pending: Vec::new(),
                 ops: Default::default(),
+                modules: Default::default(),
+                exe_inode: None,
             },
         );
+        // Its code's files are opened now, while it runs: a short job's
+        // samples are often read after it exited.
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.map_files = map_files_readable(pid);
+            p.exe_inode = std::fs::metadata(format!("/proc/{pid}/exe")).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+            refresh_maps(pid, p);
+        }
+    }
+
+    /// Reads again the code mappings of every process whose were read
+    /// over a second ago (its libraries, loaded after its exec, and
+    /// addons): their files are opened while it still runs, for samples
+    /// read after it exited.
+    pub fn refresh_live(&mut self) {
+        for (&pid, p) in self.procs.iter_mut() {
+            if p.maps_read.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                refresh_maps(pid, p);
+            }
+        }
     }
 
     pub fn forget(&mut self, pid: u32) {
@@ -136,11 +169,6 @@ impl Stacks {
         if p.v8.is_none() {
             p.v8 = Some(v8_layout(r.pid));
             p.mem = File::open(format!("/proc/{}/mem", r.pid)).ok().map(ProcMem);
-            p.map_files = std::fs::read_dir(format!("/proc/{}/map_files", r.pid))
-                .ok()
-                .and_then(|mut d| d.next())
-                .and_then(|e| e.ok())
-                .is_some_and(|e| std::fs::metadata(e.path()).is_ok());
             p.perf_map = Some(perf_map_of(r.pid));
         }
         let stack = name_frames(&self.symbolizer, r.pid, p, r);
@@ -232,25 +260,110 @@ fn v8_layout(pid: u32) -> Result<V8Layout, String> {
     Err(tried.join("; "))
 }
 
+/// Whether `/proc/PID/map_files` can be opened (root, same user namespace).
+fn map_files_readable(pid: u32) -> bool {
+    std::fs::read_dir(format!("/proc/{pid}/map_files"))
+        .ok()
+        .and_then(|mut d| d.next())
+        .and_then(|e| e.ok())
+        .is_some_and(|e| std::fs::metadata(e.path()).is_ok())
+}
+
 fn refresh_maps(pid: u32, p: &mut Proc) {
     if p.maps_read.is_some_and(|t| t.elapsed() < Duration::from_millis(200)) {
         return;
     }
     p.maps_read = Some(Instant::now());
     let Ok(maps) = procfs::process::Process::new(pid as i32).and_then(|pr| pr.maps()) else { return };
+    let exe = p.exe_inode;
+    let old = std::mem::take(&mut p.maps);
     p.maps = maps
         .iter()
         .filter(|m| m.perms.contains(procfs::process::MMPermissions::EXECUTE))
-        .map(|m| Mapping {
-            start: m.address.0,
-            end: m.address.1,
-            offset: m.offset,
-            path: match &m.pathname {
+        .map(|m| {
+            let (start, end) = m.address;
+            let path = match &m.pathname {
                 procfs::process::MMapPath::Path(path) => Some(path.clone()),
                 _ => None,
-            },
+            };
+            // Anonymous code (V8's JIT, the vDSO) keeps frame pointers;
+            // node's own code (its executable, libnode) mostly; other
+            // files are libraries; the kernel's uretprobe trampoline is
+            // not code of the process (unwind::Code).
+            let code = match path.as_deref() {
+                None if matches!(&m.pathname, procfs::process::MMapPath::Other(o) if o == "uprobes") => unwind::Code::Trampoline,
+                None => unwind::Code::FramePointers,
+                Some(path) if Some(m.inode) == exe || base_name(path).starts_with("libnode") => unwind::Code::Node,
+                Some(_) => unwind::Code::Library,
+            };
+            // The same mapping as before keeps its open file.
+            let file = path.as_ref().and_then(|path| {
+                let same = old.iter().find(|o| o.start == start && o.end == end && o.offset == m.offset && o.path.as_ref() == Some(path));
+                match same {
+                    Some(o) => o.file.clone(),
+                    None if p.map_files => File::open(format!("/proc/{pid}/map_files/{start:x}-{end:x}")).ok().map(Arc::new),
+                    None => File::open(format!("/proc/{pid}/root{}", path.display())).ok().map(Arc::new),
+                }
+            });
+            Mapping { start, end, offset: m.offset, path, code, file }
         })
         .collect();
+}
+
+/// What `pc` is in process `p` (its maps as last read).
+fn code_of(p: &Proc, pc: u64) -> unwind::Code {
+    mapping_of(p, pc).map_or(unwind::Code::Outside, |m| m.code)
+}
+
+/// The true frames of sample `r` ([`unwind`]): its libraries' unwind info
+/// read when its leaf is in one of them.
+fn true_frames(pid: u32, p: &mut Proc, r: &StackRecord) -> unwind::Walked {
+    let first = r.frames.first().map(|f| f.pc);
+    if r.frames.iter().enumerate().any(|(i, f)| mapping_of(p, if i == 0 { f.pc } else { f.pc.wrapping_sub(1) }).is_none()) {
+        refresh_maps(pid, p);
+    }
+    if !first.is_some_and(|pc| code_of(p, pc) == unwind::Code::Library) || r.stack.is_empty() {
+        let p: &Proc = p;
+        return unwind::walk(r, &|pc| code_of(p, pc), &p.modules.unwinder);
+    }
+    // Lazily: the unwind info of the library the leaf is in, then of each
+    // file the walk stops in (at most a few more).
+    let mut at = first;
+    for _ in 0..=UNWIND_RETRIES {
+        let added = at.and_then(|pc| mapping_of(p, pc).cloned()).is_some_and(|m| add_module(p, &m));
+        if !added && at != first {
+            break;
+        }
+        let walked = {
+            let p: &Proc = p;
+            unwind::walk(r, &|pc| code_of(p, pc), &p.modules.unwinder)
+        };
+        // Where it stopped: the last frame's code, if a file's.
+        let last =
+            walked.frames.len().checked_sub(1).map(|i| if i == 0 { walked.frames[0].pc } else { walked.frames[i].pc.wrapping_sub(1) });
+        let stopped_in_file = last.and_then(|pc| mapping_of(p, pc)).is_some_and(|m| m.file.is_some() && !p.modules.has(m.start));
+        if !walked.truncated || !stopped_in_file {
+            return walked;
+        }
+        at = last;
+    }
+    let p: &Proc = p;
+    unwind::walk(r, &|pc| code_of(p, pc), &p.modules.unwinder)
+}
+
+/// Files whose unwind info is added after the leaf's, per sample.
+const UNWIND_RETRIES: usize = 3;
+
+/// Adds the unwind info of mapping `m`'s file; false if it was added before
+/// or cannot be.
+fn add_module(p: &mut Proc, m: &Mapping) -> bool {
+    let (Some(path), Some(file)) = (&m.path, &m.file) else { return false };
+    if !matches!(m.code, unwind::Code::Library | unwind::Code::Node) {
+        return false;
+    }
+    let lib =
+        unwind::LibMapping { range: m.start..m.end, offset: m.offset, name: base_name(path), library: m.code == unwind::Code::Library };
+    p.modules.ensure(&lib, file)
 }
 
 fn mapping_of(p: &Proc, pc: u64) -> Option<&Mapping> {
@@ -272,14 +385,15 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
     if p.native.len() > CACHE_MAX {
         p.native.clear();
     }
+    let walked = true_frames(pid, p, r);
     // Return addresses point after the call: look up the call itself.
-    let lookups: Vec<u64> = r.frames.iter().enumerate().map(|(i, f)| if i == 0 { f.pc } else { f.pc.saturating_sub(1) }).collect();
+    let lookups: Vec<u64> = walked.frames.iter().enumerate().map(|(i, f)| if i == 0 { f.pc } else { f.pc.saturating_sub(1) }).collect();
     let missing: Vec<u64> = lookups.iter().copied().filter(|a| !p.native.contains_key(a)).collect();
     if !missing.is_empty() && name_native(sym, pid, p, &missing).is_none() {
         return Vec::new();
     }
-    let mut out = Vec::with_capacity(r.frames.len());
-    for (f, addr) in r.frames.iter().zip(&lookups) {
+    let mut out = Vec::with_capacity(walked.frames.len() + 1);
+    for (f, addr) in walked.frames.iter().zip(&lookups) {
         let (native, jit) = p.native.get(addr).cloned().unwrap_or_else(|| (Frame::native("[unknown]", None), false));
         // A JS frame runs JIT code (anonymous memory) or one of V8's
         // builtins (the interpreter, baseline code; in a stripped node they
@@ -289,6 +403,9 @@ fn name_frames(sym: &Symbolizer, pid: u32, p: &mut Proc, r: &StackRecord) -> Vec
             Some(j) => Frame::js(&j.name, js_location(&j)),
             None => native,
         });
+    }
+    if walked.truncated {
+        out.push(Frame::native(fold::TRUNCATED, None));
     }
     out
 }
@@ -306,7 +423,24 @@ fn name_native(sym: &Symbolizer, pid: u32, p: &mut Proc, missing: &[u64]) -> Opt
     // The perf map is read by uvspan ([`perfmap`]), within bounds and
     // from where the process wrote it; blazesym would read all of it.
     src.perf_map = false;
-    let named = sym.symbolize(&Source::Process(src), Input::AbsAddr(missing)).unwrap_or_default();
+    let mut named = sym.symbolize(&Source::Process(src), Input::AbsAddr(missing)).unwrap_or_default();
+    named.resize_with(missing.len(), || Symbolized::Unknown(blazesym::symbolize::Reason::Unsupported));
+    // What the process could not name (it has exited, or its files are
+    // not where uvspan looks): by the file opened while it ran.
+    for (i, &addr) in missing.iter().enumerate() {
+        if matches!(named[i], Symbolized::Sym(_)) {
+            continue;
+        }
+        let Some(Mapping { start, offset, path: Some(path), file: Some(file), .. }) = mapping_of(p, addr) else { continue };
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&**file);
+        let mut elf = Elf::new(format!("/proc/self/fd/{fd}"));
+        elf.debug_syms = false;
+        let off = addr - start + offset;
+        if let Ok(Symbolized::Sym(mut s)) = sym.symbolize_single(&Source::Elf(elf), Input::FileOffset(off)) {
+            s.module = Some(path.as_os_str().to_owned().into());
+            named[i] = Symbolized::Sym(s);
+        }
+    }
     let now = Instant::now();
     for (i, &addr) in missing.iter().enumerate() {
         let frame = match named.get(i) {
@@ -424,7 +558,17 @@ mod tests {
         let mut named = Vec::new();
         for (i, pc) in [base + 0x1010, base + 0x3000].into_iter().enumerate() {
             let start = 1_000 + i as u64;
-            st.sample(&StackRecord { pid, tid: pid, iter_start_ns: start, req: 0, ts_ns: start, frames: vec![frame(pc)] });
+            st.sample(&StackRecord {
+                pid,
+                tid: pid,
+                iter_start_ns: start,
+                req: 0,
+                ts_ns: start,
+                frames: vec![frame(pc)],
+                sp: 0,
+                fp: 0,
+                stack: Vec::new(),
+            });
             let blocked = st.take(pid, start).expect("folded");
             named.push(blocked.stacks[0].0[0].clone());
         }
