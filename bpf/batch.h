@@ -139,6 +139,8 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 	b.ts = ts;
 	__u32 zero = 0;
 	b.jb = bpf_map_lookup_elem(&job_buf, &zero);
+	if (publish_ctx && ts)
+		ts->ctx.walking = 1;
 	bpf_loop(UVSPAN_BATCH_WALK, batch_job, &b, 0);
 	if (b.q != b.head)
 		stat_inc(STAT_BATCH_CUT);
@@ -147,6 +149,7 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 		ts->batch.n = b.n < UVSPAN_BATCH ? b.n : UVSPAN_BATCH;
 		ts->batch.more = b.n > UVSPAN_BATCH;
 		ts->batch.hint = 0;
+		ts->ctx.walking = 0;
 		/* one job: its callback's cause; several: each callback's is
 		 * known only when asked (thread_cause), none published */
 		publish(ts, ts->batch.n == 1 && !ts->batch.more ? ts->batch.cause[0] : 0);

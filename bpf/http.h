@@ -350,6 +350,8 @@ static __always_inline void ctx_parent_of(__u64 cause, __u32 tp, __u32 n)
 		return;
 	struct conn_key k = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = cause };
 	bpf_map_update_elem(&ctx_parent, &k, &v, BPF_ANY);
+	if (!ctx_parents)
+		ctx_parents = 1;
 }
 
 /* tp_value's answer: the sampled flag and the trace id's 56 low bits. */

@@ -153,6 +153,9 @@ struct thread_ctx {
 	 * for this thread (0: none), and whether ctx_threads has the thread */
 	__u64 published;
 	__u64 ctx_noted;
+	/* the batch walk runs (batch.h): each job's end puts its cause, the
+	 * batch's is published once at its end */
+	__u64 walking;
 };
 
 /* Per thread: the V8 garbage collections in progress (gc.h): when each

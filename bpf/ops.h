@@ -71,7 +71,7 @@ static __always_inline void ctx_ids(__u64 cause, struct trace_ctx_v1 *v)
  * when that changes, nothing when not. A global function: verified once. */
 __attribute__((noinline)) int ctx_publish(struct thread_state *ts, __u64 cause)
 {
-	if (!ts)
+	if (!ts || ts->ctx.walking)
 		return 0;
 	int request = cause && !((cause >> CAUSE_KIND_SHIFT) & CAUSE_KIND_MASK) && !(cause & CAUSE_DROP);
 	__u64 want = request && !ctx_stop ? fresh_cause(cause) : 0;
@@ -85,7 +85,7 @@ __attribute__((noinline)) int ctx_publish(struct thread_state *ts, __u64 cause)
 	}
 	struct conn_key pk = { .pid = key >> 32, .ptr = want };
 	struct trace_ctx_v1 v = {};
-	struct trace_ctx_v1 *p = bpf_map_lookup_elem(&ctx_parent, &pk);
+	struct trace_ctx_v1 *p = ctx_parents ? bpf_map_lookup_elem(&ctx_parent, &pk) : 0;
 	if (p)
 		v = *p;
 	else

@@ -90,9 +90,10 @@ fn hex(b: &[u8]) -> String {
 /// One read of the map: when, and the (trace id, span id) there (None: no entry).
 type Sample = (Instant, Option<(String, String)>);
 
-fn get(port: u16, path: &str) -> String {
+fn get(port: u16, path: &str, traceparent: Option<&str>) -> String {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("write");
+    let tp = traceparent.map(|t| format!("traceparent: {t}\r\n")).unwrap_or_default();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: localhost\r\n{tp}\r\n").expect("write");
     let mut out = String::new();
     s.read_to_string(&mut out).expect("read");
     out
@@ -156,9 +157,16 @@ fn publishes_in(topology: Topology, tag: &str, before: Before) {
     };
     std::thread::sleep(GAP);
     let mut windows = Vec::new();
+    // Every third request comes with a caller's traceparent: its trace is
+    // the caller's, in the map too.
+    let callers: BTreeMap<usize, String> = (0..REQUESTS)
+        .filter(|i| i % 3 == 1)
+        .map(|i| (i, format!("{:032x}", 0x5eed_0000_0000_0000_0000_0000_0000_0000u128 + i as u128)))
+        .collect();
     for i in 0..REQUESTS {
+        let tp = callers.get(&i).map(|t| format!("00-{t}-00f067aa0ba902b7-01"));
         let t0 = Instant::now();
-        let reply = get(port, &format!("/busy/{i}"));
+        let reply = get(port, &format!("/busy/{i}"), tp.as_deref());
         let t1 = Instant::now();
         assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
         windows.push((i, t0, t1));
@@ -166,7 +174,7 @@ fn publishes_in(topology: Topology, tag: &str, before: Before) {
     }
     stop.store(true, Ordering::Relaxed);
     let samples = reader.join().expect("reader");
-    let _ = get(port, "/exit");
+    let _ = get(port, "/exit", None);
     let out = run.finish(Duration::from_secs(60));
     assert_eq!(out.code(), Some(0), "{}", out.context());
     let spans = wait_spans(&rx, Duration::from_secs(10), |s| s.iter().filter(|s| s.kind == 2).count() >= REQUESTS);
@@ -181,6 +189,9 @@ fn publishes_in(topology: Topology, tag: &str, before: Before) {
         }
     }
     assert_eq!(trace_of.len(), REQUESTS, "a SERVER span per request\n{}", out.context());
+    for (i, t) in &callers {
+        assert_eq!(&trace_of[i], t, "request {i} came with a traceparent: its SERVER span is in the caller's trace");
+    }
     let mut in_trace: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
     for s in &spans {
         in_trace.entry(&s.trace_id).or_default().insert(&s.span_id);
