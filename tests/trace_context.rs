@@ -8,7 +8,8 @@
 //! between requests carry none (at least 90%). Run in the three topologies;
 //! the map is left as found (made and removed by uvspan, with the BPF
 //! filesystem it mounted; or a map made beforehand with the same layout
-//! reused and left empty); a map of another layout is refused in one line.
+//! reused and left empty); a map of another layout is refused in one line;
+//! requests the sampler drops are never published.
 //! Root only, never skipped.
 
 mod common;
@@ -314,4 +315,58 @@ fn a_map_of_another_layout_is_refused_in_one_line() {
         drop(theirs);
     }
     let _ = std::fs::remove_dir("/sys/fs/bpf/otel");
+}
+
+/// A request whose trace the sampler drops (in the kernel, at its head)
+/// exports no span: no profile may point at it, so nothing is published.
+#[test]
+fn requests_the_sampler_drops_are_not_published() {
+    require_root();
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    assert!(!Path::new(PIN).exists(), "{PIN} is there before the test: remove it");
+    let rx = Receiver::start(Protocol::Grpc);
+    let ep = rx.endpoint();
+    let script = fixture("trace_ctx.js");
+    let uv = ["--publish-trace-context", "--loop-threshold", "10m", "--status-interval", "0", "--otlp-endpoint", ep.as_str()];
+    let mut c = Topology::Host.command(&uv, &["node", &script]);
+    c.env("OTEL_TRACES_SAMPLER", "always_off");
+    let mut run = Running::spawn(c);
+    run.wait_stdout(Duration::from_secs(60), "the server's port", |s| s.contains("\"marker\":\"listening\""));
+    let port = Markers::parse(&run.stdout()).i64("listening", "port") as u16;
+    let pid = node_pid(&script).unwrap_or_else(|| panic!("no node process running {script}\n{}", run.stderr()));
+    let key = (u64::from(pid) << 32) | u64::from(pid);
+    let map = MapHandle::from_pinned_path(PIN).unwrap_or_else(|e| panic!("{PIN} not pinned while uvspan runs: {e}\n{}", run.stderr()));
+    let (mut inside, mut published) = (0usize, 0usize);
+    for i in 0..8 {
+        let stop = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let (stop, map) = (stop.clone(), MapHandle::try_from(&map).expect("a second handle"));
+            std::thread::spawn(move || {
+                let mut out: Vec<Sample> = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let v = map.lookup(&key.to_ne_bytes(), MapFlags::ANY).expect("lookup");
+                    out.push((mono_ns(), v.map(|v| (hex(&v[..16]), hex(&v[16..24])))));
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                out
+            })
+        };
+        let reply = get(port, &format!("/busy/{i}"), None);
+        stop.store(true, Ordering::Relaxed);
+        let (start, end) = handler_window(&reply);
+        for (t, v) in reader.join().expect("reader") {
+            if t >= start && t <= end {
+                inside += 1;
+                published += usize::from(v.is_some());
+            }
+        }
+    }
+    let _ = get(port, "/exit", None);
+    let out = run.finish(Duration::from_secs(60));
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    eprintln!("always_off: {published}/{inside} samples inside requests carry ids");
+    assert!(inside >= 8 * 5, "{inside} samples inside requests: the reader did not run\n{}", out.context());
+    assert_eq!(published, 0, "requests the sampler dropped are never published\n{}", out.context());
+    assert!(rx.spans().iter().all(|s| s.kind != 2), "no SERVER span exported under always_off\n{}", out.context());
+    assert!(!Path::new(PIN).exists(), "uvspan made {PIN}: it is gone after its exit\n{}", out.context());
 }
