@@ -177,6 +177,8 @@ impl Agent {
             _ => None,
         };
         let plan = export_plan(&cli, &file)?;
+        // Refused before anything starts; left as found on any error below.
+        let mut published = publish_trace_context(&cli)?;
         let sampler = Sampler::from_env(&|k| std::env::var(k).ok()).map_err(|e| usage(e.to_string()))?;
         // `uvspan run` with no collector: the report instead of spans on the console.
         let export_spans = match plan.traces {
@@ -192,7 +194,6 @@ impl Agent {
         let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
         let ksampling = kernel_sampling(&cli, &sampler, per);
         let tail_in_kernel = ksampling.is_some_and(|k| k.follow_requests && k.tail.is_some());
-        let mut published = publish_trace_context(&cli)?;
         let loaded = Tracer::load(&tracer_settings(&cli, pidns, ksampling, published.as_ref()));
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
