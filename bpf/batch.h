@@ -53,7 +53,12 @@ static __always_inline int queued_work_runs(struct pt_regs *ctx)
 {
 	struct conn_key k = { .pid = current_ids() >> 32, .ptr = PT_REGS_PARM1(ctx) };
 	__u64 *c = bpf_map_lookup_elem(&work_cause, &k);
-	set_cause(c ? *c : 0);
+	/* not published: a threadpool thread's cause stays after its job */
+	struct thread_state *t = requests ? thread_state_of(c != 0) : 0;
+	if (t) {
+		t->ctx.cause = c ? *c : 0;
+		t->batch.n = 0;
+	}
 	return 0;
 }
 
@@ -137,6 +142,8 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 		ts->ctx.callbacks++;
 	__u32 zero = 0;
 	b.jb = bpf_map_lookup_elem(&job_buf, &zero);
+	if (publish_ctx && ts)
+		ts->ctx.walking = 1;
 	bpf_loop(UVSPAN_BATCH_WALK, batch_job, &b, 0);
 	if (b.q != b.head)
 		stat_inc(STAT_BATCH_CUT);
@@ -145,6 +152,10 @@ static __always_inline int work_batch(struct pt_regs *ctx, __u64 cookie)
 		ts->batch.n = b.n < UVSPAN_BATCH ? b.n : UVSPAN_BATCH;
 		ts->batch.more = b.n > UVSPAN_BATCH;
 		ts->batch.hint = 0;
+		ts->ctx.walking = 0;
+		/* one job: its callback's cause; several: each callback's is
+		 * known only when asked (thread_cause), none published */
+		publish(ts, ts->batch.n == 1 && !ts->batch.more ? ts->batch.cause[0] : 0);
 	}
 	return 0;
 }

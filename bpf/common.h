@@ -77,6 +77,17 @@ const volatile unsigned int khttp = 0;
 const volatile unsigned int ktail = 0;
 const volatile unsigned int ktail_errors = 0;
 const volatile unsigned long long ktail_slow_ns = ~0ULL;
+/* --publish-trace-context: each loop thread's current request in
+ * traces_ctx_v1 (ops.h: publish), its ids made from its cause and this
+ * run's random key (ctx_ids), as user space makes them for its spans. */
+const volatile unsigned int publish_ctx = 0;
+const volatile __u64 ctx_key[2] = {};
+/* Set by user space at exit, before it leaves the pinned map as it found
+ * it: only deletes from then on. */
+volatile __u32 ctx_stop = 0;
+/* Set at the first request with a traceparent (ctx_parent has entries):
+ * until then no lookup there. */
+volatile __u32 ctx_parents = 0;
 /* The bucket bounds (ns, inclusive) of op_hist per enum hist_family, as
  * user space's metrics have them; unused ones are 2^62 (op_hist_add). */
 const volatile unsigned long long hist_bounds_ns[HIST_FAMILIES][UVSPAN_HIST_BOUNDS] = {};

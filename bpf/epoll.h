@@ -95,6 +95,8 @@ static __always_inline int epoll_enter(int timeout_zero, int by_uprobe)
 	if (st->cur_phase != PHASE_POLL)
 		return 0;
 	st->epoll_enter = now;
+	/* the thread waits: it runs nothing of a request */
+	publish(thread_state_of(0), 0);
 	if (by_uprobe && timeout_zero) {
 		/* A wait that cannot block is not worth its return trap: it ends
 		 * as it starts (its few microseconds count as busy, and its busy

@@ -313,6 +313,47 @@ __attribute__((noinline)) int tp_value(__u32 p, __u32 n, __u64 *out)
 	return 1;
 }
 
+/* --publish-trace-context: the trace id of a traceparent value tp_value
+ * took (at offset p of the scratch record's data, blanks before it) into
+ * v, big-endian. A global function: verified once. */
+__attribute__((noinline)) int tp_trace_id(__u32 p, struct trace_ctx_v1 *v)
+{
+	__u32 zero = 0;
+	struct scratch *s = bpf_map_lookup_elem(&scratch_buf, &zero);
+	if (!s || !v)
+		return 0;
+	const char *d = s->http.data;
+	for (int k = 0; k < 4; k++)
+		if (d[p & CAP_MASK] == ' ' || d[p & CAP_MASK] == '\t')
+			p++;
+	for (int k = 0; k < 16; k++) {
+		int a = hex_digit(d[(p + 3 + 2 * k) & CAP_MASK]);
+		int b = hex_digit(d[(p + 4 + 2 * k) & CAP_MASK]);
+		if (a < 0 || b < 0)
+			return 0;
+		v->trace_id[k] = a << 4 | b;
+	}
+	return 1;
+}
+
+/* A request of a trace that is sampled and came with a valid traceparent
+ * (at `tp` in the scratch record, n bytes): its caller's trace id and its
+ * SERVER span's id (ctx_ids'), kept for ctx_publish. */
+static __always_inline void ctx_parent_of(__u64 cause, __u32 tp, __u32 n)
+{
+	__u64 v56 = 0;
+	if (!tp || (cause & CAUSE_DROP) || !tp_value(tp, n, &v56))
+		return;
+	struct trace_ctx_v1 v = {};
+	ctx_ids(cause, &v);
+	if (!tp_trace_id(tp, &v))
+		return;
+	struct conn_key k = { .pid = bpf_get_current_pid_tgid() >> 32, .ptr = cause };
+	bpf_map_update_elem(&ctx_parent, &k, &v, BPF_ANY);
+	if (!ctx_parents)
+		ctx_parents = 1;
+}
+
 /* tp_value's answer: the sampled flag and the trace id's 56 low bits. */
 static __always_inline int tp_parse(__u32 p, __u32 n, int *flag, __u64 *low56)
 {
@@ -521,11 +562,13 @@ static __always_inline __u64 http_request(__u32 what, __u64 cause, __u64 stream,
 		return cause;
 	/* One scan of the head: the sampler's traceparent, and the request
 	 * line's end for a request the kernel follows. */
-	struct head_scan sc = { .n = e->captured, .want_tp = ksample_requests && ksample_reads_parent() };
+	struct head_scan sc = { .n = e->captured, .want_tp = (ksample_requests && ksample_reads_parent()) || publish_ctx };
 	if (sc.want_tp)
 		scan_head(&sc);
 	if (ksample_requests)
 		e->cause = cause = sample_request(cause, sc.tp, sc.n);
+	if (publish_ctx)
+		ctx_parent_of(cause, sc.tp, sc.n);
 	int follow = khttp && what == HTTP_REQUEST && dropped(cause);
 	if (follow && !sc.want_tp)
 		scan_head(&sc);

@@ -153,6 +153,13 @@ struct thread_ctx {
 	 * protocol is a database's, or not decided and its server may speak
 	 * first: http.h stream_io) */
 	__u64 wire;
+	/* --publish-trace-context: the cause whose ids traces_ctx_v1 holds
+	 * for this thread (0: none), and whether ctx_threads has the thread */
+	__u64 published;
+	__u64 ctx_noted;
+	/* the batch walk runs (batch.h): each job's end puts its cause, the
+	 * batch's is published once at its end */
+	__u64 walking;
 };
 
 /* Per thread: the V8 garbage collections in progress (gc.h): when each
@@ -439,6 +446,46 @@ struct {
 	__type(key, struct conn_key);
 	__type(value, __u8);
 } http_done SEC(".maps");
+
+/* --publish-trace-context: what a profiler reads (the OpenTelemetry eBPF
+ * profiler's -obi-process-ctx), pinned by user space at
+ * /sys/fs/bpf/otel/traces_ctx_v1: per loop thread (its ids as the
+ * kernel's initial PID namespace sees them, tgid << 32 | tid), the trace
+ * id and span id of the request it runs now; no entry while it runs none.
+ * Its size and layout are the reader's: user space makes it (or reuses a
+ * pinned one of this layout); off, one entry. */
+struct trace_ctx_v1 {
+	__u8 trace_id[16];
+	__u8 span_id[8];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct trace_ctx_v1);
+} traces_ctx_v1 SEC(".maps");
+
+/* The ids of a request that came with a traceparent (its caller's trace
+ * id, its SERVER span's own id), by (process as the initial namespace sees
+ * it, cause): made at its head. A request without one has ids that are a
+ * function of its cause (ctx_ids, ops.h): no entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct conn_key);
+	__type(value, struct trace_ctx_v1);
+} ctx_parent SEC(".maps");
+
+/* The threads that have had an entry in traces_ctx_v1 (key as there):
+ * user space removes their entries at exit, leaving a map it reused as it
+ * found it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u64);
+	__type(value, __u8);
+} ctx_threads SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -36,6 +36,76 @@ __attribute__((noinline)) __u64 fresh_cause(__u64 cause)
 	return sampling && (cause >> 8) < window_open_ns ? 0 : cause;
 }
 
+/* splitmix64 (its step and finalizer) of x. */
+static __always_inline __u64 ctx_mix(__u64 x)
+{
+	__u64 z = x + 0x9e3779b97f4a7c15ULL;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* The ids of a request's trace and SERVER span when it came without a
+ * traceparent (--publish-trace-context), from its cause c (without
+ * CAUSE_DROP) and this run's key: the trace id's high 64 bits
+ * splitmix64(c ^ key0), its low 64 bits splitmix64(c ^ key1)'s top 8 bits
+ * and the sampler's 56 random bits (cause_random: splitmix64(c)'s low 56),
+ * the span id splitmix64(high ^ key1), never 0. User space makes the same
+ * (src/events/sampler.rs: ContextKey), so they are final here, at the
+ * request's head. Big-endian, as W3C ids are written. */
+static __always_inline void ctx_ids(__u64 cause, struct trace_ctx_v1 *v)
+{
+	__u64 c = cause & ~(__u64)CAUSE_DROP;
+	__u64 hi = ctx_mix(c ^ ctx_key[0]);
+	__u64 lo = (ctx_mix(c ^ ctx_key[1]) & ~((1ULL << 56) - 1)) | (ctx_mix(c) & ((1ULL << 56) - 1));
+	__u64 span = ctx_mix(hi ^ ctx_key[1]);
+	if (!span)
+		span = 1;
+	__u64 w[3] = { __builtin_bswap64(hi), __builtin_bswap64(lo), __builtin_bswap64(span) };
+	__builtin_memcpy(v, w, sizeof(w));
+}
+
+/* --publish-trace-context: the thread runs `cause` now; traces_ctx_v1
+ * holds its request's ids, or nothing for a task, a request whose trace is
+ * not sampled (none of it is exported) or none. One map update (or delete)
+ * when that changes, nothing when not. A global function: verified once. */
+__attribute__((noinline)) int ctx_publish(struct thread_state *ts, __u64 cause)
+{
+	if (!ts || ts->ctx.walking)
+		return 0;
+	int request = cause && !((cause >> CAUSE_KIND_SHIFT) & CAUSE_KIND_MASK) && !(cause & CAUSE_DROP);
+	__u64 want = request && !ctx_stop ? fresh_cause(cause) : 0;
+	if (want == ts->ctx.published)
+		return 0;
+	ts->ctx.published = want;
+	__u64 key = bpf_get_current_pid_tgid();
+	if (!want) {
+		bpf_map_delete_elem(&traces_ctx_v1, &key);
+		return 0;
+	}
+	struct conn_key pk = { .pid = key >> 32, .ptr = want };
+	struct trace_ctx_v1 v = {};
+	struct trace_ctx_v1 *p = ctx_parents ? bpf_map_lookup_elem(&ctx_parent, &pk) : 0;
+	if (p)
+		v = *p;
+	else
+		ctx_ids(want, &v);
+	bpf_map_update_elem(&traces_ctx_v1, &key, &v, BPF_ANY);
+	if (!ts->ctx.ctx_noted) {
+		__u8 one = 1;
+		bpf_map_update_elem(&ctx_threads, &key, &one, BPF_ANY);
+		ts->ctx.ctx_noted = 1;
+	}
+	return 0;
+}
+
+/* Where the thread's cause changes (off: removed at load). */
+static __always_inline void publish(struct thread_state *ts, __u64 cause)
+{
+	if (publish_ctx)
+		ctx_publish(ts, cause);
+}
+
 struct batch_find {
 	__u64 next;
 	__u32 found; /* the index of the job whose node is `next` (from 1) */
@@ -103,6 +173,7 @@ static __always_inline void cause_put(struct thread_state *ts, __u64 cause)
 {
 	ts->ctx.cause = cause;
 	ts->batch.n = 0;
+	publish(ts, cause);
 }
 
 /* A cause current for a while inside a callback (an HTTP/2 frame's
@@ -113,6 +184,9 @@ static __always_inline void cause_enter(struct thread_state *ts, __u64 cause)
 	ts->batch.paused = ts->batch.n;
 	ts->batch.n = 0;
 	ts->ctx.cause = cause;
+	/* an HTTP/2 stream's: not published (its traceparent may come in a
+	 * later header) */
+	publish(ts, 0);
 }
 
 static __always_inline void cause_leave(struct thread_state *ts, __u64 prev)
@@ -120,6 +194,7 @@ static __always_inline void cause_leave(struct thread_state *ts, __u64 prev)
 	ts->ctx.cause = prev;
 	ts->batch.n = ts->batch.paused;
 	ts->batch.paused = 0;
+	publish(ts, ts->batch.n ? 0 : prev);
 }
 
 __attribute__((noinline)) __u64 current_cause(void)

@@ -71,6 +71,8 @@ int BPF_PROG(proc_exit, struct task_struct *p)
 	 * has returned: end it now, before its storage goes with the thread. */
 	end_pending_sync();
 	slots_gone();
+	/* its entry in traces_ctx_v1 goes with it */
+	publish(thread_state_of(0), 0);
 	/* The main thread's loop goes with the exit record: its fast iterations
 	 * after its last record (uvspan run's per-process iteration count), and
 	 * its time up to now (the metrics' last interval). */

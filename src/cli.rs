@@ -114,6 +114,13 @@ pub struct Cli {
     #[arg(long)]
     pub keep_errors: bool,
 
+    /// Publish each traced loop thread's current request (its trace id and
+    /// SERVER span id) in the pinned BPF map profilers read
+    /// (/sys/fs/bpf/otel/traces_ctx_v1: the OpenTelemetry eBPF profiler's
+    /// -obi-process-ctx), so CPU profiles carry the trace they ran for.
+    #[arg(long)]
+    pub publish_trace_context: bool,
+
     /// Export a request the trace sampler dropped anyway, with all of its
     /// work, when it took longer than this.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]

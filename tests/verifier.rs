@@ -101,12 +101,13 @@ fn verified_in_a_pid_namespace() -> BTreeMap<String, u32> {
 /// Every configuration that sets different constants for the verifier to
 /// prune on: the default, each detail, the samplers decided in the kernel,
 /// tail exceptions, no request context, --sample-time, the stack walk at
-/// submits, the benchmark's hit count; and every program in a PID namespace
+/// submits, the trace context published for profilers, the benchmark's
+/// hit count; and every program in a PID namespace
 /// of uvspan's own.
 #[test]
 fn the_programs_stay_within_the_verifiers_budget_in_every_configuration() {
     require_root();
-    let configs: [Config; 10] = [
+    let configs: [Config; 11] = [
         ("default", &[], &[]),
         ("--detail all", &["--detail", "all"], &[]),
         ("always_off", &[], &[("OTEL_TRACES_SAMPLER", "always_off")]),
@@ -115,6 +116,7 @@ fn the_programs_stay_within_the_verifiers_budget_in_every_configuration() {
         ("--requests off", &["--requests", "off"], &[]),
         ("--sample-time 50%", &["--sample-time", "50%"], &[]),
         ("--stacks all-ops", &["--stacks", "all-ops"], &[]),
+        ("--publish-trace-context", &["--publish-trace-context"], &[]),
         ("hit count (benchmark)", &[], &[("UVSPAN_BENCH_COUNT_HITS", "1")]),
         ("hit count and timing (benchmark)", &[], &[("UVSPAN_BENCH_COUNT_HITS", "1"), ("UVSPAN_BENCH_TIME_HITS", "1")]),
     ];

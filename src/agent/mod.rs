@@ -115,6 +115,9 @@ pub struct Agent {
     /// sent held, per request, until its end.
     held: crate::requests::Held,
     tracer: Tracer,
+    /// --publish-trace-context: the pinned map (after the tracer: dropped
+    /// after it on an early return).
+    published: Option<crate::kernel::trace_ctx::Published>,
     exporter: Exporter,
     health: Arc<Health>,
     health_metrics: Option<HealthMetrics>,
@@ -176,6 +179,8 @@ impl Agent {
             _ => None,
         };
         let plan = export_plan(&cli, &file)?;
+        // Refused before anything starts; left as found on any error below.
+        let mut published = publish_trace_context(&cli)?;
         let sampler = Sampler::from_env(&|k| std::env::var(k).ok()).map_err(|e| usage(e.to_string()))?;
         // `uvspan run` with no collector: the report instead of spans on the console.
         let export_spans = match plan.traces {
@@ -191,9 +196,14 @@ impl Agent {
         let per = cli.trace_per.unwrap_or(if cli.command.is_empty() { TracePer::Task } else { TracePer::Process });
         let ksampling = kernel_sampling(&cli, &sampler, per);
         let tail_in_kernel = ksampling.is_some_and(|k| k.follow_requests && k.tail.is_some());
-        let loaded = Tracer::load(&tracer_settings(&cli, pidns, ksampling));
+        let loaded = Tracer::load(&tracer_settings(&cli, pidns, ksampling, published.as_ref()));
         let targets = lookup.join().map_err(|_| anyhow!("target lookup panicked"))??;
         let tracer = loaded?;
+        if let Some(p) = published.as_mut() {
+            if let Some(t) = tracer.ctx_threads() {
+                p.set_threads(t);
+            }
+        }
         for n in tracer.notices() {
             eprintln!("uvspan: {n}");
         }
@@ -227,6 +237,7 @@ impl Agent {
                     r.finished = Some(Vec::new());
                 }
                 r.tail = tail_rule(&cli).unwrap_or_default();
+                r.publish = published.as_ref().map(|p| crate::events::sampler::ContextKey(p.key));
                 r
             }),
             op_metrics: op_metrics.map(|(_, p)| p),
@@ -245,6 +256,7 @@ impl Agent {
             tail_in_kernel,
             held: Default::default(),
             tracer,
+            published,
             exporter,
             health,
             health_metrics,
@@ -695,7 +707,8 @@ impl Agent {
             stats,
             cli,
             rb,
-            tracer,
+            mut tracer,
+            published,
             mut exit_code,
             _rt,
             report,
@@ -746,6 +759,13 @@ impl Agent {
                 "uvspan: no Node.js process ran under {} (it and what it started are not Node.js): nothing was traced",
                 cli.command[0]
             );
+        }
+        // The pinned map left as found, now that the kernel side publishes no more.
+        if let Some(p) = published {
+            tracer.stop_publishing();
+            // A program that read the flag just before runs for microseconds.
+            std::thread::sleep(Duration::from_millis(2));
+            p.close();
         }
         let report_run = report.is_some();
         if let Some(r) = report {

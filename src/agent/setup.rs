@@ -57,6 +57,25 @@ pub(super) fn kernel_sampling(cli: &Cli, sampler: &Sampler, per: TracePer) -> Op
     })
 }
 
+/// --publish-trace-context: the pinned map profilers read, made or reused
+/// (None: not asked for).
+pub(super) fn publish_trace_context(cli: &Cli) -> Result<Option<crate::kernel::trace_ctx::Published>> {
+    if !cli.publish_trace_context {
+        return Ok(None);
+    }
+    if cli.requests == RequestsMode::Off {
+        return Err(usage("--publish-trace-context publishes requests' ids: it needs --requests on (the default)".into()));
+    }
+    if !cli.otlp_listen.is_empty() {
+        return Err(usage(
+            "--publish-trace-context with --otlp-listen is not supported: a request's SERVER span may be the app's, whose id the \
+             kernel cannot know at the request's head; drop one of the two"
+                .into(),
+        ));
+    }
+    crate::kernel::trace_ctx::Published::open().map(Some)
+}
+
 /// The tail exceptions asked for (`--keep-errors`, `--keep-slower-than`).
 pub(super) fn tail_rule(cli: &Cli) -> Option<crate::requests::Tail> {
     let slower_than_ns = cli.keep_slower_than.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
@@ -64,7 +83,12 @@ pub(super) fn tail_rule(cli: &Cli) -> Option<crate::requests::Tail> {
 }
 
 /// What the kernel side is loaded with.
-pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::PidNs>, sampling: Option<KernelSampling>) -> Settings {
+pub(super) fn tracer_settings(
+    cli: &Cli,
+    pidns: Option<crate::discover::pidns::PidNs>,
+    sampling: Option<KernelSampling>,
+    published: Option<&crate::kernel::trace_ctx::Published>,
+) -> Settings {
     use crate::metrics::Metric;
     let trap_only = bench_trap_only();
     Settings {
@@ -81,6 +105,7 @@ pub(super) fn tracer_settings(cli: &Cli, pidns: Option<crate::discover::pidns::P
         pidns,
         kernel_sampling: sampling,
         hist_bounds: [Metric::Fs.bounds(), Metric::Dns.bounds(), Metric::QueueWait.bounds(), Metric::HttpServer.bounds()],
+        publish_ctx: published.and_then(|p| Some((std::os::fd::AsRawFd::as_raw_fd(&p.fd()?), p.key))),
     }
 }
 

@@ -82,6 +82,43 @@ pub fn trace_for_cause(random: TraceId, cause: u64) -> TraceId {
     TraceId::from(if id == 0 { 1u128 << 127 } else { id })
 }
 
+/// `--publish-trace-context`: a request's trace id and SERVER span id as a
+/// function of its cause and this run's random key, the same the kernel
+/// writes for profilers at the request's head (`ctx_ids`, bpf/ops.h), so the
+/// ids a profile carries are those of the spans exported. The trace id's 56
+/// low bits are the cause's random number ([`cause_random`]), as
+/// [`trace_for_cause`] gives them: a trace-id ratio decides it as the kernel
+/// did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ContextKey(pub [u64; 2]);
+
+fn splitmix(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+impl ContextKey {
+    fn high(self, cause: u64) -> u64 {
+        splitmix((cause & !CAUSE_DROP) ^ self.0[0])
+    }
+
+    /// The trace id of a request (without a traceparent) begun as `cause`.
+    pub fn trace_id(self, cause: u64) -> TraceId {
+        let c = cause & !CAUSE_DROP;
+        let mask = (1u64 << RANDOM_BITS) - 1;
+        let low = (splitmix(c ^ self.0[1]) & !mask) | cause_random(c);
+        TraceId::from((u128::from(self.high(cause)) << 64) | u128::from(low))
+    }
+
+    /// The SERVER span id of the request begun as `cause`.
+    pub fn span_id(self, cause: u64) -> opentelemetry::trace::SpanId {
+        let s = splitmix(self.high(cause) ^ self.0[1]);
+        opentelemetry::trace::SpanId::from(if s == 0 { 1 } else { s })
+    }
+}
+
 impl Sampler {
     /// The kernel's threshold on a trace's 56 random bits (`ksample_threshold`,
     /// bpf/common.h): kept when at least this; `1 << 56` keeps none.
@@ -239,5 +276,23 @@ mod tests {
         assert!(from(&[("OTEL_TRACES_SAMPLER", "traceidratio"), ("OTEL_TRACES_SAMPLER_ARG", "half")]).is_err());
         assert_eq!(from(&[("OTEL_TRACES_SAMPLER", "TraceIdRatio")]).unwrap().describe(), "traceidratio 1");
         assert_eq!(from(&[]).unwrap(), Sampler::default());
+    }
+
+    #[test]
+    fn context_ids_are_the_kernels_and_keep_the_samplers_bits() {
+        // bpf/ops.h's ctx_ids, term by term, for a cause with and without
+        // CAUSE_DROP (which does not change them) and key [1, 2].
+        let k = ContextKey([1, 2]);
+        let c = 0x1234_5678_9a00u64;
+        assert_eq!(k.trace_id(c), k.trace_id(c | CAUSE_DROP));
+        assert_eq!(k.span_id(c), k.span_id(c | CAUSE_DROP));
+        let t = u128::from_be_bytes(k.trace_id(c).to_bytes());
+        assert_eq!(t as u64 & ((1 << 56) - 1), cause_random(c), "the sampler's 56 bits");
+        assert_eq!((t >> 64) as u64, splitmix(c ^ 1));
+        assert_eq!(u64::from_be_bytes(k.span_id(c).to_bytes()), splitmix(splitmix(c ^ 1) ^ 2));
+        // Another key, other ids; another cause, other ids.
+        assert_ne!(ContextKey([3, 2]).trace_id(c), k.trace_id(c));
+        assert_ne!(k.span_id(c + 0x100), k.span_id(c));
+        assert_eq!(splitmix(0), 0xe220_a839_7b1d_cdaf, "splitmix64's first output from seed 0");
     }
 }

@@ -56,6 +56,9 @@ pub struct Settings {
     /// The operation histograms' bucket bounds (s) per `enum hist_family`:
     /// fs, DNS, threadpool queue wait, HTTP server requests.
     pub hist_bounds: [&'static [f64]; 4],
+    /// --publish-trace-context: the pinned map's fd (open while the
+    /// tracer loads) and the run's key of the ids (bpf/ops.h: ctx_ids).
+    pub publish_ctx: Option<(i32, [u64; 2])>,
 }
 
 /// The trace sampler as the kernel runs it where traces start
@@ -349,6 +352,11 @@ impl Tracer {
         main.progs.uv_multi.set_autoload(false);
         // The maps made (and the load-time constants frozen) before either
         // loads a program.
+        if let Some((fd, _)) = settings.publish_ctx {
+            // SAFETY: the pinned map's fd, open (crate::kernel::trace_ctx)
+            // for the whole run; reuse_fd duplicates it.
+            dispatcher.maps.traces_ctx_v1.reuse_fd(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })?;
+        }
         let object = dispatcher.open_object_mut().as_libbpf_object().as_ptr();
         // SAFETY: `object` is the dispatcher's live bpf_object, opened and
         // not yet prepared or loaded.
@@ -438,6 +446,10 @@ impl Tracer {
                 ro.pidns_dev = ns.dev;
                 ro.pidns_ino = ns.ino;
             }
+            if let Some((_, key)) = settings.publish_ctx {
+                ro.publish_ctx = 1;
+                ro.ctx_key = key;
+            }
             // Wake the reader once a quarter of the buffer (at most 256 KiB) is waiting.
             ro.wakeup_bytes = u64::from(settings.ring_buffer_size / 4).min(256 * 1024);
         }
@@ -462,6 +474,12 @@ impl Tracer {
         open.progs.bench_enter.set_autoload(timed);
         open.progs.bench_leave.set_autoload(timed);
         open.maps.events.set_max_entries(settings.ring_buffer_size)?;
+        if settings.publish_ctx.is_none() {
+            // Off: never used, one entry each.
+            open.maps.traces_ctx_v1.set_max_entries(1)?;
+            open.maps.ctx_parent.set_max_entries(1)?;
+            open.maps.ctx_threads.set_max_entries(1)?;
+        }
         Ok(open)
     }
 
@@ -596,6 +614,19 @@ impl Tracer {
 
     /// Whether the kernel holds loop state for this thread (its event loop
     /// has been seen by the probes).
+    /// --publish-trace-context: the threads the kernel side published for.
+    pub fn ctx_threads(&self) -> Option<libbpf_rs::MapHandle> {
+        libbpf_rs::MapHandle::try_from(&self.skel.maps.ctx_threads).ok()
+    }
+
+    /// --publish-trace-context: the kernel side publishes no more (set
+    /// before the pinned map is left as found).
+    pub fn stop_publishing(&mut self) {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            bss.ctx_stop = 1;
+        }
+    }
+
     pub fn loop_seen(&self, tid: u32) -> bool {
         self.skel.maps.loops.lookup(&tid.to_ne_bytes(), MapFlags::ANY).ok().flatten().is_some()
     }

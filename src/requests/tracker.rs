@@ -138,6 +138,9 @@ pub(super) struct Request {
     pub(super) state: TraceState,
     /// Learned from an outgoing traceparent the app wrote (no incoming one).
     adopted: Option<TraceId>,
+    /// --publish-trace-context: its ids are the ones profiles carry (never
+    /// another trace adopted).
+    publish: bool,
     own_trace: TraceId,
     pub(super) status: Option<u16>,
     response_conn: Option<u64>,
@@ -259,7 +262,7 @@ impl Request {
     /// An outgoing call it made (`r`: its request's record); an app that
     /// writes a traceparent (its SDK) says which trace the request is in.
     fn call(&mut self, r: &HttpRecord, head: Head, tls: bool, h2_stream: Option<i32>, app_sdk: bool) {
-        if self.incoming.is_none() && self.adopted.is_none() {
+        if self.incoming.is_none() && self.adopted.is_none() && !self.publish {
             self.adopted = head.header("traceparent").and_then(parse_traceparent).map(|t| t.0);
         }
         self.calls.push(Call::new(r, head, tls, h2_stream, app_sdk));
@@ -316,6 +319,9 @@ pub struct Requests {
     recent_order: VecDeque<u64>,
     /// A SERVER span per request also where the app's SDK makes its own.
     always_server_spans: bool,
+    /// --publish-trace-context: requests' ids from their cause (see
+    /// [`crate::events::sampler::ContextKey`]), and always a SERVER span of uvspan's.
+    pub publish: Option<crate::events::sampler::ContextKey>,
     /// --otlp-listen: the spans of requests whose SERVER span is the app's
     /// go to `joinable` (with what identifies the request), not `ready`.
     join: bool,
@@ -436,6 +442,7 @@ impl Requests {
             stats: RequestStats::default(),
             finished: None,
             tail: Tail::default(),
+            publish: None,
         }
     }
 
@@ -487,7 +494,9 @@ impl Requests {
     /// span stands for the request.
     pub fn http(&mut self, r: &HttpRecord, app_sdk: bool, src: &SpanContextSource<'_>, ready: &mut Ready) {
         match r.what {
-            HttpWhat::Request | HttpWhat::Pipelined => self.start(r, !app_sdk || self.always_server_spans || self.join, src, ready),
+            HttpWhat::Request | HttpWhat::Pipelined => {
+                self.start(r, !app_sdk || self.always_server_spans || self.join || self.publish.is_some(), src, ready)
+            }
             HttpWhat::Write => {
                 let target = self.response_target(r);
                 self.write(r, target, app_sdk, src, ready);
@@ -637,11 +646,12 @@ impl Requests {
             tls: r.tls,
             peer: r.peer,
             local_port: r.local_port,
-            span_id: src.ids.new_span_id(),
+            span_id: self.publish.map_or_else(|| src.ids.new_span_id(), |k| k.span_id(r.cause)),
             incoming,
             state,
             adopted: None,
-            own_trace: src.trace_for(r.cause),
+            own_trace: self.publish.map_or_else(|| src.trace_for(r.cause), |k| k.trace_id(r.cause)),
+            publish: self.publish.is_some(),
             status: None,
             response_conn: None,
             response_total: None,
