@@ -318,3 +318,42 @@ fn the_sdks_grpc_export_is_not_the_apps_work() {
 fn the_sdks_http_protobuf_export_is_not_the_apps_work() {
     no_span_of_the_sdks_export("sdk-export-http", Protocol::HttpProtobuf);
 }
+
+/// uvspan sending OTLP/HTTP to a gRPC port because OTEL_EXPORTER_OTLP_PROTOCOL
+/// (meant for the app) is in its environment, or its config file says so:
+/// one line says the collector speaks the other protocol and where the
+/// setting came from.
+fn protocol_message(tag: &str, via_file: bool) {
+    require_root();
+    require_node();
+    let dir = TempDir::new(tag);
+    let grpc = Receiver::start(Protocol::Grpc);
+    let ep = grpc.endpoint();
+    let file = dir.join("uvspan.yaml");
+    std::fs::write(&file, format!("otlp:\n  endpoint: {ep}\n  protocol: http/protobuf\n")).expect("write the config file");
+    let uv: Vec<&str> = if via_file { vec!["--status-interval", "0", "--config", &file] } else { vec!["--status-interval", "0"] };
+    let mut cmd = Topology::Host.command(&uv, &["node", "-e", "require('fs').statSync('/'); setTimeout(() => {}, 300)"]);
+    if !via_file {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", &ep).env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf");
+    }
+    let out = run(cmd);
+    // One line per signal that tried (spans, and uvspan's metrics when they were due).
+    let lines: Vec<&str> =
+        out.stderr.lines().filter(|l| l.contains("answered HTTP/2 (gRPC) to OTLP http/protobuf") && l.contains("/v1/traces")).collect();
+    assert_eq!(lines.len(), 1, "one line names the protocol mismatch of the spans' export\n{}", out.context());
+    let from = if via_file { "came from config otlp.protocol" } else { "came from OTEL_EXPORTER_OTLP_PROTOCOL" };
+    assert!(lines[0].contains(from) && lines[0].contains("--otlp-protocol grpc"), "{}", lines[0]);
+    for hyper in ["invalid HTTP version parsed", "received unexpected message from connection"] {
+        assert!(!out.stderr.contains(hyper), "the mismatch is named, not hyper's error\n{}", out.context());
+    }
+}
+
+#[test]
+fn http_to_a_grpc_port_is_named_with_the_variable_that_set_it() {
+    protocol_message("sdk-proto-env", false);
+}
+
+#[test]
+fn http_to_a_grpc_port_is_named_with_the_config_key_that_set_it() {
+    protocol_message("sdk-proto-file", true);
+}
