@@ -16,8 +16,9 @@ fi
 # (the benchmark uses the same); tests/realcode/ the packages of
 # tests/realcode.rs (express, compression, undici, pg, ioredis); tests/db/
 # the database and cache drivers of tests/db.rs (pg, postgres, mysql2,
-# ioredis, redis, express).
-for d in bench tests/realcode tests/db; do
+# ioredis, redis, express); tests/sdk/ the zero-code OpenTelemetry JS SDK
+# of tests/sdk_join.rs (@opentelemetry/auto-instrumentations-node).
+for d in bench tests/realcode tests/db tests/sdk; do
   if [ ! -e "$d/node_modules/.package-lock.json" ] || ! cmp -s "$d/package-lock.json" "$d/node_modules/.lock-installed"; then
     echo "test: npm ci in $d/" >&2
     (cd "$d" && npm ci --no-audit --no-fund --loglevel=error >/dev/null)

@@ -168,9 +168,18 @@ pub struct Cli {
     #[arg(long, value_name = "ADDR", env = "UVSPAN_OTLP_LISTEN", value_delimiter = ',')]
     pub otlp_listen: Vec<std::net::SocketAddr>,
 
+    /// With --otlp-listen: where the app's OTLP goes on. `endpoint`: to
+    /// --otlp-endpoint (the app exports through uvspan). `none`: nowhere (a
+    /// collector tee: the app exports to its collector, which sends its
+    /// traces on to its backend and a copy to this listener; uvspan reads
+    /// the SERVER spans for the join and forwards nothing).
+    #[arg(long, value_name = "WHERE", value_enum, default_value = "endpoint")]
+    pub otlp_listen_forward: ListenForward,
+
     /// With --otlp-listen: how long uvspan's spans of a request wait for the
     /// app's SERVER span before they go out as they are (above the SDK's
-    /// batch delay, OTEL_BSP_SCHEDULE_DELAY, 5 s by default).
+    /// batch delay, OTEL_BSP_SCHEDULE_DELAY, 5 s by default, plus what a
+    /// collector tee adds).
     #[arg(long, value_name = "DURATION", env = "UVSPAN_JOIN_WINDOW", default_value = "6s", value_parser = parse_duration)]
     pub join_window: Duration,
 
@@ -182,6 +191,13 @@ pub struct Cli {
     /// Command to start and trace (after `--`); uvspan exits with its status.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `--otlp-listen-forward`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListenForward {
+    Endpoint,
+    None,
 }
 
 /// `--requests`.

@@ -187,6 +187,19 @@ pub(super) fn start_listener(cli: &Cli, plan: &Plan, rt: &tokio::runtime::Runtim
     if cli.otlp_listen.is_empty() {
         return Ok(None);
     }
+    let forward = cli.otlp_listen_forward == crate::cli::ListenForward::Endpoint;
+    if !forward {
+        // A collector tee: the listener gets a copy of what the collector
+        // already sent on; forwarding it would send it round again.
+        let cfg = ListenConfig { addrs: cli.otlp_listen.clone(), upstream: Default::default(), queue_bytes: 0, forward: false };
+        return match Listener::start(&cfg, rt, health.listen.clone()) {
+            Ok(l) => Ok(Some(l)),
+            Err(e) => match e.downcast::<BindError>() {
+                Ok(b) => Err(usage(b.to_string())),
+                Err(e) => Err(e),
+            },
+        };
+    }
     let Some(traces) = &plan.forward[0] else {
         return Err(usage(
             "--otlp-listen forwards the app's OTLP to uvspan's endpoint, and none is set: give --otlp-endpoint URL \
@@ -207,8 +220,12 @@ pub(super) fn start_listener(cli: &Cli, plan: &Plan, rt: &tokio::runtime::Runtim
             }
         }
     }
-    let cfg =
-        ListenConfig { addrs: cli.otlp_listen.clone(), upstream: plan.forward.clone(), queue_bytes: u64::from(cli.otlp_listen_queue) };
+    let cfg = ListenConfig {
+        addrs: cli.otlp_listen.clone(),
+        upstream: plan.forward.clone(),
+        queue_bytes: u64::from(cli.otlp_listen_queue),
+        forward: true,
+    };
     match Listener::start(&cfg, rt, health.listen.clone()) {
         Ok(l) => Ok(Some(l)),
         Err(e) => match e.downcast::<BindError>() {

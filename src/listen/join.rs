@@ -49,7 +49,9 @@ pub fn app_servers(req: &ExportTraceServiceRequest) -> Vec<AppServer> {
     let mut out = Vec::new();
     for rs in &req.resource_spans {
         let pid = rs.resource.as_ref().and_then(|r| int_attr(&r.attributes, &["process.pid"])).and_then(|p| u32::try_from(p).ok());
-        for ss in &rs.scope_spans {
+        // uvspan's own spans, back from a collector that sends everything it
+        // gets to uvspan's listener (a tee): never the app's.
+        for ss in rs.scope_spans.iter().filter(|ss| ss.scope.as_ref().is_none_or(|s| s.name != crate::events::spans::SCOPE_NAME)) {
             for s in ss.spans.iter().filter(|s| s.kind == KIND_SERVER) {
                 let (Ok(t), Ok(id)) = (<[u8; 16]>::try_from(s.trace_id.as_slice()), <[u8; 8]>::try_from(s.span_id.as_slice())) else {
                     continue;
@@ -333,6 +335,11 @@ mod tests {
         };
         let got = app_servers(&req);
         assert_eq!(got.len(), 2, "SERVER spans only");
+        // uvspan's own spans, back through a collector tee: not the app's.
+        let mut back = req.clone();
+        back.resource_spans[0].scope_spans[0].scope =
+            Some(opentelemetry_proto::tonic::common::v1::InstrumentationScope { name: "uvspan".into(), ..Default::default() });
+        assert!(app_servers(&back).is_empty());
         assert_eq!(got[0], server(42, u128::from_be_bytes([1; 16]), u64::from_be_bytes([2; 8]), 0, 10, 20, 5000));
         assert_eq!(got[1].parent, SpanId::from_bytes([3; 8]));
         assert_eq!(got[1].peer_port, None, "not a port");

@@ -46,6 +46,8 @@ pub struct ListenCounters {
     pub unjoined: AtomicU64,
     /// The listener runs (the health metrics are exported).
     pub on: std::sync::atomic::AtomicBool,
+    /// It takes a collector's copy and forwards nothing (`--otlp-listen-forward none`).
+    pub tee: std::sync::atomic::AtomicBool,
 }
 
 impl ListenCounters {
@@ -60,6 +62,16 @@ impl ListenCounters {
     /// For the summary line.
     pub fn summary(&self) -> String {
         let per = |f: &[AtomicU64; 3]| Signal::ALL.map(|s| Self::get(f, s).to_string()).join("/");
+        if self.tee.load(Ordering::Relaxed) {
+            return format!(
+                "OTLP copy of the app's telemetry from the collector (traces/metrics/logs): received {}, not forwarded, \
+                 malformed requests {}; uvspan spans under the app's SERVER span {}, not joined {}",
+                per(&self.received),
+                self.malformed.load(Ordering::Relaxed),
+                self.joined.load(Ordering::Relaxed),
+                self.unjoined.load(Ordering::Relaxed),
+            );
+        }
         format!(
             "OTLP forwarded for the app (traces/metrics/logs): received {}, forwarded {}, dropped {}, refused while the queue was full {}, \
              rejected by the endpoint {}, malformed requests {}; uvspan spans under the app's SERVER span {}, not joined {}",
@@ -83,6 +95,9 @@ pub struct ListenConfig {
     pub upstream: [Option<Settings>; 3],
     /// Bytes of requests queued for the endpoint at most.
     pub queue_bytes: u64,
+    /// false (`--otlp-listen-forward none`): a collector's copy, read for
+    /// the join and forwarded nowhere.
+    pub forward: bool,
 }
 
 /// The running listener: servers and the forwarding task.
@@ -90,7 +105,8 @@ pub struct Listener {
     pub counters: Arc<ListenCounters>,
     /// The app's SERVER spans, for the joiner (the agent's thread).
     pub servers: std::sync::mpsc::Receiver<Vec<AppServer>>,
-    forwarder: forward::Handle,
+    /// None: a collector tee (nothing forwarded).
+    forwarder: Option<forward::Handle>,
     rt: tokio::runtime::Handle,
 }
 
@@ -130,15 +146,21 @@ impl Listener {
             sockets.push(l);
         }
         counters.on.store(true, Ordering::Relaxed);
-        let forwarder = {
+        counters.tee.store(!cfg.forward, Ordering::Relaxed);
+        let forwarder = if cfg.forward {
             let _guard = rt.enter();
-            forward::start(&cfg.upstream, cfg.queue_bytes, counters.clone())?
+            Some(forward::start(&cfg.upstream, cfg.queue_bytes, counters.clone())?)
+        } else {
+            None
         };
         let (tx, rx) = std::sync::mpsc::channel();
         for l in sockets {
             let _guard = rt.enter();
             let l = tokio::net::TcpListener::from_std(l).context("cannot hand the OTLP listener to the runtime")?;
-            rt.spawn(serve::serve(l, serve::State { queue: forwarder.queue(), counters: counters.clone(), servers: tx.clone() }));
+            rt.spawn(serve::serve(
+                l,
+                serve::State { queue: forwarder.as_ref().map(forward::Handle::queue), counters: counters.clone(), servers: tx.clone() },
+            ));
         }
         Ok(Listener { counters, servers: rx, forwarder, rt: rt.handle().clone() })
     }
@@ -146,6 +168,8 @@ impl Listener {
     /// Forwards what is queued, waiting at most `deadline`; what is left is
     /// counted as dropped.
     pub fn finish(self, deadline: Duration) {
-        self.rt.block_on(self.forwarder.flush(deadline));
+        if let Some(f) = &self.forwarder {
+            self.rt.block_on(f.flush(deadline));
+        }
     }
 }

@@ -25,7 +25,8 @@ pub const MAX_REQUEST: usize = 64 << 20;
 
 #[derive(Clone)]
 pub struct State {
-    pub queue: Queue,
+    /// None: a collector tee (read, never forwarded).
+    pub queue: Option<Queue>,
     pub counters: Arc<ListenCounters>,
     pub servers: std::sync::mpsc::Sender<Vec<AppServer>>,
 }
@@ -82,7 +83,7 @@ impl State {
             }
         };
         ListenCounters::add(&c.received, signal, items);
-        if self.queue.push(Item { signal, body, items }).is_err() {
+        if self.queue.as_ref().is_some_and(|q| q.push(Item { signal, body, items }).is_err()) {
             ListenCounters::add(&c.refused, signal, items);
             return Err(Refused::Full);
         }

@@ -38,6 +38,14 @@ impl Head {
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| *k == name).map(|(_, v)| v.as_str())
     }
+
+    /// An OTLP export (the app's OpenTelemetry SDK sending its telemetry:
+    /// gRPC `opentelemetry.proto.collector.*` or `POST …/v1/{traces,metrics,logs}`):
+    /// telemetry about the app, not the app's work, so no CLIENT span of it.
+    pub fn is_otlp_export(&self) -> bool {
+        self.path.starts_with("/opentelemetry.proto.collector.")
+            || (self.method == "POST" && ["/v1/traces", "/v1/metrics", "/v1/logs"].iter().any(|p| self.path.ends_with(p)))
+    }
 }
 
 /// The name as uvspan reads it, if it is one of [`HEADERS_READ`].
@@ -293,6 +301,23 @@ pub(crate) fn host_port(host: &str, default_port: u16) -> (&str, u16) {
 mod tests {
     use super::*;
     use crate::requests::testing::TP;
+
+    #[test]
+    fn the_sdks_own_exports_are_told_apart() {
+        let head = |method: &'static str, path: &str| Head {
+            method: method.into(),
+            path: path.into(),
+            query: None,
+            version: "1.1",
+            headers: vec![],
+        };
+        assert!(head("POST", "/opentelemetry.proto.collector.trace.v1.TraceService/Export").is_otlp_export());
+        assert!(head("POST", "/v1/traces").is_otlp_export());
+        assert!(head("POST", "/otlp/v1/logs").is_otlp_export(), "a collector behind a path prefix");
+        assert!(!head("GET", "/v1/traces").is_otlp_export(), "a GET is an app's call");
+        assert!(!head("POST", "/v1/orders").is_otlp_export());
+        assert!(!head("POST", "/users/v1/tracesx").is_otlp_export());
+    }
 
     #[test]
     fn http2_headers_make_a_head() {

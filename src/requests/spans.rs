@@ -25,7 +25,7 @@ pub(super) fn request_spans(req: &mut Request, parent: &Parent, src: &SpanContex
         build_into(rec, src, Some(parent), spans);
     }
     let mut taken = Vec::new();
-    for call in &req.calls {
+    for call in req.calls.iter().filter(|c| !c.head.is_otlp_export()) {
         spans.push(client_span(req, call, parent, src, &mut taken));
     }
 }

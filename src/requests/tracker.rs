@@ -236,6 +236,11 @@ impl Call {
         self.end_ns.unwrap_or(caller_end.max(self.start_ns))
     }
 
+    /// The app's SDK exporting its telemetry ([`Head::is_otlp_export`]): no CLIENT span.
+    pub(crate) fn is_otlp_export(&self) -> bool {
+        self.head.is_otlp_export()
+    }
+
     /// What its CLIENT span is made of (unanswered: ended with its caller).
     pub(crate) fn span_parts(&self, caller_end: u64) -> CallSpan<'_> {
         CallSpan {

@@ -525,7 +525,7 @@ impl Tasks {
         let out = sink(&mut self.lives, ready, t.pid, t.last_ns);
         out.reserve(t.held.len() + 1);
         out.push(task_span(&t, &root, src));
-        for c in &t.calls {
+        for c in t.calls.iter().filter(|c| !c.is_otlp_export()) {
             out.push(call_span(&c.span_parts(t.last_ns), src.ids.new_span_id(), &under, src));
         }
         for rec in std::mem::take(&mut t.held) {

@@ -92,13 +92,26 @@ impl Receiver {
         self.requests().iter().flat_map(|r| flatten(&r.resource_spans)).collect()
     }
 
+    /// A gRPC receiver that is also a collector tee: each trace export it
+    /// takes (kept, as its backend would) is sent on, as a copy, to the
+    /// OTLP/gRPC endpoint `copy_to` (uvspan's --otlp-listen address) without
+    /// waiting for it, as a collector's second exporter does. Whatever
+    /// exports to it (the app, uvspan) is in the copy.
+    pub fn tee(copy_to: &str) -> Receiver {
+        Self::grpc_with(Some(copy_to.to_string()))
+    }
+
     fn grpc() -> Receiver {
+        Self::grpc_with(None)
+    }
+
+    fn grpc_with(tee: Option<String>) -> Receiver {
         let store: Store = Arc::default();
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the gRPC receiver");
         listener.set_nonblocking(true).expect("non-blocking listener");
         let port = listener.local_addr().expect("receiver address").port();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let svc = Collector { store: store.clone() };
+        let svc = Collector { store: store.clone(), tee };
         let signals = Arc::new(SignalCounts::default());
         let (ms, ls) = (signals.clone(), signals.clone());
         let thread = std::thread::Builder::new()
@@ -200,6 +213,8 @@ impl Drop for Receiver {
 
 struct Collector {
     store: Store,
+    /// Where a copy of each trace export goes (a collector tee).
+    tee: Option<String>,
 }
 
 #[tonic::async_trait]
@@ -217,6 +232,16 @@ impl TraceService for Collector {
             })
             .collect();
         let msg = request.into_inner();
+        if let Some(to) = &self.tee {
+            let (to, copy) = (to.clone(), msg.clone());
+            tokio::spawn(async move {
+                use opentelemetry_proto::tonic::collector::trace::v1::trace_service_client::TraceServiceClient;
+                // Not there (yet, or any more): the copy is lost, as a collector's would be.
+                if let Ok(mut c) = TraceServiceClient::connect(to).await {
+                    let _ = c.export(copy).await;
+                }
+            });
+        }
         self.store.lock().unwrap_or_else(|e| e.into_inner()).push(Received {
             path: "/opentelemetry.proto.collector.trace.v1.TraceService/Export".into(),
             headers,

@@ -123,6 +123,9 @@ pub struct Client {
     timeout: Duration,
     signal: Signal,
     url: Arc<str>,
+    protocol: OtlpProtocol,
+    /// Where the protocol was set (for the message when the collector speaks the other one).
+    protocol_from: Arc<str>,
 }
 
 // One per client, built once: the variants' sizes do not matter.
@@ -173,7 +176,15 @@ impl Client {
             }
         };
         let tls = s.is_tls().then(|| tls::client_config(&s.tls).map(Arc::new)).transpose()?;
-        Ok(Client { transport, tls, timeout: s.timeout, signal: s.signal, url: s.url.as_str().into() })
+        Ok(Client {
+            transport,
+            tls,
+            timeout: s.timeout,
+            signal: s.signal,
+            url: s.url.as_str().into(),
+            protocol: s.protocol,
+            protocol_from: s.protocol_from.as_str().into(),
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -183,6 +194,42 @@ impl Client {
     /// Sends one export request (one try, within the timeout): the
     /// collector's answer, protobuf.
     pub async fn send(&self, body: Body) -> Result<Bytes, Fail> {
+        self.send_once(body).await.map_err(|f| self.other_protocol(f))
+    }
+
+    /// A failure that says the collector speaks the other OTLP protocol
+    /// (HTTP/1.1 sent to a gRPC port, gRPC to an HTTP/1.1 one), said as
+    /// such, with where the protocol was set; not retried (it does not mend
+    /// itself).
+    fn other_protocol(&self, f: Fail) -> Fail {
+        let m = &f.message;
+        let (answered, is, other, port) = match self.protocol {
+            // hyper's words for HTTP/2 frames where an HTTP/1.1 answer
+            // belongs (the gRPC server's SETTINGS, before or after the request).
+            OtlpProtocol::HttpProtobuf
+                if m.contains("invalid HTTP version parsed") || m.contains("received unexpected message from connection") =>
+            {
+                ("HTTP/2 (gRPC)", "a gRPC port", "grpc", "4318")
+            }
+            OtlpProtocol::Grpc if m.contains("frame with invalid size") || m.contains("invalid preface") => {
+                ("HTTP/1.1", "an OTLP/HTTP port", "http/protobuf", "4317")
+            }
+            _ => return f,
+        };
+        let (sent, from) = (self.protocol.name(), &self.protocol_from);
+        Fail {
+            message: format!(
+                "the collector at {} answered {answered} to OTLP {sent}: it is {is}; the protocol {sent} came from {from}: \
+                 set it to {other} (for uvspan: --otlp-protocol {other}) or give the collector's {sent} port ({port} by default)",
+                self.url
+            ),
+            retryable: false,
+            after: None,
+            unanswered: true,
+        }
+    }
+
+    async fn send_once(&self, body: Body) -> Result<Bytes, Fail> {
         let timeout = self.timeout;
         let late = move || Fail::retry(format!("no answer within {timeout:?} (OTEL_EXPORTER_OTLP_TIMEOUT)"));
         match &self.transport {
@@ -230,8 +277,19 @@ async fn grpc_send(
             // connection that failed or ended) has no grpc-status header.
             let unanswered = !st.metadata().contains_key("grpc-status")
                 && matches!(st.code(), tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Unavailable | tonic::Code::Internal);
+            // The connection's own error under tonic's status (an HTTP/1.1
+            // answer read as HTTP/2 frames: "frame with invalid size").
+            let mut cause = String::new();
+            let mut cur = std::error::Error::source(&st);
+            while let Some(e) = cur {
+                let t = e.to_string();
+                if unanswered && !st.message().contains(&t) && !cause.contains(&t) {
+                    cause = format!("{cause}: {t}");
+                }
+                cur = e.source();
+            }
             Err(Fail {
-                message: format!("the collector answered {:?}: {}", st.code(), st.message()),
+                message: format!("the collector answered {:?}: {}{cause}", st.code(), st.message()),
                 retryable: grpc_retryable(st.code()),
                 after: retry_info(st.details()),
                 unanswered,
@@ -449,6 +507,60 @@ impl tonic::codec::Decoder for Raw {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that answers every connection with `reply` (what a server of
+    /// the other protocol sends first), then closes it.
+    async fn other_protocol(reply: &'static [u8]) -> u16 {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf).await;
+                let _ = c.write_all(reply).await;
+                let _ = c.shutdown().await;
+            }
+        });
+        port
+    }
+
+    fn settings(protocol: OtlpProtocol, from: &str, port: u16) -> Settings {
+        let path = if protocol == OtlpProtocol::Grpc { "" } else { "/v1/traces" };
+        Settings {
+            signal: Signal::Traces,
+            url: format!("http://127.0.0.1:{port}{path}"),
+            protocol,
+            protocol_from: from.into(),
+            headers: vec![],
+            timeout: Duration::from_secs(5),
+            gzip: false,
+            tls: Default::default(),
+        }
+    }
+
+    /// An empty HTTP/2 SETTINGS frame: a gRPC port's first bytes.
+    const H2_SETTINGS: &[u8] = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    const H1_400: &[u8] = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+    #[tokio::test]
+    async fn the_other_protocol_is_named_with_where_the_setting_came_from() {
+        let port = other_protocol(H2_SETTINGS).await;
+        let c = Client::new(&settings(OtlpProtocol::HttpProtobuf, "OTEL_EXPORTER_OTLP_PROTOCOL", port)).unwrap();
+        let f = c.send(Body::Bytes(Bytes::new())).await.unwrap_err();
+        eprintln!("http -> h2: {}", f.message);
+        assert!(f.message.contains("answered HTTP/2 (gRPC)"), "{}", f.message);
+        assert!(f.message.contains("OTEL_EXPORTER_OTLP_PROTOCOL"), "{}", f.message);
+        assert!(!f.retryable, "it does not mend itself");
+        assert_eq!(f.message.lines().count(), 1);
+        let port = other_protocol(H1_400).await;
+        let c = Client::new(&settings(OtlpProtocol::Grpc, "--otlp-protocol", port)).unwrap();
+        let f = c.send(Body::Bytes(Bytes::new())).await.unwrap_err();
+        eprintln!("grpc -> h1: {}", f.message);
+        assert!(f.message.contains("answered HTTP/1.1"), "{}", f.message);
+        assert!(f.message.contains("--otlp-protocol"), "{}", f.message);
+        assert!(!f.retryable);
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_and_takes_what_the_collector_asks() {

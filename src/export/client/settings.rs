@@ -26,6 +26,16 @@ pub enum OtlpProtocol {
     HttpProtobuf,
 }
 
+impl OtlpProtocol {
+    /// As OTEL_EXPORTER_OTLP_PROTOCOL spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            OtlpProtocol::Grpc => "grpc",
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
 impl std::str::FromStr for OtlpProtocol {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -93,6 +103,9 @@ pub struct Settings {
     /// HTTP/protobuf: the URL posted to; gRPC: the server's origin.
     pub url: String,
     pub protocol: OtlpProtocol,
+    /// Where the protocol was set: `--otlp-protocol`, the variable's name,
+    /// the config file's key, or the default.
+    pub protocol_from: String,
     pub headers: Vec<(String, String)>,
     pub timeout: Duration,
     pub gzip: bool,
@@ -245,11 +258,11 @@ fn default_settings(signal: Signal, src: &Sources<'_>) -> Result<Settings> {
 
 /// Everything but the URL.
 fn settings_for(signal: Signal, src: &Sources<'_>) -> Result<Settings> {
-    let protocol = match src.flag_protocol {
-        Some(p) => p,
+    let (protocol, protocol_from) = match src.flag_protocol {
+        Some(p) => (p, "--otlp-protocol".to_string()),
         None => match src.pick(signal, "PROTOCOL", "protocol", |k| k.protocol.clone()) {
-            Some((Lookup::Env(v, _) | Lookup::File(v, _), from)) => v.parse().map_err(|e: String| anyhow!("{from}: {e}"))?,
-            None => OtlpProtocol::Grpc,
+            Some((Lookup::Env(v, _) | Lookup::File(v, _), from)) => (v.parse().map_err(|e: String| anyhow!("{from}: {e}"))?, from),
+            None => (OtlpProtocol::Grpc, "the default".to_string()),
         },
     };
     let headers = match src.pick(signal, "HEADERS", "headers", |k| k.headers.clone()) {
@@ -289,7 +302,7 @@ fn settings_for(signal: Signal, src: &Sources<'_>) -> Result<Settings> {
         };
         bail!("mutual TLS needs a client certificate and its key: {have} is set, {missing} (or its config key) is not");
     }
-    Ok(Settings { signal, url: String::new(), protocol, headers, timeout, gzip, tls })
+    Ok(Settings { signal, url: String::new(), protocol, protocol_from, headers, timeout, gzip, tls })
 }
 
 /// `OTEL_EXPORTER_OTLP_[SIGNAL_]INSECURE`: for a gRPC endpoint without a
