@@ -56,9 +56,12 @@ pub struct Blocked {
 }
 
 impl Blocked {
-    /// The heaviest stack, one frame per line, innermost first.
+    /// The heaviest stack of the culprit (else the heaviest stack), one
+    /// frame per line, innermost first.
     pub fn heaviest(&self) -> Option<String> {
-        self.stacks.first().map(|(s, _)| render(s))
+        let c = self.culprit();
+        let of = self.stacks.iter().find(|(s, _)| c.is_some() && culprit_of(s) == c);
+        of.or(self.stacks.first()).map(|(s, _)| render(s))
     }
 
     /// The innermost frame of the project's own code in the heaviest
@@ -69,15 +72,38 @@ impl Blocked {
     /// a shared library's frame (libc's `open64` on top of the user's
     /// `readFileSync`), an address or a marker: None when the stack has
     /// only those. The native frames above it stay in the stack.
+    ///
+    /// Over the top stacks, the culprit with the most samples: stacks whose
+    /// walk stopped at once (`[truncated]` alone) or that stayed in a
+    /// library name no one, and the samples of one function spread over
+    /// several stacks (its calls into libc's open, read, fstat) add up.
     pub fn culprit(&self) -> Option<&Frame> {
-        let (s, _) = self.stacks.first()?;
-        let builtin = |f: &Frame| f.location.as_deref().is_some_and(|l| l.starts_with("node:"));
-        s.iter()
-            .find(|f| f.js && !builtin(f))
-            .or_else(|| s.iter().find(|f| f.js))
-            .or_else(|| s.iter().find(|f| f.location.as_deref().is_some_and(|l| l.ends_with(".map"))))
-            .or_else(|| s.iter().find(|f| is_own_native(f)))
+        let mut best: Vec<(&Frame, u64)> = Vec::new();
+        for (s, n) in &self.stacks {
+            let Some(f) = culprit_of(s) else { continue };
+            match best.iter_mut().find(|(g, _)| *g == f) {
+                Some((_, m)) => *m += n,
+                None => best.push((f, *n)),
+            }
+        }
+        // the first (heaviest stack's) of equals
+        best.iter()
+            .fold(None, |acc: Option<(&Frame, u64)>, &(f, n)| match acc {
+                Some((_, m)) if m >= n => acc,
+                _ => Some((f, n)),
+            })
+            .map(|(f, _)| f)
     }
+}
+
+/// One stack's culprit (see [`Blocked::culprit`]).
+fn culprit_of(s: &[Frame]) -> Option<&Frame> {
+    let builtin = |f: &Frame| f.location.as_deref().is_some_and(|l| l.starts_with("node:"));
+    s.iter()
+        .find(|f| f.js && !builtin(f))
+        .or_else(|| s.iter().find(|f| f.js))
+        .or_else(|| s.iter().find(|f| f.location.as_deref().is_some_and(|l| l.ends_with(".map"))))
+        .or_else(|| s.iter().find(|f| is_own_native(f)))
 }
 
 /// The marker that ends a stack whose walk left the process's code (or
