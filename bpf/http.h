@@ -522,6 +522,40 @@ __attribute__((noinline)) int client_write(struct stream_owner *o, __u64 cause)
 	return 0;
 }
 
+/* A server connection `o` writes its request's response: the request has
+ * answered (`answered`), once per request. A global function: verified
+ * once. */
+__attribute__((noinline)) int server_answers(struct stream_owner *o, __u32 pid)
+{
+	if (!o || o->answer || !o->server)
+		return 0;
+	o->answer = 1;
+	struct conn_key k = { .pid = pid, .ptr = o->server };
+	__u8 one = 1;
+	bpf_map_update_elem(&answered, &k, &one, BPF_ANY);
+	return 0;
+}
+
+/* A client connection `o` reads a reply: one read after its writer's
+ * request answered is no longer that request's. The writer's callback
+ * most likely handed the connection on (a pool gives it to a waiting
+ * request when the reply it waited for comes, or opens a new one for it
+ * when an idle one closes), and the reply belongs to whoever the hand-off
+ * served, which the kernel cannot tell: the read is a task of its own (no
+ * parent is better than a wrong one; a call a request makes and does not
+ * wait for before answering loses its reply's work the same way). A
+ * global function: verified once. */
+__attribute__((noinline)) int reply_orphaned(struct stream_owner *o, __u32 pid)
+{
+	if (!o || !o->pending || o->mixed || is_task(o->cause))
+		return 0;
+	struct conn_key k = { .pid = pid, .ptr = o->cause };
+	if (!bpf_map_lookup_elem(&answered, &k))
+		return 0;
+	o->mixed = 2;
+	return 1;
+}
+
 /* A request begins on server connection `stream`: its callbacks and its
  * writes are the request's from now on (see struct stream_owner). A global
  * function: verified once. */
@@ -629,6 +663,7 @@ static __noinline int http_message(struct pt_regs *ctx)
 	if (stream_was) {
 		stream_was->cause = cause;
 		stream_was->server = cause;
+		stream_was->answer = 0;
 	} else if (sk.ptr) {
 		stream_serves(pid, sk.ptr, cause);
 	}
@@ -755,13 +790,15 @@ static __always_inline int stream_io(struct pt_regs *ctx)
 	 * server may speak first (MySQL's greeting) */
 	t->ctx.wire = c && !c->server && !c->child &&
 		      (c->wire == WIRE_DB || (c->wire == WIRE_UNDECIDED && c->pending));
-	__u64 cause = c && !c->mixed ? c->cause : 0;
 	/* readable (POLLIN): its writers' replies come (see client_write) */
 	if (c && !c->server && (PT_REGS_PARM3(ctx) & 1)) {
-		if (c->mixed)
+		if (reply_orphaned(c, key.pid))
+			stat_inc(STAT_AFTER_ANSWER);
+		else if (c->mixed == 1)
 			stat_inc(STAT_MIXED_READS);
 		c->pending = 0;
 	}
+	__u64 cause = c && !c->mixed ? c->cause : 0;
 	cause_put(t, cause ? cause : new_task_cause(CAUSE_IO));
 	return 0;
 }
@@ -816,7 +853,9 @@ static __always_inline int stream_write(struct pt_regs *ctx, __u64 cookie)
 		return 0;
 	}
 	/* (a server connection's causes stay its request's) */
-	if (!server && owner)
+	if (server)
+		server_answers(owner, key.pid);
+	else if (owner)
 		client_write(owner, cause);
 	else if (!server)
 		stream_cause_set(key.pid, stream, cause);

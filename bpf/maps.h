@@ -251,9 +251,10 @@ struct stream_owner {
 	__u64 cause;
 	__u64 server;
 	/* A client connection: written since its last read (its writer waits
-	 * for a reply), and written by two causes since then (`mixed`: the
+	 * for a reply), and written by two causes since then (`mixed` 1: the
 	 * replies' order is the protocol's, so the next read is a task of its
-	 * own, never one of the two). */
+	 * own, never one of the two), or its reply came after its writer's
+	 * request answered (`mixed` 2: a task too, see reply_orphaned). */
 	__u16 pending;
 	__u8 mixed;
 	/* a child process's pipe (uv_spawn): its close is its spawner's */
@@ -263,7 +264,9 @@ struct stream_owner {
 	 * sees a lost record, or a new connection at the same address, by
 	 * it). */
 	__u8 wire;
-	__u8 _pad;
+	/* A server connection: its request's response has been written (the
+	 * request is in `answered`). */
+	__u8 answer;
 	__u16 wire_seq;
 };
 
@@ -273,6 +276,17 @@ struct {
 	__type(key, struct conn_key);
 	__type(value, struct stream_owner);
 } stream_cause SEC(".maps");
+
+/* Requests whose response has been written (a value of 1), by cause: a
+ * client connection's reply read after its writer's request answered was
+ * asked for by someone else (a pooled connection handed to the next
+ * request in the answer's callback: stream_io). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, struct conn_key);
+	__type(value, __u8);
+} answered SEC(".maps");
 
 /* The cause under which a uv_queue_work job was queued, by its struct
  * uv__work (the job's node in the batch walk: batch.h), until its

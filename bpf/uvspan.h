@@ -324,7 +324,8 @@ enum stat_idx {
 	STAT_OPS_UNFINISHED = 12,   /* requests in a thread's slots when it exited (ops_local) */
 	STAT_BATCH_CUT = 13,        /* a batch of finished threadpool jobs longer than UVSPAN_BATCH_WALK: the rest not ended (spans lost) */
 	STAT_MIXED_READS = 14,      /* a client connection read while two causes waited for replies there: a task of its own */
-	STAT_MAX = 15,
+	STAT_AFTER_ANSWER = 15,     /* a client connection's reply read after the request that wrote there answered: a task of its own */
+	STAT_MAX = 16,
 };
 
 /* What an op_hist entry counts: the operations of one process, family and

@@ -86,6 +86,19 @@ fn realcode_in(topology: Topology) {
 
 /// The app on `node`, loaded on `routes` only.
 fn realcode_with(topology: Topology, node: &str, routes: &[&str]) {
+    realcode_run(topology, node, routes, &[], &FOLLOWED);
+}
+
+/// The app on `node` with `env`, loaded on `routes`; `followed`: the
+/// patterns whose work after them must be under their own request. The
+/// checks' counts per route, and uvspan's output.
+fn realcode_run(
+    topology: Topology,
+    node: &str,
+    routes: &[&str],
+    env: &[(&str, &str)],
+    followed: &[&str],
+) -> (BTreeMap<String, Counts>, Output) {
     let rx = Receiver::start(Protocol::Grpc);
     let dir = TempDir::new("realcode");
     let (mut up, up_port) = upstream();
@@ -103,6 +116,7 @@ fn realcode_with(topology: Topology, node: &str, routes: &[&str]) {
     if let Some(r) = &cache {
         cmd.env("REDIS_PORT", r.port.to_string());
     }
+    cmd.envs(env.iter().copied());
     let mut app_run = Running::spawn(cmd);
     app_run.wait_stdout(RUN_TIMEOUT, "the app listening", |o| o.contains("\"listening\""));
     let port = app_run
@@ -123,11 +137,28 @@ fn realcode_with(topology: Topology, node: &str, routes: &[&str]) {
     check_summary(&out, spans.len());
     let sent = sent(&load.stdout);
     assert_eq!(sent.len(), routes.len() * 2 * N, "every request answered\n{}", load.context());
-    check(&spans, &sent, routes, &dir.str(), &out.context());
+    let counts = check(&spans, &sent, routes, followed, &dir.str(), &out.context());
+    (counts, out)
+}
+
+/// A route's requests: their SERVER spans right, their file reads under
+/// their own request, and under another.
+#[derive(Debug, Default)]
+struct Counts {
+    right: usize,
+    under: usize,
+    wrong: usize,
 }
 
 /// The checks of the module's doc.
-fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, routes: &[&str], dir: &str, ctx: &str) {
+fn check<'a>(
+    spans: &'a [Span],
+    sent: &BTreeMap<(String, usize), i64>,
+    routes: &[&str],
+    followed: &[&str],
+    dir: &str,
+    ctx: &str,
+) -> BTreeMap<String, Counts> {
     let by_id: HashMap<(&'a str, &'a str), &'a Span> = spans.iter().map(|s| ((s.trace_id.as_str(), s.span_id.as_str()), s)).collect();
     // The SERVER span of each request, by (route, i).
     let mut server: HashMap<(String, usize), &Span> = HashMap::new();
@@ -140,6 +171,7 @@ fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, routes: &
     let request_of = |s: &'a Span| request_of(&by_id, s);
     let mut report = Vec::new();
     let mut failures = Vec::new();
+    let mut counts = BTreeMap::new();
     for route in routes {
         let mine: Vec<(usize, i64)> = sent.iter().filter(|((r, _), _)| r == route).map(|((_, i), st)| (*i, *st)).collect();
         let (mut right, mut under, mut wrong) = (0, 0, 0);
@@ -192,9 +224,10 @@ fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, routes: &
         if right * 100 < n * 99 {
             failures.push(format!("{route}: {right} of {n} SERVER spans with their status and duration (want >= 99%)"));
         }
-        if FOLLOWED.contains(route) && under * 100 < n * 95 {
+        if followed.contains(route) && under * 100 < n * 95 {
             failures.push(format!("{route}: {under} of {n} file reads under their own request (want >= 95%)"));
         }
+        counts.insert(route.to_string(), Counts { right, under, wrong });
     }
     let bg = format!("{dir}/bg");
     let background: Vec<&Span> = spans.iter().filter(|s| s.str("file.path") == Some(bg.as_str())).collect();
@@ -208,6 +241,7 @@ fn check<'a>(spans: &'a [Span], sent: &BTreeMap<(String, usize), i64>, routes: &
         failures.push(format!("{bg_in_requests} background operations in request traces"));
     }
     assert!(failures.is_empty(), "{}\n{}\n{ctx}", failures.join("\n"), report.join("\n"));
+    counts
 }
 
 #[test]
@@ -223,6 +257,41 @@ fn real_packages_keep_their_request_context_in_one_pid_namespace() {
 #[test]
 fn real_packages_keep_their_request_context_with_the_app_alone_in_its_own() {
     realcode_in(Topology::AppAlone);
+}
+
+/// A `pg` pool of 2 clients under 4 concurrent requests: a reply releases
+/// its client, and the pool hands it to a waiting request in that reply's
+/// callback (or opens a new one for it when an idle one closes), so the
+/// next query is written while the first request is current. Its reply
+/// (each query sleeps 100 ms in the server, so it comes after the first
+/// request answered) is a task of its own, counted in the summary: never
+/// the first request's, whose trace it is not. The sequential half (no one
+/// waits for a client) stays under its requests.
+fn pool_hand_off_in(topology: Topology) {
+    require_root();
+    require_node();
+    let env = [("PG_POOL_MAX", "2"), ("PG_SLEEP", "0.1")];
+    let (counts, out) = realcode_run(topology, "node", &["pg"], &env, &[]);
+    let pg = &counts["pg"];
+    assert_eq!(pg.wrong, 0, "{pg:?}\n{}", out.context());
+    assert!(pg.under >= N, "the sequential half under their requests: {pg:?}\n{}", out.context());
+    let after = summary_number(&out.stderr, " replies on client connections read after the request that wrote there had answered");
+    assert!(after > 0, "the handed-on replies counted: {pg:?}\n{}", out.context());
+}
+
+#[test]
+fn a_pool_hands_a_connection_on_and_its_reply_joins_no_other_request_on_the_host() {
+    pool_hand_off_in(Topology::Host);
+}
+
+#[test]
+fn a_pool_hands_a_connection_on_and_its_reply_joins_no_other_request_in_one_pid_namespace() {
+    pool_hand_off_in(Topology::BothInOne);
+}
+
+#[test]
+fn a_pool_hands_a_connection_on_and_its_reply_joins_no_other_request_with_the_app_alone_in_its_own() {
+    pool_hand_off_in(Topology::AppAlone);
 }
 
 /// The request a span sits under: its nearest SERVER ancestor.

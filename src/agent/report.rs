@@ -191,6 +191,15 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     } else {
         String::new()
     };
+    let after = if k.after_answer > 0 {
+        format!(
+            "; {} replies on client connections read after the request that wrote there had answered (a pooled connection \
+             handed on) made tasks of their own (not attributed to that request)",
+            k.after_answer
+        )
+    } else {
+        String::new()
+    };
     let short = if run.short > 0 {
         format!("; {} operations outside requests shorter than --min-duration not exported", run.short)
     } else {
@@ -249,7 +258,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
     format!(
         "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
-         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{mixed}{tasks}{db}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
+         {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{mixed}{after}{tasks}{db}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, unfinished(k, run), k.loop_iterations,
     )
 }

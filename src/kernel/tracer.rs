@@ -116,6 +116,10 @@ pub struct Stats {
     /// Reads of a client connection while two causes waited for replies
     /// there (pipelined commands of several requests): tasks of their own.
     pub mixed_reads: u64,
+    /// Replies a client connection read after the request that wrote
+    /// there had answered (a pooled connection handed on): tasks of their
+    /// own, not that request's.
+    pub after_answer: u64,
 }
 
 /// One entry of the kernel's operation histograms (`op_hists`): a
@@ -760,6 +764,7 @@ impl Tracer {
             hist_full: read(stat_idx::STAT_HIST_FULL),
             h2_headers_unsent: read(stat_idx::STAT_H2_UNSENT),
             mixed_reads: read(stat_idx::STAT_MIXED_READS),
+            after_answer: read(stat_idx::STAT_AFTER_ANSWER),
         }
     }
 

@@ -45,6 +45,8 @@ const pool = () => (undiciPool ??= new (require('undici').Pool)(upstream, { conn
 // PG_URL: a PostgreSQL (PG_POOL_MAX clients, 8 by default, each timing out at once when idle, so
 // that new logins, SCRAM's included, keep happening); REDIS_PORT: a redis.
 const pgPool = process.env.PG_URL && new (require('pg').Pool)({ connectionString: process.env.PG_URL, max: +(process.env.PG_POOL_MAX || 8), idleTimeoutMillis: 1 });
+// PG_SLEEP: the seconds each query sleeps in the server (5 ms by default).
+const pgSleep = +(process.env.PG_SLEEP || 0.005);
 const redis = process.env.REDIS_PORT && new (require('ioredis'))(+process.env.REDIS_PORT, '127.0.0.1');
 
 // Each pattern: calls done() once its work is over.
@@ -61,7 +63,7 @@ const patterns = {
   timeout: (i, done) => setTimeout(done, 15),
   immediate: (i, done) => setImmediate(done),
   exec: (i, done) => execFile('true', done),
-  pg: (i, done) => pgPool.query('SELECT $1::int AS i, pg_sleep(0.005)', [i], done),
+  pg: (i, done) => pgPool.query('SELECT $1::int AS i, pg_sleep($2)', [i, pgSleep], done),
   redis: (i, done) => redis.set(`k${i}`, String(i)).then(() => redis.get(`k${i}`)).then(() => done()),
 };
 
