@@ -21,9 +21,18 @@ pub struct Cli {
     #[command(subcommand)]
     pub sub: Option<Sub>,
 
-    /// Trace this running Node.js process (repeatable).
+    /// Trace this running Node.js process (repeatable), and the Node.js
+    /// processes below it, running now or started later (see
+    /// --no-follow-children).
     #[arg(short, long = "pid", value_name = "PID")]
     pub pids: Vec<u32>,
+
+    /// With --pid: trace only the processes given, not their descendants (by
+    /// default the Node.js processes below them, running now or started
+    /// later: cluster workers, child_process.fork, a node a shell starts,
+    /// are traced too).
+    #[arg(long)]
+    pub no_follow_children: bool,
 
     /// Trace every Node.js process in uvspan's PID namespace, including ones
     /// started later (found at exec).
@@ -222,6 +231,13 @@ impl Cli {
         (self.symbol_cache != "off" && !self.symbol_cache.is_empty()).then(|| self.symbol_cache.clone().into())
     }
 
+    /// --pid: the targets' descendants are traced too (not with --all, which
+    /// traces every Node.js process anyway, nor beside a command, whose
+    /// probes cover every process of its node binary).
+    pub fn follow_children(&self) -> bool {
+        !self.pids.is_empty() && !self.no_follow_children && !self.discover() && self.command.is_empty()
+    }
+
     /// Discovery mode: --all, or a scope that implies it.
     pub fn discover(&self) -> bool {
         self.all || self.cgroup.is_some() || self.container.is_some()
@@ -282,7 +298,7 @@ pub fn command() -> clap::Command {
     use clap::CommandFactory;
     let top = Cli::command();
     // The discovery options do not apply (hidden, refused by config::cli_with_file).
-    let not_for_run = ["pids", "all", "cgroup", "container", "exclude_already_instrumented"];
+    let not_for_run = ["pids", "no_follow_children", "all", "cgroup", "container", "exclude_already_instrumented"];
     let tracing: Vec<clap::Arg> =
         top.get_arguments().map(|a| a.clone().help_heading("Tracing options").hide(not_for_run.contains(&a.get_id().as_str()))).collect();
     top.mut_subcommand("run", |run| {

@@ -1,5 +1,6 @@
 //! What a new user meets first: the test command's one summary line, what
-//! uvspan says of a process that is not Node.js with libuv, a command in
+//! uvspan says of a process that is not Node.js with libuv (a command, a
+//! --pid, a Bun process --all meets), a command in
 //! which no Node.js process ran, and the processes of `-- COMMAND` stopped
 //! with uvspan. Real uvspan, real eBPF, real processes.
 //!
@@ -110,6 +111,119 @@ fn bun_is_said_to_be_bun_and_not_traced() {
         assert_eq!(out.stderr.trim().lines().count(), 1, "one line: {ctx}");
     }
     app.kill_group();
+}
+
+/// `--all` meets Bun: one line per Bun process, one running when uvspan
+/// starts and one started after (what it is, that uvspan cannot trace it),
+/// each said once; neither traced.
+fn bun_under_all(topology: Topology) {
+    require_root();
+    let bun = bun();
+    let idle = "setTimeout(() => {}, 30000)";
+    let uv_args = ["--all", "--status-interval", "0", "--otlp-endpoint", "http://127.0.0.1:9", "--flush-timeout", "1s"];
+    let watching = "uvspan: watching for Node.js processes";
+    let said = |pid: u32| format!("cannot trace process {pid}: ");
+    // (uvspan's stderr, the Bun processes as uvspan sees them)
+    let (stderr, buns) = match topology {
+        Topology::Host | Topology::AppAlone => {
+            let start_bun = || {
+                let mut c = if topology == Topology::Host {
+                    Command::new(&bun)
+                } else {
+                    let mut c = Command::new("unshare");
+                    c.args(["--pid", "--fork", "--mount", "--mount-proc", &bun]);
+                    c
+                };
+                scrub_env(&mut c);
+                c.args(["-e", idle]).stdin(std::process::Stdio::null());
+                let r = Running::spawn(c);
+                let pid = if topology == Topology::Host {
+                    r.pid
+                } else {
+                    let child = || {
+                        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", r.pid)).ok()?.split_whitespace().next()?.parse().ok()
+                    };
+                    let mut pid = None;
+                    assert!(
+                        wait_until(RUN_TIMEOUT, || {
+                            pid = child();
+                            pid.is_some()
+                        }),
+                        "unshare's child, Bun"
+                    );
+                    pid.unwrap_or_default()
+                };
+                // Bun has exec'd (its executable is Bun's) before uvspan looks.
+                assert!(
+                    wait_until(RUN_TIMEOUT, || std::fs::read_link(format!("/proc/{pid}/exe")).is_ok_and(|e| e.ends_with("bun"))),
+                    "Bun started"
+                );
+                (r, pid)
+            };
+            let (mut a, pa) = start_bun();
+            let mut uv = Running::spawn(uvspan_cmd(uv_args));
+            uv.wait_stderr(RUN_TIMEOUT, "watching", |e| e.contains(watching));
+            let (mut b, pb) = start_bun();
+            uv.wait_stderr(RUN_TIMEOUT, "the line of the Bun started later", |e| e.contains(&said(pb)));
+            // SAFETY: kill(2) with the pid of the uvspan this test started.
+            unsafe { libc::kill(uv.pid as i32, libc::SIGINT) };
+            let out = uv.finish(RUN_TIMEOUT);
+            a.kill_group();
+            b.kill_group();
+            (out.stderr, vec![pa, pb])
+        }
+        Topology::BothInOne => {
+            // Every wait is bounded (600 x 0.05 s); a failed one exits 9.
+            let sh = r#"
+                set -u
+                uv="$1"; bun="$2"; log="$3"; shift 3
+                wait_for() { i=0; until grep -q "$1" "$log"; do i=$((i+1)); [ $i -gt 600 ] && { cat "$log" >&2; exit 9; }; sleep 0.05; done; }
+                "$bun" -e 'setTimeout(() => {}, 30000)' & a=$!
+                sleep 0.2
+                "$uv" "$@" 2>"$log" & uv=$!
+                wait_for 'watching for Node.js processes'
+                "$bun" -e 'setTimeout(() => {}, 30000)' & b=$!
+                wait_for "cannot trace process $b: "
+                kill -INT $uv; wait $uv
+                kill $a $b
+                echo "$a $b"
+                cat "$log" >&2
+            "#;
+            let dir = TempDir::new("bun-all");
+            let mut c = Command::new("unshare");
+            scrub_env(&mut c);
+            c.args(["--pid", "--fork", "--mount", "--mount-proc", "sh", "-c", sh, "sh", uvspan_bin(), &bun, &dir.join("uvspan.log")]);
+            c.args(uv_args).stdin(std::process::Stdio::null());
+            let out = run(c);
+            assert_eq!(out.code(), Some(0), "{}", out.context());
+            let buns = out.stdout.split_whitespace().map(|p| p.parse().expect("a pid")).collect();
+            (out.stderr, buns)
+        }
+    };
+    let ctx = format!("{topology:?}\n{stderr}");
+    assert_eq!(buns.len(), 2, "{ctx}");
+    for pid in buns {
+        let lines: Vec<&str> = stderr.lines().filter(|l| l.contains(&said(pid))).collect();
+        assert_eq!(lines.len(), 1, "Bun {pid} said once: {ctx}");
+        assert!(lines[0].starts_with(&format!("uvspan: {}", said(pid))), "{ctx}");
+        assert!(lines[0].contains(&format!("{bun} is Bun 1.4.5, not Node.js (its I/O does not go through libuv")), "{ctx}");
+        assert!(!stderr.contains(&format!("tracing process {pid} ")), "Bun {pid} traced: {ctx}");
+    }
+}
+
+#[test]
+fn bun_under_all_is_said_once_per_process() {
+    bun_under_all(Topology::Host);
+}
+
+#[test]
+fn bun_under_all_is_said_once_per_process_in_one_namespace() {
+    bun_under_all(Topology::BothInOne);
+}
+
+#[test]
+fn bun_under_all_is_said_once_per_process_app_alone() {
+    bun_under_all(Topology::AppAlone);
 }
 
 /// `-- COMMAND` with no Node.js process in it: said at the start and at the

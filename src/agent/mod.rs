@@ -137,6 +137,13 @@ pub struct Agent {
     /// Database connections' bytes made into operations.
     wire: crate::db::live::Wire,
     watcher: Option<Watcher>,
+    /// --pid: the processes below the targets are followed (the watcher
+    /// looks at what they exec).
+    follow: bool,
+    /// The processes traced as Node.js, for the summary.
+    traced: report::Traced,
+    /// The libuv files whose notices were said (--pid's descendants: once per file).
+    noticed: std::collections::HashSet<String>,
     command: Option<Spawned>,
     /// The images `-- COMMAND` was attached for.
     command_images: Option<Images>,
@@ -226,6 +233,7 @@ impl Agent {
         if op_metrics.is_some() {
             procs.tasks.finished_calls = Some(Vec::new());
         }
+        let follow = cli.follow_children();
         let mut agent = Agent {
             procs,
             requests: (cli.requests != RequestsMode::Off).then(|| {
@@ -261,6 +269,9 @@ impl Agent {
             health,
             health_metrics,
             watcher: None,
+            follow,
+            traced: Default::default(),
+            noticed: Default::default(),
             command: None,
             command_images: None,
             node_exe: None,
@@ -291,6 +302,11 @@ impl Agent {
         };
         for (pid, images) in &targets.pids {
             agent.attach_target(*pid, images, targets.found)?;
+        }
+        if agent.follow {
+            agent.start_following()?;
+        } else if agent.cli.no_follow_children {
+            agent.traced.not_followed = Some(agent.cli.pids.iter().map(|&p| crate::discover::tree::descendants(p).len()).sum());
         }
         if discovering {
             agent.start_watching()?;
@@ -487,6 +503,12 @@ impl Agent {
                     }
                 }
             }
+            // A process below a --pid target exec'd: its resource read
+            // again (a new program), and traced if it is Node.js.
+            Record::Exec { pid, .. } if self.follow => {
+                self.procs.handle(rec, self.clock, &self.exporter, self.requests.as_mut(), out);
+                self.followed_exec(pid);
+            }
             Record::Exec { pid, .. } if self.watcher.is_some() && !self.procs.contains(pid) => self.consider(pid),
             Record::Exit { pid, fast_iterations, .. } => {
                 // Its database operations first, while its requests are open.
@@ -511,6 +533,7 @@ impl Agent {
                     m.exited();
                 }
                 self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+                self.traced.exited(pid);
                 if let Some(s) = self.stacks.as_mut() {
                     s.forget(pid);
                 }
@@ -651,6 +674,7 @@ impl Agent {
         self.handle_records(false);
         for pid in self.procs.find_gone() {
             self.stats.unfinished_at_exit += self.tracer.remove_pid(pid);
+            self.traced.exited(pid);
             if let Some(s) = self.stacks.as_mut() {
                 s.forget(pid);
             }
@@ -666,7 +690,10 @@ impl Agent {
             // free memory; it takes no pointers of ours.
             unsafe { libc::malloc_trim(0) };
         }
-        self.command.is_none() && self.watcher.is_none() && self.procs.targets_all_exited()
+        // --pid: the run ends once the targets and the Node.js processes
+        // followed below them have exited.
+        let watching = self.watcher.is_some() && !self.follow;
+        self.command.is_none() && !watching && self.procs.targets_all_exited() && (!self.follow || self.traced.live() == 0)
     }
 
     /// What the kernel still holds, flush, the summary; the exit code.
@@ -717,6 +744,7 @@ impl Agent {
             node_ran,
             exec_unknown,
             loop_seen,
+            traced,
             ..
         } = self;
         if let Some(l) = listener {
@@ -734,6 +762,11 @@ impl Agent {
                 let _ = tx.send(());
             });
             let _ = rx.recv_timeout(Duration::from_secs(2));
+        }
+        // --pid: which processes were traced (the followed ones named), just
+        // before the summary.
+        if !cli.pids.is_empty() {
+            eprintln!("{}", traced.line());
         }
         let mut line = report::summary_line(procs.seen(), &sum, &k, &stats, cli.loop_threshold);
         if !cli.otlp_listen.is_empty() {

@@ -182,9 +182,23 @@ impl Procs {
 
     /// Starts tracing `pid`; its resource is sent now (`exporter`) unless it
     /// is a command that has not exec'd node yet (`register_now` false).
+    /// A process followed already (forked by a traced one, its exec seen)
+    /// keeps what was counted of it; its resource is read again if its
+    /// Node.js version was not known right.
     pub fn add(&mut self, pid: u32, origin: Origin, node_version: Option<String>, exporter: &Exporter, register_now: bool) {
         let target = origin == Origin::Target;
-        self.procs.insert(pid, Proc::new(target, node_version));
+        match self.procs.get_mut(&pid) {
+            Some(p) if !p.exited => {
+                p.target |= target;
+                if p.node_version != node_version {
+                    p.node_version = node_version;
+                    p.registered = false;
+                }
+            }
+            _ => {
+                self.procs.insert(pid, Proc::new(target, node_version));
+            }
+        }
         if register_now {
             self.register(pid, exporter);
         }

@@ -289,9 +289,146 @@ fn straddled(k: &Stats, run: &RunStats) -> u64 {
     k.straddled + run.requests.map_or(0, |r| r.straddled_ops)
 }
 
+/// The processes traced as Node.js (each said with a "tracing" line), for
+/// the summary: the first ones named by pid and command line, the rest
+/// counted.
+#[derive(Default)]
+pub struct Traced {
+    listed: Vec<String>,
+    count: u64,
+    live: std::collections::HashSet<u32>,
+    /// --no-follow-children: how many processes ran below the targets
+    /// when the run began (not traced).
+    pub not_followed: Option<usize>,
+}
+
+/// How many processes the summary names.
+const LISTED: usize = 8;
+/// How much of a command line it shows.
+const COMMAND_CHARS: usize = 80;
+
+impl Traced {
+    /// `pid` is traced, `under` the --pid target it descends from.
+    pub fn add(&mut self, pid: u32, under: Option<u32>) {
+        if !self.live.insert(pid) {
+            return;
+        }
+        self.count += 1;
+        if self.listed.len() < LISTED {
+            self.listed.push(describe(pid, &command_line(pid), crate::discover::pidns::view_of(pid, None), under));
+        }
+    }
+
+    pub fn exited(&mut self, pid: u32) {
+        self.live.remove(&pid);
+    }
+
+    /// Traced and not exited.
+    pub fn is_live(&self, pid: u32) -> bool {
+        self.live.contains(&pid)
+    }
+
+    pub fn live(&self) -> usize {
+        self.live.len()
+    }
+
+    /// "uvspan: traced N Node.js process(es): PID (COMMAND), …"; with
+    /// --no-follow-children, that the processes below were not followed.
+    pub fn line(&self) -> String {
+        let mut line = format!("uvspan: traced {} Node.js process(es)", self.count);
+        if !self.listed.is_empty() {
+            line.push_str(": ");
+            line.push_str(&self.listed.join(", "));
+        }
+        let more = self.count.saturating_sub(self.listed.len() as u64);
+        if more > 0 {
+            line.push_str(&format!(", and {more} more"));
+        }
+        if let Some(n) = self.not_followed {
+            line.push_str(&format!(
+                "; the processes below the --pid targets were not followed (--no-follow-children: {n} ran below them at the start)"
+            ));
+        }
+        line
+    }
+}
+
+/// "PID (COMMAND, OWN in its PID namespace, under TARGET)".
+fn describe(pid: u32, command: &str, own: Option<u32>, under: Option<u32>) -> String {
+    let mut s = format!("{pid} ({command}");
+    if let Some(own) = own {
+        s.push_str(&format!(", {own} in its PID namespace"));
+    }
+    if let Some(t) = under {
+        s.push_str(&format!(", under {t}"));
+    }
+    s.push(')');
+    s
+}
+
+/// A process's command line, its arguments joined by spaces, shortened to
+/// [`COMMAND_CHARS`] (its name when it has none: a kernel thread, gone).
+fn command_line(pid: u32) -> String {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    let _ = std::fs::File::open(format!("/proc/{pid}/cmdline")).map(|f| f.take(4096).read_to_end(&mut raw));
+    let args: Vec<String> = raw.split(|&b| b == 0).filter(|a| !a.is_empty()).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+    let text = if args.is_empty() {
+        std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_string()).unwrap_or_else(|_| "?".into())
+    } else {
+        args.join(" ")
+    };
+    shorten(&text, COMMAND_CHARS)
+}
+
+fn shorten(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut s: String = text.chars().take(max.saturating_sub(1)).collect();
+    s.push('…');
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_traced_list_names_the_first_processes_and_counts_the_rest() {
+        let mut t = Traced::default();
+        assert_eq!(t.line(), "uvspan: traced 0 Node.js process(es)");
+        t.listed = vec![describe(40, "node primary.js", None, None), describe(41, "/usr/bin/node primary.js", Some(7), Some(40))];
+        t.count = 2;
+        assert_eq!(
+            t.line(),
+            "uvspan: traced 2 Node.js process(es): 40 (node primary.js), 41 (/usr/bin/node primary.js, 7 in its PID namespace, under 40)"
+        );
+        t.count = 12;
+        assert!(t.line().ends_with(", and 10 more"), "{}", t.line());
+        t.not_followed = Some(2);
+        assert!(
+            t.line().ends_with(
+                "more; the processes below the --pid targets were not followed (--no-follow-children: 2 ran below them at the start)"
+            ),
+            "{}",
+            t.line()
+        );
+        assert_eq!(shorten("abcdef", 4), "abc…");
+        assert_eq!(shorten("abc", 4), "abc");
+    }
+
+    #[test]
+    fn a_process_is_listed_once_while_it_lives() {
+        let mut t = Traced::default();
+        let me = std::process::id();
+        t.add(me, None);
+        t.add(me, None);
+        assert_eq!((t.count, t.live(), t.listed.len()), (1, 1, 1));
+        assert!(t.listed[0].starts_with(&format!("{me} (")), "{:?}", t.listed);
+        t.exited(me);
+        assert!(!t.is_live(me));
+    }
 
     #[test]
     fn the_summary_counts_gc_events_dropped() {

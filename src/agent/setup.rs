@@ -93,7 +93,8 @@ pub(super) fn tracer_settings(
     let trap_only = bench_trap_only();
     Settings {
         loop_threshold: cli.loop_threshold,
-        follow_forks: !cli.command.is_empty(),
+        follow_forks: !cli.command.is_empty() || cli.follow_children(),
+        children_by_file: !cli.command.is_empty(),
         discover: cli.discover(),
         ring_buffer_size: cli.ring_buffer_size,
         detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
@@ -136,6 +137,13 @@ pub(super) fn check_targets(cli: &Cli) -> Result<bool> {
     let discovering = cli.discover();
     if cli.pids.is_empty() && cli.command.is_empty() && !discovering {
         bail!("nothing to trace: give --pid PID (repeatable), --all, or -- COMMAND [ARGS...]; see uvspan --help");
+    }
+    if cli.no_follow_children && cli.pids.is_empty() {
+        return Err(usage(
+            "--no-follow-children is for --pid (the processes below a PID are followed by default); \
+             -- COMMAND always traces the Node.js processes it starts, --all every one"
+                .into(),
+        ));
     }
     if discovering && !cli.command.is_empty() {
         bail!("--all (or --cgroup/--container) traces processes already running or started later; it cannot be combined with a command");

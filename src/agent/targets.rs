@@ -1,5 +1,13 @@
-//! The processes traced: --pid targets, the processes --all finds, and
-//! `-- COMMAND` (started, attached, its execs, its exit, signals passed on).
+//! The processes traced: --pid targets and the Node.js processes below
+//! them, the processes --all finds, and `-- COMMAND` (started, attached, its
+//! execs, its exit, signals passed on).
+//!
+//! A --pid target's descendants are followed as `-- COMMAND`'s are: the
+//! kernel adds each process a followed one forks to the traced set and
+//! reports its exec (bpf/procs.h); the watcher decides whether what it
+//! exec'd is Node.js, as it does for --all. Unlike the command's, each one
+//! found is attached for itself (`--pid` attaches to no other process of
+//! the binary).
 
 use std::path::Path;
 use std::sync::atomic::Ordering;
@@ -40,7 +48,9 @@ impl Agent {
         let report = self.tracer.attach(images, pid, false)?.report;
         self.tracer.add_pid(pid, &report)?;
         report::announce(&format!("process {pid}"), images, &report, found.elapsed(), true);
+        self.noticed.insert(images.libuv.path.clone());
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
+        self.traced.add(pid, None);
         self.start_sampling(pid, images);
         Ok(())
     }
@@ -74,6 +84,43 @@ impl Agent {
         }
         eprintln!("uvspan: watching for Node.js processes ({} traced now)", self.procs.live());
         Ok(())
+    }
+
+    /// --pid: the processes below the targets running now are followed (the
+    /// kernel adds what they fork from now on), and those that are Node.js
+    /// traced; later ones are found at their exec ([`Agent::followed_exec`]).
+    pub(super) fn start_following(&mut self) -> Result<()> {
+        self.watcher = Some(Watcher::new(Filter::default(), self.waker.clone())?);
+        // Twice: a process forked while the first walk was adding its
+        // parent is found by the second.
+        let mut below = Vec::new();
+        for _ in 0..2 {
+            for &t in &self.cli.pids {
+                for pid in crate::discover::tree::descendants(t) {
+                    if !below.contains(&pid) {
+                        self.tracer.follow_pid(pid);
+                        below.push(pid);
+                    }
+                }
+            }
+        }
+        for pid in below {
+            self.consider(pid);
+        }
+        let until = Instant::now() + Duration::from_secs(5);
+        while self.watcher.as_ref().is_some_and(Watcher::busy) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+            self.discover();
+        }
+        Ok(())
+    }
+
+    /// --pid: a process below a target exec'd (a cluster worker, a node a
+    /// shell started): traced if it is Node.js.
+    pub(super) fn followed_exec(&mut self, pid: u32) {
+        if !self.traced.is_live(pid) {
+            self.consider(pid);
+        }
     }
 
     /// `-- COMMAND`: started held before exec, attached (every process of the
@@ -140,12 +187,23 @@ impl Agent {
         }
     }
 
-    /// A process for the watcher to look at (--all).
+    /// Whether `pid` is traced already: --all's processes are those of the
+    /// table; with --pid's descendants followed, the table also holds the
+    /// processes followed that are not (or not yet) known to be Node.js.
+    fn tracing(&self, pid: u32) -> bool {
+        if self.follow {
+            self.traced.is_live(pid)
+        } else {
+            self.procs.contains(pid)
+        }
+    }
+
+    /// A process for the watcher to look at (--all, --pid's descendants).
     pub(super) fn consider(&mut self, pid: u32) {
-        let Some(w) = self.watcher.as_mut() else { return };
-        if self.procs.contains(pid) {
+        if self.tracing(pid) {
             return;
         }
+        let Some(w) = self.watcher.as_mut() else { return };
         match w.consider(pid, 0) {
             Ok(Some(found)) => self.start_tracing(found),
             Ok(None) => {}
@@ -159,25 +217,34 @@ impl Agent {
         let (found, troubles) = w.poll();
         troubles.into_iter().for_each(say_trouble);
         for f in found {
-            if !self.procs.contains(f.pid) {
+            if !self.tracing(f.pid) {
                 self.start_tracing(f);
             }
         }
     }
 
     /// A process found by --all: attached (one link per binary for all its
-    /// processes; then a pid is one map update), traced, announced.
+    /// processes; then a pid is one map update), traced, announced. One
+    /// below a --pid target: attached for itself alone.
     fn start_tracing(&mut self, f: Found) {
         let Found { pid, images, since } = f;
-        let attach = match self.tracer.attach(&images, pid, true) {
+        let attach = match self.tracer.attach(&images, pid, !self.follow) {
             Ok(a) => a,
             Err(e) => return eprintln!("uvspan: cannot trace process {pid}: {e:#}"),
         };
         if let Err(e) = self.tracer.add_pid(pid, &attach.report) {
             return eprintln!("uvspan: cannot trace process {pid}: {e:#}");
         }
-        report::announce(&format!("process {pid}"), &images, &attach.report, since.elapsed(), attach.new);
+        let under = self.follow.then(|| target_above(pid, &self.cli.pids)).flatten();
+        let who = match under {
+            Some(t) => format!("process {pid} under {t}"),
+            None => format!("process {pid}"),
+        };
+        // A --pid target's descendants: the notices once per file.
+        let notices = if self.follow { self.noticed.insert(images.libuv.path.clone()) } else { attach.new };
+        report::announce(&who, &images, &attach.report, since.elapsed(), notices);
         self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
+        self.traced.add(pid, under);
         self.start_sampling(pid, &images);
     }
 
@@ -220,6 +287,23 @@ impl Agent {
 pub(super) fn exe_id(path: &Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// The --pid target `pid` descends from, by its parents in /proc (none
+/// once the target has exited: its children went to another parent).
+fn target_above(pid: u32, targets: &[u32]) -> Option<u32> {
+    let mut p = pid;
+    // Bounded: a chain of parents read while pids are reused could loop.
+    for _ in 0..64 {
+        p = u32::try_from(procfs::process::Process::new(p as i32).and_then(|x| x.stat()).ok()?.ppid).ok()?;
+        if targets.contains(&p) {
+            return Some(p);
+        }
+        if p <= 1 {
+            return None;
+        }
+    }
+    None
 }
 
 fn say_trouble(t: Trouble) {

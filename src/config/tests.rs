@@ -284,7 +284,7 @@ fn file_fills_what_flags_do_not_set() {
 #[test]
 fn bad_files_are_one_line_errors_naming_the_key() {
     let e = file_error("bogus_key: 1");
-    assert!(e.starts_with("unknown key `bogus_key`: the keys are pids, all, "), "{e}");
+    assert!(e.starts_with("unknown key `bogus_key`: the keys are pids, no_follow_children, all, "), "{e}");
     assert!(e.contains("otlp_listen_queue, otlp, batch, budgets"), "{e}");
     assert!(file_error("otlp_endpoint: x").starts_with("unknown key `otlp_endpoint`"), "under otlp:");
     assert!(file_error("config: other.yaml").starts_with("unknown key `config`"));

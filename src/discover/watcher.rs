@@ -2,11 +2,13 @@
 //! processes to trace. Reading a new binary's symbols (tens to hundreds of ms
 //! for a 100 MB node without the symbol cache) happens on a worker thread,
 //! so processes of known binaries are found at once meanwhile; executables
-//! seen not to be Node are remembered and skipped.
+//! seen not to be Node are remembered and skipped; one of another
+//! JavaScript runtime (Bun) is said once per process (it is what a user
+//! may expect traced).
 //!
 //! The watcher only decides; the agent attaches what it [`Found`].
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,8 @@ pub struct Watcher {
     /// Executables seen to be Node (fast path) or not (skipped).
     node_exes: HashSet<ExeId>,
     other_exes: HashSet<ExeId>,
+    /// Executables of another JavaScript runtime, with what to say of them.
+    other_runtimes: HashMap<ExeId, String>,
     /// (pid, when, tries): a dynamically linked node maps its libuv.so after exec.
     retry: Vec<(u32, Instant, u32)>,
     in_worker: HashSet<u32>,
@@ -96,6 +100,7 @@ impl Watcher {
             filter,
             node_exes: HashSet::new(),
             other_exes: HashSet::new(),
+            other_runtimes: HashMap::new(),
             retry: Vec::new(),
             in_worker: HashSet::new(),
             exec_again: HashSet::new(),
@@ -128,6 +133,9 @@ impl Watcher {
         let Some(cand) = Candidate::read(pid) else { return Ok(None) };
         if !self.filter.admits(&cand) {
             return Ok(None);
+        }
+        if let Some(what) = self.other_runtimes.get(&exe) {
+            return Err(Trouble { pid, error: anyhow::anyhow!("{what}") });
         }
         if self.node_exes.contains(&exe) {
             let since = Instant::now();
@@ -167,6 +175,12 @@ impl Watcher {
                 Ok(images) => {
                     self.node_exes.insert(exe);
                     keep(Ok(Some(Found { pid, images, since })));
+                }
+                // Another JavaScript runtime: said for this process and
+                // every later one of the file.
+                Err(error) if symbols::is_other_runtime(&error) => {
+                    self.other_runtimes.insert(exe, format!("{error:#}"));
+                    keep(Err(Trouble { pid, error }));
                 }
                 // Not Node (most execs on a host), or a shared libuv not
                 // mapped yet: look again shortly (5 times, 20 ms apart).

@@ -29,8 +29,14 @@ use crate::probes::plan::{self, ProbeStatus};
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub loop_threshold: Duration,
-    /// Trace children forked by traced processes (the `--` command mode).
+    /// Trace children forked by traced processes (`-- COMMAND`, and --pid's
+    /// descendants).
     pub follow_forks: bool,
+    /// The children followed are covered by probes attached for every
+    /// process of their file (`-- COMMAND`), not attached one by one as
+    /// they are found (--pid): their epoll waits cannot be libc uprobes
+    /// attached per process.
+    pub children_by_file: bool,
     /// Report every exec on the host (--all).
     pub discover: bool,
     /// Ring buffer bytes (power of two).
@@ -159,10 +165,10 @@ enum Waits {
 }
 
 impl Waits {
-    fn choose(f: Features, follow_forks: bool) -> Waits {
+    fn choose(f: Features, children_by_file: bool) -> Waits {
         if f.fentry {
             Waits::Fentry
-        } else if f.session && !follow_forks {
+        } else if f.session && !children_by_file {
             Waits::LibcUprobes
         } else {
             Waits::Tracepoints
@@ -274,7 +280,7 @@ impl Tracer {
         let (skel, dispatcher) =
             Self::open_and_load(settings, f).map_err(|e| failed(Stage::Load, "loading the eBPF programs".into(), e))?;
         let p = &skel.progs;
-        let waits = Waits::choose(f, settings.follow_forks);
+        let waits = Waits::choose(f, settings.children_by_file);
         // All attached by BTF id: no tracefs needed.
         let epoll = if f.fentry {
             [
@@ -510,6 +516,16 @@ impl Tracer {
             .traced
             .update(&pid.to_ne_bytes(), &[flags], MapFlags::ANY)
             .with_context(|| format!("cannot add process {pid} to the traced set"))
+    }
+
+    /// A process below a traced one, found already running: its forks are
+    /// followed by the kernel from now on. Its flags stay those it has (it
+    /// may be in the set already); whether it is Node.js is decided apart
+    /// ([`Tracer::add_pid`] once it is attached).
+    pub fn follow_pid(&mut self, pid: u32) {
+        let flags = traced_flags::TRACED.0 as u8;
+        // EEXIST: already followed (a fork the kernel saw), left as it is.
+        let _ = self.skel.maps.traced.update(&pid.to_ne_bytes(), &[flags], MapFlags::NO_EXIST);
     }
 
     /// The system call tracepoints, for processes whose epoll waits no

@@ -177,13 +177,31 @@ pub fn locate(pid: u32) -> Result<Located> {
     bail!("no libuv found in process {pid} ({exe_str}): it is not a Node.js process, or its libuv is not visible")
 }
 
+/// The error of an executable of another JavaScript runtime (Bun) that
+/// exports libuv's API but does not run on it.
+#[derive(Debug)]
+pub struct OtherRuntime(String);
+
+impl std::fmt::Display for OtherRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for OtherRuntime {}
+
+/// Whether `e` says a program is another JavaScript runtime, not Node.js.
+pub fn is_other_runtime(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<OtherRuntime>().is_some())
+}
+
 /// An executable of another JavaScript runtime (Bun) that exports libuv's
 /// API but does not run on it: said as what it is, in one line.
 fn refuse_other_runtime(path: &str, img: &Image) -> Result<()> {
     match &img.not_node {
-        Some(what) => {
-            bail!("{path} is {what}, not Node.js (its I/O does not go through libuv: it only exports libuv's API for native addons)")
-        }
+        Some(what) => Err(OtherRuntime(format!(
+            "{path} is {what}, not Node.js (its I/O does not go through libuv: it only exports libuv's API for native addons)"
+        ))
+        .into()),
         None => Ok(()),
     }
 }
