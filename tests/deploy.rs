@@ -1151,15 +1151,16 @@ fn slow_collector_small_queue_drops_and_counts() {
 }
 
 /// The export queue's fair share: a flooding node process beside a quiet one
-/// (tests/fixtures/fair_share.js, both under one uvspan) with a queue of
-/// 2,000 spans (OTEL_BSP_MAX_QUEUE_SIZE). That is less than an export request
-/// (2,048 spans by default), so the queue is exported once a schedule delay
-/// (1 s) and the flood (~20,000 spans a second) overflows it. The quiet
-/// process stays within its share (half the queue) and loses nothing; the
-/// flooder's drops are counted, named in the summary (pid, command, count)
-/// and in `uvspan.spans.dropped` with its process attributes. On the host,
-/// with uvspan and the app in one PID namespace, and with the app alone in
-/// its own.
+/// (tests/fixtures/fair_share.js, both under one uvspan), a queue of 1,000
+/// spans (OTEL_BSP_MAX_QUEUE_SIZE), requests of 100 and a collector that
+/// answers each traces request after 100 ms: it takes ~1,000 spans a second
+/// and the flood makes ~20,000, so the queue stays full. The quiet process
+/// (an HTTP server and its own client, ~100 requests) stays within its share
+/// (half the queue) and loses nothing: each request's SERVER span and the
+/// stat of its handler arrive. The flooder's drops are counted and named in
+/// the summary (pid, command, count) and in `uvspan.spans.dropped` with its
+/// process attributes. On the host, with uvspan and the app in one PID
+/// namespace, and with the app alone in its own.
 #[test]
 fn a_flood_does_not_take_a_quiet_processs_spans() {
     require_root();
@@ -1171,6 +1172,7 @@ fn a_flood_does_not_take_a_quiet_processs_spans() {
 fn fair_share_in(topology: Topology) {
     const QUIET: usize = 100;
     let col = Collector::start(Listen::Plain);
+    col.set_delay(Duration::from_millis(100));
     let dir = TempDir::new("fair-share");
     std::fs::create_dir_all(dir.path().join("quiet")).expect("mkdir");
     let script = fixture("fair_share.js");
@@ -1179,9 +1181,21 @@ fn fair_share_in(topology: Topology) {
     let ep = format!("http://127.0.0.1:{}", col.port());
     // A trace per task, as under --all: the flood's spans go out as its
     // tasks end (200 stats each), not held for its process's tree.
-    let uv = ["--trace-per", "task", "--loop-threshold", NO_LOOP_SPANS, "--status-interval", "0", "--otlp-endpoint", &ep];
+    // What is queued at exit is exported (10 requests of 100 ms) before the deadline.
+    let uv = [
+        "--trace-per",
+        "task",
+        "--loop-threshold",
+        NO_LOOP_SPANS,
+        "--status-interval",
+        "0",
+        "--flush-timeout",
+        "20s",
+        "--otlp-endpoint",
+        &ep,
+    ];
     let mut c = topology.command(&uv, &["sh", "-c", &sh]);
-    c.env("OTEL_BSP_MAX_QUEUE_SIZE", "2000");
+    c.envs([("OTEL_BSP_MAX_QUEUE_SIZE", "1000"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "100")]);
     let out = run(c);
     let ctx = format!("{topology:?}\n{}", out.context());
     assert_eq!(out.code(), Some(0), "{ctx}");
@@ -1205,7 +1219,7 @@ fn fair_share_in(topology: Topology) {
         let req = served.iter().find(|r| r.str("url.path") == Some(&format!("/q/{i}"))).expect("its request");
         assert_eq!((&st.trace_id, &st.parent_span_id), (&req.trace_id, &req.span_id), "the stat of /q/{i} under its request");
     }
-    assert!(s.dropped > 0, "the flood did not overflow a 2,000-span queue: nothing tests the share\n{ctx}");
+    assert!(s.dropped > 0, "the flood did not overflow a 1,000-span queue: nothing tests the share\n{ctx}");
     assert_eq!(s.exported, spans.len() as u64, "exported vs received\n{ctx}");
 
     // The summary names whose spans were dropped: the flooder's, all of them.
