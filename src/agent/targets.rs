@@ -39,7 +39,7 @@ impl Agent {
     pub(super) fn attach_target(&mut self, pid: u32, images: &Images, found: Instant) -> Result<()> {
         let report = self.tracer.attach(images, pid, false)?.report;
         self.tracer.add_pid(pid, &report)?;
-        report::announce(&format!("process {pid}"), images, &report, found.elapsed(), true);
+        report::announce(&format!("process {pid}"), images, &report, found.elapsed(), true, self.cli.verbose);
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
         self.start_sampling(pid, images);
         Ok(())
@@ -89,11 +89,11 @@ impl Agent {
         match &node.not_node {
             None => {
                 self.node_ran = true;
-                report::announce("command", images, &report, found.elapsed(), true);
+                report::announce("command", images, &report, found.elapsed(), true, self.cli.verbose);
             }
             Some(why) => {
                 eprintln!("uvspan: {why}: uvspan cannot trace it");
-                report::announce("the Node.js processes it starts", images, &report, found.elapsed(), true);
+                report::announce("the Node.js processes it starts", images, &report, found.elapsed(), true, self.cli.verbose);
             }
         }
         self.node_exe = exe_id(&node.node_exe);
@@ -176,7 +176,7 @@ impl Agent {
         if let Err(e) = self.tracer.add_pid(pid, &attach.report) {
             return eprintln!("uvspan: cannot trace process {pid}: {e:#}");
         }
-        report::announce(&format!("process {pid}"), &images, &attach.report, since.elapsed(), attach.new);
+        report::announce(&format!("process {pid}"), &images, &attach.report, since.elapsed(), attach.new, self.cli.verbose);
         self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
         self.start_sampling(pid, &images);
     }
