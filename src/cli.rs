@@ -158,6 +158,12 @@ pub struct Cli {
     #[arg(long, value_name = "BYTES", default_value = "8MiB", value_parser = parse_size)]
     pub ring_buffer_size: u32,
 
+    /// At start, name every probe missing or replaced (by its symbol), the
+    /// fallbacks in use and the probes the kernel single-steps; by default,
+    /// one line per capability a build lacks.
+    #[arg(long, short = 'v')]
+    pub verbose: bool,
+
     /// Print a status line (processes, spans exported, dropped, lost, export
     /// errors) this often; 0 = only at exit.
     #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration)]

@@ -31,6 +31,7 @@ use std::path::Path;
 use std::process::{ChildStdin, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::collector::{Collector, Listen};
 use common::*;
 
 /// The capabilities uvspan needs to trace. Found by trying (see
@@ -1147,6 +1148,145 @@ fn slow_collector_small_queue_drops_and_counts() {
     assert_eq!(s.exported, col.spans().len() as u64, "exported vs received\n{}", out.context());
     assert_eq!(accounted(&out), made, "every span is exported, dropped, failed or unflushed\n{}", out.context());
     assert!(rss_max <= rss0 + 32 * 1024, "RSS grew from {rss0} to {rss_max} KiB with a 500-span queue");
+}
+
+/// The export queue's fair share: a flooding node process beside a quiet one
+/// (tests/fixtures/fair_share.js, both under one uvspan), a queue of 500
+/// spans (OTEL_BSP_MAX_QUEUE_SIZE), export requests of one span and a
+/// collector that answers each traces request after 1 ms: it takes under
+/// 1,000 spans a second and the flood makes ~20,000, so the queue stays
+/// full. Requests of one span make every run one span, the flood's as small
+/// as the quiet process's: a place freed in the full queue goes to whichever
+/// run comes first, nearly always the flood's without a share (with larger
+/// runs, the room the flood's runs do not fit into goes to the quiet
+/// process's small ones, and it loses few: 32 of 25,599 requests under a
+/// load test). The quiet process (an HTTP server and its own client, 100
+/// requests 20 ms apart) stays within its share (half the queue) and loses
+/// nothing: each request's SERVER span and the stat of its handler arrive. The flooder's drops are counted and named in
+/// the summary (pid, command, count) and in `uvspan.spans.dropped` with its
+/// process attributes. On the host, with uvspan and the app in one PID
+/// namespace, and with the app alone in its own.
+#[test]
+fn a_flood_does_not_take_a_quiet_processs_spans() {
+    require_root();
+    for topology in Topology::ALL {
+        fair_share_in(topology);
+    }
+}
+
+fn fair_share_in(topology: Topology) {
+    const QUIET: usize = 100;
+    let col = Collector::start(Listen::Plain);
+    col.set_delay(Duration::from_millis(1));
+    let dir = TempDir::new("fair-share");
+    std::fs::create_dir_all(dir.path().join("quiet")).expect("mkdir");
+    let script = fixture("fair_share.js");
+    let d = dir.str();
+    let sh = format!("node {script} flood {d} & node {script} quiet {d} {QUIET}; wait");
+    let ep = format!("http://127.0.0.1:{}", col.port());
+    // A trace per task, as under --all: the flood's spans go out as its
+    // tasks end (200 stats each), not held for its process's tree.
+    // What is queued at exit is exported (500 requests of ~1 ms) before the deadline.
+    let uv = [
+        "--trace-per",
+        "task",
+        "--loop-threshold",
+        NO_LOOP_SPANS,
+        "--status-interval",
+        "0",
+        "--flush-timeout",
+        "20s",
+        "--otlp-endpoint",
+        &ep,
+    ];
+    let mut c = topology.command(&uv, &["sh", "-c", &sh]);
+    c.envs([("OTEL_BSP_MAX_QUEUE_SIZE", "500"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")]);
+    let out = run(c);
+    let ctx = format!("{topology:?}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let m = Markers::parse(&out.stdout);
+    let s = summary(&out.stderr);
+    assert_eq!(s.lost, 0, "records lost in the kernel: the quiet process's spans could be missing for another reason\n{ctx}");
+    let spans = col.spans();
+    // Each request of the quiet process: its SERVER span, and the stat of
+    // its handler under it.
+    let served: Vec<&Span> = spans.iter().filter(|s| s.kind == 2 && s.str("url.path").is_some_and(|p| p.starts_with("/q/"))).collect();
+    let stats: Vec<&Span> = spans.iter().filter(|s| s.str("file.path").is_some_and(|p| p.starts_with(&format!("{d}/quiet/")))).collect();
+    eprintln!(
+        "deploy: fair share ({topology:?}): {} stats flooded, {s:?}; of the quiet process's {QUIET} requests, {} SERVER spans and {} stats exported",
+        m.i64("flooded", "n"),
+        served.len(),
+        stats.len()
+    );
+    assert_eq!((served.len(), stats.len()), (QUIET, QUIET), "the quiet process lost spans to the flood\n{ctx}");
+    for st in &stats {
+        let i = st.str("file.path").and_then(|p| p.rsplit('/').next()).unwrap_or("");
+        let req = served.iter().find(|r| r.str("url.path") == Some(&format!("/q/{i}"))).expect("its request");
+        assert_eq!((&st.trace_id, &st.parent_span_id), (&req.trace_id, &req.span_id), "the stat of /q/{i} under its request");
+    }
+    assert!(s.dropped > 0, "the flood did not overflow a 500-span queue: nothing tests the share\n{ctx}");
+    assert_eq!(s.exported, spans.len() as u64, "exported vs received\n{ctx}");
+
+    // The summary names whose spans were dropped: the flooder's, all of them.
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.starts_with("uvspan: spans dropped (queue full), by process: "))
+        .unwrap_or_else(|| panic!("no line naming the processes that lost spans\n{ctx}"));
+    // Its command line (cut at 120 characters: the temp dir's name may be).
+    let flood_cmd = format!("node {script} flood");
+    let named = format!("{} of fair_share[", s.dropped);
+    assert!(line.contains(&named) && line.contains(&format!("] ({flood_cmd} ")), "{line}\n{ctx}");
+    assert!(!line.contains(" quiet "), "the quiet process is named: {line}");
+    assert_eq!(line.matches(" of ").count(), 1, "one process lost spans: {line}");
+    // The pid as uvspan sees it: the app's own, but for the app alone in its
+    // namespace (uvspan sees the host's).
+    if topology != Topology::AppAlone {
+        let pid = m.i64("flooded", "pid");
+        assert!(line.contains(&format!("of fair_share[{pid}] (")), "{line}\n{ctx}");
+    }
+
+    // The health metric, per process: the flooder's point holds every drop.
+    let points = dropped_points(&col);
+    let flood: Vec<_> = points.iter().filter(|(a, _)| a.get("process.command_line").is_some_and(|c| c.starts_with(&flood_cmd))).collect();
+    assert_eq!(flood.len(), 1, "uvspan.spans.dropped of the flooder: {points:?}\n{ctx}");
+    assert_eq!(flood[0].1, s.dropped, "{points:?}");
+    assert!(flood[0].0.contains_key("process.pid"), "{points:?}");
+    assert_eq!(points.iter().map(|(_, v)| v).sum::<u64>(), s.dropped, "the points add up to every drop: {points:?}");
+    assert!(!points.iter().any(|(a, _)| a.values().any(|v| v.contains(" quiet "))), "{points:?}");
+}
+
+/// The last value of each point of `uvspan.spans.dropped` received, with
+/// its attributes (values as text).
+fn dropped_points(col: &Collector) -> Vec<(BTreeMap<String, String>, u64)> {
+    use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value::Value as Any;
+    use opentelemetry_proto::tonic::metrics::v1::{metric::Data, number_data_point::Value};
+    let mut last: BTreeMap<BTreeMap<String, String>, u64> = BTreeMap::new();
+    for g in col.requests().iter().filter(|g| g.is_metrics()) {
+        let req = <ExportMetricsServiceRequest as prost::Message>::decode(g.body.as_ref()).expect("metrics");
+        for m in req.resource_metrics.into_iter().flat_map(|r| r.scope_metrics).flat_map(|s| s.metrics) {
+            let Some(Data::Sum(sum)) = m.data.filter(|_| m.name == "uvspan.spans.dropped") else { continue };
+            for p in sum.data_points {
+                let attrs = p
+                    .attributes
+                    .iter()
+                    .map(|a| {
+                        let v = match a.value.as_ref().and_then(|v| v.value.clone()) {
+                            Some(Any::StringValue(s)) => s,
+                            Some(Any::IntValue(i)) => i.to_string(),
+                            other => format!("{other:?}"),
+                        };
+                        (a.key.clone(), v)
+                    })
+                    .collect();
+                if let Some(Value::AsInt(v)) = p.value {
+                    last.insert(attrs, v as u64);
+                }
+            }
+        }
+    }
+    last.into_iter().collect()
 }
 
 // ===========================================================================

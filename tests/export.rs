@@ -796,7 +796,7 @@ fn always_off_counts_every_operation_on_a_stripped_node() {
     let (col, out) = ksample_run(&node, Topology::Host, "always_off", "");
     let ctx = out.context();
     assert_eq!(out.code(), Some(0), "{ctx}");
-    assert!(out.stderr.contains("fallback in use: uv_freeaddrinfo"), "lookups end at uv_freeaddrinfo\n{ctx}");
+    assert!(out.stderr.contains("uvspan:   DNS spans end at uv_freeaddrinfo"), "lookups end at uv_freeaddrinfo\n{ctx}");
     check_op_counts(&col, &ctx);
     assert!(col.spans().iter().all(|s| !s.name.starts_with("fs.") && !s.name.starts_with("dns.")), "always_off: no span\n{ctx}");
 }

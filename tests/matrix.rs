@@ -383,6 +383,7 @@ fn run_target(t: &Target) {
     let script = fixture("matrix.js");
     let node = t.node.to_string_lossy().into_owned();
     let mut cmd = uvspan_cmd([
+        "--verbose",
         "--requests",
         "off",
         "--detail",
@@ -442,8 +443,8 @@ fn run_target(t: &Target) {
     check_loop(&spans, &m, pid, t);
 }
 
-/// stderr is exactly: the "tracing command" line, the notices (none on a
-/// full build), the summary line.
+/// stderr is exactly: the "tracing command" line, the notices by probe
+/// (`--verbose`; none on a full build), the summary line.
 fn check_stderr(out: &Output, t: &Target) {
     let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.starts_with(KERNEL_FALLBACK_NOTICE)).collect();
     assert!(lines.len() >= 2, "{}", out.context());

@@ -750,6 +750,7 @@ impl Agent {
         if let Some(l) = listener {
             l.finish(cli.flush_timeout);
         }
+        let counters = exporter.counters();
         let sum = exporter.finish(cli.flush_timeout);
         if let Some(m) = op_metrics {
             m.finish(Duration::from_secs(2));
@@ -774,6 +775,10 @@ impl Agent {
             line.push_str(&health.listen.summary());
         }
         eprintln!("{line}");
+        let by_process = crate::export::dropped::line(&counters.by_process.lock().unwrap_or_else(|e| e.into_inner()), 5);
+        if let Some(l) = by_process {
+            eprintln!("{l}");
+        }
         if !procs.unseen.is_empty() {
             let mut pids: Vec<String> = procs.unseen.iter().map(u32::to_string).collect();
             pids.truncate(10);

@@ -225,7 +225,7 @@ impl Procs {
         if let Some(m) = &self.metrics {
             m.lock().unwrap_or_else(|e| e.into_inner()).resource(pid, &resource);
         }
-        exporter.process(pid, resource, format!("{name}[{pid}]"));
+        exporter.process(pid, resource, format!("{name}[{pid}]"), &info.argv);
         p.registered = true;
         if self.tasks.per() == TracePer::Process {
             self.tasks.process(pid, &info.argv, started_ns(pid), &*self.ids, self.sampler);

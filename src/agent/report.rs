@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::export::health::Health;
 use crate::export::Summary;
 use crate::kernel::tracer::Stats;
-use crate::probes::plan::{notices, ProbeState, ProbeStatus};
+use crate::probes::plan::{notices, short_notices, ProbeState, ProbeStatus};
 use crate::requests::RequestStats;
 use crate::symbols::Images;
 
@@ -51,8 +51,9 @@ pub struct Sampled {
 }
 
 /// "uvspan: tracing WHO (…)", and the notices of what this build loses
-/// (once per binary: `notices_too`).
-pub fn announce(who: &str, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool) {
+/// (once per binary: `notices_too`): a line per capability, or with
+/// `verbose` the probes by name.
+pub fn announce(who: &str, images: &Images, report: &[ProbeStatus], took: Duration, notices_too: bool, verbose: bool) {
     let loc = &images.libuv;
     let attached = report.iter().filter(|r| r.state == ProbeState::Usable).count();
     let version = match (&images.node_version, &loc.image.libuv_version) {
@@ -66,10 +67,21 @@ pub fn announce(who: &str, images: &Images, report: &[ProbeStatus], took: Durati
         loc.path,
         took.as_secs_f64() * 1e3
     );
-    if notices_too {
+    if !notices_too {
+        return;
+    }
+    if verbose {
         for line in notices(loc, report) {
             eprintln!("uvspan:   {line}");
         }
+        return;
+    }
+    let lines = short_notices(report);
+    for line in &lines {
+        eprintln!("uvspan:   {line}");
+    }
+    if !lines.is_empty() {
+        eprintln!("uvspan:   (the probes missing and why: --verbose, or `uvspan probes`)");
     }
 }
 

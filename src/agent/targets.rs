@@ -47,7 +47,7 @@ impl Agent {
     pub(super) fn attach_target(&mut self, pid: u32, images: &Images, found: Instant) -> Result<()> {
         let report = self.tracer.attach(images, pid, false)?.report;
         self.tracer.add_pid(pid, &report)?;
-        report::announce(&format!("process {pid}"), images, &report, found.elapsed(), true);
+        report::announce(&format!("process {pid}"), images, &report, found.elapsed(), true, self.cli.verbose);
         self.noticed.insert(images.libuv.path.clone());
         self.procs.add(pid, Origin::Target, images.node_version.clone(), &self.exporter, true);
         self.traced.add(pid, None);
@@ -136,11 +136,11 @@ impl Agent {
         match &node.not_node {
             None => {
                 self.node_ran = true;
-                report::announce("command", images, &report, found.elapsed(), true);
+                report::announce("command", images, &report, found.elapsed(), true, self.cli.verbose);
             }
             Some(why) => {
                 eprintln!("uvspan: {why}: uvspan cannot trace it");
-                report::announce("the Node.js processes it starts", images, &report, found.elapsed(), true);
+                report::announce("the Node.js processes it starts", images, &report, found.elapsed(), true, self.cli.verbose);
             }
         }
         self.node_exe = exe_id(&node.node_exe);
@@ -242,7 +242,7 @@ impl Agent {
         };
         // A --pid target's descendants: the notices once per file.
         let notices = if self.follow { self.noticed.insert(images.libuv.path.clone()) } else { attach.new };
-        report::announce(&who, &images, &attach.report, since.elapsed(), notices);
+        report::announce(&who, &images, &attach.report, since.elapsed(), notices, self.cli.verbose);
         self.procs.add(pid, Origin::Other, images.node_version.clone(), &self.exporter, true);
         self.traced.add(pid, under);
         self.start_sampling(pid, &images);

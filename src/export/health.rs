@@ -88,9 +88,8 @@ impl HealthMetrics {
             let h = h.clone();
             Box::new(move || f(&h).load(Ordering::Relaxed))
         };
-        let counters: [(&'static str, &'static str, Read); 14] = [
+        let counters: [(&'static str, &'static str, Read); 13] = [
             ("uvspan.spans.exported", "Spans exported", read_e(|c| &c.exported)),
-            ("uvspan.spans.dropped", "Spans dropped: export queue full", read_e(|c| &c.dropped)),
             ("uvspan.spans.failed", "Spans lost in failed exports", read_e(|c| &c.failed)),
             ("uvspan.export.errors", "Failed export requests", read_e(|c| &c.export_errors)),
             ("uvspan.records.lost", "Kernel records lost: ring buffer or in-flight table full", read_h(|h| &h.records_lost)),
@@ -128,6 +127,7 @@ impl HealthMetrics {
             // The callback stays registered with the provider; the handle is not needed.
             let _ = meter.u64_observable_counter(name).with_description(desc).with_callback(move |o| o.observe(read(), &[])).build();
         }
+        register_dropped(&meter, e.clone());
         register_listen(&meter, h.listen.clone());
         let traced = read_h(|h| &h.processes_traced);
         let _ = meter
@@ -164,6 +164,27 @@ impl HealthMetrics {
         let _ = self.provider.force_flush();
         let _ = self.provider.shutdown();
     }
+}
+
+/// `uvspan.spans.dropped`: a point per process that lost spans
+/// (`process.pid`, `process.command_line`; the first
+/// [`NAMED`](super::dropped::NAMED) of them), and one without attributes for
+/// the rest; they add up to every span dropped.
+fn register_dropped(meter: &opentelemetry::metrics::Meter, e: Arc<Counters>) {
+    let _ = meter
+        .u64_observable_counter("uvspan.spans.dropped")
+        .with_description("Spans dropped: export queue full (per process that lost spans, the rest without process attributes)")
+        .with_callback(move |o| {
+            let d = e.by_process.lock().unwrap_or_else(|e| e.into_inner());
+            for x in d.named() {
+                o.observe(
+                    x.spans,
+                    &[KeyValue::new("process.pid", i64::from(x.pid)), KeyValue::new("process.command_line", x.command.clone())],
+                );
+            }
+            o.observe(d.others, &[]);
+        })
+        .build();
 }
 
 /// `uvspan.otlp.*` (per `signal`) and the join counters, observed only while

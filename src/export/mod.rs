@@ -2,22 +2,25 @@
 //! without an endpoint, to a readable console view.
 //!
 //! The tracer thread hands batches to [`Exporter::send`], which encodes them
-//! for OTLP right there (see [`encode::Encoded`]); a task on the tokio
-//! runtime batches them per process (each process is its own OTLP resource)
-//! and exports. The queue is bounded in spans: what does not fit is dropped
-//! and counted, never buffered without limit.
+//! for OTLP right there (see [`encode::Encoded`]) and queues them per
+//! process; a task on the tokio runtime exports them, one request per
+//! process in turn (each process is its own OTLP resource). The queue is
+//! bounded in spans and shared fairly between the processes
+//! ([`queue::Queue`]): what does not fit is dropped and counted per process,
+//! never buffered without limit.
 
 pub mod buffers;
 pub mod client;
 pub mod console;
+pub mod dropped;
 pub mod encode;
 pub mod health;
 pub mod metrics;
 pub mod otlp;
+pub mod queue;
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::events::spans::Span;
@@ -55,8 +58,10 @@ impl Default for BatchConfig {
 pub struct Counters {
     pub queued: AtomicU64,
     pub exported: AtomicU64,
-    /// Dropped because the queue was full.
+    /// Dropped because the queue was full (also in `by_process`).
     pub dropped: AtomicU64,
+    /// The same, per process.
+    pub by_process: Mutex<dropped::Drops>,
     /// Lost in failed exports.
     pub failed: AtomicU64,
     pub export_errors: AtomicU64,
@@ -79,10 +84,6 @@ pub(crate) enum Msg {
         resource: Resource,
         label: String,
     },
-    Spans {
-        pid: u32,
-        part: Part,
-    },
     Flush(tokio::sync::oneshot::Sender<()>),
     /// The process exited: drop its resource once its queued spans are out.
     Forget(u32),
@@ -101,6 +102,20 @@ const OUTBOX_AGE: Duration = Duration::from_millis(50);
 pub(crate) enum Part {
     Spans(Vec<Span>),
     Otlp(encode::Encoded),
+}
+
+impl queue::Run for Part {
+    fn spans(&self) -> u64 {
+        self.len() as u64
+    }
+}
+
+/// The queue, shared by the tracer thread (which fills it) and the export
+/// task (which empties it).
+type Shared = Arc<Mutex<queue::Queue<Part>>>;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Part {
@@ -132,7 +147,10 @@ struct Outbox {
 /// The sending side, used from the tracer thread.
 pub struct Exporter {
     tx: mpsc::UnboundedSender<Msg>,
-    outbox: std::sync::Mutex<Outbox>,
+    outbox: Mutex<Outbox>,
+    queue: Shared,
+    /// Wakes the export task when a request's worth waits.
+    wake: Arc<tokio::sync::Notify>,
     /// Spans are encoded for OTLP as they are queued.
     encode: bool,
     buffers: Arc<buffers::Buffers>,
@@ -144,7 +162,7 @@ pub struct Exporter {
 
 /// The sink the export task writes to.
 pub(crate) trait Sink: Send + 'static {
-    /// Exports runs of one process's spans: how many the receiver rejected
+    /// Exports runs of one process's spans (one request): how many the receiver rejected
     /// (partial success, counted as failed). Err: none arrived; a retryable
     /// error keeps them queued for another try (while the queue bound
     /// holds), another is counted as failed.
@@ -162,28 +180,35 @@ impl Exporter {
         let counters = Arc::new(Counters::default());
         let encode = matches!(dest, Destination::Otlp(_));
         let buffers = Arc::new(buffers::Buffers::default());
+        let queue: Shared = Arc::new(Mutex::new(queue::Queue::new(cfg.max_queue_spans)));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let task = Task { rx, queue: queue.clone(), wake: wake.clone(), counters: counters.clone(), buffers: buffers.clone() };
         let task = match dest {
             Destination::Console => {
                 // A person is watching: print promptly.
                 let cfg = BatchConfig { schedule_delay: cfg.schedule_delay.min(Duration::from_millis(200)), ..cfg.clone() };
-                rt.spawn(run(console::Console::stdout(), rx, counters.clone(), cfg, buffers.clone()))
+                rt.spawn(run(console::Console::stdout(), task, cfg))
             }
             Destination::Otlp(c) => {
                 let sink = rt.block_on(async { otlp::Otlp::new(c) })?;
-                rt.spawn(run(sink, rx, counters.clone(), cfg.clone(), buffers.clone()))
+                rt.spawn(run(sink, task, cfg.clone()))
             }
         };
-        Ok(Exporter { tx, outbox: Default::default(), encode, buffers, counters, cfg, task, rt: rt.handle().clone() })
+        Ok(Exporter { tx, outbox: Default::default(), queue, wake, encode, buffers, counters, cfg, task, rt: rt.handle().clone() })
     }
 
     /// A process is gone: its resource is dropped after its last spans.
     pub fn forget(&self, pid: u32) {
         self.hand_over();
+        lock(&self.counters.by_process).forget(pid);
         let _ = self.tx.send(Msg::Forget(pid));
     }
 
-    pub fn process(&self, pid: u32, resource: Resource, label: String) {
+    /// A process's resource, the label the console shows and its command
+    /// line (for the drops named in the summary).
+    pub fn process(&self, pid: u32, resource: Resource, label: String, argv: &[String]) {
         self.hand_over();
+        lock(&self.counters.by_process).name(pid, &label, argv);
         let _ = self.tx.send(Msg::Process { pid, resource, label });
     }
 
@@ -197,7 +222,7 @@ impl Exporter {
         }
         let max = self.cfg.max_batch.max(1);
         let full = {
-            let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            let mut o = lock(&self.outbox);
             o.n += spans.len();
             if !self.encode {
                 o.parts.push((pid, Part::Spans(std::mem::take(spans))));
@@ -223,30 +248,47 @@ impl Exporter {
 
     /// Hands waiting spans over if they have waited long enough.
     pub fn tick(&self) {
-        let old = self.outbox.lock().unwrap_or_else(|e| e.into_inner()).since.is_some_and(|t| t.elapsed() >= OUTBOX_AGE);
+        let old = lock(&self.outbox).since.is_some_and(|t| t.elapsed() >= OUTBOX_AGE);
         if old {
             self.hand_over();
         }
     }
 
-    /// Hands every waiting span to the export task, in order (before any
-    /// message about their process); drops (and counts) them when the
-    /// queue is full.
+    /// Queues every waiting span for the export task, in order (before any
+    /// message about their process); what the queue's fair share drops (of
+    /// these, or runs of other processes still waiting) is counted per
+    /// process.
     fn hand_over(&self) {
         let parts = {
-            let mut o = self.outbox.lock().unwrap_or_else(|e| e.into_inner());
+            let mut o = lock(&self.outbox);
             o.n = 0;
             o.since = None;
             std::mem::take(&mut o.parts)
         };
-        for (pid, part) in parts {
-            let n = part.len() as u64;
-            let queued = self.counters.queued.load(Ordering::Relaxed);
-            if queued + n > self.cfg.max_queue_spans || self.tx.send(Msg::Spans { pid, part }).is_err() {
-                self.counters.dropped.fetch_add(n, Ordering::Relaxed);
-                continue;
+        if parts.is_empty() {
+            return;
+        }
+        let mut dropped = Vec::new();
+        let full = {
+            let mut q = lock(&self.queue);
+            for (pid, part) in parts {
+                q.offer(pid, part, &mut dropped);
             }
-            self.counters.queued.fetch_add(n, Ordering::Relaxed);
+            self.counters.queued.store(q.len(), Ordering::Relaxed);
+            q.waiting() >= self.cfg.max_batch as u64
+        };
+        if full {
+            self.wake.notify_one();
+        }
+        if !dropped.is_empty() {
+            let mut by = lock(&self.counters.by_process);
+            for (pid, part) in &dropped {
+                by.add(*pid, part.len() as u64);
+            }
+            self.counters.dropped.store(by.total, Ordering::Relaxed);
+        }
+        for (_, part) in dropped {
+            part.recycle(&self.buffers);
         }
     }
 
@@ -277,27 +319,52 @@ impl Exporter {
     }
 }
 
-async fn run<S: Sink>(
-    mut sink: S,
-    mut rx: mpsc::UnboundedReceiver<Msg>,
+/// What the export task works with besides its sink.
+struct Task {
+    rx: mpsc::UnboundedReceiver<Msg>,
+    queue: Shared,
+    wake: Arc<tokio::sync::Notify>,
     counters: Arc<Counters>,
-    cfg: BatchConfig,
     buffers: Arc<buffers::Buffers>,
-) {
-    let mut procs: rustc_hash::FxHashMap<u32, (Resource, String)> = Default::default();
-    // Per process, the runs as they came: appended, never copied
-    // (extending one queue span by span showed in profiles).
-    let mut pending: rustc_hash::FxHashMap<u32, Vec<Part>> = Default::default();
-    let mut pending_n: usize = 0;
-    let mut forgotten: Vec<u32> = Vec::new();
+}
+
+/// The export task's view of the messages: each process's resource and
+/// label, the processes gone whose spans are still queued, a flush asked.
+#[derive(Default)]
+struct Known {
+    procs: rustc_hash::FxHashMap<u32, (Resource, String)>,
+    forgotten: Vec<u32>,
+    flush_ack: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Known {
+    fn on(&mut self, msg: Msg, queue: &Shared) {
+        match msg {
+            Msg::Process { pid, resource, label } => {
+                self.procs.insert(pid, (resource, label));
+            }
+            Msg::Flush(ack) => self.flush_ack = Some(ack),
+            Msg::Forget(pid) => {
+                if lock(queue).holds(pid) {
+                    self.forgotten.push(pid);
+                } else {
+                    self.procs.remove(&pid);
+                }
+            }
+        }
+    }
+}
+
+async fn run<S: Sink>(mut sink: S, mut t: Task, cfg: BatchConfig) {
+    let mut known = Known::default();
     let mut tick = tokio::time::interval(cfg.schedule_delay);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut flush_ack = None;
     // After a retryable failure: when to try again, and the next wait.
     let mut retry_at: Option<tokio::time::Instant> = None;
     let mut backoff = client::Backoff::default();
+    let mut closed = false;
     loop {
-        let mut closed = false;
+        let mut due = false;
         let retry = async {
             match retry_at {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -305,137 +372,92 @@ async fn run<S: Sink>(
             }
         };
         tokio::select! {
-            msg = rx.recv() => match msg {
-                Some(Msg::Process { pid, resource, label }) => { procs.insert(pid, (resource, label)); continue; }
-                Some(Msg::Spans { pid, part }) => {
-                    pending_n += part.len();
-                    pending.entry(pid).or_default().push(part);
-                    if pending_n < cfg.max_batch || retry_at.is_some() { continue; }
-                }
-                Some(Msg::Flush(ack)) => flush_ack = Some(ack),
-                Some(Msg::Forget(pid)) => {
-                    if pending.contains_key(&pid) { forgotten.push(pid); } else { procs.remove(&pid); }
-                    continue;
-                }
+            msg = t.rx.recv(), if !closed => match msg {
+                Some(m) => known.on(m, &t.queue),
                 None => closed = true,
             },
-            _ = tick.tick(), if retry_at.is_none() => {}
-            _ = retry => retry_at = None,
+            _ = t.wake.notified() => {}
+            _ = tick.tick(), if retry_at.is_none() => due = true,
+            _ = retry => { retry_at = None; due = true; }
         }
-        if retry_at.is_none() {
-            let mut batch: Vec<(u32, Vec<Part>)> = pending.drain().collect();
-            pending_n = 0;
-            while let Some((pid, mut parts)) = batch.pop() {
+        let full = lock(&t.queue).waiting() >= cfg.max_batch as u64;
+        if retry_at.is_none() && (due || full || known.flush_ack.is_some() || closed) {
+            // What waits now goes out, a request at a time, each process in turn.
+            let mut left = lock(&t.queue).waiting();
+            while left > 0 {
+                let Some((pid, mut parts)) = lock(&t.queue).take(cfg.max_batch.max(1)) else { break };
+                // The messages sent before these spans were queued (their
+                // process's resource among them).
+                while let Ok(m) = t.rx.try_recv() {
+                    known.on(m, &t.queue);
+                }
+                let m: u64 = parts.iter().map(|p| p.len() as u64).sum();
+                left = left.saturating_sub(m);
                 let (resource, label) =
-                    procs.get(&pid).cloned().unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
-                let unsent = export_parts(&mut sink, &resource, &label, &mut parts, &counters, cfg.max_batch, &mut backoff).await;
-                if let Some((sent, wait)) = unsent {
-                    // Back in the queue, in order, with what was not sent
-                    // yet; tried again after a wait.
-                    let rest = pending.entry(pid).or_default();
-                    let newer = std::mem::take(rest);
-                    parts.drain(..sent).for_each(|p| p.recycle(&buffers));
-                    *rest = parts;
-                    rest.extend(newer);
-                    for (p, s) in batch.drain(..) {
-                        pending.entry(p).or_default().splice(0..0, s);
-                    }
-                    pending_n = pending.values().flatten().map(Part::len).sum();
+                    known.procs.get(&pid).cloned().unwrap_or_else(|| (Resource::builder_empty().build(), format!("pid {pid}")));
+                if let Some(wait) = export_request(&mut sink, &resource, &label, &mut parts, m, &t.counters, &mut backoff).await {
+                    // Back in the queue, first, in order; tried again after a wait.
+                    lock(&t.queue).put_back(pid, parts);
                     retry_at = Some(tokio::time::Instant::now() + wait);
                     break;
                 }
-                parts.into_iter().for_each(|p| p.recycle(&buffers));
-            }
-            for pid in forgotten.drain(..) {
-                if !pending.contains_key(&pid) {
-                    procs.remove(&pid);
+                {
+                    let mut q = lock(&t.queue);
+                    q.done(pid, m);
+                    // Per request: if the flush deadline cuts the export
+                    // short, what was sent is not also counted as not flushed.
+                    t.counters.queued.store(q.len(), Ordering::Relaxed);
                 }
+                parts.into_iter().for_each(|p| p.recycle(&t.buffers));
             }
+            let q = t.queue.clone();
+            known.forgotten.retain(|pid| {
+                let held = lock(&q).holds(*pid);
+                if !held {
+                    known.procs.remove(pid);
+                }
+                held
+            });
         }
-        if pending.is_empty() {
-            if let Some(ack) = flush_ack.take() {
+        if lock(&t.queue).is_empty() {
+            if let Some(ack) = known.flush_ack.take() {
                 let _ = ack.send(());
             }
         }
-        if closed {
+        if closed && (retry_at.is_some() || lock(&t.queue).is_empty()) {
             return;
         }
     }
 }
 
-/// Exports one process's runs in requests of at most `max_batch` spans,
-/// counting what was exported or failed. `Some(sent)`: a retryable failure
-/// after the first `sent` runs, the rest to be tried again; `None`: every
-/// run was exported or counted as failed.
-async fn export_parts<S: Sink>(
+/// Exports one process's runs as one request, counting what was exported
+/// or failed. `Some(wait)`: a retryable failure, the runs to be tried again
+/// after `wait`.
+async fn export_request<S: Sink>(
     sink: &mut S,
     resource: &Resource,
     label: &str,
     parts: &mut [Part],
+    m: u64,
     counters: &Counters,
-    max_batch: usize,
     backoff: &mut client::Backoff,
-) -> Option<(usize, Duration)> {
-    for r in requests(parts.iter().map(Part::len), max_batch.max(1)) {
-        let chunk = &mut parts[r.clone()];
-        let m: u64 = chunk.iter().map(|p| p.len() as u64).sum();
-        match sink.export(resource, label, chunk).await {
-            Ok(rejected) => {
-                let rejected = rejected.min(m);
-                counters.failed.fetch_add(rejected, Ordering::Relaxed);
-                counters.exported.fetch_add(m - rejected, Ordering::Relaxed);
-                backoff.reset();
-            }
-            Err(e) => {
-                if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
-                    eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
-                }
-                if e.retryable {
-                    return Some((r.start, backoff.wait(&e)));
-                }
-                counters.failed.fetch_add(m, Ordering::Relaxed);
-            }
+) -> Option<Duration> {
+    match sink.export(resource, label, parts).await {
+        Ok(rejected) => {
+            let rejected = rejected.min(m);
+            counters.failed.fetch_add(rejected, Ordering::Relaxed);
+            counters.exported.fetch_add(m - rejected, Ordering::Relaxed);
+            backoff.reset();
         }
-        // Per chunk: if the flush deadline cuts the export short, what
-        // was sent is not also counted as not flushed.
-        counters.queued.fetch_sub(m, Ordering::Relaxed);
+        Err(e) => {
+            if counters.export_errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                eprintln!("uvspan: export failed: {} (further errors are counted in the summary)", e.message);
+            }
+            if e.retryable {
+                return Some(backoff.wait(&e));
+            }
+            counters.failed.fetch_add(m, Ordering::Relaxed);
+        }
     }
     None
-}
-
-/// Consecutive runs of `lens` spans grouped into export requests of at most
-/// `max` spans each, in order; a run is never split (one larger than `max`,
-/// which the queue does not make for OTLP, goes alone).
-fn requests(lens: impl Iterator<Item = usize>, max: usize) -> Vec<Range<usize>> {
-    let mut out: Vec<Range<usize>> = Vec::new();
-    let mut n = 0;
-    for (i, len) in lens.enumerate() {
-        match out.last_mut() {
-            Some(r) if n + len <= max => {
-                r.end = i + 1;
-                n += len;
-            }
-            _ => {
-                out.push(i..i + 1);
-                n = len;
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::requests;
-
-    #[test]
-    fn runs_grouped_into_requests_in_order_never_split() {
-        let g = |lens: &[usize], max| requests(lens.iter().copied(), max);
-        assert!(g(&[], 10).is_empty());
-        assert_eq!(g(&[3, 3, 4, 1], 10), [0..3, 3..4]);
-        assert_eq!(g(&[10, 1, 9], 10), [0..1, 1..3]);
-        assert_eq!(g(&[12, 2], 10), [0..1, 1..2], "a run over the limit goes alone");
-        assert_eq!(g(&[2, 12, 2], 10), [0..1, 1..2, 2..3]);
-        assert_eq!(g(&[1, 1, 1], 1), [0..1, 1..2, 2..3]);
-    }
 }

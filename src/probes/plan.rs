@@ -202,7 +202,32 @@ pub fn gc_probed(report: &[ProbeStatus]) -> bool {
     (usable(catalog::GC_PROLOGUE) && usable(catalog::GC_EPILOGUE)) || catalog::GC_V10.iter().all(|s| usable(s))
 }
 
-/// What cannot be traced on this build, and why, one line each.
+/// What this build cannot trace, in words, one line per capability (the
+/// notices said by default at start; [`notices`] names the probes): the
+/// distinct losses of the probes missing, of a fallback only when what it
+/// stands in for is missing too, of V8's collections only when none is seen.
+pub fn short_notices(report: &[ProbeStatus]) -> Vec<String> {
+    let lost = |r: &&ProbeStatus| matches!(r.state, ProbeState::Missing | ProbeState::Failed(_));
+    let usable = |s: &str| report.iter().any(|r| r.symbol == s && r.state == ProbeState::Usable);
+    let gc = gc_probed(report);
+    let mut out: Vec<String> = Vec::new();
+    for r in report.iter().filter(lost) {
+        // GC points: what is lost is said by the fallbacks' rows.
+        if r.kind == probe_kind::PROBE_GC && (gc || r.fallback_for.is_none()) {
+            continue;
+        }
+        if r.fallback_for.is_some_and(usable) {
+            continue;
+        }
+        if !r.if_missing.is_empty() && !out.iter().any(|o| o == r.if_missing) {
+            out.push(r.if_missing.to_string());
+        }
+    }
+    out
+}
+
+/// What cannot be traced on this build, and why, one line each, naming the
+/// probes (`--verbose`).
 pub fn notices(loc: &Located, report: &[ProbeStatus]) -> Vec<String> {
     let mut out = Vec::new();
     let slow: Vec<&str> = report.iter().filter(|r| r.single_stepped && r.state == ProbeState::Usable).map(|r| r.symbol).collect();
@@ -288,6 +313,42 @@ mod tests {
         let plan_np = plan_on(&no_parser, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_np, "uv_try_write"), (ProbeState::NotNeeded, None));
         assert_eq!(get(&plan_np, catalog::HTTP_MESSAGE), (ProbeState::Missing, None));
+    }
+
+    #[test]
+    fn short_notices_say_each_loss_once_in_words_and_name_no_symbol() {
+        let full: HashMap<&'static str, u64> = catalog::all_probes()
+            .iter()
+            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
+            .map(|p| (p.symbol, 0x1000))
+            .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
+            .collect();
+        let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
+        let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
+        // No V8 image: no GC point at all.
+        let report = plan_on(&stripped, Some(&libc), Detail::all(), AT_CLEANUP);
+        let short = short_notices(&report);
+        let lost: Vec<&ProbeStatus> = report
+            .iter()
+            .filter(|r| matches!(r.state, ProbeState::Missing) && r.fallback_for.is_none() && r.kind != probe_kind::PROBE_GC)
+            .collect();
+        assert!(!lost.is_empty());
+        for r in &lost {
+            assert_eq!(short.iter().filter(|l| *l == r.if_missing).count(), 1, "{} said once: {short:#?}", r.symbol);
+        }
+        for l in &short {
+            assert!(!l.contains("_ZN") && !l.starts_with("fallback"), "{l}");
+            assert!(!report.iter().any(|r| l.starts_with(r.symbol)), "a line names a probe: {l}");
+        }
+        let no_gc = short.iter().filter(|l| l.starts_with("no V8 garbage collections")).count();
+        assert_eq!(no_gc, 1, "{short:#?}");
+        assert!(!short.iter().any(|l| l.contains("GC points stand in")), "{short:#?}");
+        // V8's collections seen through the fallbacks: not said.
+        let v8: HashMap<&'static str, u64> = catalog::GC_V10.iter().map(|s| (*s, 0x10)).collect();
+        let report = plan_symbols(Symbols { libuv: &full, libc: Some(&libc), v8: Some(&v8) }, Detail::all(), AT_CLEANUP);
+        assert!(gc_probed(&report));
+        let short = short_notices(&report);
+        assert!(!short.iter().any(|l| l.contains("garbage collections") || l.contains("GC points")), "{short:#?}");
     }
 
     #[test]

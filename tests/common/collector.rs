@@ -104,6 +104,8 @@ pub enum Listen<'a> {
 pub struct Collector {
     pub addr: SocketAddr,
     got: Arc<Mutex<Vec<Got>>>,
+    /// How long each traces request waits before it is answered.
+    delay: Arc<Mutex<std::time::Duration>>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -120,6 +122,8 @@ impl Collector {
         let got: Arc<Mutex<Vec<Got>>> = Arc::default();
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let store = got.clone();
+        let delay: Arc<Mutex<std::time::Duration>> = Arc::default();
+        let wait = delay.clone();
         let thread = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
             rt.block_on(async move {
@@ -129,9 +133,9 @@ impl Collector {
                         a = l.accept() => match a { Ok(a) => a, Err(_) => continue },
                         _ = &mut rx => return,
                     };
-                    let (store, acceptor) = (store.clone(), acceptor.clone());
+                    let (store, acceptor, wait) = (store.clone(), acceptor.clone(), wait.clone());
                     tokio::spawn(async move {
-                        let svc = hyper::service::service_fn(move |req| handle(req, store.clone()));
+                        let svc = hyper::service::service_fn(move |req| handle(req, store.clone(), wait.clone()));
                         let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
                         match acceptor {
                             // A refused handshake (no client certificate, say) ends here.
@@ -148,11 +152,17 @@ impl Collector {
                 }
             });
         });
-        Collector { addr, got, stop: Some(tx), thread: Some(thread) }
+        Collector { addr, got, delay, stop: Some(tx), thread: Some(thread) }
     }
 
     pub fn port(&self) -> u16 {
         self.addr.port()
+    }
+
+    /// Makes every traces request wait `d` before it is answered (a slow
+    /// collector; metrics are answered at once).
+    pub fn set_delay(&self, d: std::time::Duration) {
+        *self.delay.lock().unwrap_or_else(|e| e.into_inner()) = d;
     }
 
     pub fn requests(&self) -> Vec<Got> {
@@ -215,7 +225,11 @@ fn server_config(server: &Issued, clients: Option<&Ca>) -> rustls::ServerConfig 
 
 type Reply = http_body_util::combinators::BoxBody<Bytes, std::convert::Infallible>;
 
-async fn handle(req: hyper::Request<Incoming>, store: Arc<Mutex<Vec<Got>>>) -> Result<hyper::Response<Reply>, hyper::Error> {
+async fn handle(
+    req: hyper::Request<Incoming>,
+    store: Arc<Mutex<Vec<Got>>>,
+    delay: Arc<Mutex<std::time::Duration>>,
+) -> Result<hyper::Response<Reply>, hyper::Error> {
     let path = req.uri().path().to_string();
     let headers: Vec<(String, String)> =
         req.headers().iter().map(|(k, v)| (k.as_str().to_ascii_lowercase(), v.to_str().unwrap_or("").to_string())).collect();
@@ -236,6 +250,10 @@ async fn handle(req: hyper::Request<Incoming>, store: Arc<Mutex<Vec<Got>>>) -> R
     } else {
         (raw, false)
     };
+    let wait = *delay.lock().unwrap_or_else(|e| e.into_inner());
+    if path.contains("trace") && !wait.is_zero() {
+        tokio::time::sleep(wait).await;
+    }
     store.lock().unwrap_or_else(|e| e.into_inner()).push(Got { path, headers, body, gzip });
     // An empty export response: no partial success.
     Ok(if grpc {
