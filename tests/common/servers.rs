@@ -268,10 +268,13 @@ pub fn mariadb() -> DbServer {
     let data = owned_dir(&dir, "data");
     let run = owned_dir(&dir, "run");
     let datadir = data.join("db").to_string_lossy().into_owned();
+    // Its own temporary directory: two installs at once in the shared /tmp
+    // can trip over each other's temporary tables.
+    let tmpdir = format!("--tmpdir={}", run.display());
     step(
         as_server_user(
             &install,
-            &["--no-defaults", &format!("--datadir={datadir}"), "--auth-root-authentication-method=socket", "--skip-test-db"],
+            &["--no-defaults", &format!("--datadir={datadir}"), &tmpdir, "--auth-root-authentication-method=socket", "--skip-test-db"],
         ),
         "mariadb-install-db",
     );
