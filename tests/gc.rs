@@ -223,7 +223,8 @@ fn no_gc_seen(label: &str, node: &Path, env: &[(&str, &str)]) {
     let _one = one_at_a_time();
     let col = Collector::start(Listen::Plain);
     let mut args = exporting(&col);
-    args.extend(["--".into(), node.to_string_lossy().into_owned(), fixture("gc.js")]);
+    // the fallbacks' notices are details: --verbose
+    args.extend(["--verbose".into(), "--".into(), node.to_string_lossy().into_owned(), fixture("gc.js")]);
     let mut c = uvspan_cmd(args);
     metrics_env(&mut c);
     c.envs(env.iter().copied());
