@@ -282,14 +282,20 @@ mod tests {
         (r.state.clone(), r.offset)
     }
 
-    #[test]
-    fn plan_uses_fallbacks_only_when_needed() {
-        let full: HashMap<&'static str, u64> = catalog::all_probes()
+    /// Every libuv symbol of the catalog (no fallback), plus the exported
+    /// API's that stand in for them.
+    fn full_libuv() -> HashMap<&'static str, u64> {
+        catalog::all_probes()
             .iter()
             .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
             .map(|p| (p.symbol, 0x1000))
             .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
-            .collect();
+            .collect()
+    }
+
+    #[test]
+    fn plan_uses_fallbacks_only_when_needed() {
+        let full = full_libuv();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
         let plan_full = plan_on(&full, Some(&libc), Detail::all(), AT_CLEANUP);
         assert_eq!(get(&plan_full, "uv_run"), (ProbeState::NotNeeded, None));
@@ -317,12 +323,7 @@ mod tests {
 
     #[test]
     fn short_notices_say_each_loss_once_in_words_and_name_no_symbol() {
-        let full: HashMap<&'static str, u64> = catalog::all_probes()
-            .iter()
-            .filter(|p| p.image == ImageKind::Libuv && p.fallback_for.is_none())
-            .map(|p| (p.symbol, 0x1000))
-            .chain([("uv_freeaddrinfo", 0x2000), ("uv_run", 0x3000)])
-            .collect();
+        let full = full_libuv();
         let libc: HashMap<&'static str, u64> = [("getaddrinfo", 0x10)].into();
         let stripped: HashMap<&'static str, u64> = full.iter().filter(|(k, _)| !k.starts_with("uv__")).map(|(k, v)| (*k, *v)).collect();
         // No V8 image: no GC point at all.
