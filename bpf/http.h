@@ -141,6 +141,16 @@ struct head_scan {
 	__u32 _pad;
 };
 
+/* A request head's scan (http_request), per CPU: in a frame of its
+ * own it would count against the 512 bytes of stack the dispatcher's call
+ * chains share. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct head_scan);
+} head_scan_buf SEC(".maps");
+
 /* A request's header line at q (want_tp): 1 when the scan is over (its
  * traceparent found, or none can fit in what is left). */
 static __always_inline int request_line_at(struct head_scan *sc, const char *d, __u32 q)
@@ -282,7 +292,9 @@ __attribute__((noinline)) int tp_value(__u32 p, __u32 n, __u64 *out)
 		return 0;
 	__u64 trace_or = 0, span_or = 0, low = 0;
 	__u32 version = 0, flags = 0;
-#pragma unroll
+	/* A bounded loop, not unrolled: unrolled, its 55 steps' spills took
+	 * 272 bytes of stack in every chain that calls it. */
+#pragma clang loop unroll(disable)
 	for (int k = 0; k < TP_VALUE_LEN; k++) {
 		__u8 c = d[(p + k) & CAP_MASK];
 		if (k == 2 || k == 35 || k == 52) {
@@ -596,17 +608,25 @@ static __always_inline __u64 http_request(__u32 what, __u64 cause, __u64 stream,
 		return cause;
 	/* One scan of the head: the sampler's traceparent, and the request
 	 * line's end for a request the kernel follows. */
-	struct head_scan sc = { .n = e->captured, .want_tp = (ksample_requests && ksample_reads_parent()) || publish_ctx };
-	if (sc.want_tp)
-		scan_head(&sc);
+	__u32 zero = 0;
+	struct head_scan *sc = bpf_map_lookup_elem(&head_scan_buf, &zero);
+	if (!sc) {
+		send_http(e);
+		return cause;
+	}
+	__builtin_memset(sc, 0, sizeof(*sc));
+	sc->n = e->captured;
+	sc->want_tp = (ksample_requests && ksample_reads_parent()) || publish_ctx;
+	if (sc->want_tp)
+		scan_head(sc);
 	if (ksample_requests)
-		e->cause = cause = sample_request(cause, sc.tp, sc.n);
+		e->cause = cause = sample_request(cause, sc->tp, sc->n);
 	if (publish_ctx)
-		ctx_parent_of(cause, sc.tp, sc.n);
+		ctx_parent_of(cause, sc->tp, sc->n);
 	int follow = khttp && what == HTTP_REQUEST && dropped(cause);
-	if (follow && !sc.want_tp)
-		scan_head(&sc);
-	if (follow && http_follow(cause, stream, sc.n, sc.first_lf)) {
+	if (follow && !sc->want_tp)
+		scan_head(sc);
+	if (follow && http_follow(cause, stream, sc->n, sc->first_lf)) {
 		/* tail exceptions: its head is held, the first of its records */
 		if (ktail) {
 			peer_of(e, stream);
@@ -644,8 +664,13 @@ static __noinline int http_message(struct pt_regs *ctx)
 	if (is_response(head)) {
 		/* the stream's writer's cause (a request's or a task's call),
 		 * restored by uv__stream_io; not again where its read reported it */
-		if (p != t->ctx.read_head)
-			emit_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, p, len, len, 1, 0);
+		if (p == t->ctx.read_head)
+			return 0;
+		/* filled and sent here, not through emit_http_of: a frame
+		 * fewer in the chains below the dispatcher (512 bytes in all) */
+		struct http_event *e = fill_http(HTTP_RESPONSE, fresh_cause(thread_cause(t)), t->ctx.stream, p, len, len, 1, 0);
+		if (e)
+			send_http(e);
 		return 0;
 	}
 	if (!is_request(head))

@@ -325,6 +325,10 @@ static __always_inline __u64 new_task_cause(__u64 kind)
  * << 16 | op_id << 8 | sync. Returns 0 when counted; else (the map full) it is lost
  * to the metrics, and counted (STAT_HIST_FULL). A global function: the verifier
  * checks it once, not in every path of the programs that call it. */
+/* A histogram's first value, from .rodata (not built on the stack: its
+ * 17 words would count against the 512 bytes every call chain shares). */
+static const struct op_hist op_hist_zero = {};
+
 __attribute__((noinline)) int op_hist_count(__u32 pid, __u32 what, int err, __u64 dur_ns)
 {
 	__u32 family = (what >> 16) & 0xFF;
@@ -333,8 +337,7 @@ __attribute__((noinline)) int op_hist_count(__u32 pid, __u32 what, int err, __u6
 	struct op_hist_key k = { .pid = pid, .family = family, .op_id = what >> 8, .sync = what & 1, .ver = what >> 24, .err = err };
 	struct op_hist *h = bpf_map_lookup_elem(&op_hists, &k);
 	if (!h) {
-		struct op_hist zero = {};
-		bpf_map_update_elem(&op_hists, &k, &zero, BPF_NOEXIST);
+		bpf_map_update_elem(&op_hists, &k, &op_hist_zero, BPF_NOEXIST);
 		h = bpf_map_lookup_elem(&op_hists, &k);
 		if (!h) {
 			stat_inc(STAT_HIST_FULL);

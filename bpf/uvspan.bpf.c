@@ -148,6 +148,71 @@ static __always_inline void trap_spin(void)
 	bpf_loop(1 << 20, trap_spin_step, &until, 0);
 }
 
+/* The dispatcher's probe kinds in four groups, each a function of its
+ * own (not inlined): every call chain below the dispatcher shares 512
+ * bytes of stack, and one frame holding every handler's locals (272
+ * bytes) left too little for the deepest chains (the kernel counts the
+ * frames of global functions in them). */
+static __noinline int dispatch_ops(struct pt_regs *ctx, __u64 cookie)
+{
+	switch (cookie >> COOKIE_KIND_SHIFT) {
+	case PROBE_FS_SUBMIT: fs_submit(ctx, cookie); return 0;
+	case PROBE_FS_WORK: return fs_work(ctx, cookie);
+	case PROBE_FS_DONE: return fs_done(ctx, cookie);
+	case PROBE_FS_CLEANUP: return fs_cleanup(ctx, cookie);
+	case PROBE_WORK_END: return work_end(ctx, cookie);
+	case PROBE_DNS_SUBMIT: return dns_submit(ctx, cookie);
+	case PROBE_DNS_WORK: return dns_work(ctx, cookie);
+	case PROBE_DNS_DONE: return dns_done(ctx, cookie);
+	case PROBE_LOOP_PHASE: return loop_phase(ctx, cookie);
+	case PROBE_DNS_WORK_LIBC: return dns_work_libc(ctx, cookie);
+	case PROBE_DNS_FREE: return dns_free(ctx, cookie);
+	case PROBE_LOOP_RUN: return loop_run(ctx, cookie);
+	}
+	return 0;
+}
+
+static __noinline int dispatch_streams(struct pt_regs *ctx, __u64 cookie)
+{
+	switch (cookie >> COOKIE_KIND_SHIFT) {
+	case PROBE_STREAM_IO: return stream_io(ctx);
+	case PROBE_STREAM_WRITE: return stream_write(ctx, cookie);
+	case PROBE_TLS_WRITE: return tls_write(ctx);
+	case PROBE_CAUSE_CLEAR: return task_start(ctx, cookie);
+	case PROBE_STREAM_CONNECT: return stream_connect(ctx);
+	case PROBE_STREAM_READ: return stream_read(ctx);
+	}
+	return 0;
+}
+
+static __noinline int dispatch_h2(struct pt_regs *ctx, __u64 cookie)
+{
+	switch (cookie >> COOKIE_KIND_SHIFT) {
+	case PROBE_H2_HEADER: return h2_header(ctx);
+	/* without session uprobes: the stream's cause stays after the frame */
+	case PROBE_H2_FRAME: { __u64 prev; h2_frame(ctx, &prev); return 0; }
+	case PROBE_H2_DATA: { __u64 prev; h2_data(ctx, &prev); return 0; }
+	case PROBE_H2_RESPONSE: return h2_response(ctx);
+	case PROBE_H2_CLOSE: { __u64 prev; h2_close(ctx, &prev); return 0; }
+	}
+	return 0;
+}
+
+static __noinline int dispatch_rest(struct pt_regs *ctx, __u64 cookie)
+{
+	switch (cookie >> COOKIE_KIND_SHIFT) {
+	case PROBE_GC: return gc_callbacks(ctx, cookie);
+	case PROBE_WORK_BATCH: return work_batch(ctx, cookie);
+	case PROBE_QUEUE_WORK: return queue_work(ctx);
+	case PROBE_QUEUE_WORK_RUN: return queued_work_runs(ctx);
+	case PROBE_PORT_POST: return port_post(ctx);
+	case PROBE_PORT_RECEIVE: return port_receive(ctx);
+	case PROBE_SPAWN: return spawn(ctx);
+	case PROBE_PROCESS_EXIT: return process_exit(ctx);
+	}
+	return 0;
+}
+
 static __always_inline int dispatch(struct pt_regs *ctx)
 {
 	if (trap_only) {
@@ -164,43 +229,37 @@ static __always_inline int dispatch(struct pt_regs *ctx)
 	if (count_hits && !time_hits)
 		count_hit(cookie, 0);
 	switch (cookie >> COOKIE_KIND_SHIFT) {
-	case PROBE_FS_SUBMIT: fs_submit(ctx, cookie); return 0;
-	case PROBE_FS_WORK: return fs_work(ctx, cookie);
-	case PROBE_FS_DONE: return fs_done(ctx, cookie);
-	case PROBE_FS_CLEANUP: return fs_cleanup(ctx, cookie);
-	case PROBE_WORK_END: return work_end(ctx, cookie);
-	case PROBE_DNS_SUBMIT: return dns_submit(ctx, cookie);
-	case PROBE_DNS_WORK: return dns_work(ctx, cookie);
-	case PROBE_DNS_DONE: return dns_done(ctx, cookie);
-	case PROBE_LOOP_PHASE: return loop_phase(ctx, cookie);
-	case PROBE_DNS_WORK_LIBC: return dns_work_libc(ctx, cookie);
-	case PROBE_DNS_FREE: return dns_free(ctx, cookie);
-	case PROBE_LOOP_RUN: return loop_run(ctx, cookie);
-	case PROBE_STREAM_IO: return stream_io(ctx);
-	case PROBE_STREAM_WRITE: return stream_write(ctx, cookie);
-	case PROBE_TLS_WRITE: return tls_write(ctx);
-	case PROBE_CAUSE_CLEAR: return task_start(ctx, cookie);
-	case PROBE_STREAM_CONNECT: return stream_connect(ctx);
-	case PROBE_GC: return gc_callbacks(ctx, cookie);
-	case PROBE_H2_HEADER: return h2_header(ctx);
-	/* without session uprobes: the stream's cause stays after the frame */
-	case PROBE_H2_FRAME: { __u64 prev; h2_frame(ctx, &prev); return 0; }
-	case PROBE_H2_DATA: { __u64 prev; h2_data(ctx, &prev); return 0; }
-	case PROBE_H2_RESPONSE: return h2_response(ctx);
-	case PROBE_H2_CLOSE: { __u64 prev; h2_close(ctx, &prev); return 0; }
+	case PROBE_FS_SUBMIT:
+	case PROBE_FS_WORK:
+	case PROBE_FS_DONE:
+	case PROBE_FS_CLEANUP:
+	case PROBE_WORK_END:
+	case PROBE_DNS_SUBMIT:
+	case PROBE_DNS_WORK:
+	case PROBE_DNS_DONE:
+	case PROBE_LOOP_PHASE:
+	case PROBE_DNS_WORK_LIBC:
+	case PROBE_DNS_FREE:
+	case PROBE_LOOP_RUN:
+		return dispatch_ops(ctx, cookie);
+	case PROBE_STREAM_IO:
+	case PROBE_STREAM_WRITE:
+	case PROBE_TLS_WRITE:
+	case PROBE_CAUSE_CLEAR:
+	case PROBE_STREAM_CONNECT:
+	case PROBE_STREAM_READ:
+		return dispatch_streams(ctx, cookie);
+	case PROBE_H2_HEADER:
+	case PROBE_H2_FRAME:
+	case PROBE_H2_DATA:
+	case PROBE_H2_RESPONSE:
+	case PROBE_H2_CLOSE:
+		return dispatch_h2(ctx, cookie);
 	case PROBE_HTTP_MESSAGE: return http_message(ctx);
 	/* a session uprobe only (the stream id is its return value) */
 	case PROBE_H2_SUBMIT: return 0;
-	case PROBE_WORK_BATCH: return work_batch(ctx, cookie);
-	case PROBE_QUEUE_WORK: return queue_work(ctx);
-	case PROBE_QUEUE_WORK_RUN: return queued_work_runs(ctx);
-	case PROBE_PORT_POST: return port_post(ctx);
-	case PROBE_PORT_RECEIVE: return port_receive(ctx);
-	case PROBE_STREAM_READ: return stream_read(ctx);
-	case PROBE_SPAWN: return spawn(ctx);
-	case PROBE_PROCESS_EXIT: return process_exit(ctx);
 	}
-	return 0;
+	return dispatch_rest(ctx, cookie);
 }
 
 SEC("uprobe.multi")
