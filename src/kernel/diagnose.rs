@@ -96,6 +96,90 @@ fn enforced_apparmor(s: &str) -> Option<String> {
 
 const PRIVILEGES: &str = "uvspan needs root, or the capabilities CAP_BPF, CAP_PERFMON and CAP_SYS_PTRACE (and CAP_DAC_READ_SEARCH to read other users' environment)";
 
+/// What libbpf said of the last program the kernel refused to load.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Refusal {
+    /// The program's name.
+    pub prog: String,
+    /// The errno libbpf printed (`-EACCES`): exact, where the thread's
+    /// errno may have been overwritten since.
+    pub errno: Option<i32>,
+    /// The verifier's verdict: its log's last line before the statistics
+    /// (`combined stack size of 4 calls is 528. Too large`).
+    pub verdict: Option<String>,
+}
+
+/// The last refusal in libbpf's messages (pure): `libbpf: prog 'NAME': BPF
+/// program load failed: -EACCES` and the load log between `-- BEGIN PROG
+/// LOAD LOG --` and `-- END PROG LOAD LOG --`.
+pub fn refusal(messages: &str) -> Option<Refusal> {
+    let mut last: Option<Refusal> = None;
+    let mut log: Option<Vec<&str>> = None;
+    for line in messages.lines() {
+        if line.contains("-- BEGIN PROG LOAD LOG --") {
+            log = Some(Vec::new());
+        } else if line.contains("-- END PROG LOAD LOG --") {
+            let verdict = log.take().and_then(|l| {
+                l.into_iter()
+                    .rev()
+                    .map(str::trim)
+                    .find(|l| !l.is_empty() && !l.starts_with("processed ") && !l.starts_with("verification time"))
+                    .map(|l| l.chars().take(200).collect::<String>())
+            });
+            if let Some(r) = last.as_mut() {
+                r.verdict = verdict;
+            }
+        } else if let Some(l) = log.as_mut() {
+            l.push(line);
+        } else if let Some(rest) = line.split("prog '").nth(1) {
+            let Some((prog, tail)) = rest.split_once('\'') else { continue };
+            let Some(code) = tail.split("load failed: ").nth(1) else { continue };
+            let errno = errno_named(code.trim());
+            // "failed to load" lines repeat the one before: keep its log.
+            if last.as_ref().is_some_and(|r| r.prog == prog && r.errno == errno) {
+                continue;
+            }
+            last = Some(Refusal { prog: prog.chars().take(64).collect(), errno, verdict: None });
+        }
+    }
+    last
+}
+
+/// `-EACCES` (or `-13`) as an errno.
+fn errno_named(s: &str) -> Option<i32> {
+    let s = s.strip_prefix('-').unwrap_or(s);
+    if let Ok(n) = s.parse::<i32>() {
+        return Some(n);
+    }
+    Some(match s {
+        "EPERM" => libc::EPERM,
+        "EACCES" => libc::EACCES,
+        "EINVAL" => libc::EINVAL,
+        "E2BIG" => libc::E2BIG,
+        "ENOMEM" => libc::ENOMEM,
+        "ENOENT" => libc::ENOENT,
+        "ENOTSUPP" | "EOPNOTSUPP" => libc::EOPNOTSUPP,
+        "ESRCH" => libc::ESRCH,
+        _ => return None,
+    })
+}
+
+/// The one line for a kernel refusal with `errno` at `stage`, naming the
+/// program and the verifier's verdict when libbpf said them.
+pub fn explain_refusal(stage: Stage, errno: Option<i32>, f: &Facts, r: Option<&Refusal>) -> String {
+    let r = r.filter(|_| stage == Stage::Load);
+    let errno = r.and_then(|r| r.errno).or(errno);
+    let line = explain(stage, errno, f);
+    match r.and_then(|r| Some((r, r.verdict.as_ref()?))) {
+        Some((r, v)) if line.starts_with("the kernel's BPF verifier") => line.replacen(
+            "the kernel's BPF verifier rejected uvspan's program",
+            &format!("the kernel's BPF verifier rejected uvspan's program '{}' ({v})", r.prog),
+            1,
+        ),
+        _ => line,
+    }
+}
+
 /// The one line for a kernel refusal with `errno` at `stage`.
 pub fn explain(stage: Stage, errno: Option<i32>, f: &Facts) -> String {
     if !f.btf {
@@ -233,6 +317,41 @@ mod tests {
         assert_eq!(errno_of(&e, std::io::Error::from_raw_os_error(libc::ENOENT)), Some(libc::EPERM));
         let e = libbpf_rs::Error::from_raw_os_error(libc::ENOENT);
         assert_eq!(errno_of(&e, std::io::Error::from_raw_os_error(0)), Some(libc::ENOENT));
+    }
+
+    #[test]
+    fn a_refusal_is_read_from_libbpfs_messages() {
+        let msgs = "libbpf: prog 'uv_multi': skipped loading\n\
+            libbpf: prog 'uv_single': BPF program load failed: -EACCES\n\
+            libbpf: prog 'uv_single': -- BEGIN PROG LOAD LOG --\n\
+            Func#50 ('task_sched_read') is safe for any args that match its prototype\n\
+            combined stack size of 4 calls is 528. Too large\n\
+            processed 39406 insns (limit 1000000) max_states_per_insn 8 total_states 2235 peak_states 2048 mark_read 0\n\
+            -- END PROG LOAD LOG --\n\
+            libbpf: prog 'uv_single': failed to load: -EACCES\n\
+            libbpf: failed to load object 'uvspan_bpf'\n";
+        let r = refusal(msgs).expect("a refusal");
+        assert_eq!(
+            r,
+            Refusal {
+                prog: "uv_single".into(),
+                errno: Some(libc::EACCES),
+                verdict: Some("combined stack size of 4 calls is 528. Too large".into())
+            }
+        );
+        // The errno libbpf printed wins over a stale one; the line names the program and the verdict.
+        let line = explain_refusal(Stage::Load, Some(libc::EPERM), &root(), Some(&r));
+        assert!(
+            line.starts_with(
+                "the kernel's BPF verifier rejected uvspan's program 'uv_single' (combined stack size of 4 calls is 528. Too large)"
+            ),
+            "{line}"
+        );
+        assert!(!line.contains("security module"), "{line}");
+        assert_eq!(refusal("libbpf: loading object 'uvspan_bpf'\n"), None);
+        // A real EPERM stays one.
+        let eperm = Refusal { prog: "uv_single".into(), errno: Some(libc::EPERM), verdict: None };
+        assert!(explain_refusal(Stage::Load, None, &root(), Some(&eperm)).contains("security module"));
     }
 
     #[test]

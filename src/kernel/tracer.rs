@@ -222,10 +222,33 @@ pub struct Tracer {
     swept: u64,
 }
 
-/// libbpf's own messages go to stderr only with UVSPAN_DEBUG=1.
+/// libbpf's latest messages (bounded), read for the program and the
+/// verifier's verdict when a load fails ([`diagnose::refusal`]).
+static LIBBPF_SAID: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+const LIBBPF_SAID_MAX: usize = 64 * 1024;
+
+fn keep_libbpf(m: &str) {
+    let mut said = LIBBPF_SAID.lock().unwrap_or_else(|e| e.into_inner());
+    if said.len() + m.len() > LIBBPF_SAID_MAX {
+        let cut = said.len().saturating_sub(LIBBPF_SAID_MAX / 2);
+        let cut = (cut..said.len()).find(|&i| said.is_char_boundary(i)).unwrap_or(said.len());
+        said.drain(..cut);
+    }
+    said.push_str(&m[..m.len().min(LIBBPF_SAID_MAX / 2)]);
+}
+
+/// libbpf's own messages go to stderr only with UVSPAN_DEBUG=1; they are
+/// kept either way for the error line of a failed load.
 fn quiet_libbpf() {
     let debug = std::env::var_os("UVSPAN_DEBUG").is_some_and(|v| v != "0");
-    let cb: libbpf_rs::PrintCallback = if debug { |_, m| eprint!("{m}") } else { |_, _| {} };
+    let cb: libbpf_rs::PrintCallback = if debug {
+        |_, m| {
+            eprint!("{m}");
+            keep_libbpf(&m);
+        }
+    } else {
+        |_, m| keep_libbpf(&m)
+    };
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, cb)));
 }
 
@@ -267,7 +290,8 @@ impl Tracer {
             }
         }
         let (stage, context, errno) = last.expect("ORDER is not empty");
-        Err(anyhow!(diagnose::explain(stage, errno, &diagnose::Facts::read())).context(context))
+        let said = diagnose::refusal(&LIBBPF_SAID.lock().unwrap_or_else(|e| e.into_inner()));
+        Err(anyhow!(diagnose::explain_refusal(stage, errno, &diagnose::Facts::read(), said.as_ref())).context(context))
     }
 
     /// Loads and attaches the kernel side with these features; on failure,
