@@ -195,9 +195,23 @@ fn check_joined(tag: &str, run: &Run, app: App) -> ((usize, usize), (usize, usiz
         acc.0 += joined;
         acc.1 += mine.len();
     }
-    // The lookups (one per request): under one of the SERVER spans.
+    // The lookups (one per request): the SDK's `dns.lookup` where it made
+    // one, else uvspan's, under one of the SERVER spans; never both (no twin).
     let dns: Vec<&&Span> = uv.iter().filter(|s| s.name == "dns.getaddrinfo").collect();
-    assert!(dns.len() >= N, "a lookup per request: {}", dns.len());
+    let app_dns: Vec<&&Span> = app_spans.iter().filter(|s| s.name == "dns.lookup").collect();
+    let overlap =
+        |a: &Span, b: &Span| a.trace_id == b.trace_id && a.start_unix_nano <= b.end_unix_nano && b.start_unix_nano <= a.end_unix_nano;
+    let twins = dns.iter().filter(|u| app_dns.iter().any(|a| overlap(a, u))).count();
+    assert_eq!(twins, 0, "{twins} of uvspan's lookups beside the SDK's dns.lookup of the same call\n{ctx}");
+    assert!(dns.len() + app_dns.len() >= N, "a lookup per request: uvspan's {}, the SDK's {}", dns.len(), app_dns.len());
+    let not_sent: u64 = run
+        .out
+        .stderr
+        .split("the app's span of the same operation stood for them ")
+        .nth(1)
+        .and_then(|t| t.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+        .unwrap_or_else(|| panic!("the summary counts the spans the app's stood for\n{ctx}"));
+    assert!(app_dns.is_empty() || not_sent > 0, "the SDK made {} lookups, and no twin was counted\n{ctx}", app_dns.len());
     let dns_joined = dns.iter().filter(|s| server_ids.get(s.parent_span_id.as_str()) == Some(&s.trace_id.as_str())).count();
     no.0 += dns_joined;
     no.1 += dns.len();

@@ -644,7 +644,7 @@ impl Agent {
     fn join(&mut self, all: bool, out: &mut procs::Out) {
         let (Some(j), Some(l)) = (self.joiner.as_mut(), self.listener.as_ref()) else { return };
         while let Ok(servers) = l.servers.try_recv() {
-            j.offer(servers);
+            j.offer_spans(servers);
         }
         let now = Instant::now();
         let mut ready = Vec::new();
@@ -661,6 +661,7 @@ impl Agent {
         }
         self.health.listen.joined.store(j.stats.joined, Ordering::Relaxed);
         self.health.listen.unjoined.store(j.stats.unjoined, Ordering::Relaxed);
+        self.health.listen.twins.store(j.stats.twins_dropped, Ordering::Relaxed);
     }
 
     /// Processes gone without an exit record are dropped (their in-flight

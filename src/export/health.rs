@@ -214,10 +214,11 @@ fn register_listen(meter: &opentelemetry::metrics::Meter, l: Arc<crate::listen::
             .build();
     }
     type One = fn(&ListenCounters) -> &AtomicU64;
-    let single: [(&'static str, &'static str, One); 3] = [
+    let single: [(&'static str, &'static str, One); 4] = [
         ("uvspan.otlp.malformed", "Malformed OTLP requests to --otlp-listen", |c| &c.malformed),
         ("uvspan.spans.joined", "uvspan spans put under the app's SERVER span of their request", |c| &c.joined),
         ("uvspan.spans.unjoined", "uvspan request spans sent without the app's SERVER span (window passed)", |c| &c.unjoined),
+        ("uvspan.spans.twins", "uvspan spans not sent: the app's own span of the same operation stood for them", |c| &c.twins),
     ];
     for (name, desc, field) in single {
         let l = l.clone();

@@ -26,8 +26,12 @@ const HELD_SPANS_MAX: usize = 65_536;
 /// Clock slack between uvspan's and the app's timestamps when matching by time.
 const SLACK_NS: u64 = 20_000_000;
 
-/// OTLP span kind SERVER.
+/// App operation spans remembered for the twin rule (oldest forgotten first).
+const OPS_MAX: usize = 65_536;
+
+/// OTLP span kinds.
 const KIND_SERVER: i32 = 2;
+const KIND_CLIENT: i32 = 3;
 
 /// What the app's SERVER span says about its request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,20 +48,101 @@ pub struct AppServer {
     pub peer_port: Option<u16>,
 }
 
+/// What an app span of an operation is, as uvspan would name its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpKind {
+    /// `dns.lookup` (the SDK's DNS instrumentation).
+    Dns,
+    /// An outgoing HTTP call (CLIENT with a request method), by method.
+    HttpClient(String),
+    /// An fs call (`fs stat`, `fs statSync`, `fs promises.stat`), by
+    /// operation (`stat`).
+    Fs(String),
+}
+
+/// One of the app's spans of an operation uvspan may also have seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppOp {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub kind: OpKind,
+    pub start_ns: u64,
+    pub end_ns: u64,
+}
+
+/// What the joiner reads of an OTLP trace export: its SERVER spans and
+/// the spans of operations uvspan may also have seen.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AppSpans {
+    pub servers: Vec<AppServer>,
+    pub ops: Vec<AppOp>,
+}
+
+/// The kind of operation an app span stands for (None: not one uvspan sees).
+fn op_kind(s: &opentelemetry_proto::tonic::trace::v1::Span) -> Option<OpKind> {
+    if s.name == "dns.lookup" {
+        return Some(OpKind::Dns);
+    }
+    if s.kind == KIND_CLIENT {
+        let method = s.attributes.iter().filter(|kv| kv.key == "http.request.method" || kv.key == "http.method").find_map(|kv| {
+            match kv.value.as_ref()?.value.as_ref()? {
+                PbValue::StringValue(m) => Some(m.to_ascii_uppercase()),
+                _ => None,
+            }
+        });
+        return method.map(OpKind::HttpClient);
+    }
+    let op = s.name.strip_prefix("fs ")?;
+    let op = op.strip_prefix("promises.").unwrap_or(op);
+    let op = op.strip_suffix("Sync").unwrap_or(op);
+    (!op.is_empty() && op.len() <= 32).then(|| OpKind::Fs(op.to_string()))
+}
+
+/// The kind of operation one of uvspan's spans is (None: it has no twin).
+fn uv_kind(s: &UvSpan) -> Option<OpKind> {
+    match s.family {
+        crate::events::spans::Family::Dns => Some(OpKind::Dns),
+        crate::events::spans::Family::Fs(op) => Some(OpKind::Fs(op.to_string())),
+        crate::events::spans::Family::Http if s.span_kind == SpanKind::Client => match s.attr("http.request.method") {
+            Some(crate::events::spans::Value::String(m)) => Some(OpKind::HttpClient(m.to_ascii_uppercase())),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The SERVER spans in an OTLP trace export.
 pub fn app_servers(req: &ExportTraceServiceRequest) -> Vec<AppServer> {
-    let mut out = Vec::new();
+    app_spans(req).servers
+}
+
+/// The SERVER and operation spans in an OTLP trace export (uvspan's own,
+/// back through a collector tee, are never the app's).
+pub fn app_spans(req: &ExportTraceServiceRequest) -> AppSpans {
+    let mut out = AppSpans::default();
     for rs in &req.resource_spans {
         let pid = rs.resource.as_ref().and_then(|r| int_attr(&r.attributes, &["process.pid"])).and_then(|p| u32::try_from(p).ok());
         // uvspan's own spans, back from a collector that sends everything it
         // gets to uvspan's listener (a tee): never the app's.
         for ss in rs.scope_spans.iter().filter(|ss| ss.scope.as_ref().is_none_or(|s| s.name != crate::events::spans::SCOPE_NAME)) {
-            for s in ss.spans.iter().filter(|s| s.kind == KIND_SERVER) {
+            for s in &ss.spans {
                 let (Ok(t), Ok(id)) = (<[u8; 16]>::try_from(s.trace_id.as_slice()), <[u8; 8]>::try_from(s.span_id.as_slice())) else {
                     continue;
                 };
+                if s.kind != KIND_SERVER {
+                    if let Some(kind) = op_kind(s) {
+                        out.ops.push(AppOp {
+                            trace_id: TraceId::from_bytes(t),
+                            span_id: SpanId::from_bytes(id),
+                            kind,
+                            start_ns: s.start_time_unix_nano,
+                            end_ns: s.end_time_unix_nano.max(s.start_time_unix_nano),
+                        });
+                    }
+                    continue;
+                }
                 let parent = <[u8; 8]>::try_from(s.parent_span_id.as_slice()).map_or(SpanId::INVALID, SpanId::from_bytes);
-                out.push(AppServer {
+                out.servers.push(AppServer {
                     pid,
                     trace_id: TraceId::from_bytes(t),
                     span_id: SpanId::from_bytes(id),
@@ -91,6 +176,9 @@ pub struct JoinStats {
     pub unjoined: u64,
     /// uvspan's own SERVER spans not sent: the app's stood for the request.
     pub own_servers_dropped: u64,
+    /// uvspan's spans of an operation not sent: the app's span of it stood
+    /// for it (not counted in `joined`).
+    pub twins_dropped: u64,
 }
 
 struct Held {
@@ -112,6 +200,10 @@ pub struct Joiner {
     held_spans: usize,
     /// SERVER spans arrived since the held ones were last matched.
     news: bool,
+    /// The app's operation spans not yet standing for one of uvspan's, by
+    /// trace, and their traces in arrival order (for OPS_MAX).
+    ops: HashMap<TraceId, Vec<AppOp>>,
+    ops_order: VecDeque<TraceId>,
     pub stats: JoinStats,
 }
 
@@ -132,6 +224,8 @@ impl Joiner {
             held: VecDeque::new(),
             held_spans: 0,
             news: false,
+            ops: HashMap::new(),
+            ops_order: VecDeque::new(),
             stats: JoinStats::default(),
         }
     }
@@ -139,6 +233,26 @@ impl Joiner {
     /// Spans held now.
     pub fn held(&self) -> usize {
         self.held_spans
+    }
+
+    /// The app's spans, as they pass through the listener.
+    pub fn offer_spans(&mut self, spans: AppSpans) {
+        for op in spans.ops {
+            self.ops_order.push_back(op.trace_id);
+            self.ops.entry(op.trace_id).or_default().push(op);
+        }
+        while self.ops_order.len() > OPS_MAX {
+            let Some(t) = self.ops_order.pop_front() else { break };
+            if let Some(v) = self.ops.get_mut(&t) {
+                if !v.is_empty() {
+                    v.remove(0);
+                }
+                if v.is_empty() {
+                    self.ops.remove(&t);
+                }
+            }
+        }
+        self.offer(spans.servers);
     }
 
     /// SERVER spans of the app, as they pass through the listener.
@@ -200,6 +314,9 @@ impl Joiner {
         if let Some(server) = self.find(&key) {
             self.stats.joined += reparent(&mut spans, &key, server);
             self.stats.own_servers_dropped += drop_own_server(&mut spans, &key);
+            let twins = self.drop_twins(&mut spans, server.0);
+            self.stats.joined -= twins;
+            self.stats.twins_dropped += twins;
             out.push((key.pid, spans));
             return;
         }
@@ -224,6 +341,10 @@ impl Joiner {
                 let dropped = drop_own_server(&mut h.spans, &h.key);
                 self.stats.own_servers_dropped += dropped;
                 self.held_spans -= dropped as usize;
+                let twins = self.drop_twins(&mut h.spans, server.0);
+                self.stats.joined -= twins;
+                self.stats.twins_dropped += twins;
+                self.held_spans -= twins as usize;
             } else if all || now >= h.until {
                 self.stats.unjoined += h.spans.len() as u64;
             } else {
@@ -234,6 +355,45 @@ impl Joiner {
             out.push((h.key.pid, h.spans));
         }
         self.held = keep;
+    }
+}
+
+impl Joiner {
+    /// Removes the spans of `spans` (joined into `trace`) that the app's
+    /// span of the same operation stands for; their children go under the
+    /// app's span. Returns how many were removed.
+    fn drop_twins(&mut self, spans: &mut Vec<UvSpan>, trace: TraceId) -> u64 {
+        let Some(ops) = self.ops.get_mut(&trace) else { return 0 };
+        let mut moved: Vec<(SpanId, SpanId)> = Vec::new();
+        spans.retain(|s| {
+            let Some(kind) = uv_kind(s) else { return true };
+            // The app's span runs from the JS call to its callback, uvspan's
+            // within it (from libuv's start to its end): overlap, nearest start.
+            let best = ops
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.kind == kind && o.start_ns <= s.end_ns + SLACK_NS && s.start_ns <= o.end_ns + SLACK_NS)
+                .min_by_key(|(_, o)| o.start_ns.abs_diff(s.start_ns))
+                .map(|(i, _)| i);
+            match best {
+                Some(i) => {
+                    let op = ops.remove(i);
+                    moved.push((s.span_id(), op.span_id));
+                    false
+                }
+                None => true,
+            }
+        });
+        if ops.is_empty() {
+            self.ops.remove(&trace);
+        }
+        for s in spans.iter_mut() {
+            if let Some((_, app)) = moved.iter().find(|(uv, _)| *uv == s.parent_span_id) {
+                s.parent_span_id = *app;
+                s.parent_span_is_remote = false;
+            }
+        }
+        moved.len() as u64
     }
 }
 
@@ -370,7 +530,7 @@ mod tests {
         assert_eq!(spans[0].parent_span_id, SpanId::from(50));
         assert!(!spans[0].parent_span_is_remote);
         assert_eq!(spans[1].parent_span_id, SpanId::from(100));
-        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 0, own_servers_dropped: 0 });
+        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 0, own_servers_dropped: 0, twins_dropped: 0 });
         assert_eq!(j.held(), 0);
     }
 
@@ -412,7 +572,7 @@ mod tests {
         j.poll(now + Duration::from_secs(6), false, &mut out);
         assert_eq!(out[1].1.len(), 3, "the app's did not come: uvspan's SERVER span goes with its work");
         assert_eq!(out[1].1[0].span_kind, SpanKind::Server);
-        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 3, own_servers_dropped: 1 });
+        assert_eq!(j.stats, JoinStats { joined: 2, unjoined: 3, own_servers_dropped: 1, twins_dropped: 0 });
         assert_eq!(j.held(), 0);
     }
 
@@ -458,12 +618,101 @@ mod tests {
         j.poll(now + Duration::from_secs(6), false, &mut out);
         assert_eq!(out[0].1[0].span_context.trace_id(), TraceId::from(81));
         assert_eq!(out[0].1[0].parent_span_id, SpanId::INVALID);
-        assert_eq!(j.stats, JoinStats { joined: 4, unjoined: 1, own_servers_dropped: 0 });
+        assert_eq!(j.stats, JoinStats { joined: 4, unjoined: 1, own_servers_dropped: 0, twins_dropped: 0 });
         // A traceparent the app saw and uvspan did not (cut from its capture): port and time still match.
         out.clear();
         j.offer(vec![server(7, 5, 55, 99, 700 * ms, 710 * ms, 4002)]);
         j.hold(key(7, 4002, 699 * ms, 720 * ms), vec![uv_span(82, 6, 0)], now, &mut out);
         assert_eq!(out[0].1[0].parent_span_id, SpanId::from(55));
+    }
+
+    /// The app's `dns.lookup`, CLIENT `GET` and `fs stat` stand for uvspan's
+    /// spans of the same operations in the joined trace: those are not sent,
+    /// their children go under the app's; an operation the app has no span of,
+    /// one of another trace, and one outside the app's span's time stay.
+    #[test]
+    fn the_apps_span_of_an_operation_stands_for_uvspans_twin() {
+        use crate::events::spans::Family;
+        let ms = 1_000_000u64;
+        let op = |id: u64, trace: u128, name: &str, kind: i32, method: Option<&str>, start: u64, end: u64| Span {
+            trace_id: TraceId::from(trace).to_bytes().to_vec(),
+            span_id: SpanId::from(id).to_bytes().to_vec(),
+            name: name.into(),
+            kind,
+            start_time_unix_nano: start * ms,
+            end_time_unix_nano: end * ms,
+            attributes: method.map(|m| kv("http.request.method", PbValue::StringValue(m.into()))).into_iter().collect(),
+            ..Default::default()
+        };
+        let req = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                scope_spans: vec![ScopeSpans {
+                    spans: vec![
+                        op(60, 9, "dns.lookup", 3, None, 10, 20),
+                        op(61, 9, "GET", 3, Some("GET"), 30, 40),
+                        op(62, 9, "fs statSync", 1, None, 50, 51),
+                        op(63, 9, "fs promises.readFile", 1, None, 60, 70),
+                        op(64, 8, "dns.lookup", 3, None, 10, 20),
+                        op(65, 9, "middleware - query", 1, None, 10, 20),
+                    ],
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+        };
+        let got = app_spans(&req);
+        let kinds: Vec<&OpKind> = got.ops.iter().map(|o| &o.kind).collect();
+        assert_eq!(
+            kinds,
+            [&OpKind::Dns, &OpKind::HttpClient("GET".into()), &OpKind::Fs("stat".into()), &OpKind::Fs("readFile".into()), &OpKind::Dns],
+            "operation spans only"
+        );
+        let mut j = Joiner::new(Duration::from_secs(6));
+        j.offer_spans(got);
+        j.offer(vec![server(7, 9, 50, 5, 0, 100 * ms, 1)]);
+        let span = |id: u64, parent: u64, family: Family, kind: SpanKind, start: u64, end: u64| {
+            let mut s = uv_span(9, id, parent);
+            s.family = family;
+            let client = kind == SpanKind::Client;
+            s.span_kind = kind;
+            s.start_ns = start * ms;
+            s.end_ns = end * ms;
+            if client {
+                s.attributes.push(crate::events::spans::KeyValue::new("http.request.method", "GET"));
+            }
+            s
+        };
+        let key = RequestKey {
+            pid: 7,
+            app_pid: 7,
+            incoming: Some((TraceId::from(9), SpanId::from(5))),
+            peer_port: None,
+            start: t(0),
+            end: t(100 * ms),
+            parent: SpanId::from(5),
+            own_server: None,
+        };
+        let uv = vec![
+            span(100, 5, Family::Dns, SpanKind::Client, 11, 19),
+            // (threadpool detail: a child of the lookup)
+            span(101, 100, Family::Other, SpanKind::Internal, 12, 18),
+            span(102, 5, Family::Http, SpanKind::Client, 31, 39),
+            span(103, 5, Family::Fs("stat"), SpanKind::Internal, 50, 51),
+            // readFile's own operations: no twin (the app's span is of another call).
+            span(104, 5, Family::Fs("open"), SpanKind::Internal, 61, 62),
+            // A second lookup the app has no span of (its one stands for the first).
+            span(105, 5, Family::Dns, SpanKind::Client, 80, 90),
+        ];
+        let mut out = Out::new();
+        j.hold(key, uv, Instant::now(), &mut out);
+        let ids: Vec<(u64, u64)> = out[0]
+            .1
+            .iter()
+            .map(|s| (u64::from_be_bytes(s.span_context.span_id().to_bytes()), u64::from_be_bytes(s.parent_span_id.to_bytes())))
+            .collect();
+        assert_eq!(ids, vec![(101, 60), (104, 50), (105, 50)]);
+        assert_eq!(j.stats, JoinStats { joined: 3, unjoined: 0, own_servers_dropped: 0, twins_dropped: 3 });
+        assert_eq!(j.ops[&TraceId::from(9)].len(), 1, "the readFile span is left, unused");
     }
 
     #[test]
@@ -475,6 +724,16 @@ mod tests {
         assert_eq!(j.order.len(), SERVERS_MAX);
         assert_eq!(j.by_pid[&7].len(), SERVERS_MAX);
         assert_eq!(j.by_parent.len(), 10);
+        let op = |i: u64| AppOp {
+            trace_id: TraceId::from(u128::from(i % 100 + 1)),
+            span_id: SpanId::from(i + 1),
+            kind: OpKind::Dns,
+            start_ns: i,
+            end_ns: i,
+        };
+        j.offer_spans(AppSpans { servers: vec![], ops: (0..OPS_MAX as u64 + 10).map(op).collect() });
+        assert_eq!(j.ops_order.len(), OPS_MAX);
+        assert_eq!(j.ops.values().map(Vec::len).sum::<usize>(), OPS_MAX);
         let mut out = Out::new();
         let key = RequestKey {
             pid: 9,

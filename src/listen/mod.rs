@@ -20,7 +20,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::export::client::Settings;
-use join::AppServer;
+use join::AppSpans;
 
 /// The three OTLP signals.
 pub use crate::export::client::Signal;
@@ -44,6 +44,8 @@ pub struct ListenCounters {
     /// uvspan's spans put under the app's SERVER span / sent as they were.
     pub joined: AtomicU64,
     pub unjoined: AtomicU64,
+    /// uvspan's spans of an operation not sent: the app's span of it stood for it.
+    pub twins: AtomicU64,
     /// The listener runs (the health metrics are exported).
     pub on: std::sync::atomic::AtomicBool,
     /// It takes a collector's copy and forwards nothing (`--otlp-listen-forward none`).
@@ -65,16 +67,19 @@ impl ListenCounters {
         if self.tee.load(Ordering::Relaxed) {
             return format!(
                 "OTLP copy of the app's telemetry from the collector (traces/metrics/logs): received {}, not forwarded, \
-                 malformed requests {}; uvspan spans under the app's SERVER span {}, not joined {}",
+                 malformed requests {}; uvspan spans under the app's SERVER span {}, not joined {}, \
+                 not sent because the app's span of the same operation stood for them {}",
                 per(&self.received),
                 self.malformed.load(Ordering::Relaxed),
                 self.joined.load(Ordering::Relaxed),
                 self.unjoined.load(Ordering::Relaxed),
+                self.twins.load(Ordering::Relaxed),
             );
         }
         format!(
             "OTLP forwarded for the app (traces/metrics/logs): received {}, forwarded {}, dropped {}, refused while the queue was full {}, \
-             rejected by the endpoint {}, malformed requests {}; uvspan spans under the app's SERVER span {}, not joined {}",
+             rejected by the endpoint {}, malformed requests {}; uvspan spans under the app's SERVER span {}, not joined {}, \
+             not sent because the app's span of the same operation stood for them {}",
             per(&self.received),
             per(&self.forwarded),
             per(&self.dropped),
@@ -83,6 +88,7 @@ impl ListenCounters {
             self.malformed.load(Ordering::Relaxed),
             self.joined.load(Ordering::Relaxed),
             self.unjoined.load(Ordering::Relaxed),
+            self.twins.load(Ordering::Relaxed),
         )
     }
 }
@@ -104,7 +110,7 @@ pub struct ListenConfig {
 pub struct Listener {
     pub counters: Arc<ListenCounters>,
     /// The app's SERVER spans, for the joiner (the agent's thread).
-    pub servers: std::sync::mpsc::Receiver<Vec<AppServer>>,
+    pub servers: std::sync::mpsc::Receiver<AppSpans>,
     /// None: a collector tee (nothing forwarded).
     forwarder: Option<forward::Handle>,
     rt: tokio::runtime::Handle,

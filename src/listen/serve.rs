@@ -16,7 +16,7 @@ use prost::Message;
 use tonic::codec::CompressionEncoding;
 
 use super::forward::{Item, Queue, Raw};
-use super::join::{app_servers, AppServer};
+use super::join::{app_spans, AppSpans};
 use super::{ListenCounters, Signal};
 use crate::export::client::Body;
 
@@ -28,7 +28,7 @@ pub struct State {
     /// None: a collector tee (read, never forwarded).
     pub queue: Option<Queue>,
     pub counters: Arc<ListenCounters>,
-    pub servers: std::sync::mpsc::Sender<Vec<AppServer>>,
+    pub servers: std::sync::mpsc::Sender<AppSpans>,
 }
 
 /// Why a request was not taken.
@@ -40,7 +40,7 @@ pub enum Refused {
 }
 
 /// Spans, data points or log records in a request, checking that it decodes.
-pub fn count(signal: Signal, body: &[u8]) -> Result<(u64, Vec<AppServer>), String> {
+pub fn count(signal: Signal, body: &[u8]) -> Result<(u64, AppSpans), String> {
     use opentelemetry_proto::tonic::collector::{logs::v1 as l, metrics::v1 as m, trace::v1 as t};
     use opentelemetry_proto::tonic::metrics::v1::metric::Data;
     let e = |e: prost::DecodeError| format!("not an OTLP {} request: {e}", signal.name());
@@ -48,7 +48,7 @@ pub fn count(signal: Signal, body: &[u8]) -> Result<(u64, Vec<AppServer>), Strin
         Signal::Traces => {
             let r = t::ExportTraceServiceRequest::decode(body).map_err(e)?;
             let n = r.resource_spans.iter().flat_map(|rs| &rs.scope_spans).map(|ss| ss.spans.len() as u64).sum();
-            (n, app_servers(&r))
+            (n, app_spans(&r))
         }
         Signal::Metrics => {
             let r = m::ExportMetricsServiceRequest::decode(body).map_err(e)?;
@@ -61,12 +61,12 @@ pub fn count(signal: Signal, body: &[u8]) -> Result<(u64, Vec<AppServer>), Strin
                 None => 0,
             } as u64;
             let n = r.resource_metrics.iter().flat_map(|rm| &rm.scope_metrics).flat_map(|sm| &sm.metrics).map(|m| points(&m.data)).sum();
-            (n, vec![])
+            (n, AppSpans::default())
         }
         Signal::Logs => {
             let r = l::ExportLogsServiceRequest::decode(body).map_err(e)?;
             let n = r.resource_logs.iter().flat_map(|rl| &rl.scope_logs).map(|sl| sl.log_records.len() as u64).sum();
-            (n, vec![])
+            (n, AppSpans::default())
         }
     })
 }
@@ -87,7 +87,7 @@ impl State {
             ListenCounters::add(&c.refused, signal, items);
             return Err(Refused::Full);
         }
-        if !servers.is_empty() {
+        if !servers.servers.is_empty() || !servers.ops.is_empty() {
             let _ = self.servers.send(servers);
         }
         Ok(())
