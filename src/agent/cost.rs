@@ -358,6 +358,31 @@ mod tests {
         assert!((est.ratio - 2.0).abs() < 0.4 && est.high < 4.0, "{est:?}");
     }
 
+    /// A series recorded from the busy test app with no probes at all (the
+    /// machine busy with other work): the truth is 1, and the interval
+    /// holds it; with the live half made dearer by 40%, the estimate moves
+    /// by that.
+    #[test]
+    fn a_recorded_series_without_probes_gives_one() {
+        let segs: Vec<Segment> = include_str!("../../tests/golden/cost/busy_no_probes.txt")
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .map(|l| {
+                let v: Vec<u64> = l.split_whitespace().map(|x| x.parse().expect("a number")).collect();
+                Segment { live: v[0] == 1, ns: v[1], cpu_ns: v[2], bytes: v[3] }
+            })
+            .collect();
+        let mut e = Estimator::default();
+        segs.iter().for_each(|&s| e.add(s));
+        let est = e.estimate().expect("an estimate");
+        assert!(est.low <= 1.0 && 1.0 <= est.high, "{est:?}");
+        assert_eq!((e.windows, e.skipped), (14, 0));
+        let mut dear = Estimator::default();
+        segs.iter().map(|&s| if s.live { Segment { cpu_ns: s.cpu_ns * 14 / 10, ..s } } else { s }).for_each(|s| dear.add(s));
+        let d = dear.estimate().expect("an estimate");
+        assert!((d.ratio / est.ratio - 1.4).abs() < 1e-3, "{d:?} vs {est:?}");
+    }
+
     #[test]
     fn the_meter_counts_threads_in_both_readings() {
         let u = |cpu_ns, bytes| Usage { cpu_ns, bytes };
