@@ -86,6 +86,11 @@ impl ProcCost {
     }
 }
 
+/// A share as the percentage it was given as (0.07 → "7", not 7.000000000000001).
+fn percent(share: f64) -> f64 {
+    (share * 1e6).round() / 1e4
+}
+
 /// How many processes the cost line names.
 const COST_LISTED: usize = 8;
 
@@ -94,7 +99,7 @@ const COST_LISTED: usize = 8;
 pub fn cost_line(c: &Costs) -> String {
     use crate::agent::cost::{MIN_BYTES, MIN_CPU_NS};
     let pct = |x: f64| x * 100.0;
-    let budget = c.budget.map_or_else(String::new, |b| format!(", --max-overhead {}%", pct(b)));
+    let budget = c.budget.map_or_else(String::new, |b| format!(", --max-overhead {}%", percent(b)));
     let mut line = format!("uvspan: the probes' cost (CPU they add to the app's own{budget}; live {:.1}% of the time now)", pct(c.share));
     if c.procs.is_empty() {
         line.push_str(": no estimate: no traced process with an event loop was read at the windows' edges");
@@ -253,7 +258,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
             format!(" and for {:.1}% of the traced processes' I/O bytes (scale sampled counts by this)", w * 100.0)
         });
         let asked = match s.budget {
-            Some(b) => format!("--max-overhead {}% (live {:.1}% of the time now)", b * 100.0, s.asked * 100.0),
+            Some(b) => format!("--max-overhead {}% (live {:.1}% of the time now)", percent(b), s.asked * 100.0),
             None => format!("--sample-time {}%", s.asked * 100.0),
         };
         format!(
@@ -560,6 +565,7 @@ mod tests {
              (over the budget even at the least live share); pid 7: no estimate: too little work in the windows (1 of 9 \
              windows had 2 ms of CPU and 4 KiB of I/O in it and in the time off after it)"
         );
+        assert!(cost_line(&Costs { budget: Some(0.07), share: 0.1, procs: vec![] }).contains(", --max-overhead 7%;"));
         assert!(cost_line(&Costs { budget: None, share: 0.1, procs: vec![] })
             .ends_with(": no estimate: no traced process with an event loop was read at the windows' edges"));
         let many = Costs { budget: None, share: 0.1, procs: vec![none; 10] };
