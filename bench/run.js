@@ -220,6 +220,7 @@ const OTLP_PROTOCOL = process.env.BENCH_OTLP_PROTOCOL || 'grpc';
 function endpoint() {
   return OTLP_PROTOCOL === 'grpc' ? `http://127.0.0.1:${SINK.grpc}` : `http://127.0.0.1:${SINK.http}`;
 }
+const COST_RE = /^uvspan: the probes' cost .*?: pid \d+: ([-+\d.]+)% while live .*?, ([\d.]+)% of its work seen live: ([-+\d.]+)%/;
 const SUMMARY_RE =
   /spans: (\d+) exported, (\d+) dropped[^,]*, (\d+) failed to export, (\d+) not flushed; (\d+) records lost in the kernel[^,]*, (\d+) undecodable/;
 async function startUvspan(args, { otlp = true, env = {}, bin = UVSPAN } = {}) {
@@ -254,11 +255,20 @@ async function startUvspan(args, { otlp = true, env = {}, bin = UVSPAN } = {}) {
       else await exitP;
       await sleep(50); // let stderr drain
       const s = errLines.map((l) => SUMMARY_RE.exec(l)).find(Boolean);
+      // --max-overhead / --sample-time: the CPU uvspan estimates its probes
+      // add at the share in force, in % of the app's own (the first process).
+      const cost = errLines.map((l) => COST_RE.exec(l)).find(Boolean);
       return s
-        ? { exported: +s[1], dropped: +s[2], failed: +s[3], unflushed: +s[4], lost_kernel: +s[5], undecodable: +s[6] }
+        ? { exported: +s[1], dropped: +s[2], failed: +s[3], unflushed: +s[4], lost_kernel: +s[5], undecodable: +s[6],
+            ...(cost ? { cost_live_pct: +cost[1], cost_share_pct: +cost[2], cost_added_pct: +cost[3] } : {}) }
         : { error: `no summary line: ${errLines.slice(-3).join(' | ')}` };
     },
   };
+}
+
+// The bare run of a round (run first in each round's configurations).
+function bareOfRound(runs, round) {
+  return runs.find((y) => y.round === round && y.config === 'bare') || { cpu_us_per_req: NaN };
 }
 
 // ---- wrk
@@ -387,6 +397,10 @@ const UVSPAN_CONFIGS = {
   // code cost the app beyond their run time.
   uvspan_trap_spin: { args: [], env: { UVSPAN_BENCH_TRAP_ONLY: '1', UVSPAN_BENCH_TRAP_SPIN_NS: '1000' } },
   uvspan_sample10: { args: ['--sample-time', '10%'] },
+  // A budget: uvspan sets the live share so that the CPU its probes add
+  // stays within it, and says at exit what it estimates they add.
+  uvspan_budget5: { args: ['--max-overhead', '5%'] },
+  uvspan_budget10: { args: ['--max-overhead', '10%'] },
   uvspan_nostacks: { args: ['--stacks', 'off'] },
   // The standard sampler at 10% (decided in the kernel: the work of the
   // 90% dropped sends no record), and metrics alone (no trace sampled).
@@ -407,10 +421,10 @@ const UVSPAN_CONFIGS = {
 };
 const MODES = {
   // ~1000 req/s offered on 10 connections: the app has idle time.
-  paced: { configs: ['bare', 'uvspan', 'uvspan_nostacks', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'otel_sdk'], conns: 10, rate: null },
+  paced: { configs: ['bare', 'uvspan', 'uvspan_nostacks', 'uvspan_noreq', 'uvspan_all', 'uvspan_trap', 'uvspan_sample10', 'uvspan_budget5', 'uvspan_budget10', 'otel_sdk'], conns: 10, rate: null },
   // Closed loop (no pacing) on 16 connections: the machine is saturated.
   saturated: {
-    configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_trap_spin', 'kernel_traps', 'uvspan_sample10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
+    configs: ['bare', 'uvspan', 'uvspan_trap', 'uvspan_trap_spin', 'kernel_traps', 'uvspan_sample10', 'uvspan_budget5', 'uvspan_budget10', 'uvspan_ratio10', 'uvspan_metrics_only', 'otel_sdk', 'otel_sdk_ratio10'],
     conns: 16,
     rate: 0,
   },
@@ -472,6 +486,11 @@ async function overhead(mode = 'paced') {
       if (uv) {
         run.uvspan_cpu_us_per_req = round((u1.ns - u0.ns) / 1e3 / total_req, 2);
         run.uvspan_summary = sum;
+        if (sum.cost_added_pct !== undefined) {
+          // What uvspan said it adds, beside what this round measured.
+          run.uvspan_estimated_added_pct = sum.cost_added_pct;
+          run.measured_added_pct = round((run.cpu_us_per_req / bareOfRound(runs, r + 1).cpu_us_per_req - 1) * 100, 2);
+        }
       }
       runs.push(run);
       log(`  round ${r + 1} ${cfg.padEnd(8)} ${run.req_per_s} req/s  cpu ${run.cpu_us_per_req} us/req  p99 ${run.p99_ms} ms` + (uv ? `  uvspan ${run.uvspan_cpu_us_per_req} us/req` : ''));
@@ -490,6 +509,10 @@ async function overhead(mode = 'paced') {
       sink_cpu_us_per_req: round(m('sink_cpu_us_per_req'), 2),
     };
     if (cfg.startsWith('uvspan')) med[cfg].uvspan_cpu_us_per_req = round(m('uvspan_cpu_us_per_req'), 2);
+    if (rs.some((x) => x.uvspan_estimated_added_pct !== undefined)) {
+      med[cfg].uvspan_estimated_added_pct = round(m('uvspan_estimated_added_pct'), 2);
+      med[cfg].measured_added_pct = round(m('measured_added_pct'), 2);
+    }
     if (cfg === 'kernel_traps') med[cfg].uprobe_hits_per_req = round(m('uprobe_hits_per_req'), 2);
   }
   // Ratios per round (paired: the same round's bare run), then median.
@@ -984,6 +1007,8 @@ function markdown(R) {
     uvspan_trap_spin: '(b0s) the same, each hit spinning 1 µs of BPF time in a compact loop',
     kernel_traps: "(bk) plain uprobes at uvspan's points, no BPF program (the kernel's traps alone)",
     uvspan_sample10: '(b10) uvspan --sample-time 10% → OTLP',
+    uvspan_budget5: '(bb5) uvspan --max-overhead 5% → OTLP',
+    uvspan_budget10: '(bb10) uvspan --max-overhead 10% → OTLP',
     uvspan_nostacks: '(bs) uvspan --stacks off → OTLP (b minus the stack sampler)',
     uvspan_sample1: '(b1) uvspan --sample-time 1% → OTLP (uprobes hardly ever live)',
     uvspan_sample1_nostacks: '(b1s) the same with --stacks off',
@@ -1035,6 +1060,13 @@ function markdown(R) {
       }
     }
     L.push('', `Added app CPU per request: uvspan ${o.ratios.uvspan_added_us_per_req ?? '–'} µs, OTel SDK ${o.ratios.otel_sdk_added_us_per_req ?? '–'} µs (ratio ${o.ratios.uvspan_added_over_sdk_added ?? '–'}); the same probes doing nothing (b0: UVSPAN_BENCH_TRAP_ONLY=1, the kernel's uprobe mechanism alone) add ${o.ratios.uvspan_trap_added_us_per_req ?? '–'} µs; with --sample-time 10% ${o.ratios.uvspan_sample10_added_us_per_req ?? '–'} µs. Ratios are medians of per-round ratios to that round's bare run.`);
+    const budgets = o.configs.filter((cfg) => o.median[cfg] && o.median[cfg].uvspan_estimated_added_pct !== undefined);
+    if (budgets.length) {
+      L.push('', 'The CPU the probes add to the app, as uvspan estimated it at exit (its summary\'s cost line, at the share in force) and as measured here (app CPU per request over the same round\'s bare run, −1), medians over the rounds:', '');
+      row('config', 'uvspan\'s estimate, % added', 'measured, % added');
+      row('---', '---', '---');
+      for (const cfg of budgets) row(LABELS[cfg], o.median[cfg].uvspan_estimated_added_pct, o.median[cfg].measured_added_pct);
+    }
     if (o.ratios.uvspan_metrics_only_over_trap !== undefined)
       L.push('', `Metrics only (bm) over the trap floor (b0), paired per round (the two runs' CPU difference over that round's bare run, median): ${o.ratios.uvspan_metrics_only_over_trap}× bare.`);
     if (o.ratios.uvspan_trap_spin_over_trap !== undefined) {

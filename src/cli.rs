@@ -97,6 +97,15 @@ pub struct Cli {
     #[arg(long, value_name = "PERCENT", env = "UVSPAN_SAMPLE_TIME", value_parser = parse_percent)]
     pub sample_time: Option<f64>,
 
+    /// A budget for the CPU the probes add to each traced process, as a
+    /// share of its own (`5%`): uvspan measures it (CPU per byte of I/O
+    /// while the probes are live against the time off right after) and sets
+    /// the live share of each period so that the most expensive process
+    /// stays within it (from 10%, or --sample-time's share as the most,
+    /// between 2% and 90%). Exported as `uvspan.overhead*`, and said at exit.
+    #[arg(long, value_name = "PERCENT", env = "UVSPAN_MAX_OVERHEAD", value_parser = parse_percent)]
+    pub max_overhead: Option<f64>,
+
     /// Background noise: fs and DNS operations outside requests shorter
     /// than this are not exported (counted; the metrics still count them).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
@@ -232,6 +241,12 @@ pub enum StacksMode {
 }
 
 impl Cli {
+    /// The probes are live only part of the time (--sample-time under
+    /// 100%, or a --max-overhead budget).
+    pub fn samples_time(&self) -> bool {
+        self.sample_time.is_some_and(|s| s < 1.0) || self.max_overhead.is_some()
+    }
+
     /// The persistent symbol cache directory, or None for `off`.
     pub fn symbol_cache_dir(&self) -> Option<std::path::PathBuf> {
         (self.symbol_cache != "off" && !self.symbol_cache.is_empty()).then(|| self.symbol_cache.clone().into())

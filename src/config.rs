@@ -295,7 +295,14 @@ fn cli_with_file(m: &ArgMatches, file: FileConfig) -> Result<(Cli, FileConfig)> 
         cli = Cli::from_arg_matches(sub).map_err(|e| anyhow::anyhow!("{e}"))?;
         cli.sub = Some(crate::cli::Sub::Run(opts));
     }
-    if cli.sample_time.is_some_and(|f| f < 1.0) && crate::probes::catalog::Detail::from_kinds(&cli.detail).phases {
+    let phases = crate::probes::catalog::Detail::from_kinds(&cli.detail).phases;
+    if cli.max_overhead.is_some() && phases {
+        anyhow::bail!(
+            "--max-overhead cannot be combined with --detail phases: phase spans need probes in every loop iteration, \
+             and a budget switches them off part of the time; drop one of them"
+        );
+    }
+    if cli.sample_time.is_some_and(|f| f < 1.0) && phases {
         anyhow::bail!(
             "--sample-time cannot be combined with --detail phases: phase spans need probes in every loop iteration \
              (slow iterations are still reported with --sample-time, without phase children); drop one of them"
@@ -305,6 +312,12 @@ fn cli_with_file(m: &ArgMatches, file: FileConfig) -> Result<(Cli, FileConfig)> 
     if let Some(crate::cli::Sub::Run(opts)) = &mut cli.sub {
         if misused {
             anyhow::bail!("uvspan run traces a command it starts: give -- COMMAND [ARGS...] (not --pid or --all); see uvspan run --help");
+        }
+        if cli.max_overhead.is_some() {
+            anyhow::bail!(
+                "uvspan run cannot be combined with --max-overhead: its report and budgets count every operation, \
+                 a budget switches the probes off part of the time; drop --max-overhead"
+            );
         }
         if cli.sample_time.is_some_and(|f| f < 1.0) {
             anyhow::bail!(

@@ -1483,6 +1483,14 @@ fn bad_input_sample_time() {
     assert_one_line_error(&out, 2, &["--sample-time cannot be combined with --detail phases"]);
 }
 
+#[test]
+fn bad_input_max_overhead() {
+    let out = run(uvspan_cmd(["--max-overhead", "0%", "--", "node", "-e", "1"]));
+    assert_clap_value_error(&out, "--max-overhead", "0%", "must be more than 0%");
+    let out = run(uvspan_cmd(["--max-overhead", "5%", "--detail", "phases", "--", "node", "-e", "1"]));
+    assert_one_line_error(&out, 2, &["--max-overhead cannot be combined with --detail phases"]);
+}
+
 // ===========================================================================
 // The benchmark's hit count (UVSPAN_BENCH_COUNT_HITS=1)
 // ===========================================================================

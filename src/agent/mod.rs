@@ -7,6 +7,7 @@
 //!       → discovery → command exit / signals / exited targets → timers
 //! ```
 
+mod cost;
 mod procs;
 mod report;
 mod sampling;
@@ -219,7 +220,9 @@ impl Agent {
         let (rb, inbox) = open_ring(&tracer)?;
         let sleeper = Sleeper::new(Some(rb.epoll_fd()), waker.clone())?;
         let status = cli.status_interval;
-        let share = cli.sample_time.filter(|&s| s < 1.0);
+        // --max-overhead: the budget's controller sets the share of each period.
+        let control = cli.max_overhead.map(|b| cost::Controller::new(b, cli.sample_time));
+        let share = control.map(|c| c.share).or(cli.sample_time.filter(|&s| s < 1.0));
         health.sample_time_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
         health.sample_work_ppm.store(share.map_or(1_000_000, |s| (s * 1e6).round() as u64), Ordering::Relaxed);
         let mut procs = Procs::new(cli.service_name.clone(), sampler);
@@ -315,7 +318,7 @@ impl Agent {
             agent.start_command(node, targets.found)?;
         }
         // The first sampling window starts now that the probes are live.
-        agent.windows = share.map(|s| sampling::Windows::new(s, Instant::now()));
+        agent.windows = share.map(|s| sampling::Windows::new(s, Instant::now()).with_control(control));
         if let Some(m) = &agent.health_metrics {
             m.arm();
         }
@@ -373,6 +376,7 @@ impl Agent {
             self.stats.gc_events_dropped = self.gcs.dropped;
             self.stats.db = self.wire.stats;
             self.stats.sampling = self.sampled();
+            self.stats.cost = self.costs();
             report::update_health(&self.health, self.procs.live(), &self.tracer.stats(), &self.stats);
         }
         if self.timers.clock.due() {
@@ -720,6 +724,7 @@ impl Agent {
         self.stats.requests = self.request_stats();
         self.stats.tasks = self.procs.tasks.stats;
         self.stats.sampling = self.sampled();
+        self.stats.cost = self.costs();
         if let Some(s) = self.stats.sampler.as_mut() {
             s.1 = self.procs.unsampled;
         }
@@ -776,6 +781,9 @@ impl Agent {
             line.push_str(&health.listen.summary());
         }
         eprintln!("{line}");
+        if let Some(c) = &stats.cost {
+            eprintln!("{}", report::cost_line(c));
+        }
         let by_process = crate::export::dropped::line(&counters.by_process.lock().unwrap_or_else(|e| e.into_inner()), 5);
         if let Some(l) = by_process {
             eprintln!("{l}");

@@ -23,6 +23,8 @@ pub struct RunStats {
     pub requests: Option<RequestStats>,
     /// --sample-time (None: not sampling).
     pub sampling: Option<Sampled>,
+    /// What the probes cost each process (None: not sampling).
+    pub cost: Option<Costs>,
     /// OTEL_TRACES_SAMPLER when it is not the default, and the operations
     /// and loop iterations outside requests whose trace it dropped.
     pub sampler: Option<(String, u64)>,
@@ -42,12 +44,104 @@ pub struct RunStats {
 /// --sample-time: the share asked for and the shares the windows saw.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Sampled {
+    /// The share asked for (--max-overhead: the share in force).
     pub asked: f64,
+    /// --max-overhead's budget.
+    pub budget: Option<f64>,
     /// Of the time, from when the probes went live to when they stopped.
     pub time: f64,
     /// Of the bytes the traced processes read and wrote (None: none): the
     /// share of the work, to scale sampled counts by.
     pub work: Option<f64>,
+}
+
+/// The probes' cost as measured: the budget, the share in force, and each
+/// process's estimate.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Costs {
+    pub budget: Option<f64>,
+    pub share: f64,
+    pub procs: Vec<ProcCost>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProcCost {
+    pub pid: u32,
+    /// None: too few windows with enough work.
+    pub estimate: Option<crate::agent::cost::Estimate>,
+    /// Windows with their time off after them, and those of them too
+    /// quiet to use.
+    pub windows: u64,
+    pub skipped: u64,
+    /// The share of its work the windows see at the share in force.
+    pub work_share: Option<f64>,
+    /// The budget is out of reach even at the least share.
+    pub over: bool,
+}
+
+impl ProcCost {
+    /// CPU the probes add at the share in force, as a share of the app's own.
+    pub fn added(&self) -> Option<f64> {
+        Some(self.estimate?.added(self.work_share?))
+    }
+}
+
+/// A share as the percentage it was given as (0.07 → "7", not 7.000000000000001).
+fn percent(share: f64) -> f64 {
+    (share * 1e6).round() / 1e4
+}
+
+/// How many processes the cost line names.
+const COST_LISTED: usize = 8;
+
+/// "uvspan: the probes' cost …": each process's estimate, or why there is
+/// none; never silent.
+pub fn cost_line(c: &Costs) -> String {
+    use crate::agent::cost::{MIN_BYTES, MIN_CPU_NS};
+    let pct = |x: f64| x * 100.0;
+    let budget = c.budget.map_or_else(String::new, |b| format!(", --max-overhead {}%", percent(b)));
+    let mut line = format!("uvspan: the probes' cost (CPU they add to the app's own{budget}; live {:.1}% of the time now)", pct(c.share));
+    if c.procs.is_empty() {
+        line.push_str(": no estimate: no traced process with an event loop was read at the windows' edges");
+        return line;
+    }
+    let each: Vec<String> = c
+        .procs
+        .iter()
+        .take(COST_LISTED)
+        .map(|p| {
+            let used = p.windows - p.skipped;
+            match (p.estimate, p.added(), p.work_share) {
+                (Some(e), Some(added), Some(w)) => format!(
+                    "pid {}: {:+.1}% while live (95%: {:+.1}% to {:+.1}%, {} of {} windows used), {:.1}% of its work seen live: {:+.2}%{}",
+                    p.pid,
+                    pct(e.ratio - 1.0),
+                    pct(e.low - 1.0),
+                    pct(e.high - 1.0),
+                    e.pairs,
+                    p.windows,
+                    pct(w),
+                    pct(added),
+                    if p.over { " (over the budget even at the least live share)" } else { "" }
+                ),
+                _ => format!(
+                    "pid {}: no estimate: too little work in the windows ({used} of {} windows had {} ms of CPU and {} KiB of I/O in \
+                     it and in the time off after it)",
+                    p.pid,
+                    p.windows,
+                    MIN_CPU_NS / 1_000_000,
+                    MIN_BYTES / 1024
+                ),
+            }
+        })
+        .collect();
+    line.push_str(": ");
+    line.push_str(&each.join("; "));
+    let more = c.procs.len().saturating_sub(COST_LISTED);
+    if more > 0 {
+        line.push_str(&format!("; and {more} more (uvspan.overhead, per process.pid)"));
+    }
+    line
 }
 
 /// "uvspan: tracing WHO (…)", and the notices of what this build loses
@@ -163,10 +257,13 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         let work = s.work.map_or_else(String::new, |w| {
             format!(" and for {:.1}% of the traced processes' I/O bytes (scale sampled counts by this)", w * 100.0)
         });
+        let asked = match s.budget {
+            Some(b) => format!("--max-overhead {}% (live {:.1}% of the time now)", percent(b), s.asked * 100.0),
+            None => format!("--sample-time {}%", s.asked * 100.0),
+        };
         format!(
-            "; --sample-time {}%: probes live {:.1}% of the time{work}, {} operations crossing a window edge dropped \
+            "; {asked}: probes live {:.1}% of the time{work}, {} operations crossing a window edge dropped \
              ({} of them held by the {} requests crossing one)",
-            s.asked * 100.0,
             s.time * 100.0,
             straddled(k, run),
             cut.straddled_ops,
@@ -284,6 +381,17 @@ pub fn update_health(health: &Health, processes: usize, k: &Stats, run: &RunStat
     health.straddled.store(straddled(k, run), Ordering::Relaxed);
     if let Some(w) = run.sampling.and_then(|s| s.work) {
         health.sample_work_ppm.store((w * 1e6).round() as u64, Ordering::Relaxed);
+    }
+    if let Some(c) = &run.cost {
+        let points = c
+            .procs
+            .iter()
+            .filter_map(|p| {
+                let e = p.estimate?;
+                Some(crate::export::health::CostPoint { pid: p.pid, ratio: e.ratio, low: e.low, high: e.high, added: p.added()? })
+            })
+            .collect();
+        *health.cost.lock().unwrap_or_else(|e| e.into_inner()) = points;
     }
     health.operations_unsampled.store(run.sampler.as_ref().map_or(0, |s| s.1) + k.unsampled_ops, Ordering::Relaxed);
     health.operations_short.store(run.short, Ordering::Relaxed);
@@ -440,6 +548,28 @@ mod tests {
         assert!(t.listed[0].starts_with(&format!("{me} (")), "{:?}", t.listed);
         t.exited(me);
         assert!(!t.is_live(me));
+    }
+
+    /// Each process's estimate or why it has none; never silent.
+    #[test]
+    fn the_cost_line_says_each_estimate_or_why_there_is_none() {
+        use crate::agent::cost::Estimate;
+        let e = Estimate { ratio: 1.8, low: 1.6, high: 2.1, pairs: 12, q: 0.8 };
+        let est = ProcCost { pid: 123, estimate: Some(e), windows: 14, skipped: 2, work_share: Some(0.02), over: true };
+        let none = ProcCost { pid: 7, estimate: None, windows: 9, skipped: 8, work_share: None, over: false };
+        let line = cost_line(&Costs { budget: Some(0.01), share: 0.025, procs: vec![est, none] });
+        assert_eq!(
+            line,
+            "uvspan: the probes' cost (CPU they add to the app's own, --max-overhead 1%; live 2.5% of the time now): \
+             pid 123: +80.0% while live (95%: +60.0% to +110.0%, 12 of 14 windows used), 2.0% of its work seen live: +1.60% \
+             (over the budget even at the least live share); pid 7: no estimate: too little work in the windows (1 of 9 \
+             windows had 2 ms of CPU and 4 KiB of I/O in it and in the time off after it)"
+        );
+        assert!(cost_line(&Costs { budget: Some(0.07), share: 0.1, procs: vec![] }).contains(", --max-overhead 7%;"));
+        assert!(cost_line(&Costs { budget: None, share: 0.1, procs: vec![] })
+            .ends_with(": no estimate: no traced process with an event loop was read at the windows' edges"));
+        let many = Costs { budget: None, share: 0.1, procs: vec![none; 10] };
+        assert!(cost_line(&many).ends_with("; and 2 more (uvspan.overhead, per process.pid)"), "{}", cost_line(&many));
     }
 
     #[test]

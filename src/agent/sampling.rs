@@ -16,10 +16,20 @@
 //! slowdown itself (threadpool completions share a loop wake-up, one
 //! eventfd write and read, more often when the loop is slower), its bytes
 //! do not.
+//!
+//! At each edge the traced processes' CPU and bytes are read too (just
+//! before the probes stop and after they stopped, before they go live and
+//! after), so that [`super::cost`] sets each window against the time off
+//! after it: what the probes cost. With `--max-overhead`, its controller
+//! sets the share of the next period from that (all processes share one
+//! schedule: the share holds the budget for the most expensive one).
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use crate::events::clock::monotonic_ns;
+
+use super::cost::{self, Usage};
 use crate::events::spans::{Family, KeyValue, Span};
 
 /// Writes the share on each span (`uvspan.sample_time`), so counts can be
@@ -87,6 +97,12 @@ pub struct Windows {
     pub io: IoShare,
     /// When they were last read.
     io_read: Instant,
+    /// The probes' cost, per process.
+    pub cost: cost::Meter,
+    /// --max-overhead: what sets the share.
+    pub control: Option<cost::Controller>,
+    /// Processes whose budget was said to be out of reach.
+    said: std::collections::HashSet<u32>,
 }
 
 impl Windows {
@@ -105,6 +121,28 @@ impl Windows {
             started: now,
             io: IoShare { open: true, ..Default::default() },
             io_read: now,
+            cost: cost::Meter::default(),
+            control: None,
+            said: Default::default(),
+        }
+    }
+
+    pub fn with_control(mut self, control: Option<cost::Controller>) -> Windows {
+        self.control = control;
+        self
+    }
+
+    /// The share from the next window on (called while the probes are off:
+    /// the next window is placed again at the new length).
+    pub fn set_share(&mut self, share: f64, now: Instant) {
+        if (share - self.share).abs() < 1e-9 {
+            return;
+        }
+        self.share = share;
+        if self.next.0 == Edge::Open {
+            let w = window(share, PERIOD, self.rng.next_unit());
+            self.next = (Edge::Open, (self.period_start + w.offset).max(now));
+            self.pending_len = w.len;
         }
     }
 
@@ -261,18 +299,37 @@ impl IoShare {
     }
 }
 
-/// The bytes each thread of a process has read and written so far, files,
-/// sockets and pipes alike (none: the process is gone).
-pub fn thread_io(pid: u32) -> Vec<(Thread, u64)> {
+/// Each thread of a process: the bytes it has read and written so far,
+/// files, sockets and pipes alike, and its time on a CPU (`schedstat`, ns;
+/// 0 where the kernel keeps none). None: the process is gone.
+pub fn thread_usage(pid: u32) -> Vec<(u32, Usage)> {
     let Ok(tasks) = procfs::process::Process::new(pid as i32).and_then(|p| p.tasks()) else { return Vec::new() };
-    tasks.flatten().filter_map(|t| t.io().ok().map(|io| ((pid, t.tid as u32), io.rchar.saturating_add(io.wchar)))).collect()
+    tasks
+        .flatten()
+        .filter_map(|t| {
+            let io = t.io().ok()?;
+            let cpu_ns = t.schedstat().map_or(0, |s| s.sum_exec_runtime);
+            Some((t.tid as u32, Usage { cpu_ns, bytes: io.rchar.saturating_add(io.wchar) }))
+        })
+        .collect()
 }
 
-/// The I/O bytes of the traced processes whose event loop the probes have
+/// One reading of the traced processes whose event loop the probes have
 /// seen (a process a traced one started that runs another program, a load
 /// generator, say, has no operations to sample).
+type Readings = Vec<(u32, Vec<(u32, Usage)>)>;
+
+fn loop_usage(procs: &super::procs::Procs, tracer: &crate::kernel::tracer::Tracer, io: &IoShare) -> Readings {
+    procs.live_pids().into_iter().filter(|&p| io.tracks(p) || tracer.loop_seen(p)).map(|p| (p, thread_usage(p))).collect()
+}
+
+/// The bytes of a reading, per thread, for [`IoShare`].
+fn bytes(r: &Readings) -> Vec<(Thread, u64)> {
+    r.iter().flat_map(|(pid, ts)| ts.iter().map(move |(tid, u)| ((*pid, *tid), u.bytes))).collect()
+}
+
 fn loop_io(procs: &super::procs::Procs, tracer: &crate::kernel::tracer::Tracer, io: &IoShare) -> Vec<(Thread, u64)> {
-    procs.live_pids().into_iter().filter(|&p| io.tracks(p) || tracer.loop_seen(p)).flat_map(thread_io).collect()
+    bytes(&loop_usage(procs, tracer, io))
 }
 
 impl super::Agent {
@@ -281,7 +338,63 @@ impl super::Agent {
         let w = self.windows.as_mut()?;
         w.io.update(loop_io(&self.procs, &self.tracer, &w.io));
         let (live, all) = w.io.counts();
-        Some(super::report::Sampled { asked: w.share, time: w.measured(Instant::now()), work: (all > 0).then(|| live as f64 / all as f64) })
+        Some(super::report::Sampled {
+            asked: w.share,
+            budget: w.control.map(|c| c.budget),
+            time: w.measured(Instant::now()),
+            work: (all > 0).then(|| live as f64 / all as f64),
+        })
+    }
+
+    /// The probes' cost per process as it stands (None: not sampling).
+    pub(super) fn costs(&self) -> Option<super::report::Costs> {
+        let w = self.windows.as_ref()?;
+        let mut procs: Vec<super::report::ProcCost> = w
+            .cost
+            .by_pid
+            .iter()
+            .map(|(&pid, e)| {
+                let estimate = e.estimate();
+                super::report::ProcCost {
+                    pid,
+                    estimate,
+                    windows: e.windows,
+                    skipped: e.skipped,
+                    work_share: estimate.map(|x| x.work_share(w.share)),
+                    over: match (&w.control, &estimate) {
+                        (Some(c), Some(x)) => c.cannot_hold(x),
+                        _ => false,
+                    },
+                }
+            })
+            .collect();
+        procs.sort_by_key(|p| p.pid);
+        Some(super::report::Costs { budget: w.control.map(|c| c.budget), share: w.share, procs })
+    }
+
+    /// --max-overhead: the share of the next period from the estimates of
+    /// the processes alive; a budget out of reach said once per process.
+    fn control_share(&mut self) {
+        let Some(w) = self.windows.as_mut() else { return };
+        let Some(c) = w.control.as_mut() else { return };
+        let live: Vec<(u32, cost::Estimate)> =
+            self.procs.live_pids().into_iter().filter_map(|p| Some((p, w.cost.by_pid.get(&p)?.estimate()?))).collect();
+        for (pid, e) in &live {
+            if c.cannot_hold(e) && w.said.insert(*pid) {
+                eprintln!(
+                    "uvspan: pid {pid}: --max-overhead {}% cannot be held: its probes add {:+.0}% CPU while live, so even the least \
+                     live share ({}% of the time) adds {:.1}%; held at that share; raise the budget or trace less (--requests off, \
+                     --detail)",
+                    c.budget * 100.0,
+                    (e.ratio - 1.0) * 100.0,
+                    cost::MIN_SHARE * 100.0,
+                    e.added(e.work_share(cost::MIN_SHARE)) * 100.0
+                );
+            }
+        }
+        let share = c.next(live.into_iter().map(|(_, e)| e));
+        w.set_share(share, Instant::now());
+        self.health.sample_time_ppm.store((share * 1e6).round() as u64, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// --sample-time: opens or closes the window when due. At a close, the
@@ -294,10 +407,18 @@ impl super::Agent {
             Some(Edge::Close) => {
                 // Read as the probes stop: detaching them takes a while,
                 // and their programs do nothing from the start of it.
-                w.io.closed(loop_io(&self.procs, &self.tracer, &w.io));
-                w.closed(self.tracer.close_window());
+                let before = loop_usage(&self.procs, &self.tracer, &w.io);
+                w.io.closed(bytes(&before));
+                w.cost.end(monotonic_ns(), before);
+                let at = self.tracer.close_window();
+                // The time off is measured from when they are detached
+                // (their traps cost until then).
+                w.cost.begin(monotonic_ns(), false, loop_usage(&self.procs, &self.tracer, &w.io));
+                w.closed(at);
                 let _ = self.rb.consume();
+                // The window's spans carry the share it had.
                 self.handle_records(false);
+                self.control_share();
                 if let Some(r) = self.requests.as_mut() {
                     r.window_closed();
                     // The unsampled ones the kernel follows that are not
@@ -311,8 +432,11 @@ impl super::Agent {
                 }
             }
             Some(Edge::Open) => {
+                w.cost.end(monotonic_ns(), loop_usage(&self.procs, &self.tracer, &w.io));
                 w.opened(self.tracer.open_window());
-                w.io.opened(loop_io(&self.procs, &self.tracer, &w.io));
+                let after = loop_usage(&self.procs, &self.tracer, &w.io);
+                w.io.opened(bytes(&after));
+                w.cost.begin(monotonic_ns(), true, after);
             }
             // A process that exits leaves at most IO_EVERY of its work uncounted.
             None if w.io_read.elapsed() >= IO_EVERY => {
@@ -466,12 +590,12 @@ mod tests {
     #[test]
     fn a_process_threads_bytes_leave_out_its_reaped_children() {
         let me = std::process::id();
-        let sum = |pid| thread_io(pid).iter().map(|(_, v)| *v).sum::<u64>();
+        let sum = |pid| thread_usage(pid).iter().map(|(_, u)| u.bytes).sum::<u64>();
         let before = sum(me);
         std::fs::read("/proc/self/stat").expect("read");
         assert!(sum(me) > before);
-        assert!(thread_io(me).iter().all(|((p, _), _)| *p == me));
-        assert_eq!(thread_io(u32::MAX >> 1), vec![]);
+        assert!(thread_usage(me).iter().any(|&(t, u)| t == me && u.cpu_ns > 0), "{:?}", thread_usage(me));
+        assert_eq!(thread_usage(u32::MAX >> 1), vec![]);
         // A shell that reaps a child that moved 8 MB, then waits for stdin.
         let mut sh = std::process::Command::new("sh")
             .args(["-c", "head -c 4000000 /dev/zero > /dev/null; echo done; read x"])
@@ -483,7 +607,7 @@ mod tests {
         std::io::BufRead::read_line(&mut std::io::BufReader::new(sh.stdout.as_mut().expect("stdout")), &mut line).expect("done");
         let whole = procfs::process::Process::new(sh.id() as i32).and_then(|p| p.io()).expect("io");
         assert!(whole.rchar + whole.wchar >= 8_000_000, "{whole:?}");
-        assert!(sum(sh.id()) < 1_000_000, "{:?}", thread_io(sh.id()));
+        assert!(sum(sh.id()) < 1_000_000, "{:?}", thread_usage(sh.id()));
         drop(sh.stdin.take());
         sh.wait().expect("sh exits");
     }

@@ -100,7 +100,7 @@ pub(super) fn tracer_settings(
         detail: Detail::from_kinds(&cli.detail).with_requests(cli.requests != RequestsMode::Off),
         trap_only,
         trap_spin_ns: if trap_only { bench_trap_spin_ns() } else { 0 },
-        sampling: cli.sample_time.is_some_and(|s| s < 1.0),
+        sampling: cli.samples_time(),
         stacks: cli.stacks != StacksMode::Off,
         stacks_all_ops: cli.stacks == StacksMode::AllOps,
         pidns,

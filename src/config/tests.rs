@@ -27,10 +27,11 @@ fn file_error(yaml: &str) -> String {
 /// The environment variable of each option that had one (they are
 /// documented; renaming one breaks deployments). (The OTEL_EXPORTER_OTLP_*
 /// variables are the OTLP client's: `export::client::settings` tests them.)
-const ENV: [(&str, &str); 7] = [
+const ENV: [(&str, &str); 8] = [
     ("detail", "UVSPAN_DETAIL"),
     ("requests", "UVSPAN_REQUESTS"),
     ("sample_time", "UVSPAN_SAMPLE_TIME"),
+    ("max_overhead", "UVSPAN_MAX_OVERHEAD"),
     ("stacks", "UVSPAN_STACKS"),
     ("symbol_cache", "UVSPAN_SYMBOL_CACHE"),
     ("otlp_listen", "UVSPAN_OTLP_LISTEN"),
@@ -259,6 +260,22 @@ fn run_takes_the_file_and_the_environment_too() {
     // The file's discovery options are refused there like the flags.
     let e = parse_with(&["uvspan", "run", "--", "true"], &[], "all: true").unwrap_err().to_string();
     assert!(e.starts_with("uvspan run traces a command it starts"), "{e}");
+}
+
+/// A budget switches the probes off part of the time: not with phase spans
+/// nor `uvspan run`; from the file and the environment like the flag.
+#[test]
+fn max_overhead_layers_and_its_refusals() {
+    assert_eq!(with(&["uvspan"], "max_overhead: 5%").max_overhead, Some(0.05));
+    assert_eq!(parse_with(&["uvspan"], &[("UVSPAN_MAX_OVERHEAD", "2.5")], "").unwrap().max_overhead, Some(0.025));
+    let c = with(&["uvspan", "--max-overhead", "10%", "--sample-time", "30%"], "");
+    assert_eq!((c.max_overhead, c.sample_time), (Some(0.1), Some(0.3)));
+    let e = parse_with(&["uvspan", "--max-overhead", "5%", "--detail", "phases"], &[], "").unwrap_err().to_string();
+    assert!(e.starts_with("--max-overhead cannot be combined with --detail phases") && !e.contains('\n'), "{e}");
+    let e = parse_with(&["uvspan", "run", "--max-overhead", "5%", "--", "true"], &[], "").unwrap_err().to_string();
+    assert!(e.starts_with("uvspan run cannot be combined with --max-overhead") && !e.contains('\n'), "{e}");
+    let e = parse_with(&["uvspan", "--max-overhead", "0"], &[], "").unwrap_err().to_string();
+    assert!(e.contains("must be more than 0%"), "{e}");
 }
 
 #[test]

@@ -46,6 +46,20 @@ pub struct Health {
     pub sample_work_ppm: AtomicU64,
     /// --otlp-listen: the app's OTLP forwarded, and the joins.
     pub listen: Arc<crate::listen::ListenCounters>,
+    /// The probes' cost per process with an estimate.
+    pub cost: std::sync::Mutex<Vec<CostPoint>>,
+}
+
+/// One process's estimated cost (`uvspan.overhead*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CostPoint {
+    pub pid: u32,
+    /// CPU per byte live ÷ off, and its ≈95% interval.
+    pub ratio: f64,
+    pub low: f64,
+    pub high: f64,
+    /// CPU added at the share in force, as a share of the app's own.
+    pub added: f64,
 }
 
 /// Keeps the metrics pipeline alive; flushes on drop.
@@ -150,6 +164,7 @@ impl HealthMetrics {
             )
             .with_callback(move |o| o.observe(work() as f64 / 1e6, &[]))
             .build();
+        register_cost(&meter, h.clone());
         Ok(Some(HealthMetrics { provider, armed }))
     }
 
@@ -185,6 +200,37 @@ fn register_dropped(meter: &opentelemetry::metrics::Meter, e: Arc<Counters>) {
             o.observe(d.others, &[]);
         })
         .build();
+}
+
+/// `uvspan.overhead*`: a point per process with an estimate (`process.pid`).
+fn register_cost(meter: &opentelemetry::metrics::Meter, h: Arc<Health>) {
+    type Field = fn(&CostPoint) -> f64;
+    let gauges: [(&'static str, &'static str, Field); 4] = [
+        (
+            "uvspan.overhead.ratio",
+            "The traced process's CPU per byte of I/O while the probes are live over that in the time off after (the median of the last window pairs; 1 = free)",
+            |p| p.ratio,
+        ),
+        ("uvspan.overhead.ratio.low", "Low end of uvspan.overhead.ratio's ≈95% interval", |p| p.low),
+        ("uvspan.overhead.ratio.high", "High end of uvspan.overhead.ratio's ≈95% interval", |p| p.high),
+        (
+            "uvspan.overhead",
+            "CPU the probes add to the traced process at the live share in force, as a share of its own (0.05 = +5%)",
+            |p| p.added,
+        ),
+    ];
+    for (name, desc, field) in gauges {
+        let h = h.clone();
+        let _ = meter
+            .f64_observable_gauge(name)
+            .with_description(desc)
+            .with_callback(move |o| {
+                for p in h.cost.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+                    o.observe(field(p), &[KeyValue::new("process.pid", i64::from(p.pid))]);
+                }
+            })
+            .build();
+    }
 }
 
 /// `uvspan.otlp.*` (per `signal`) and the join counters, observed only while
