@@ -120,11 +120,14 @@ pub struct Cli {
     #[arg(long, value_name = "UNIT", value_enum)]
     pub trace_per: Option<crate::tasks::TracePer>,
 
-    /// With a trace per process: what its start-up span holds of its
-    /// synchronous fs calls (module loading, top-level `*Sync` calls):
-    /// `spans` (a span each) or `summary` (their count, time, failures and
-    /// the slowest, as attributes; the metrics still count each).
-    #[arg(long, value_name = "WHAT", value_enum, default_value = "spans")]
+    /// Which fs operations are counted on the span they ran under (their
+    /// count, time, failures and the slowest, as attributes; the metrics
+    /// still count each) instead of a span each: `modules` (module loading
+    /// — `require` and the ES module loader resolving, statting and
+    /// reading module files — wherever it runs: the start-up, `main`, any
+    /// task), `summary` (that, and with a trace per process every other
+    /// sync fs call of the start-up and `main`) or `spans` (none).
+    #[arg(long, value_name = "WHAT", value_enum, default_value = "modules")]
     pub startup_ops: crate::tasks::StartupOps,
 
     /// Export a request the trace sampler dropped anyway, with all of its

@@ -12,6 +12,7 @@
 //! leaves as one tree. Pure: no kernel, no clock of its own.
 
 pub mod cause;
+mod modules;
 mod spans;
 mod tracker;
 

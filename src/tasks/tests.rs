@@ -250,3 +250,117 @@ fn a_tasks_calls_are_client_spans_under_it() {
     assert_eq!(calls.len(), 2);
     assert!(calls.iter().all(|(pid, c)| *pid == 7 && c.server == Some(("up".into(), 81))));
 }
+
+/// A sync fs call `name` (its catalog row) of process 7 with `cause`, on
+/// `path` or `fd`, with `result`.
+fn fs_op(name: &str, cause: u64, (start, end): (u64, u64), path: Option<&str>, fd: Option<i32>, result: i64) -> Record {
+    let op_id = crate::probes::catalog::FS_OPS.iter().position(|o| o.span == name).expect("an fs op") as u8;
+    Record::Fs(FsRecord {
+        op: OpRecord { sync: true, cause, ..OpRecord::test(7, 7, start, end) },
+        op_id,
+        result,
+        fd,
+        path: path.map(Into::into),
+        path2: None,
+    })
+}
+
+/// What `require` of one module does: stat, open, fstat, read, close (fd
+/// 20), and a failed probe of a sibling; 6 operations.
+fn require_one(t: &mut Tasks, cause: u64, at: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    let m = "/srv/app/node_modules/x/index.js";
+    t.work(fs_op("fs.stat", cause, (at, at + 1), Some("/srv/app/node_modules/x.js"), None, -2), src, ready);
+    t.work(fs_op("fs.stat", cause, (at + 2, at + 3), Some(m), None, 0), src, ready);
+    t.work(fs_op("fs.open", cause, (at + 4, at + 5), Some(m), None, 20), src, ready);
+    t.work(fs_op("fs.fstat", cause, (at + 6, at + 7), None, Some(20), 0), src, ready);
+    t.work(fs_op("fs.read", cause, (at + 8, at + 60), None, Some(20), 300), src, ready);
+    t.work(fs_op("fs.close", cause, (at + 61, at + 62), None, Some(20), 0), src, ready);
+}
+
+#[test]
+fn module_loading_is_counted_on_the_startup_main_and_tasks_and_a_users_sync_calls_stay_spans() {
+    let (spans, stats) = run_with(TracePer::Process, Sampler::default(), StartupOps::Modules, |t, src, ready| {
+        t.process(7, &["node".into()], 1, src.ids, src.sampler);
+        for i in 0..10 {
+            require_one(t, 0, 100 + i * 100, src, ready);
+        }
+        // The resolution walk over the module's folders; the user's own statSync.
+        t.work(fs_op("fs.lstat", 0, (2_000, 2_001), Some("/srv/app"), None, 0), src, ready);
+        t.work(fs_op("fs.stat", 0, (2_002, 2_003), Some("/srv/app/data/config.json"), None, 0), src, ready);
+        t.loop_started(7, 3_000);
+        // A lazy require in main, and a timer's first export loading the exporter.
+        require_one(t, 0, 4_000, src, ready);
+        let c = make(TaskKind::Timers, ms(1), 0);
+        for i in 0..20 {
+            require_one(t, c, ms(1) + i * 100, src, ready);
+        }
+        t.exited(7, ms(10), Some(0), src, ready);
+    });
+    assert_eq!(stats.summarised, 10 * 6 + 1 + 6 + 20 * 6);
+    let startup = named(&spans, "startup")[0];
+    assert_eq!(startup.attr("uvspan.task.operations"), Some(&Value::I64(62)));
+    assert_eq!(startup.attr("uvspan.module_load.count"), Some(&Value::I64(61)));
+    assert_eq!(startup.attr("uvspan.module_load.errors"), Some(&Value::I64(10)));
+    assert_eq!(startup.attr("uvspan.sync_fs.count"), None, "the user's call is no module loading");
+    let Some(Value::Strings(slowest)) = startup.attr("uvspan.module_load.slowest") else { panic!("slowest") };
+    assert_eq!(slowest.len(), 5);
+    assert!(slowest[0].ends_with("fs.read /srv/app/node_modules/x/index.js"), "an fd's read named by its file: {slowest:?}");
+    let under = |p: &Span| spans.iter().filter(|s| s.parent_span_id == p.span_context.span_id()).collect::<Vec<_>>();
+    let mine = under(startup);
+    assert_eq!(mine.len(), 1, "only the user's statSync is a span");
+    assert_eq!(mine[0].attr("file.path"), Some(&Value::String("/srv/app/data/config.json".into())));
+    let main = named(&spans, "main")[0];
+    assert_eq!(main.attr("uvspan.module_load.count"), Some(&Value::I64(6)));
+    assert!(under(main).is_empty());
+    let timers = named(&spans, "timers")[0];
+    assert_eq!(timers.attr("uvspan.module_load.count"), Some(&Value::I64(120)));
+    assert_eq!(timers.attr("uvspan.task.operations"), Some(&Value::I64(120)));
+    assert!(under(timers).is_empty(), "a task that only loaded modules: one span");
+    assert_eq!(spans.len(), 1 + 1 + 1 + 1 + 1, "root, startup, its one span, main, timers");
+}
+
+#[test]
+fn with_spans_every_module_operation_is_a_span() {
+    let (spans, stats) = run_with(TracePer::Process, Sampler::default(), StartupOps::Spans, |t, src, ready| {
+        t.process(7, &["node".into()], 1, src.ids, src.sampler);
+        require_one(t, 0, 100, src, ready);
+        t.exited(7, ms(10), Some(0), src, ready);
+    });
+    assert_eq!(stats.summarised, 0);
+    assert_eq!(spans.len(), 2 + 6);
+    assert_eq!(named(&spans, "startup")[0].attr("uvspan.module_load.count"), None);
+}
+
+#[test]
+fn with_a_trace_per_task_module_loading_outside_tasks_is_one_startup_span() {
+    let (spans, stats) = run_with(TracePer::Task, Sampler::default(), StartupOps::Modules, |t, src, ready| {
+        for i in 0..10 {
+            require_one(t, 0, 100 + i * 100, src, ready);
+        }
+        let mine = fs_op("fs.stat", 0, (2_000, 2_001), Some("/tmp/d/s-1"), None, -2);
+        assert!(t.work(mine, src, ready).is_some(), "the user's statSync: its own trace");
+        assert_eq!(t.loop_start_unknown(), vec![7], "its module loading asks when the loop ran");
+        t.loop_started(7, 3_000);
+        let c = make(TaskKind::Io, ms(1), 0);
+        require_one(t, c, ms(1), src, ready);
+        t.work(stat(c, ms(1) + 500, ms(1) + 600), src, ready);
+        t.expire(ms(2) + QUIET_NS, src, ready);
+        // Lazy loading outside tasks later: a span of its own, `main`.
+        require_one(t, 0, ms(900), src, ready);
+        t.finish_all(ms(2_000), src, ready);
+    });
+    assert_eq!(stats.summarised, 10 * 6 + 6 + 6);
+    assert_eq!(stats.tasks, 1, "module loading outside tasks is no task");
+    let startup = named(&spans, "startup");
+    assert_eq!(startup.len(), 1);
+    assert_eq!(startup[0].parent_span_id, SpanId::INVALID, "its own trace");
+    assert_eq!(startup[0].attr("uvspan.module_load.count"), Some(&Value::I64(60)));
+    assert_eq!(startup[0].attr("uvspan.task.kind"), None);
+    assert_eq!((startup[0].start_ns, startup[0].end_ns), (100, 1_062));
+    assert_eq!(named(&spans, "main")[0].attr("uvspan.module_load.count"), Some(&Value::I64(6)));
+    let io = named(&spans, "io")[0];
+    assert_eq!(io.attr("uvspan.module_load.count"), Some(&Value::I64(6)));
+    assert_eq!(io.attr("uvspan.task.operations"), Some(&Value::I64(7)));
+    assert_eq!(spans.iter().filter(|s| s.parent_span_id == io.span_context.span_id()).count(), 1, "its stat of /x");
+    assert_eq!(spans.len(), 4, "startup, io, its stat, main (the user's statSync went back)");
+}

@@ -10,6 +10,7 @@ use opentelemetry_sdk::trace::IdGenerator;
 use rustc_hash::FxHashMap;
 
 use super::cause::{started_ns, task_of, TaskKind};
+use super::modules::{Files, ModuleOp};
 use super::spans::{process_span, startup_span, task_span};
 use crate::events::decode::{DnsRecord, FsRecord, HttpRecord, HttpWhat, Record};
 use crate::events::sampler::Sampler;
@@ -44,20 +45,54 @@ pub enum TracePer {
     Process,
 }
 
-/// What the start-up span holds of its synchronous fs calls (module
-/// loading: `require` resolving and reading files, top-level `*Sync` calls).
+/// Which fs operations are counted on the span they ran under (how many,
+/// their time, failures, the slowest) instead of being a span each.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum StartupOps {
-    /// A span each.
-    #[default]
+    /// None: a span each.
     Spans,
-    /// Counted on the start-up span (how many, their time, the slowest),
-    /// not one span each.
+    /// Module loading (`require` and the ES module loader resolving,
+    /// statting and reading module files), wherever it runs: the start-up,
+    /// `main`, any task.
+    #[default]
+    Modules,
+    /// Module loading, and with a trace per process every other sync fs
+    /// call of the start-up and `main` too (top-level `*Sync` calls).
     Summary,
 }
 
-/// The slowest sync fs calls a start-up summary names.
-const STARTUP_SLOWEST: usize = 5;
+/// The slowest operations a summary names.
+const SUMMARY_SLOWEST: usize = 5;
+
+/// Operations counted, not sent: how many, their time, their failures, and
+/// the slowest (duration, "name path"), slowest first.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pub(super) count: u32,
+    pub(super) ns: u64,
+    pub(super) errors: u32,
+    pub(super) slowest: Vec<(u64, String)>,
+}
+
+impl Tally {
+    /// `f` counted (`file`: the file its fd is open on, for its name).
+    fn add(&mut self, f: &FsRecord, file: Option<&str>) {
+        let took = f.op.end_ns.saturating_sub(f.op.start_ns);
+        self.count += 1;
+        self.ns += took;
+        self.errors += u32::from(f.result < 0);
+        if self.slowest.len() < SUMMARY_SLOWEST || self.slowest.last().is_some_and(|l| l.0 < took) {
+            let what = format!("{} {}", fs_name(f), f.path.as_deref().or(file).unwrap_or(""));
+            let at = self.slowest.partition_point(|s| s.0 >= took);
+            self.slowest.insert(at, (took, what.trim_end().to_string()));
+            self.slowest.truncate(SUMMARY_SLOWEST);
+        }
+    }
+}
+
+fn fs_name(f: &FsRecord) -> &'static str {
+    crate::probes::catalog::fs_op(f.op_id).map_or("fs.unknown", |o| o.span)
+}
 
 /// Counters of the task tracker.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,7 +107,8 @@ pub struct TaskStats {
     /// Operations sent as they came because their task held too many, or
     /// too many tasks were open.
     pub not_held: u64,
-    /// Sync fs calls of start-ups counted on their start-up span, not sent.
+    /// Operations counted on the span they ran under, not sent (module
+    /// loading; with `StartupOps::Summary`, the start-ups' sync fs calls).
     pub summarised: u64,
 }
 
@@ -90,6 +126,11 @@ pub(super) struct Task {
     /// Its outgoing HTTP/1 calls (their CLIENT spans).
     calls: Vec<Call>,
     pub(super) ops: u32,
+    /// Its module loading, counted.
+    pub(super) modules: Tally,
+    /// Not a task: a process's module loading outside tasks with a trace
+    /// per task (its span: `startup`, or `main` once the loop ran).
+    pub(super) outside: bool,
     /// The kernel's sampler dropped it (its work sent no record).
     dropped: bool,
 }
@@ -116,8 +157,9 @@ pub(super) struct Life {
     /// the callbacks and promise chains that run started (`main`).
     pub(super) startup: Option<Startup>,
     pub(super) main: Option<Startup>,
-    /// That work, held until it is known which of the two it is.
-    pending: Vec<Record>,
+    /// That work, held until it is known which of the two it is (and
+    /// whether it was module loading: the file of its fd, if it has one).
+    pending: Vec<(Record, Option<ModuleOp>)>,
     /// When its loop first ran (kernel ns), once known.
     loop_since: Option<u64>,
     pub(super) tasks: u32,
@@ -134,36 +176,25 @@ pub(super) struct Startup {
     pub(super) start_ns: u64,
     pub(super) end_ns: u64,
     pub(super) ops: u32,
-    /// Sync fs calls summarised: how many, their time, their failures, and
-    /// the slowest (duration, "name path"), slowest first.
-    pub(super) sync_fs: u32,
-    pub(super) sync_fs_ns: u64,
-    pub(super) sync_fs_errors: u32,
-    pub(super) slowest: Vec<(u64, String)>,
+    /// Module loading counted.
+    pub(super) modules: Tally,
+    /// Other sync fs calls counted (`StartupOps::Summary`).
+    pub(super) sync_fs: Tally,
 }
 
 impl Startup {
     fn new(span_id: SpanId, start_ns: u64, end_ns: u64) -> Startup {
-        Startup { span_id, start_ns, end_ns, ops: 0, sync_fs: 0, sync_fs_ns: 0, sync_fs_errors: 0, slowest: Vec::new() }
+        Startup { span_id, start_ns, end_ns, ops: 0, modules: Tally::default(), sync_fs: Tally::default() }
     }
 
-    /// A sync fs call counted, not sent: true when it was (a sync fs
-    /// record), false to send it as a span.
-    fn summarise(&mut self, rec: &Record) -> bool {
+    /// `rec` counted, not sent: true when it was (module loading, or with
+    /// `Summary` a sync fs call), false to send it as a span.
+    fn summarise(&mut self, rec: &Record, module: Option<&ModuleOp>, ops: StartupOps) -> bool {
         let Record::Fs(f) = rec else { return false };
-        if !f.op.sync {
-            return false;
-        }
-        let took = f.op.end_ns.saturating_sub(f.op.start_ns);
-        self.sync_fs += 1;
-        self.sync_fs_ns += took;
-        self.sync_fs_errors += u32::from(f.result < 0);
-        if self.slowest.len() < STARTUP_SLOWEST || self.slowest.last().is_some_and(|l| l.0 < took) {
-            let what =
-                format!("{} {}", crate::probes::catalog::fs_op(f.op_id).map_or("fs.unknown", |o| o.span), f.path.as_deref().unwrap_or(""));
-            let at = self.slowest.partition_point(|s| s.0 >= took);
-            self.slowest.insert(at, (took, what.trim_end().to_string()));
-            self.slowest.truncate(STARTUP_SLOWEST);
+        match module {
+            Some(m) => self.modules.add(f, m.file.as_deref()),
+            None if ops == StartupOps::Summary && f.op.sync => self.sync_fs.add(f, None),
+            None => return false,
         }
         true
     }
@@ -190,6 +221,8 @@ pub struct Tasks {
     lives: FxHashMap<u32, Life>,
     /// When processes started (their fork or exec), before their trace is made.
     starts: FxHashMap<u32, u64>,
+    /// Per process, what tells its module loading (unless `StartupOps::Spans`).
+    files: FxHashMap<u32, Files>,
     pub stats: TaskStats,
     /// With metrics: the calls of finished tasks, sampled or not (pid,
     /// call), for `http.client.request.duration`; drained by the agent.
@@ -228,6 +261,7 @@ impl Tasks {
             recent_order: VecDeque::new(),
             lives: FxHashMap::default(),
             starts: FxHashMap::default(),
+            files: FxHashMap::default(),
             stats: TaskStats::default(),
             finished_calls: None,
             tls_last: None,
@@ -261,6 +295,8 @@ impl Tasks {
     /// `--trace-per process`. `start_ns`: when it started, if its fork or
     /// exec was not seen.
     pub fn process(&mut self, pid: u32, argv: &[String], start_ns: u64, ids: &dyn IdGenerator, sampler: Sampler) {
+        // A new program: what was known of the old one's files is not its.
+        self.files.remove(&pid);
         if self.per != TracePer::Process {
             return;
         }
@@ -301,11 +337,20 @@ impl Tasks {
             Record::Loop(r) => (0, r.pid, r.end_ns),
             _ => return Some(rec),
         };
+        let module = self.module_load(&rec);
         if let Some(kind) = task_of(cause) {
-            self.task_work(rec, (pid, cause), kind, end, src, ready);
+            self.task_work(rec, module, (pid, cause), kind, end, src, ready);
             return None;
         }
-        let Some(life) = self.lives.get_mut(&pid) else { return Some(rec) };
+        let Some(life) = self.lives.get_mut(&pid) else {
+            // A trace per task: the module loading of the start-up (or of
+            // `main`) counted on one span, the rest its own traces.
+            if module.is_some() {
+                self.task_work(rec, module, (pid, 0), TaskKind::Io, end, src, ready);
+                return None;
+            }
+            return Some(rec);
+        };
         if !life.sampled {
             self.stats.unsampled += 1;
             return None;
@@ -313,12 +358,12 @@ impl Tasks {
         life.last_ns = life.last_ns.max(end);
         life.held_since.get_or_insert(end);
         match (&rec, self.startup) {
-            (Record::Loop(_), _) | (_, false) => {
+            (Record::Loop(_), _) | (_, false) if module.is_none() => {
                 let parent = life.parent(life.span_id);
                 build_into(rec, src, Some(&parent), &mut life.held);
             }
             _ => {
-                life.pending.push(rec);
+                life.pending.push((rec, module));
                 if life.pending.len() >= PROCESS_HELD_MAX {
                     self.stats.summarised += settle(life, self.startup_ops, src);
                 }
@@ -327,23 +372,65 @@ impl Tasks {
         None
     }
 
+    /// Whether `rec` is module loading (and the file of its fd), unless
+    /// every operation is a span.
+    fn module_load(&mut self, rec: &Record) -> Option<ModuleOp> {
+        let Record::Fs(f) = rec else { return None };
+        if self.startup_ops == StartupOps::Spans {
+            return None;
+        }
+        if self.files.len() >= OPEN_MAX && !self.files.contains_key(&f.op.pid) {
+            self.files.clear();
+        }
+        self.files.entry(f.op.pid).or_default().module_load(fs_name(f), f)
+    }
+
     /// When a process's loop first ran (kernel ns): its work outside tasks
     /// that started before is its start-up's.
     pub fn loop_started(&mut self, pid: u32, since_ns: u64) {
         if let Some(l) = self.lives.get_mut(&pid) {
             l.loop_since.get_or_insert(since_ns);
         }
+        if let Some(f) = self.files.get_mut(&pid) {
+            f.loop_since.get_or_insert(since_ns);
+        }
     }
 
-    /// Processes with a trace whose loop start is not known yet.
+    /// Processes whose loop start is not known yet and matters: those with
+    /// a trace, and those whose module loading outside tasks is counted.
     pub fn loop_start_unknown(&self) -> Vec<u32> {
-        self.lives.iter().filter(|(_, l)| l.loop_since.is_none()).map(|(p, _)| *p).collect()
+        let lives = self.lives.iter().filter(|(_, l)| l.loop_since.is_none()).map(|(p, _)| *p);
+        let outside =
+            self.open.keys().filter(|k| k.1 == 0 && self.files.get(&k.0).is_some_and(|f| f.loop_since.is_none())).map(|k| k.0);
+        let mut pids: Vec<u32> = lives.chain(outside).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
     }
 
-    fn task_work(&mut self, rec: Record, key: (u32, u64), kind: TaskKind, end: u64, src: &SpanContextSource<'_>, ready: &mut Ready) {
+    /// `rec` of the task `key` (cause 0: a process's module loading outside
+    /// tasks, with a trace per task): held with it, or counted on it
+    /// (`module`), or sent under it when it holds too many or is over.
+    #[allow(clippy::too_many_arguments)]
+    fn task_work(
+        &mut self,
+        rec: Record,
+        module: Option<ModuleOp>,
+        key: (u32, u64),
+        kind: TaskKind,
+        end: u64,
+        src: &SpanContextSource<'_>,
+        ready: &mut Ready,
+    ) {
         if let Some(t) = self.open.get_mut(&key) {
             t.last_ns = t.last_ns.max(end);
             t.ops += 1;
+            if let (Some(m), Record::Fs(f)) = (&module, &rec) {
+                t.start_ns = t.start_ns.min(f.op.start_ns);
+                t.modules.add(f, m.file.as_deref());
+                self.stats.summarised += 1;
+                return;
+            }
             if t.held.len() < HELD_MAX {
                 t.held.push(rec);
                 return;
@@ -356,18 +443,28 @@ impl Tasks {
             }
             return;
         }
-        if let Some(parent) = self.recent.get(&key) {
+        // A finished task's late work joins its trace (a span each); module
+        // loading outside tasks after a while starts a span of its own.
+        if let Some(parent) = self.recent.get(&key).filter(|_| key.1 != 0) {
             if parent.trace_id != TraceId::INVALID {
                 let parent = parent.clone();
                 build_into(rec, src, Some(&parent), sink(&mut self.lives, ready, key.0, end));
             }
             return;
         }
-        let (tid, dropped) = match &rec {
-            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.tid, op.dropped),
-            _ => (0, false),
+        let (tid, dropped, start) = match &rec {
+            Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.tid, op.dropped, op.start_ns),
+            _ => (0, false, end),
         };
-        self.new_task(key, kind, tid, dropped, end, src, ready).held.push(rec);
+        let t = self.new_task(key, kind, tid, dropped, end, src, ready);
+        match (&module, &rec) {
+            (Some(m), Record::Fs(f)) => {
+                t.start_ns = t.start_ns.min(start);
+                t.modules.add(f, m.file.as_deref());
+                self.stats.summarised += 1;
+            }
+            _ => t.held.push(rec),
+        }
     }
 
     /// A task's first record: the task, open (the oldest ones sent as they
@@ -384,10 +481,29 @@ impl Tasks {
         ready: &mut Ready,
     ) -> &mut Task {
         let pid = key.0;
-        let trace_id = self.lives.get(&pid).map_or_else(|| src.trace_for(key.1), |l| l.trace_id);
-        let start_ns = started_ns(key.1).min(end);
+        let outside = key.1 == 0;
+        let trace_id = match self.lives.get(&pid) {
+            Some(l) => l.trace_id,
+            None if outside => src.ids.new_trace_id(),
+            None => src.trace_for(key.1),
+        };
+        let start_ns = if outside { end } else { started_ns(key.1).min(end) };
         let span_id = src.ids.new_span_id();
-        let task = Task { pid, tid, kind, start_ns, last_ns: end, span_id, trace_id, held: Vec::new(), calls: Vec::new(), ops: 1, dropped };
+        let task = Task {
+            pid,
+            tid,
+            kind,
+            start_ns,
+            last_ns: end,
+            span_id,
+            trace_id,
+            held: Vec::new(),
+            calls: Vec::new(),
+            ops: 1,
+            modules: Tally::default(),
+            outside,
+            dropped,
+        };
         self.open.insert(key, task);
         self.order.push_back(key);
         while self.open.len() > OPEN_MAX {
@@ -497,14 +613,18 @@ impl Tasks {
     /// context kept for late work.
     fn finish(&mut self, key: (u32, u64), src: &SpanContextSource<'_>, ready: &mut Ready) {
         let Some(mut t) = self.open.remove(&key) else { return };
-        self.stats.tasks += 1;
+        if !t.outside {
+            self.stats.tasks += 1;
+        }
         if let Some(f) = self.finished_calls.as_mut() {
             f.extend(t.calls.iter().map(|c| (t.pid, c.finished(t.last_ns))));
         }
         let sampled = self.keeps(t.pid, t.dropped, t.trace_id, src);
         let under = Parent { trace_id: t.trace_id, span_id: t.span_id, remote: false, state: TraceState::NONE };
-        self.recent.insert(key, if sampled { under.clone() } else { Parent { trace_id: TraceId::INVALID, ..under.clone() } });
-        self.recent_order.push_back(key);
+        if !t.outside {
+            self.recent.insert(key, if sampled { under.clone() } else { Parent { trace_id: TraceId::INVALID, ..under.clone() } });
+            self.recent_order.push_back(key);
+        }
         while self.recent_order.len() > RECENT_MAX {
             if let Some(old) = self.recent_order.pop_front() {
                 self.recent.remove(&old);
@@ -522,9 +642,14 @@ impl Tasks {
             }
             None => Parent { trace_id: t.trace_id, span_id: SpanId::INVALID, remote: false, state: TraceState::NONE },
         };
+        let name = match t.outside {
+            true if self.files.get(&t.pid).and_then(|f| f.loop_since).is_some_and(|since| t.start_ns >= since) => "main",
+            true => "startup",
+            false => t.kind.name(),
+        };
         let out = sink(&mut self.lives, ready, t.pid, t.last_ns);
         out.reserve(t.held.len() + 1);
-        out.push(task_span(&t, &root, src));
+        out.push(task_span(&t, name, &root, src));
         for c in t.calls.iter().filter(|c| !c.is_otlp_export()) {
             out.push(call_span(&c.span_parts(t.last_ns), src.ids.new_span_id(), &under, src));
         }
@@ -569,6 +694,7 @@ impl Tasks {
             self.finish(k, src, ready);
         }
         self.starts.remove(&pid);
+        self.files.remove(&pid);
         if let Some(l) = self.lives.remove(&pid) {
             self.end_life(pid, l, ts_ns, code, src, ready);
         }
@@ -614,11 +740,12 @@ impl Tasks {
 
 /// A process's pending work outside tasks goes under its start-up span
 /// (started before its loop first ran, or when that is not known) or its
-/// main span (after), built into its hold, or counted on that span
-/// (`StartupOps::Summary`: sync fs calls). Returns how many were counted.
+/// main span (after), built into its hold, or counted on that span (module
+/// loading; with `StartupOps::Summary`, sync fs calls). Returns how many
+/// were counted.
 fn settle(l: &mut Life, ops: StartupOps, src: &SpanContextSource<'_>) -> u64 {
     let mut counted = 0;
-    for rec in std::mem::take(&mut l.pending) {
+    for (rec, module) in std::mem::take(&mut l.pending) {
         let (start, end) = match &rec {
             Record::Fs(FsRecord { op, .. }) | Record::Dns(DnsRecord { op, .. }) => (op.start_ns, op.end_ns),
             _ => continue,
@@ -629,7 +756,7 @@ fn settle(l: &mut Life, ops: StartupOps, src: &SpanContextSource<'_>) -> u64 {
         part.start_ns = part.start_ns.min(start);
         part.end_ns = part.end_ns.max(end);
         part.ops += 1;
-        if ops == StartupOps::Summary && part.summarise(&rec) {
+        if part.summarise(&rec, module.as_ref(), ops) {
             counted += 1;
             continue;
         }
