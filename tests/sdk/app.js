@@ -8,7 +8,8 @@
 // fs.promises.stat(DIR/3-i) -> dns.lookup(localhost) -> fs.statSync(DIR/4-i)
 // -> "ok". GET /quit: answers, stops listening, and exits QUIT_MS later (the
 // SDK exports on its own schedule meanwhile). Prints
-// {"marker":"listening","port":..} once it listens.
+// {"marker":"listening","port":..} once it listens. At the top level it
+// stats DIR/settings.
 const http = require('http');
 const fs = require('fs');
 const dns = require('dns');
@@ -16,6 +17,8 @@ const path = require('path');
 
 const dir = process.argv[2];
 const P = (name) => path.join(dir, name);
+// The app's own settings, read at the top level (tests/startup.rs: a span).
+fs.statSync(P('settings'), { throwIfNoEntry: false });
 
 const server = http.createServer((req, res) => {
   if (req.url === '/quit') {

@@ -7,6 +7,8 @@ import path from 'node:path';
 
 const dir = process.argv[2];
 const P = (name) => path.join(dir, name);
+// The app's own settings, read at the top level (tests/startup.rs: a span).
+fs.statSync(P('settings'), { throwIfNoEntry: false });
 
 const server = http.createServer((req, res) => {
   if (req.url === '/quit') {
