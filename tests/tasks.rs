@@ -132,7 +132,9 @@ fn background_ticks_are_tasks_each_its_own_trace_beside_requests() {
     assert_eq!(traces.len(), TICKS, "ticks in separate traces\n{ctx}");
     check_requests_untouched(&spans, &dir, &ctx);
     parents_exported(&spans, &ctx);
-    assert!(!spans.iter().any(|s| s.name == "startup"), "no process trace with --trace-per task\n{ctx}");
+    // No process trace: the start-up's module loading is a `startup` span of its own trace.
+    assert!(!spans.iter().any(|s| s.name == "node"), "no process trace with --trace-per task\n{ctx}");
+    assert!(spans.iter().filter(|s| s.name == "startup").all(|s| s.parent_span_id.is_empty()), "{ctx}");
 }
 
 #[test]
@@ -233,7 +235,11 @@ fn trace_per_task_for_a_command_and_a_bad_value_refused() {
     let (out, spans) = traced(Topology::Host, &["--trace-per", "task"], &["node", &script, &dir.str()]);
     let ctx = out.context();
     assert_eq!(out.code(), Some(3), "{ctx}");
-    assert!(!spans.iter().any(|s| s.name == "node" || s.name == "startup"), "no process trace\n{ctx}");
+    assert!(!spans.iter().any(|s| s.name == "node"), "no process trace\n{ctx}");
+    // The module loading outside tasks: one span of its own trace, with the counts.
+    let startup: Vec<&Span> = spans.iter().filter(|s| s.name == "startup").collect();
+    assert_eq!(startup.len(), 1, "{ctx}");
+    assert!(startup[0].parent_span_id.is_empty() && startup[0].int("uvspan.module_load.count").is_some_and(|n| n > 0), "{ctx}");
     let timers: Vec<&Span> = spans.iter().filter(|s| s.name == "timers").collect();
     assert_eq!(timers.len(), 3, "{ctx}");
     assert!(timers.iter().all(|t| t.parent_span_id.is_empty()), "tasks are roots\n{ctx}");
