@@ -3,7 +3,7 @@
 //! so that they are counted on the span they ran under instead of being a
 //! span each. Pure: paths and the results of earlier operations only.
 
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use rustc_hash::{FxBuildHasher, FxHashMap, FxHashSet};
@@ -71,9 +71,7 @@ pub(super) struct Files {
 }
 
 fn hash(s: &str) -> u64 {
-    let mut h = FxBuildHasher.build_hasher();
-    s.hash(&mut h);
-    h.finish()
+    FxBuildHasher.hash_one(s)
 }
 
 impl Files {
@@ -158,7 +156,8 @@ mod tests {
         ] {
             assert!(module_path(yes), "{yes}");
         }
-        for no in ["/srv/app/data/config.json", "/tmp/d/s-3", "/srv/app/lib", "/srv/app/.js", "/etc/localtime", "/usr/lib/nodejs-data", "/"] {
+        for no in ["/srv/app/data/config.json", "/tmp/d/s-3", "/srv/app/lib", "/srv/app/.js", "/etc/localtime", "/usr/lib/nodejs-data", "/"]
+        {
             assert!(!module_path(no), "{no}");
         }
     }

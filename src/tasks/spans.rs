@@ -38,7 +38,8 @@ fn tally(attrs: &mut Vec<KeyValue>, t: &Tally, [count, ms, errors, slowest]: [&'
     ]);
 }
 
-const MODULE_KEYS: [&str; 4] = [task_keys::MODULE_LOAD, task_keys::MODULE_LOAD_MS, task_keys::MODULE_LOAD_ERRORS, task_keys::MODULE_LOAD_SLOWEST];
+const MODULE_KEYS: [&str; 4] =
+    [task_keys::MODULE_LOAD, task_keys::MODULE_LOAD_MS, task_keys::MODULE_LOAD_ERRORS, task_keys::MODULE_LOAD_SLOWEST];
 const SYNC_FS_KEYS: [&str; 4] = [task_keys::SYNC_FS, task_keys::SYNC_FS_MS, task_keys::SYNC_FS_ERRORS, task_keys::SYNC_FS_SLOWEST];
 
 /// An INTERNAL span of `family` under `parent` (times in kernel ns).

@@ -400,8 +400,7 @@ impl Tasks {
     /// a trace, and those whose module loading outside tasks is counted.
     pub fn loop_start_unknown(&self) -> Vec<u32> {
         let lives = self.lives.iter().filter(|(_, l)| l.loop_since.is_none()).map(|(p, _)| *p);
-        let outside =
-            self.open.keys().filter(|k| k.1 == 0 && self.files.get(&k.0).is_some_and(|f| f.loop_since.is_none())).map(|k| k.0);
+        let outside = self.open.keys().filter(|k| k.1 == 0 && self.files.get(&k.0).is_some_and(|f| f.loop_since.is_none())).map(|k| k.0);
         let mut pids: Vec<u32> = lives.chain(outside).collect();
         pids.sort_unstable();
         pids.dedup();
