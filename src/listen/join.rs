@@ -111,11 +111,6 @@ fn uv_kind(s: &UvSpan) -> Option<OpKind> {
     }
 }
 
-/// The SERVER spans in an OTLP trace export.
-pub fn app_servers(req: &ExportTraceServiceRequest) -> Vec<AppServer> {
-    app_spans(req).servers
-}
-
 /// The SERVER and operation spans in an OTLP trace export (uvspan's own,
 /// back through a collector tee, are never the app's).
 pub fn app_spans(req: &ExportTraceServiceRequest) -> AppSpans {
@@ -312,11 +307,7 @@ impl Joiner {
             return;
         }
         if let Some(server) = self.find(&key) {
-            self.stats.joined += reparent(&mut spans, &key, server);
-            self.stats.own_servers_dropped += drop_own_server(&mut spans, &key);
-            let twins = self.drop_twins(&mut spans, server.0);
-            self.stats.joined -= twins;
-            self.stats.twins_dropped += twins;
+            self.join_into(&mut spans, &key, server);
             out.push((key.pid, spans));
             return;
         }
@@ -337,14 +328,9 @@ impl Joiner {
         for mut h in std::mem::take(&mut self.held) {
             let found = if news || all { self.find(&h.key) } else { None };
             if let Some(server) = found {
-                self.stats.joined += reparent(&mut h.spans, &h.key, server);
-                let dropped = drop_own_server(&mut h.spans, &h.key);
-                self.stats.own_servers_dropped += dropped;
-                self.held_spans -= dropped as usize;
-                let twins = self.drop_twins(&mut h.spans, server.0);
-                self.stats.joined -= twins;
-                self.stats.twins_dropped += twins;
-                self.held_spans -= twins as usize;
+                let before = h.spans.len();
+                self.join_into(&mut h.spans, &h.key, server);
+                self.held_spans -= before - h.spans.len();
             } else if all || now >= h.until {
                 self.stats.unjoined += h.spans.len() as u64;
             } else {
@@ -359,6 +345,16 @@ impl Joiner {
 }
 
 impl Joiner {
+    /// A request's spans into the app's trace under its SERVER span, without
+    /// uvspan's own SERVER span and the twins of the app's spans (counted).
+    fn join_into(&mut self, spans: &mut Vec<UvSpan>, key: &RequestKey, server: (TraceId, SpanId)) {
+        let joined = reparent(spans, key, server);
+        self.stats.own_servers_dropped += drop_own_server(spans, key);
+        let twins = self.drop_twins(spans, server.0);
+        self.stats.joined += joined - twins;
+        self.stats.twins_dropped += twins;
+    }
+
     /// Removes the spans of `spans` (joined into `trace`) that the app's
     /// span of the same operation stands for; their children go under the
     /// app's span. Returns how many were removed.
@@ -493,13 +489,13 @@ mod tests {
                 ..Default::default()
             }],
         };
-        let got = app_servers(&req);
+        let got = app_spans(&req).servers;
         assert_eq!(got.len(), 2, "SERVER spans only");
         // uvspan's own spans, back through a collector tee: not the app's.
         let mut back = req.clone();
         back.resource_spans[0].scope_spans[0].scope =
             Some(opentelemetry_proto::tonic::common::v1::InstrumentationScope { name: "uvspan".into(), ..Default::default() });
-        assert!(app_servers(&back).is_empty());
+        assert!(app_spans(&back).servers.is_empty());
         assert_eq!(got[0], server(42, u128::from_be_bytes([1; 16]), u64::from_be_bytes([2; 8]), 0, 10, 20, 5000));
         assert_eq!(got[1].parent, SpanId::from_bytes([3; 8]));
         assert_eq!(got[1].peer_port, None, "not a port");
