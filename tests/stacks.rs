@@ -202,10 +202,13 @@ fn stacks_off_opens_no_sampler() {
 fn all_ops_names_the_js_function_that_submitted_each_operation() {
     require_root();
     let script = fixture("submit_stacks.js");
+    let dir = TempDir::new("submit-stacks");
+    let data = dir.join("data.txt");
+    std::fs::write(&data, "a data file\n").expect("write the data file");
     let run_with = |mode: &str| {
         let rx = Receiver::start(Protocol::Grpc);
         let ep = rx.endpoint();
-        let out = run(uvspan_cmd(["--stacks", mode, "--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", &script]));
+        let out = run(uvspan_cmd(["--stacks", mode, "--otlp-endpoint", &ep, "--otlp-protocol", "grpc", "--", "node", &script, &data]));
         assert_eq!(out.code(), Some(0), "{}", out.context());
         let _ = Markers::parse(&out.stdout).get("done");
         (out, rx.spans())
@@ -214,9 +217,9 @@ fn all_ops_names_the_js_function_that_submitted_each_operation() {
     let find = |name: &str, pred: &dyn Fn(&Span) -> bool| {
         spans.iter().find(|s| s.name == name && pred(s)).unwrap_or_else(|| panic!("no {name} span\n{}", out.context()))
     };
-    let mine = |s: &Span| s.str("file.path") == Some(script.as_str());
+    let mine = |s: &Span| s.str("file.path") == Some(data.as_str());
     let stat = find("fs.stat", &|s| mine(s) && s.bool("uvspan.sync") == Some(true) && stacktrace(s).contains("statTheFile ("));
-    assert!(stacktrace(stat).contains("submit_stacks.js:9:"), "{}", stacktrace(stat));
+    assert!(stacktrace(stat).contains("submit_stacks.js:11:"), "{}", stacktrace(stat));
     let open = find("fs.open", &|s| mine(s) && s.bool("uvspan.sync") == Some(false));
     assert!(stacktrace(open).contains("readIt (") && stacktrace(open).contains("submit_stacks.js:"), "{}", stacktrace(open));
     let dns = find("dns.getaddrinfo", &|s| s.str("dns.question.name") == Some("localhost"));

@@ -43,8 +43,10 @@ pub fn module_path(path: &str) -> bool {
 }
 
 /// Operations module loading does: those on a path, and those on an fd.
+/// Node's loaders never call `access`: an `fs.access` of a `.js` file is the
+/// app's own.
 fn on_path(op: &str) -> bool {
-    matches!(op, "fs.open" | "fs.stat" | "fs.lstat" | "fs.access" | "fs.realpath" | "fs.readlink")
+    matches!(op, "fs.open" | "fs.stat" | "fs.lstat" | "fs.realpath" | "fs.readlink")
 }
 
 fn on_fd(op: &str) -> bool {
@@ -101,7 +103,7 @@ impl Files {
             self.learn_dirs(path);
             return Some(ModuleOp { file: None });
         }
-        let walk = op != "fs.open" && op != "fs.access" && path.len() > 1 && self.dirs.contains(&hash(path.trim_end_matches('/')));
+        let walk = op != "fs.open" && path.len() > 1 && self.dirs.contains(&hash(path.trim_end_matches('/')));
         walk.then_some(ModuleOp { file: None })
     }
 
@@ -188,6 +190,8 @@ mod tests {
         assert!(load(&mut f, "fs.open", &rec(Some("/srv/app/node_modules/y.js"), None, -2)));
         assert!(!load(&mut f, "fs.write", &rec(Some(m), Some(1), 3)));
         assert!(!load(&mut f, "fs.read", &rec(None, None, 3)));
+        // Node's loaders never call access: the app's own check of a .js file.
+        assert!(!load(&mut f, "fs.access", &rec(Some(m), None, 0)));
     }
 
     #[test]
