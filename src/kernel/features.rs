@@ -110,11 +110,24 @@ pub fn known() -> Features {
 /// The one line said when the kernel refuses fentry: where the epoll waits
 /// are read instead (libc uprobes in each traced process, or the raw
 /// system call tracepoints).
-pub fn fallback_notice(errno: Option<i32>, by_uprobe: bool) -> String {
+/// `lockdown`: the kernel's lockdown mode when it is on (`integrity`,
+/// `confidentiality`), the one cause that is named; read by the caller
+/// from securityfs, which is often not mounted: then no cause is named.
+pub fn fallback_notice(errno: Option<i32>, by_uprobe: bool, lockdown: Option<&str>) -> String {
     let why = errno.map_or_else(String::new, |e| format!(" ({})", crate::events::errno::error_type(-i64::from(e))));
+    let lock = lockdown.map_or_else(String::new, |m| format!(" (kernel lockdown: {m})"));
     let instead =
         if by_uprobe { "by libc epoll_wait uprobes (2 traps a wait)" } else { "at syscall tracepoints (~0.2 µs a host syscall)" };
-    format!("this kernel refuses fentry programs{why} (lockdown): loop epoll waits read {instead}")
+    format!("this kernel refuses fentry programs{why}{lock}: loop epoll waits read {instead}")
+}
+
+/// The kernel's lockdown mode when it is on: the selected word of
+/// securityfs's `lockdown` file (`none [integrity] confidentiality`), or
+/// `None` when it is off or the file cannot be read.
+pub fn lockdown_mode(file: &str) -> Option<String> {
+    let sel = file.split_whitespace().find(|w| w.starts_with('[') && w.ends_with(']'))?;
+    let mode = sel.trim_matches(['[', ']']);
+    (mode != "none" && !mode.is_empty()).then(|| mode.to_string())
 }
 
 #[cfg(test)]
@@ -124,10 +137,22 @@ mod tests {
     #[test]
     fn the_fallback_notice_is_one_short_line() {
         for by_uprobe in [true, false] {
-            let n = fallback_notice(Some(libc::EPERM), by_uprobe);
-            assert!(n.starts_with("this kernel refuses fentry programs (EPERM) (lockdown): loop epoll waits read "), "{n}");
+            let n = fallback_notice(Some(libc::EPERM), by_uprobe, None);
+            assert!(n.starts_with("this kernel refuses fentry programs (EPERM): loop epoll waits read "), "{n}");
             assert!(!n.contains('\n') && n.chars().count() <= 125, "{} chars: {n}", n.chars().count());
+            let n = fallback_notice(Some(libc::EPERM), by_uprobe, Some("confidentiality"));
+            assert!(n.starts_with("this kernel refuses fentry programs (EPERM) (kernel lockdown: confidentiality): "), "{n}");
+            assert!(n.chars().count() <= 150, "{} chars: {n}", n.chars().count());
         }
+    }
+
+    #[test]
+    fn the_lockdown_mode_is_named_only_when_it_is_on() {
+        assert_eq!(lockdown_mode("none [integrity] confidentiality\n").as_deref(), Some("integrity"));
+        assert_eq!(lockdown_mode("none integrity [confidentiality]").as_deref(), Some("confidentiality"));
+        assert_eq!(lockdown_mode("[none] integrity confidentiality\n"), None);
+        assert_eq!(lockdown_mode(""), None);
+        assert_eq!(lockdown_mode("garbage"), None);
     }
 
     #[test]
@@ -175,7 +200,7 @@ mod tests {
         let r = Remembered { boot_id: "b".into(), features: ORDER[1], fentry_refused: Some(1) };
         let back: Remembered = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back, r);
-        assert!(fallback_notice(Some(1), false).contains("fentry programs (EPERM)"));
-        assert!(fallback_notice(None, true).contains("libc epoll_wait"));
+        assert!(fallback_notice(Some(1), false, None).contains("fentry programs (EPERM)"));
+        assert!(fallback_notice(None, true, None).contains("libc epoll_wait"));
     }
 }

@@ -277,7 +277,14 @@ impl Tracer {
                         features::remember(f, fentry_refused.filter(|_| !f.fentry));
                     }
                     if !f.fentry {
-                        t.notices.push(features::fallback_notice(fentry_refused, t.waits == Waits::LibcUprobes));
+                        t.notices.push(features::fallback_notice(
+                            fentry_refused,
+                            t.waits == Waits::LibcUprobes,
+                            std::fs::read_to_string("/sys/kernel/security/lockdown")
+                                .ok()
+                                .and_then(|f| features::lockdown_mode(&f))
+                                .as_deref(),
+                        ));
                     }
                     return Ok(t);
                 }
