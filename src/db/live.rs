@@ -14,6 +14,8 @@
 //! is held until its response's callback has written a response (or its
 //! thread has gone on to another callback, or [`HOLD_NS`] passed) and is then
 //! the writer's if the writer answered there, else that answering request's.
+//! One written in a hand-off (in the callback where its writer's request
+//! answered) that no one answers for is no request's: its writer is done.
 //!
 //! A connection is followed from its first record. One that began before
 //! tracing (its first record not numbered 0) is followed only where its
@@ -107,8 +109,10 @@ pub struct WireStats {
     /// callback.
     pub handed_off: u64,
     /// Operations whose response callback answered several requests that
-    /// cannot be matched to them (pipelined commands of several requests):
-    /// exported as no request's.
+    /// cannot be matched to them (pipelined commands of several requests),
+    /// or whose command was handed off by a request that had answered
+    /// already and whose own callback answered no one: exported as no
+    /// request's.
     pub unattributed: u64,
 }
 
@@ -142,6 +146,10 @@ struct Link {
     last_ns: u64,
     /// Numbered from 0: the connection was seen from its start.
     from_start: bool,
+    /// The next operation made here was written in a hand-off: in the
+    /// response callback of one whose request had answered its client
+    /// there, so its write's cause is that finished request's, not its own.
+    handoff: bool,
 }
 
 /// An operation waiting to learn whose it is.
@@ -157,6 +165,9 @@ struct Waiting {
     continued: bool,
     /// The requests that answered their clients in that callback.
     answers: Vec<u64>,
+    /// Its command was written in a hand-off (see [`Link::handoff`]): its
+    /// writer is never its owner by default.
+    handed: bool,
     /// Whose it is, once known.
     owner: Option<u64>,
 }
@@ -292,13 +303,18 @@ impl Wire {
                 continue;
             }
             let writer = writers[k];
+            let (continued, handed) = (self.waiting[i].continued, self.waiting[i].handed);
             let owner = if answers.is_empty() {
-                if self.waiting[i].continued {
+                if continued {
                     continue;
                 }
-                writer
+                self.writers_or_none(handed, writer)
             } else if group.len() == 1 || writers.iter().all(|w| *w == writers[0]) {
                 if answers.contains(&writer) {
+                    if continued {
+                        // Its request answered here: the next command is another's.
+                        self.handoff_on(self.waiting[i].link);
+                    }
                     writer
                 } else if answers.len() == 1 {
                     answers[0]
@@ -316,16 +332,41 @@ impl Wire {
         }
     }
 
+    /// An operation no one answered for: its writer's, unless its command
+    /// was written in a hand-off (its writer's request had answered
+    /// already): then no request's, counted, never a guess.
+    fn writers_or_none(&mut self, handed: bool, writer: u64) -> u64 {
+        if handed {
+            self.stats.unattributed += 1;
+            0
+        } else {
+            writer
+        }
+    }
+
+    /// The next operation made on `link` was written in a hand-off.
+    fn handoff_on(&mut self, link: (u32, u64)) {
+        if let Some(l) = self.links.get_mut(&link) {
+            l.handoff = true;
+        }
+    }
+
     /// A command written on `link` in the callback of its last waiting
-    /// operation's response: that one led to this one.
+    /// operation's response: that one led to this one (and a hand-off's
+    /// successor is one too: its write has the same wrong cause).
     fn continues(&mut self, link: (u32, u64), r: &HttpRecord) {
         if r.callback == 0 {
             return;
         }
+        let mut handed = false;
         if let Some(w) = self.waiting.iter_mut().rev().find(|w| w.link == link) {
             if w.owner.is_none() && w.callback != 0 && (w.tid, w.callback) == (r.tid, r.callback) {
                 w.continued = true;
+                handed = w.handed;
             }
+        }
+        if handed {
+            self.handoff_on(link);
         }
     }
 
@@ -348,7 +389,10 @@ impl Wire {
             let Some(w) = self.waiting.front() else { break };
             let owner = match w.owner {
                 Some(o) => o,
-                None if late => w.rec.cause,
+                None if late => {
+                    let (handed, writer) = (w.handed, w.rec.cause);
+                    self.writers_or_none(handed, writer)
+                }
                 None => break,
             };
             let Some(mut w) = self.waiting.pop_front() else { break };
@@ -383,6 +427,7 @@ impl Wire {
                 chunks: VecDeque::new(),
                 last_ns: r.ts_ns,
                 from_start: seq == 0,
+                handoff: false,
             };
             self.links.insert(key, link);
         }
@@ -486,7 +531,8 @@ impl Wire {
                     }
                 }
             }
-            let w = Waiting { rec, link: key, tid: r.tid, callback: r.callback, continued: false, answers, owner };
+            let handed = std::mem::take(&mut link.handoff);
+            let w = Waiting { rec, link: key, tid: r.tid, callback: r.callback, continued: false, answers, owner, handed };
             self.waiting.push_back(w);
         }
         if conn.stopped().is_some() {
@@ -726,5 +772,45 @@ mod tests {
             .collect();
         assert_eq!(got, want);
         assert_eq!(w.stats.handed_off, 3);
+    }
+
+    /// A hand-off (written in the reply callback where its writer's request
+    /// answered) whose own reply callback answers no one, as a request
+    /// answered after a timer or a later read would: no request's, counted,
+    /// not the finished writer's; and the same when it waits its time out.
+    #[test]
+    fn a_hand_off_no_one_answers_for_is_no_requests() {
+        for late in [false, true] {
+            let mut w = Wire::new(Options::default());
+            let mut out = Vec::new();
+            let mut seq = 0u16;
+            let mut ts = 0u64;
+            let mut wire = |w: &mut Wire, out: &mut Vec<DbRecord>, what, cause, callback, data: &[u8]| {
+                let mut r = rec(what, seq, ts, cause, data, 6379);
+                r.callback = callback;
+                seq += 1;
+                ts += 10;
+                w.record(&r, out);
+            };
+            let get = |k: &str| format!("*2\r\n$3\r\nGET\r\n${}\r\n{k}\r\n", k.len()).into_bytes();
+            let reply = b"$1\r\nv\r\n";
+            wire(&mut w, &mut out, HttpWhat::WireWrite, 1, 1, &get("a"));
+            wire(&mut w, &mut out, HttpWhat::WireRead, 1, 2, reply);
+            wire(&mut w, &mut out, HttpWhat::WireWrite, 1, 2, &get("b"));
+            let mut r = rec(HttpWhat::Write, 0, 0, 1, b"HTTP/1.1 200 OK\r\n\r\n", 80);
+            (r.conn, r.callback, r.peer) = (1, 2, None);
+            w.http_write(&r, &mut out);
+            wire(&mut w, &mut out, HttpWhat::WireRead, 1, 3, reply);
+            if late {
+                w.tick(HOLD_NS + 1_000, &mut out);
+            } else {
+                // The thread goes on: b's callback is over, no one answered.
+                wire(&mut w, &mut out, HttpWhat::WireWrite, 9, 4, &get("z"));
+                w.flush(&mut out);
+            }
+            let got: Vec<(String, u64)> = out.iter().map(|o| (o.op.query.clone().unwrap_or_default(), o.cause)).collect();
+            assert_eq!(&got[..2], &[("GET a".to_string(), 1), ("GET b".to_string(), 0)], "late: {late}");
+            assert_eq!(w.stats.unattributed, 1, "late: {late}");
+        }
     }
 }
