@@ -364,3 +364,31 @@ fn with_a_trace_per_task_module_loading_outside_tasks_is_one_startup_span() {
     assert_eq!(spans.iter().filter(|s| s.parent_span_id == io.span_context.span_id()).count(), 1, "its stat of /x");
     assert_eq!(spans.len(), 4, "startup, io, its stat, main (the user's statSync went back)");
 }
+
+/// An HTTPS call a task makes: its request's plaintext (SSL_write on the
+/// TLS connection), then its ciphertext on the socket, where the response
+/// is read. The server in the same process writing its own handshake on
+/// that thread in between (another task's cause) is not the call's socket:
+/// the response on the call's socket still finds it.
+#[test]
+fn an_https_calls_socket_is_its_own_ciphertexts_not_another_tasks_write_between() {
+    use crate::events::decode::{HttpRecord, HttpWhat};
+    use crate::requests::testing::http;
+    let rec = |what, cause, conn, ts, data: &str| HttpRecord { peer: None, local_port: None, ..http(what, cause, conn, ts, data) };
+    let (spans, _) = run(TracePer::Task, Sampler::default(), |t, src, ready| {
+        let c = make(TaskKind::Timers, ms(1_000), 1);
+        let server = make(TaskKind::Io, ms(1_000), 2);
+        let (tls, socket, server_socket) = (0x70, 0x71, 0x72);
+        t.http(&HttpRecord { tls: true, ..rec(HttpWhat::Write, c, tls, ms(1_001), "GET /s HTTP/1.1\r\nHost: up:443\r\n\r\n") }, src, ready);
+        t.http(&rec(HttpWhat::Write, server, server_socket, ms(1_002), "\x16\x03\x03 server hello"), src, ready);
+        t.http(&rec(HttpWhat::Write, c, socket, ms(1_003), "\x17\x03\x03 ciphertext"), src, ready);
+        t.http(&rec(HttpWhat::Response, c, socket, ms(1_004), "HTTP/1.1 200 OK\r\n\r\n"), src, ready);
+        t.expire(ms(1_004) + QUIET_NS, src, ready);
+    });
+    let clients: Vec<&Span> = spans.iter().filter(|s| s.span_kind == opentelemetry::trace::SpanKind::Client).collect();
+    assert_eq!(clients.len(), 1, "{spans:#?}");
+    let status = clients[0].attributes.iter().find(|kv| kv.key.as_str() == "http.response.status_code").map(|kv| kv.value.clone());
+    assert_eq!(status, Some(Value::I64(200)));
+    let scheme = clients[0].attributes.iter().find(|kv| kv.key.as_str() == "url.scheme").map(|kv| kv.value.clone());
+    assert_eq!(scheme, Some(Value::from("https")));
+}

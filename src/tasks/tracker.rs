@@ -227,9 +227,11 @@ pub struct Tasks {
     /// With metrics: the calls of finished tasks, sampled or not (pid,
     /// call), for `http.client.request.duration`; drained by the agent.
     pub finished_calls: Option<Vec<(u32, FinishedCall)>>,
-    /// The last HTTPS call written (pid, thread, TLS connection): the
-    /// thread's next write is its ciphertext, on its socket.
-    tls_last: Option<(u32, u32, u64)>,
+    /// The last HTTPS call written (pid, thread, cause, TLS connection):
+    /// the next write of that thread and cause is its ciphertext, on its
+    /// socket (another cause's write between them, such as the server's
+    /// own handshake in the same process, is not).
+    tls_last: Option<(u32, u32, u64, u64)>,
     /// (pid, TLS connection or socket) -> the task whose HTTPS call on it
     /// is not answered yet: node retries an SSL_write the handshake held
     /// back in whichever callback runs next (another task's too).
@@ -524,7 +526,8 @@ impl Tasks {
             HttpWhat::Write => {
                 let Some(head) = parse_request(&r.data) else {
                     // An HTTPS call's ciphertext, right after its SSL_write.
-                    if let Some((.., tls)) = self.tls_last.take().filter(|l| !r.tls && (l.0, l.1) == (r.pid, r.tid)) {
+                    let mine = self.tls_last.is_some_and(|l| !r.tls && (l.0, l.1, l.2) == (r.pid, r.tid, r.cause));
+                    if let Some((.., tls)) = self.tls_last.take_if(|_| mine) {
                         if let Some(owner) = self.tls_owner.get(&(r.pid, tls)).copied() {
                             if let Some(c) = self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.waits_on(tls))) {
                                 c.stream = Some(r.conn);
@@ -535,7 +538,7 @@ impl Tasks {
                     return;
                 };
                 if r.tls {
-                    self.tls_last = Some((r.pid, r.tid, r.conn));
+                    self.tls_last = Some((r.pid, r.tid, r.cause, r.conn));
                     // The same call again: its SSL_write retried.
                     if let Some(owner) = self.tls_owner.get(&(r.pid, r.conn)).copied() {
                         if let Some(c) = self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.waits_on(r.conn))) {
