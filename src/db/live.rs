@@ -719,59 +719,84 @@ mod tests {
         assert_eq!(ops, ["INFO", "GET"]);
     }
 
-    #[test]
-    fn a_pools_hand_off_goes_to_the_request_that_answers_in_its_response_callback() {
-        let mut w = Wire::new(Options::default());
-        let mut out = Vec::new();
-        let mut seq = 0u16;
-        let mut ts = 0u64;
-        let mut wire = |w: &mut Wire, out: &mut Vec<DbRecord>, what, cause, callback, data: &[u8]| {
-            let mut r = rec(what, seq, ts, cause, data, 6379);
+    /// One Redis connection's records in order, numbered, each with its
+    /// callback, and the HTTP responses written between them.
+    struct Script {
+        w: Wire,
+        out: Vec<DbRecord>,
+        seq: u16,
+        ts: u64,
+    }
+
+    impl Script {
+        fn new() -> Script {
+            Script { w: Wire::new(Options::default()), out: Vec::new(), seq: 0, ts: 0 }
+        }
+
+        fn wire(&mut self, what: HttpWhat, cause: u64, callback: u32, data: &[u8]) {
+            let mut r = rec(what, self.seq, self.ts, cause, data, 6379);
             r.callback = callback;
-            seq += 1;
-            ts += 10;
-            w.record(&r, out);
-        };
-        let answer = |w: &mut Wire, out: &mut Vec<DbRecord>, cause, callback| {
+            self.seq += 1;
+            self.ts += 10;
+            self.w.record(&r, &mut self.out);
+        }
+
+        fn get(&mut self, cause: u64, callback: u32, key: &str) {
+            self.wire(HttpWhat::WireWrite, cause, callback, format!("*2\r\n$3\r\nGET\r\n${}\r\n{key}\r\n", key.len()).as_bytes());
+        }
+
+        fn reply(&mut self, cause: u64, callback: u32) {
+            self.wire(HttpWhat::WireRead, cause, callback, b"$1\r\nv\r\n");
+        }
+
+        /// Request `cause` answers its client in `callback`.
+        fn answer(&mut self, cause: u64, callback: u32) {
             let mut r = rec(HttpWhat::Write, 0, 0, cause, b"HTTP/1.1 200 OK\r\n\r\n", 80);
             (r.conn, r.callback, r.peer) = (1, callback, None);
-            w.http_write(&r, out);
-        };
-        let get = |k: &str| format!("*2\r\n$3\r\nGET\r\n${}\r\n{k}\r\n", k.len()).into_bytes();
-        let reply = b"$1\r\nv\r\n";
+            self.w.http_write(&r, &mut self.out);
+        }
+
+        /// (query, owner) of each operation out.
+        fn got(&self) -> Vec<(String, u64)> {
+            self.out.iter().map(|o| (o.op.query.clone().unwrap_or_default(), o.cause)).collect()
+        }
+    }
+
+    #[test]
+    fn a_pools_hand_off_goes_to_the_request_that_answers_in_its_response_callback() {
+        let mut s = Script::new();
         // A writes its GET a; a's reply callback hands the connection to B's
         // GET b (written under A) and answers A; b's answers B.
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 1, 1, &get("a"));
-        wire(&mut w, &mut out, HttpWhat::WireRead, 1, 2, reply);
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 1, 2, &get("b"));
-        answer(&mut w, &mut out, 1, 2);
-        wire(&mut w, &mut out, HttpWhat::WireRead, 1, 3, reply);
-        answer(&mut w, &mut out, 2, 3);
+        s.get(1, 1, "a");
+        s.reply(1, 2);
+        s.get(1, 2, "b");
+        s.answer(1, 2);
+        s.reply(1, 3);
+        s.answer(2, 3);
         // C's two statements, the second written in the first's reply
         // callback, then C answers: both C's.
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 3, 4, &get("c"));
-        wire(&mut w, &mut out, HttpWhat::WireRead, 3, 5, reply);
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 3, 5, &get("d"));
-        wire(&mut w, &mut out, HttpWhat::WireRead, 3, 6, reply);
-        answer(&mut w, &mut out, 3, 6);
+        s.get(3, 4, "c");
+        s.reply(3, 5);
+        s.get(3, 5, "d");
+        s.reply(3, 6);
+        s.answer(3, 6);
         // Written under C, answered by D two statements later: D's.
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 3, 6, &get("e"));
-        wire(&mut w, &mut out, HttpWhat::WireRead, 3, 7, reply);
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 3, 7, &get("f"));
-        wire(&mut w, &mut out, HttpWhat::WireRead, 3, 8, reply);
-        answer(&mut w, &mut out, 4, 8);
+        s.get(3, 6, "e");
+        s.reply(3, 7);
+        s.get(3, 7, "f");
+        s.reply(3, 8);
+        s.answer(4, 8);
         // Answered by no one, the thread goes on: its writer's.
-        wire(&mut w, &mut out, HttpWhat::WireWrite, 5, 9, &get("g"));
-        wire(&mut w, &mut out, HttpWhat::WireRead, 5, 10, reply);
-        answer(&mut w, &mut out, 6, 11);
-        w.flush(&mut out);
-        let got: Vec<(String, u64)> = out.iter().map(|o| (o.op.query.clone().unwrap_or_default(), o.cause)).collect();
+        s.get(5, 9, "g");
+        s.reply(5, 10);
+        s.answer(6, 11);
+        s.w.flush(&mut s.out);
         let want: Vec<(String, u64)> = [("GET a", 1), ("GET b", 2), ("GET c", 3), ("GET d", 3), ("GET e", 4), ("GET f", 4), ("GET g", 5)]
             .iter()
             .map(|(q, c)| (q.to_string(), *c))
             .collect();
-        assert_eq!(got, want);
-        assert_eq!(w.stats.handed_off, 3);
+        assert_eq!(s.got(), want);
+        assert_eq!(s.w.stats.handed_off, 3);
     }
 
     /// A hand-off (written in the reply callback where its writer's request
@@ -781,36 +806,21 @@ mod tests {
     #[test]
     fn a_hand_off_no_one_answers_for_is_no_requests() {
         for late in [false, true] {
-            let mut w = Wire::new(Options::default());
-            let mut out = Vec::new();
-            let mut seq = 0u16;
-            let mut ts = 0u64;
-            let mut wire = |w: &mut Wire, out: &mut Vec<DbRecord>, what, cause, callback, data: &[u8]| {
-                let mut r = rec(what, seq, ts, cause, data, 6379);
-                r.callback = callback;
-                seq += 1;
-                ts += 10;
-                w.record(&r, out);
-            };
-            let get = |k: &str| format!("*2\r\n$3\r\nGET\r\n${}\r\n{k}\r\n", k.len()).into_bytes();
-            let reply = b"$1\r\nv\r\n";
-            wire(&mut w, &mut out, HttpWhat::WireWrite, 1, 1, &get("a"));
-            wire(&mut w, &mut out, HttpWhat::WireRead, 1, 2, reply);
-            wire(&mut w, &mut out, HttpWhat::WireWrite, 1, 2, &get("b"));
-            let mut r = rec(HttpWhat::Write, 0, 0, 1, b"HTTP/1.1 200 OK\r\n\r\n", 80);
-            (r.conn, r.callback, r.peer) = (1, 2, None);
-            w.http_write(&r, &mut out);
-            wire(&mut w, &mut out, HttpWhat::WireRead, 1, 3, reply);
+            let mut s = Script::new();
+            s.get(1, 1, "a");
+            s.reply(1, 2);
+            s.get(1, 2, "b");
+            s.answer(1, 2);
+            s.reply(1, 3);
             if late {
-                w.tick(HOLD_NS + 1_000, &mut out);
+                s.w.tick(HOLD_NS + 1_000, &mut s.out);
             } else {
                 // The thread goes on: b's callback is over, no one answered.
-                wire(&mut w, &mut out, HttpWhat::WireWrite, 9, 4, &get("z"));
-                w.flush(&mut out);
+                s.get(9, 4, "z");
+                s.w.flush(&mut s.out);
             }
-            let got: Vec<(String, u64)> = out.iter().map(|o| (o.op.query.clone().unwrap_or_default(), o.cause)).collect();
-            assert_eq!(&got[..2], &[("GET a".to_string(), 1), ("GET b".to_string(), 0)], "late: {late}");
-            assert_eq!(w.stats.unattributed, 1, "late: {late}");
+            assert_eq!(&s.got()[..2], &[("GET a".to_string(), 1), ("GET b".to_string(), 0)], "late: {late}");
+            assert_eq!(s.w.stats.unattributed, 1, "late: {late}");
         }
     }
 }

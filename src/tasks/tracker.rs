@@ -526,8 +526,7 @@ impl Tasks {
             HttpWhat::Write => {
                 let Some(head) = parse_request(&r.data) else {
                     // An HTTPS call's ciphertext, right after its SSL_write.
-                    let mine = self.tls_last.is_some_and(|l| !r.tls && (l.0, l.1, l.2) == (r.pid, r.tid, r.cause));
-                    if let Some((.., tls)) = self.tls_last.take_if(|_| mine) {
+                    if let Some((.., tls)) = self.tls_last.take_if(|l| !r.tls && (l.0, l.1, l.2) == (r.pid, r.tid, r.cause)) {
                         if let Some(owner) = self.tls_owner.get(&(r.pid, tls)).copied() {
                             if let Some(c) = self.open.get_mut(&owner).and_then(|t| t.calls.iter_mut().find(|c| c.waits_on(tls))) {
                                 c.stream = Some(r.conn);
