@@ -126,9 +126,11 @@ pub struct Cli {
     /// — `require` and the ES module loader resolving, statting and
     /// reading module files — wherever it runs: the start-up, `main`, any
     /// task), `summary` (that, and with a trace per process every other
-    /// sync fs call of the start-up and `main`) or `spans` (none).
-    #[arg(long, value_name = "WHAT", value_enum, default_value = "modules")]
-    pub startup_ops: crate::tasks::StartupOps,
+    /// sync fs call of the start-up and `main`) or `spans` (none). Default:
+    /// `modules`; under `uvspan run`, `spans` (its report counts every
+    /// operation, module loading included).
+    #[arg(long, value_name = "WHAT", value_enum)]
+    pub startup_ops: Option<crate::tasks::StartupOps>,
 
     /// Export a request the trace sampler dropped anyway, with all of its
     /// work, when it failed (HTTP 5xx).

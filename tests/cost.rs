@@ -70,7 +70,7 @@ fn busy_app_under_a_budget_in(topology: Topology) {
     assert!((0.02..0.1).contains(&share), "the share in force {share}: {what}");
     assert!((share_now(&line) - share).abs() < 0.001, "summary vs metric {share}: {what}");
     // The run's sampling is said as the budget's.
-    let summary = out.stderr.lines().find(|l| l.contains(" process(es); spans: ")).unwrap_or_default();
+    let summary = out.stderr.lines().find(|l| is_summary_line(l)).unwrap_or_default();
     assert!(summary.contains("; --max-overhead 1% (live "), "{what}");
 }
 

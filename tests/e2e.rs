@@ -1429,7 +1429,7 @@ fn sample_time_share_of_a_saturated_load_in(topology: Topology) {
     check_summary(&out, spans.len());
     assert_eq!(out.code(), Some(0), "{topology:?}\n{}", out.context());
     let n = Markers::parse(&out.stdout).i64("served", "n") as u64;
-    let summary = out.stderr.lines().find(|l| l.contains(" process(es); spans: ")).unwrap_or_default().to_string();
+    let summary = out.stderr.lines().find(|l| is_summary_line(l)).unwrap_or_default().to_string();
     let share = |after: &str| -> f64 {
         summary
             .split(after)

@@ -470,7 +470,7 @@ fn start_lines(topology: Topology, node: &str, env: &[(&str, &str)], verbose: bo
     let out = run(c);
     let ctx = format!("{topology:?} {node} verbose={verbose}\n{}", out.context());
     assert_eq!(out.code(), Some(0), "{ctx}");
-    let lines: Vec<String> = out.stderr.lines().take_while(|l| !l.contains(" process(es); spans: ")).map(str::to_string).collect();
+    let lines: Vec<String> = out.stderr.lines().take_while(|l| !is_summary_line(l)).map(str::to_string).collect();
     assert!(lines.len() < out.stderr.lines().count(), "no summary line: {ctx}");
     assert!(lines.iter().any(|l| l.starts_with("uvspan: tracing ")), "{ctx}");
     (lines, ctx)

@@ -173,6 +173,9 @@ fn uvspan_run_in_a_pid_namespace_reports_the_job() {
     assert_eq!((n(&p["dns"]["count"]), n(&p["dns"]["errors"])), (1, 1), "{p:#}");
     assert!(p["loop"]["blocked"]["max_ms"].as_f64().unwrap_or(0.0) >= BUSY_MS, "{p:#}");
     assert_eq!(j["loop"]["blocked"]["worst"]["thread_id"].as_i64(), Some(pid), "{j:#}");
+    // Counted as the table lists it.
+    assert_eq!(n(&j["processes_traced"]), 1, "{j:#}");
+    assert_eq!(summary_number(&out.stderr, " Node.js"), 1, "{}", out.context());
 }
 
 // ---------------------------------------------------------------------------

@@ -176,12 +176,28 @@ fn report_numbers_summary_junit_and_budgets_held() {
     assert!(err.lines().any(|l| l.trim_start().starts_with(&format!("{parent} node "))), "a row for the parent: {err}");
     assert!(err.lines().any(|l| l.trim_start().starts_with(&format!("{child} "))), "a row for the child: {err}");
     assert!(!r.out.stdout.contains("fs.access"), "no span lines: {}", r.out.stdout);
+    // Process counts that agree with the table: the shell is traced, and
+    // is not one of the Node.js processes the table lists.
+    assert_eq!(n(&j["processes_traced"]), 3, "sh, the parent, its child: {j:#}");
+    assert_eq!(procs.len(), 2, "{j:#}");
+    assert!(err.contains("uvspan: 3 process(es), 2 Node.js; spans: "), "{err}");
+    assert!(err.contains("\nProcesses: 2 Node.js processes of 3 traced (loop threshold 10 ms)\n"), "{err}");
+    // V8's collections in the blocked iterations: a column of the table,
+    // the JSON's numbers ("-" where none was seen).
+    assert!(err.contains("  GC IN BLOCKED MS\n"), "{err}");
+    let total_row = err.lines().find(|l| l.trim_start().starts_with("total ")).unwrap_or_else(|| panic!("a total row: {err}"));
+    let gc = match &j["loop"]["gc"] {
+        Value::Null => "-".to_string(),
+        g => format!("{} (max {})", console_ms(f(&g["total_ms"])), console_ms(f(&g["max_ms"]))),
+    };
+    assert!(total_row.ends_with(&format!("  {gc}")), "the total's GC cell is {gc:?}: {total_row}");
 
     // The step summary: appended after what an earlier step wrote.
     let md = r.file("step-summary.md");
     assert!(md.starts_with("# earlier step\n### ✅ uvspan: <code>sh -c node "), "{md}");
     assert!(md.contains("| process | fs ops |") && md.contains(&format!("| {parent} ")) && md.contains(&format!("| {child} ")), "{md}");
     assert!(md.contains("| nonexistent.invalid | 1 | 1 |"), "{md}");
+    assert!(md.contains("**Processes: 2 Node.js processes of 3 traced") && md.contains(" | GC in blocked ms |"), "{md}");
     assert!(md.contains("| fs.by\\_op.access.count==32 | 32 | ok |"), "{md}");
 
     // JUnit: one case per budget, none failed.
@@ -253,6 +269,9 @@ fn check_html(r: &Run, parent: i64, child: i64) {
     assert!(d.matches("class=\"histogram\"").count() >= 3, "histograms per op");
     assert!(d.contains(">nonexistent.invalid<") && d.contains(&format!(">{parent} ")) && d.contains(&format!(">{child} ")), "tables");
     assert!(d.contains(">fs.by_op.access.count==32<") && d.contains(">held<"), "budgets");
+    // The processes counted as the table lists them, GC per process.
+    assert!(d.contains("data-processes=\"2/3\">2 Node.js processes of 3 traced<"), "the processes line");
+    assert!(d.matches("class=\"gc-cell\"").count() >= 3, "a GC cell per process and the total");
     // The busy time split: a stacked bar per process, the total, and the worst iteration.
     assert!(d.matches("class=\"split-cell\"").count() >= 4, "split bars per process, total and worst");
     assert!(d.contains("class=\"split split-wide\""), "the worst iteration's split is drawn");
@@ -268,6 +287,18 @@ fn check_html(r: &Run, parent: i64, child: i64) {
     // To look at it: REPORT_SCREENSHOT=/some/file.png (the temp dir goes).
     if let Some(keep) = std::env::var_os("REPORT_SCREENSHOT") {
         std::fs::copy(&png, &keep).unwrap_or_else(|e| panic!("cannot copy the screenshot to {keep:?}: {e}"));
+    }
+}
+
+/// A time as the console's tables show it (ms, 3 significant digits or
+/// whole).
+fn console_ms(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 1.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.3}")
     }
 }
 
@@ -476,6 +507,31 @@ fn the_process_trace_is_a_tree_in_the_report_and_the_page() {
     for i in 0..3 {
         assert!(card.contains(&format!("{work}/t-{i}")), "tick {i}'s fs.stat under its task: {card}");
     }
+}
+
+/// A job that never runs its event loop (a compiler, like tsc): its
+/// synchronous operations are in the report, and uvspan says that its loop
+/// has not started, not that its spans are missing.
+#[test]
+fn a_job_that_never_enters_its_loop_is_traced_not_called_silent() {
+    require_root();
+    let dir = TempDir::new("run-sync");
+    let report = dir.join("report.json");
+    let cmd = uvspan_cmd(["run", "--report", &report, "--", "node", &fixture("sync_job.js")]);
+    let out = Running::spawn(cmd).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    let stats = Markers::parse(&out.stdout).i64("done", "stats") as u64;
+    let text = std::fs::read_to_string(&report).unwrap_or_else(|e| panic!("{report}: {e}\n{}", out.context()));
+    let j: Value = serde_json::from_str(&text).unwrap();
+    let traced = n(&j["fs"]["by_op"]["stat"]["count"]);
+    assert!(traced >= stats, "{traced} fs.stat in the report, the job made {stats}\n{}", out.context());
+    assert!(!out.stderr.contains("its spans are missing"), "a loop-less job was called silent\n{}", out.context());
+    let said = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("without entering its event loop"))
+        .unwrap_or_else(|| panic!("uvspan did not say the job has not entered its loop\n{}", out.context()));
+    assert!(said.contains("its operations are traced"), "{said}");
 }
 
 /// `npm run job`, whose script blocks its loop ~300 ms: a budget without a

@@ -232,7 +232,7 @@ impl Agent {
         if report.is_some() {
             procs.commands = Some(HashMap::new());
         }
-        procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off).startup_ops(cli.startup_ops);
+        procs.tasks = Tasks::new(per, cli.requests != RequestsMode::Off).startup_ops(startup_ops(&cli, report.is_some()));
         if op_metrics.is_some() {
             procs.tasks.finished_calls = Some(Vec::new());
         }
@@ -775,7 +775,7 @@ impl Agent {
         if !cli.pids.is_empty() {
             eprintln!("{}", traced.line());
         }
-        let mut line = report::summary_line(procs.seen(), &sum, &k, &stats, cli.loop_threshold);
+        let mut line = report::summary_line(procs.seen(), procs.seen_node(), &sum, &k, &stats, cli.loop_threshold);
         if !cli.otlp_listen.is_empty() {
             line.push_str("; ");
             line.push_str(&health.listen.summary());
@@ -824,6 +824,7 @@ impl Agent {
                 loop_iterations: k.loop_iterations,
                 commands: procs.commands.clone().unwrap_or_default(),
                 unseen: procs.unseen.clone(),
+                processes_traced: procs.seen(),
             };
             exit_code = r.finish(facts);
             // A job uvspan could not see is never a clean gate.

@@ -33,6 +33,9 @@ struct Proc {
     cpu0: Option<u64>,
     /// Its loop thread was seen by the probes, or its silence was said.
     loop_checked: bool,
+    /// The probes sent an operation of it (not only its fork, exec, exit):
+    /// it ran Node.js.
+    ran_node: bool,
 }
 
 impl Proc {
@@ -47,6 +50,7 @@ impl Proc {
             since: std::time::Instant::now(),
             cpu0: None,
             loop_checked: false,
+            ran_node: false,
         }
     }
 }
@@ -93,6 +97,8 @@ pub struct Procs {
     warned_environ: bool,
     /// Processes forgotten after they exited.
     pub forgotten: u64,
+    /// Of those, the ones the probes saw run Node.js.
+    forgotten_node: u64,
     /// Processes that load the OpenTelemetry JS SDK (their SDK makes the
     /// SERVER spans; request context only joins uvspan's work to them).
     with_sdk: std::collections::HashSet<u32>,
@@ -152,6 +158,7 @@ impl Procs {
             ids: std::rc::Rc::default(),
             warned_environ: false,
             forgotten: 0,
+            forgotten_node: 0,
             with_sdk: Default::default(),
             commands: None,
             unseen: Vec::new(),
@@ -178,6 +185,13 @@ impl Procs {
     /// Every process traced in the run.
     pub fn seen(&self) -> u64 {
         self.forgotten + self.procs.len() as u64
+    }
+
+    /// Of [`Procs::seen`], the processes whose probes sent an operation: the
+    /// Node.js ones (a shell, npm's `sh -c`, a compiler a script runs are
+    /// traced too, and send only their lifecycle).
+    pub fn seen_node(&self) -> u64 {
+        self.forgotten_node + self.procs.values().filter(|p| p.ran_node).count() as u64
     }
 
     /// Starts tracing `pid`; its resource is sent now (`exporter`) unless it
@@ -289,7 +303,7 @@ impl Procs {
             Record::Stack(_) => return,
             _ => rec.pid(),
         };
-        self.procs.entry(pid).or_insert_with(|| Proc::new(false, None));
+        self.procs.entry(pid).or_insert_with(|| Proc::new(false, None)).ran_node = true;
         self.register(pid, exporter);
         let mut rec = rec;
         if let Some(v) = self.procs.get_mut(&pid).and_then(|p| p.views.as_mut()) {
@@ -425,6 +439,18 @@ impl Procs {
                 if crate::symbols::locate(pid).is_err() {
                     continue;
                 }
+                // Operations seen, no loop yet: a compiler or a script that
+                // runs to its end before its loop (tsc). Its spans are not
+                // missing; its loop figures are empty until it starts.
+                if p.ran_node {
+                    out.push(format!(
+                        "uvspan: process {pid} has run {busy:.1} s of CPU for {:.0} s without entering its event loop ({} records of its \
+                         synchronous work so far): its operations are traced; loop iterations, and loop budgets, cover it once its loop starts",
+                        p.since.elapsed().as_secs_f64(),
+                        p.records
+                    ));
+                    continue;
+                }
                 out.push(format!(
                     "uvspan: process {pid} used {busy:.1} s of CPU in its first {:.0} s of tracing and no probe has seen its event loop \
                      ({} records): its spans are missing; run `uvspan probes --pid {pid}` to see which probes its build has",
@@ -439,10 +465,11 @@ impl Procs {
     /// Forgets exited processes (their spans are already queued; the
     /// exporter drops their resource after them), except `--pid` targets.
     pub fn forget_exited(&mut self, exporter: &Exporter) {
-        for (pid, _) in self.procs.iter().filter(|(_, p)| p.exited && !p.target) {
+        for (pid, p) in self.procs.iter().filter(|(_, p)| p.exited && !p.target) {
             exporter.forget(*pid);
             self.with_sdk.remove(pid);
             self.forgotten += 1;
+            self.forgotten_node += u64::from(p.ran_node);
         }
         self.procs.retain(|_, p| !p.exited || p.target);
     }

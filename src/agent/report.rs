@@ -197,7 +197,8 @@ pub fn status_line(processes: usize, sum: &Summary, k: &Stats, run: &RunStats) -
     )
 }
 
-pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, loop_threshold: Duration) -> String {
+/// The exit summary; `processes` traced in all, `node` of them ran Node.js.
+pub fn summary_line(processes: u64, node: u64, sum: &Summary, k: &Stats, run: &RunStats, loop_threshold: Duration) -> String {
     let fast = k.loop_iterations.saturating_sub(k.loop_emitted);
     let requests = run.requests.map_or_else(String::new, |r| {
         format!(
@@ -365,7 +366,7 @@ pub fn summary_line(processes: u64, sum: &Summary, k: &Stats, run: &RunStats, lo
         String::new()
     };
     format!(
-        "uvspan: {processes} process(es); spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
+        "uvspan: {processes} process(es), {node} Node.js; spans: {} exported, {} dropped (queue full), {} failed to export, {} not flushed; \
          {} records lost in the kernel (ring buffer or in-flight table full), {} undecodable, {} unfinished at process exit; \
          {} loop iterations, {fast} under {loop_threshold:?} not reported{requests}{h2}{mixed}{after}{tasks}{db}{sampler}{kernel}{short}{gc}{stacks}{sampling}{off}",
         sum.exported, sum.dropped, sum.failed, sum.unflushed, k.records_lost, run.undecodable, unfinished(k, run), k.loop_iterations,
@@ -576,7 +577,7 @@ mod tests {
     fn the_summary_counts_gc_events_dropped() {
         let line = |dropped| {
             let run = RunStats { gc_events_dropped: dropped, ..Default::default() };
-            summary_line(1, &Summary::default(), &Stats::default(), &run, Duration::from_millis(50))
+            summary_line(1, 1, &Summary::default(), &Stats::default(), &run, Duration::from_millis(50))
         };
         assert!(!line(0).contains("v8js.gc"), "{}", line(0));
         assert!(
@@ -590,7 +591,7 @@ mod tests {
     fn the_summary_says_how_often_the_stack_sampler_went_on() {
         let line = |on, samples| {
             let k = Stats { sampler_on: on, stack_samples: samples, ..Default::default() };
-            summary_line(1, &Summary::default(), &k, &RunStats::default(), Duration::from_millis(50))
+            summary_line(1, 1, &Summary::default(), &k, &RunStats::default(), Duration::from_millis(50))
         };
         assert!(!line(None, 0).contains("stack samples"), "--stacks off: {}", line(None, 0));
         assert!(

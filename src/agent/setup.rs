@@ -281,3 +281,12 @@ pub(super) fn open_ring(tracer: &Tracer) -> Result<(RingBuffer<'static>, Inbox)>
     })?;
     Ok((rb, inbox))
 }
+
+/// Which fs operations are counted on their span instead of a span each:
+/// `--startup-ops`, else module loading, except under `uvspan run`
+/// (`report`), whose report counts every operation: a compiler's or a test
+/// runner's reads under `node_modules` are the job's work.
+pub(super) fn startup_ops(cli: &Cli, report: bool) -> crate::tasks::StartupOps {
+    use crate::tasks::StartupOps;
+    cli.startup_ops.unwrap_or(if report { StartupOps::Spans } else { StartupOps::Modules })
+}

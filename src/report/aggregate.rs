@@ -26,6 +26,9 @@ pub struct Report {
     pub exit_code: i32,
     pub wall_ms: f64,
     pub loop_threshold_ms: f64,
+    /// Every process traced in the run: `processes` lists those that ran
+    /// Node.js, not the shells and other programs between them.
+    pub processes_traced: u64,
     pub processes: Vec<ProcessReport>,
     #[serde(flatten)]
     pub total: Sections,
@@ -519,6 +522,8 @@ pub struct RunFacts {
     pub commands: HashMap<u32, Vec<String>>,
     /// Traced processes the kernel sent nothing of, not even their exit.
     pub unseen: Vec<u32>,
+    /// Every process traced in the run (Node.js or not).
+    pub processes_traced: u64,
 }
 
 impl Aggregate {
@@ -559,7 +564,7 @@ impl Aggregate {
 
     /// The report (without budgets).
     pub fn report(&self, facts: &RunFacts) -> Report {
-        let processes = self
+        let processes: Vec<ProcessReport> = self
             .procs
             .iter()
             .map(|(&pid, acc)| {
@@ -573,6 +578,7 @@ impl Aggregate {
             exit_code: facts.exit_code,
             wall_ms: round(facts.wall_ms),
             loop_threshold_ms: round(facts.loop_threshold_ms),
+            processes_traced: facts.processes_traced.max(processes.len() as u64),
             processes,
             total: self.total.sections(facts.loop_iterations),
             budgets: vec![],
@@ -698,6 +704,7 @@ pub(crate) mod tests {
             commands: [(100, vec!["node".to_string(), "index.js".to_string()]), (200, vec!["node".to_string(), "child.js".to_string()])]
                 .into(),
             unseen: vec![],
+            processes_traced: 3,
         };
         (a, facts)
     }
@@ -771,6 +778,7 @@ pub(crate) mod tests {
             loop_iterations: 0,
             commands: Default::default(),
             unseen: vec![],
+            processes_traced: 0,
         };
         let fs = a.report(&facts).total.fs;
         assert_eq!(fs.count, 1);

@@ -45,7 +45,26 @@ fn process_row(who: String, s: &Sections) -> Vec<String> {
         b.count.to_string(),
         if b.count > 0 { format!("{} ms", ms(b.max_ms)) } else { "-".into() },
         split_cell(&s.event_loop),
+        gc_cell(&s.event_loop),
     ]
+}
+
+/// V8's collections in the reported iterations: "total (max one) ms"; "-"
+/// where none was seen.
+fn gc_cell(l: &LoopReport) -> String {
+    l.gc.as_ref().map_or_else(|| "-".into(), |g| format!("{} (max {})", ms(g.total_ms), ms(g.max_ms)))
+}
+
+/// "2 Node.js processes of 3 traced" (the others: shells, programs a
+/// script ran), or "2 Node.js processes" when every one was.
+pub fn processes_said(r: &Report) -> String {
+    let node = r.processes.len();
+    let noun = if node == 1 { "process" } else { "processes" };
+    if r.processes_traced > node as u64 {
+        format!("{node} Node.js {noun} of {} traced", r.processes_traced)
+    } else {
+        format!("{node} Node.js {noun}")
+    }
 }
 
 /// The blocked iterations' busy time split, summed: "on / off / run queue ms".
@@ -103,7 +122,7 @@ pub fn tables(r: &Report) -> Vec<Table> {
         r.processes.iter().map(|p| process_row(format!("{} {}", p.pid, short(&p.command, 40)), &p.sections)).collect();
     rows.push(process_row("total".into(), &r.total));
     out.push(Table {
-        title: format!("Processes (loop threshold {} ms)", r.loop_threshold_ms),
+        title: format!("Processes: {} (loop threshold {} ms)", processes_said(r), r.loop_threshold_ms),
         header: vec![
             "process",
             "fs ops",
@@ -115,6 +134,7 @@ pub fn tables(r: &Report) -> Vec<Table> {
             "blocked",
             "worst",
             "blocked on-CPU / off-CPU / run queue ms",
+            "GC in blocked ms",
         ],
         rows,
     });

@@ -20,7 +20,7 @@ fn number_before(line: &str, what: &str) -> u64 {
 // The final summary
 // ---------------------------------------------------------------------------
 
-/// The numbers of uvspan's final "uvspan: N process(es); spans: ..." line.
+/// The numbers of uvspan's final "uvspan: N process(es), M Node.js; spans: ..." line.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Summary {
     pub exported: u64,
@@ -44,16 +44,19 @@ pub fn summary(stderr: &str) -> Summary {
     }
 }
 
-/// The final "uvspan: N process(es); spans: ..." line of `stderr`.
+/// Whether `l` is uvspan's final "uvspan: N process(es), M Node.js;
+/// spans: ..." line.
+pub fn is_summary_line(l: &str) -> bool {
+    l.starts_with("uvspan: ") && l.contains(" process(es), ") && l.contains(" Node.js; spans: ")
+}
+
+/// The final "uvspan: N process(es), M Node.js; spans: ..." line of `stderr`.
 fn summary_line(stderr: &str) -> &str {
-    stderr
-        .lines()
-        .find(|l| l.starts_with("uvspan: ") && l.contains(" process(es); spans: "))
-        .unwrap_or_else(|| panic!("no summary line in uvspan's stderr:\n{stderr}"))
+    stderr.lines().find(|l| is_summary_line(l)).unwrap_or_else(|| panic!("no summary line in uvspan's stderr:\n{stderr}"))
 }
 
 /// A number of the final summary line that [`summary`] does not parse:
-/// `" process(es)"`, `" unfinished at process exit"`, `" loop iterations"`.
+/// `" process(es)"`, `" Node.js"`, `" unfinished at process exit"`, `" loop iterations"`.
 pub fn summary_number(stderr: &str, what: &str) -> u64 {
     number_before(summary_line(stderr), what)
 }
