@@ -534,6 +534,56 @@ fn a_job_that_never_enters_its_loop_is_traced_not_called_silent() {
     assert!(said.contains("its operations are traced"), "{said}");
 }
 
+/// An async read the threadpool finishes while the loop is blocked for
+/// 300 ms: with the threadpool split, the slowest paths rank it by its own
+/// time and show its callback's wait for the loop apart (the loop's time,
+/// not the disk's), in the report, the console and the page.
+#[test]
+fn a_read_that_waited_for_a_blocked_loop_is_not_blamed_on_the_disk() {
+    require_root();
+    let dir = TempDir::new("run-wait");
+    let data = dir.join("data.bin");
+    std::fs::write(&data, vec![7u8; 4096]).unwrap();
+    let (report, html) = (dir.join("report.json"), dir.join("report.html"));
+    let cmd =
+        uvspan_cmd(["run", "--detail", "threadpool", "--report", &report, "--html", &html, "--", "node", &fixture("wait_job.js"), &data]);
+    let out = Running::spawn(cmd).finish(RUN_TIMEOUT);
+    assert_eq!(out.code(), Some(0), "{}", out.context());
+    assert_eq!(Markers::parse(&out.stdout).get("done")["bytes"], 4096, "{}", out.context());
+    let j: Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let paths = j["fs"]["top_paths"].as_array().unwrap();
+    let p = paths.iter().find(|p| p["path"].as_str() == Some(data.as_str())).unwrap_or_else(|| panic!("{paths:#?}"));
+    let (own, wait, total) = (f(&p["own_ms"]), f(&p["loop_wait_ms"]), f(&p["total_ms"]));
+    assert!((own + wait - total).abs() < 0.01, "own {own} + wait {wait} = total {total}: {p}");
+    assert!(wait > own, "the loop's block is the read's callback's wait, not its own time: {p}");
+    // readFile's open is the op submitted before the block: its latency
+    // is its own time, the wait apart.
+    let open = &j["fs"]["by_op"]["open"];
+    assert!(f(&open["loop_wait_ms"]) > f(&open["max_ms"]), "the op's latency is its own time: {open}");
+    // The console: the split table, the wait apart.
+    let err = &out.stderr;
+    assert!(err.contains("Slowest paths (own time: threadpool queue + run; the callbacks' wait for a busy loop apart)"), "{err}");
+    assert!(err.contains("CALLBACK WAITED FOR THE LOOP MS"), "{err}");
+    // Without the split the table says its time includes the wait.
+    let plain = Running::spawn(uvspan_cmd(["run", "--", "node", &fixture("wait_job.js"), &data])).finish(RUN_TIMEOUT);
+    assert!(
+        plain.stderr.contains("(total time, the callbacks' wait for the loop included: --detail threadpool splits it)"),
+        "{}",
+        plain.context()
+    );
+    // The page, in a real browser.
+    let chromium = ["chromium", "chromium-browser"].into_iter().find(|c| on_path(c)).expect("chromium is not on PATH");
+    let mut c = Command::new(chromium);
+    c.args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", "--virtual-time-budget=5000"])
+        .arg(format!("--user-data-dir={}", dir.join("chromium-profile")))
+        .arg(format!("file://{html}"));
+    let dom = run_cmd(c);
+    assert!(dom.status.success(), "chromium failed: {}", dom.context());
+    let d = &dom.stdout;
+    assert!(d.contains("data-rendered=\"ok\""), "the page's script did not finish cleanly:\n{}", error_box(d));
+    assert!(d.contains(">callback waited for the loop<") && d.contains("it is the loop's, not the disk's"), "the page's paths table");
+}
+
 /// `npm run job`, whose script blocks its loop ~300 ms: a budget without a
 /// selector is checked over the job's process, not npm's (whose own
 /// start-up is often the run's longest iteration), fails a 200 ms limit

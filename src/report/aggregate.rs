@@ -83,6 +83,11 @@ pub struct OpStats {
     pub p99_ms: f64,
     pub max_ms: f64,
     pub total_ms: f64,
+    /// Of the async ops, the time their callbacks waited for the loop
+    /// after the threadpool finished them (`--detail threadpool`; null
+    /// without it). Where it is known, the latencies above are the ops' own
+    /// time (queue + run) without it.
+    pub loop_wait_ms: Option<f64>,
     /// Counts per bucket of [`HISTOGRAM_LE_MS`] (one more: above the last).
     pub histogram: Vec<u64>,
 }
@@ -91,7 +96,14 @@ pub struct OpStats {
 pub struct PathStats {
     pub path: String,
     pub count: u64,
+    /// Submit to callback.
     pub total_ms: f64,
+    /// Of it, the operations' own time (without `loop_wait_ms`): what the
+    /// list is ranked by.
+    pub own_ms: f64,
+    /// Of it, the callbacks' wait for a busy loop after the threadpool had
+    /// finished (`--detail threadpool`; null without it).
+    pub loop_wait_ms: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -245,9 +257,23 @@ pub fn short_command(command: &str, max: usize) -> String {
 /// One span, as the report sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Item {
-    Fs { op: String, path: Option<String>, sync_on_loop: bool },
-    Dns { name: String },
-    Iteration { tid: i64, stack: Option<String>, blocked_by: Option<String>, split: Option<Split>, gc_ms: Option<f64> },
+    /// `loop_wait_ms`: the callback's wait for the loop (`--detail threadpool`).
+    Fs {
+        op: String,
+        path: Option<String>,
+        sync_on_loop: bool,
+        loop_wait_ms: Option<f64>,
+    },
+    Dns {
+        name: String,
+    },
+    Iteration {
+        tid: i64,
+        stack: Option<String>,
+        blocked_by: Option<String>,
+        split: Option<Split>,
+        gc_ms: Option<f64>,
+    },
 }
 
 /// What one span is, how long it took, whether it failed; None for spans
@@ -265,7 +291,11 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
         Family::Fs(op) => {
             let on_loop = int(keys::THREAD_ID) == Some(i64::from(pid));
             let sync = matches!(attr(keys::SYNC), Some(Value::Bool(true)));
-            Item::Fs { op: op.to_string(), path: text(keys::FILE_PATH), sync_on_loop: sync && on_loop }
+            let loop_wait_ms = match attr(keys::CALLBACK_WAIT) {
+                Some(Value::F64(v)) => Some(v.clamp(0.0, ms)),
+                _ => None,
+            };
+            Item::Fs { op: op.to_string(), path: text(keys::FILE_PATH), sync_on_loop: sync && on_loop, loop_wait_ms }
         }
         Family::Dns => Item::Dns { name: text(keys::DNS_NAME).unwrap_or_default() },
         Family::Iteration => {
@@ -289,9 +319,11 @@ pub fn classify(pid: u32, s: &Span) -> Option<(Item, f64, bool)> {
 /// The running sums of one section.
 #[derive(Debug, Default)]
 struct Acc {
-    ops: BTreeMap<String, (Vec<f64>, u64)>,
+    /// Per op: own times, errors, the callbacks' wait where known.
+    ops: BTreeMap<String, (Vec<f64>, u64, Option<f64>)>,
     sync_on_loop: (u64, f64),
-    paths: HashMap<String, (u64, f64)>,
+    /// Per path: count, total time, the callbacks' wait where known.
+    paths: HashMap<String, (u64, f64, Option<f64>)>,
     dns: Vec<f64>,
     dns_errors: u64,
     names: HashMap<String, (u64, u64, f64)>,
@@ -308,10 +340,14 @@ struct Acc {
 impl Acc {
     fn add(&mut self, pid: u32, item: &Item, ms: f64, failed: bool, at_ms: f64, fast_before: u64) {
         match item {
-            Item::Fs { op, path, sync_on_loop } => {
+            Item::Fs { op, path, sync_on_loop, loop_wait_ms } => {
+                let wait = loop_wait_ms.unwrap_or(0.0);
                 let e = self.ops.entry(op.clone()).or_default();
-                e.0.push(ms);
+                e.0.push(ms - wait);
                 e.1 += u64::from(failed);
+                if let Some(w) = loop_wait_ms {
+                    *e.2.get_or_insert(0.0) += w;
+                }
                 if *sync_on_loop {
                     self.sync_on_loop.0 += 1;
                     self.sync_on_loop.1 += ms;
@@ -320,6 +356,9 @@ impl Acc {
                     let e = self.paths.entry(p.clone()).or_default();
                     e.0 += 1;
                     e.1 += ms;
+                    if let Some(w) = loop_wait_ms {
+                        *e.2.get_or_insert(0.0) += w;
+                    }
                 }
             }
             Item::Dns { name } => {
@@ -364,17 +403,23 @@ impl Acc {
 
     /// Adds another section's sums (processes folded together).
     fn merge(&mut self, o: &Acc) {
-        for (op, (d, e)) in &o.ops {
+        for (op, (d, e, w)) in &o.ops {
             let m = self.ops.entry(op.clone()).or_default();
             m.0.extend_from_slice(d);
             m.1 += e;
+            if let Some(w) = w {
+                *m.2.get_or_insert(0.0) += w;
+            }
         }
         self.sync_on_loop.0 += o.sync_on_loop.0;
         self.sync_on_loop.1 += o.sync_on_loop.1;
-        for (p, (n, t)) in &o.paths {
+        for (p, (n, t, w)) in &o.paths {
             let m = self.paths.entry(p.clone()).or_default();
             m.0 += n;
             m.1 += t;
+            if let Some(w) = w {
+                *m.2.get_or_insert(0.0) += w;
+            }
         }
         self.dns.extend_from_slice(&o.dns);
         self.dns_errors += o.dns_errors;
@@ -406,7 +451,7 @@ impl Acc {
         let by_op: BTreeMap<String, OpStats> = self
             .ops
             .iter()
-            .map(|(op, (d, errors))| {
+            .map(|(op, (d, errors, wait))| {
                 let (p50, p99, max, total) = stats(d);
                 let s = OpStats {
                     count: d.len() as u64,
@@ -415,14 +460,24 @@ impl Acc {
                     p99_ms: p99,
                     max_ms: max,
                     total_ms: total,
+                    loop_wait_ms: wait.map(round),
                     histogram: histogram(d),
                 };
                 (op.clone(), s)
             })
             .collect();
-        let mut top_paths: Vec<PathStats> =
-            self.paths.iter().map(|(p, (n, t))| PathStats { path: p.clone(), count: *n, total_ms: round(*t) }).collect();
-        top_paths.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms).then(b.count.cmp(&a.count)).then(a.path.cmp(&b.path)));
+        let mut top_paths: Vec<PathStats> = self
+            .paths
+            .iter()
+            .map(|(p, (n, t, w))| PathStats {
+                path: p.clone(),
+                count: *n,
+                total_ms: round(*t),
+                own_ms: round(t - w.unwrap_or(0.0)),
+                loop_wait_ms: w.map(round),
+            })
+            .collect();
+        top_paths.sort_by(|a, b| b.own_ms.total_cmp(&a.own_ms).then(b.count.cmp(&a.count)).then(a.path.cmp(&b.path)));
         top_paths.truncate(TOP);
         let mut by_name: Vec<NameStats> =
             self.names.iter().map(|(n, (c, e, m))| NameStats { name: n.clone(), count: *c, errors: *e, max_ms: round(*m) }).collect();
@@ -759,7 +814,7 @@ pub(crate) mod tests {
         // Of the fs family under any name: counted under the family's op.
         for name in ["GET", "fs.read", DNS, "stat"] {
             let (item, ms, failed) = classify(100, &span(Family::Fs("stat"), name, 1.0, 2.0, attrs(), Some("ENOENT"))).unwrap();
-            assert_eq!(item, Item::Fs { op: "stat".into(), path: Some("/a".into()), sync_on_loop: false }, "{name}");
+            assert_eq!(item, Item::Fs { op: "stat".into(), path: Some("/a".into()), sync_on_loop: false, loop_wait_ms: None }, "{name}");
             assert_eq!((ms, failed), (2.0, true));
         }
         let dns = classify(100, &span(Family::Dns, "fs.open", 1.0, 2.0, vec![KeyValue::new(keys::DNS_NAME, "h".to_string())], None));
@@ -809,5 +864,35 @@ pub(crate) mod tests {
         assert_eq!(culprit("open64 (libc.so.6)\n[unknown] (0x6f6d5f65646f6e2e)"), None, "a libc leaf over an address");
         assert_eq!(culprit("open64 (libc.so.6)\nuv_fs_open (node)\n[truncated]").as_deref(), Some("uv_fs_open (node)"));
         assert_eq!(culprit("Scavenge (libnode.so.109)").as_deref(), Some("Scavenge (libnode.so.109)"));
+    }
+
+    /// With the threadpool split, a callback that waited for a busy loop is
+    /// not the disk's time: the paths are ranked by their own time, the wait
+    /// apart, and the op's latencies are its own time; without the split
+    /// the wait is unknown (null), not 0.
+    #[test]
+    fn a_callbacks_wait_for_the_loop_is_not_the_operations_own_time() {
+        let t = t0();
+        let mut a = Aggregate::default();
+        // The log read: 0.09 ms of its own, then 600 ms waiting for a blocked loop.
+        let mut waited = fs("fs.read", 10.0, 600.09, 5, false, "/home/u/.npm/_logs", None);
+        waited.attributes.push(KeyValue::new(keys::CALLBACK_WAIT, 600.0));
+        // A read of 5 ms of its own that waited 1 ms.
+        let mut slow = fs("fs.read", 20.0, 6.0, 5, false, "/data/big", None);
+        slow.attributes.push(KeyValue::new(keys::CALLBACK_WAIT, 1.0));
+        a.add(100, &waited, t);
+        a.add(100, &slow, t);
+        let r = a.report(&RunFacts::default());
+        let paths: Vec<(&str, f64, Option<f64>, f64)> =
+            r.total.fs.top_paths.iter().map(|p| (p.path.as_str(), p.own_ms, p.loop_wait_ms, p.total_ms)).collect();
+        assert_eq!(paths, [("/data/big", 5.0, Some(1.0), 6.0), ("/home/u/.npm/_logs", 0.09, Some(600.0), 600.09)]);
+        let read = &r.total.fs.by_op["read"];
+        assert_eq!((read.max_ms, read.loop_wait_ms), (5.0, Some(601.0)));
+        // No split: the total, and the wait unknown.
+        let mut b = Aggregate::default();
+        b.add(100, &fs("fs.read", 10.0, 600.09, 5, false, "/home/u/.npm/_logs", None), t);
+        let r = b.report(&RunFacts::default());
+        assert_eq!((r.total.fs.top_paths[0].own_ms, r.total.fs.top_paths[0].loop_wait_ms), (600.09, None));
+        assert_eq!(r.total.fs.by_op["read"].loop_wait_ms, None);
     }
 }

@@ -56,7 +56,7 @@ impl Timeline {
             _ => None,
         };
         let (kind, op, label, sync) = match item {
-            Item::Fs { op, path, sync_on_loop } => ("fs", op, path.unwrap_or_default(), sync_on_loop),
+            Item::Fs { op, path, sync_on_loop, .. } => ("fs", op, path.unwrap_or_default(), sync_on_loop),
             Item::Dns { name } => ("dns", String::new(), name, false),
             Item::Iteration { .. } => ("loop", String::new(), String::new(), false),
         };
