@@ -206,11 +206,12 @@ pub struct Cli {
     pub otlp_listen_forward: ListenForward,
 
     /// With --otlp-listen: how long uvspan's spans of a request wait for the
-    /// app's SERVER span before they go out as they are (above the SDK's
-    /// batch delay, OTEL_BSP_SCHEDULE_DELAY, 5 s by default, plus what a
-    /// collector tee adds).
-    #[arg(long, value_name = "DURATION", env = "UVSPAN_JOIN_WINDOW", default_value = "6s", value_parser = parse_duration)]
-    pub join_window: Duration,
+    /// app's SERVER span before they go out as they are. Default: per
+    /// process, its SDK's batch delay (OTEL_BSP_SCHEDULE_DELAY in its
+    /// environment, 5 s when unset) plus 2 s for the export and a
+    /// collector tee.
+    #[arg(long, value_name = "DURATION", env = "UVSPAN_JOIN_WINDOW", value_parser = parse_duration)]
+    pub join_window: Option<Duration>,
 
     /// With --otlp-listen: bytes of the app's requests queued for the
     /// endpoint at most (a power of two); when full, the app is told to retry.

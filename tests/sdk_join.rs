@@ -104,8 +104,7 @@ fn run_app(tag: &str, topology: Topology, app: App) -> Run {
         &listen,
         "--otlp-listen-forward",
         "none",
-        "--join-window",
-        "3s",
+        // No --join-window: each app's own, from its OTEL_BSP_SCHEDULE_DELAY (3 s here).
     ];
     let (node_options, script) = match app {
         App::CommonJs => ("NODE_OPTIONS=--require @opentelemetry/auto-instrumentations-node/register", "app.js"),
@@ -119,8 +118,9 @@ fn run_app(tag: &str, topology: Topology, app: App) -> Run {
         &app_ep,
         "OTEL_EXPORTER_OTLP_PROTOCOL=grpc",
         "OTEL_SERVICE_NAME=sdk-app",
-        // Exports every 300 ms (a test need not wait 5 s); no cloud metadata lookups.
-        "OTEL_BSP_SCHEDULE_DELAY=300",
+        // Exports every second (a test need not wait 5 s): uvspan's join
+        // window for it is 3 s; no cloud metadata lookups.
+        "OTEL_BSP_SCHEDULE_DELAY=1000",
         "OTEL_NODE_RESOURCE_DETECTORS=env,host,os,process",
         "OTEL_METRICS_EXPORTER=none",
         "OTEL_LOGS_EXPORTER=none",
@@ -185,7 +185,18 @@ fn check_joined(tag: &str, run: &Run, app: App) -> ((usize, usize), (usize, usiz
     for (i, v) in &servers {
         let srv = v[0];
         if let Some((_, trace)) = traceparent(*i) {
-            assert_eq!(srv.trace_id, trace, "request {i}: its SERVER span is in the caller's trace");
+            if srv.trace_id != trace {
+                let in_its: Vec<String> = run
+                    .spans
+                    .iter()
+                    .filter(|s| s.trace_id == srv.trace_id)
+                    .map(|s| format!("{} {} kind {} span {} parent {}", s.scope, s.name, s.kind, s.span_id, s.parent_span_id))
+                    .collect();
+                panic!(
+                    "request {i}: its SERVER span is in trace {}, not the caller's {trace}; that trace: {in_its:#?}\n{ctx}",
+                    srv.trace_id
+                );
+            }
         }
         let files: Vec<String> = (1..=4).map(|k| run.dir.join(&format!("{k}-{i}"))).collect();
         let mine: Vec<&&Span> = uv.iter().filter(|s| s.str("file.path").is_some_and(|p| files.iter().any(|f| f == p))).collect();
@@ -293,7 +304,7 @@ fn no_span_of_the_sdks_export(tag: &str, protocol: Protocol) {
         "NODE_OPTIONS=--require @opentelemetry/auto-instrumentations-node/register",
         &app_ep,
         &app_proto,
-        "OTEL_BSP_SCHEDULE_DELAY=300",
+        "OTEL_BSP_SCHEDULE_DELAY=1000",
         // An export as soon as a span ends, inside the request's own callbacks too.
         "OTEL_BSP_MAX_EXPORT_BATCH_SIZE=1",
         "OTEL_NODE_RESOURCE_DETECTORS=env,host,os,process",

@@ -255,7 +255,7 @@ impl Agent {
             stacks: (cli.stacks != StacksMode::Off).then(Stacks::new),
             gcs: Default::default(),
             wire: crate::db::live::Wire::new(crate::db::Options::default()),
-            joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window)),
+            joiner: listener.as_ref().map(|_| Joiner::new(cli.join_window.unwrap_or(crate::listen::join::window_for(&[])))),
             listener,
             cli,
             rb,
@@ -656,7 +656,8 @@ impl Agent {
             for (mut key, spans) in r.joinable.drain(..) {
                 // The app's SDK names its process as the process sees itself.
                 key.app_pid = self.procs.own_pid(key.pid);
-                j.hold(key, spans, now, &mut ready);
+                let window = self.cli.join_window.unwrap_or_else(|| self.procs.join_window(key.pid));
+                j.hold_for(key, spans, window, now, &mut ready);
             }
         }
         j.poll(now, all, &mut ready);

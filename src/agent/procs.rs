@@ -102,6 +102,9 @@ pub struct Procs {
     /// Processes that load the OpenTelemetry JS SDK (their SDK makes the
     /// SERVER spans; request context only joins uvspan's work to them).
     with_sdk: std::collections::HashSet<u32>,
+    /// The join window of each process (its SDK's batch delay: see
+    /// [`crate::listen::join::window_for`]).
+    join_windows: HashMap<u32, std::time::Duration>,
     /// `uvspan run`: each process's command line, kept for the report.
     pub commands: Option<HashMap<u32, Vec<String>>>,
     /// Processes gone without the kernel having sent anything of them, not
@@ -160,6 +163,7 @@ impl Procs {
             forgotten: 0,
             forgotten_node: 0,
             with_sdk: Default::default(),
+            join_windows: HashMap::new(),
             commands: None,
             unseen: Vec::new(),
             batch_hint: 0,
@@ -247,6 +251,7 @@ impl Procs {
         if let Some(c) = self.commands.as_mut() {
             c.insert(pid, info.argv.clone());
         }
+        self.join_windows.insert(pid, crate::listen::join::window_for(&info.env));
         if crate::discover::instrumented(&info.argv, &info.env) {
             self.with_sdk.insert(pid);
         } else {
@@ -378,6 +383,12 @@ impl Procs {
     }
 
     /// The pid a process sees itself as (its SDK's `process.pid`).
+    /// How long the spans of `pid`'s requests wait for its SDK's SERVER
+    /// span (by its OTEL_BSP_SCHEDULE_DELAY).
+    pub fn join_window(&self, pid: u32) -> std::time::Duration {
+        self.join_windows.get(&pid).copied().unwrap_or_else(|| crate::listen::join::window_for(&[]))
+    }
+
     pub fn own_pid(&self, pid: u32) -> u32 {
         self.procs.get(&pid).and_then(|p| p.views.as_ref()).map_or(pid, |v| v.pid)
     }
@@ -468,6 +479,7 @@ impl Procs {
         for (pid, p) in self.procs.iter().filter(|(_, p)| p.exited && !p.target) {
             exporter.forget(*pid);
             self.with_sdk.remove(pid);
+            self.join_windows.remove(pid);
             self.forgotten += 1;
             self.forgotten_node += u64::from(p.ran_node);
         }

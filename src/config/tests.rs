@@ -138,11 +138,12 @@ fn number_layers() -> Vec<Layers> {
     vec![
         // duration
         Layers {
-            default: "6s",
+            default: "7s",
             file: ("join_window: 3s", "3s"),
             env: Some((("UVSPAN_JOIN_WINDOW", "2s"), "2s")),
             flag: (&["--join-window", "1s"], "1s"),
-            show: |c| format!("{:?}", c.join_window),
+            // Unset: per process, from its OTEL_BSP_SCHEDULE_DELAY (7 s without one).
+            show: |c| c.join_window.map_or_else(|| "7s".into(), |d| format!("{d:?}")),
         },
         Layers {
             default: "10ms",
@@ -380,10 +381,10 @@ fn detail_from_file_flag_and_env() {
 fn otlp_listen_from_file_and_flag() {
     let c = with(&["uvspan"], "otlp_listen: [127.0.0.1:4317, '[::1]:4318']\njoin_window: 2s");
     assert_eq!(c.otlp_listen, vec!["127.0.0.1:4317".parse().unwrap(), "[::1]:4318".parse().unwrap()]);
-    assert_eq!(c.join_window, Duration::from_secs(2));
+    assert_eq!(c.join_window, Some(Duration::from_secs(2)));
     let c = with(&["uvspan", "--otlp-listen", "127.0.0.1:1,127.0.0.1:2"], "otlp_listen: [127.0.0.1:4317]");
     assert_eq!(c.otlp_listen.len(), 2, "the flag wins");
-    assert_eq!(with(&["uvspan"], "").join_window, Duration::from_secs(6));
+    assert_eq!(with(&["uvspan"], "").join_window, None, "unset: each process's own, from its SDK's batch delay");
 }
 
 #[test]

@@ -30,6 +30,29 @@ const SLACK_NS: u64 = 20_000_000;
 const OPS_MAX: usize = 65_536;
 
 /// OTLP span kinds.
+/// The SDK's batch delay when its process sets none
+/// (OTEL_BSP_SCHEDULE_DELAY's default in the SDK specification).
+const BSP_DELAY_DEFAULT: Duration = Duration::from_millis(5000);
+/// What a join window adds to the batch delay: the export itself, a
+/// collector tee's own batching, a busy host.
+const WINDOW_SLACK: Duration = Duration::from_secs(2);
+/// The longest window a batch delay makes (a larger one: `--join-window`).
+const WINDOW_MAX: Duration = Duration::from_secs(60);
+
+/// The join window for a process with environment `env`: its SDK exports
+/// every OTEL_BSP_SCHEDULE_DELAY milliseconds (5000 when unset or not a
+/// number, as the SDK itself does), and its SERVER span arrives up to that
+/// late, plus [`WINDOW_SLACK`]; at most [`WINDOW_MAX`].
+pub fn window_for(env: &[(String, String)]) -> Duration {
+    let delay = env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "OTEL_BSP_SCHEDULE_DELAY")
+        .and_then(|(_, v)| v.trim().parse::<u64>().ok())
+        .map_or(BSP_DELAY_DEFAULT, Duration::from_millis);
+    (delay + WINDOW_SLACK).min(WINDOW_MAX)
+}
+
 const KIND_SERVER: i32 = 2;
 const KIND_CLIENT: i32 = 3;
 
@@ -302,7 +325,13 @@ impl Joiner {
 
     /// A request's spans: joined now if the app's SERVER span is known,
     /// else held for the join window (or, over the bound, sent as they are).
-    pub fn hold(&mut self, key: RequestKey, mut spans: Vec<UvSpan>, now: Instant, out: &mut Out) {
+    pub fn hold(&mut self, key: RequestKey, spans: Vec<UvSpan>, now: Instant, out: &mut Out) {
+        let window = self.window;
+        self.hold_for(key, spans, window, now, out);
+    }
+
+    /// [`Joiner::hold`], for `window` (the request's process's).
+    pub fn hold_for(&mut self, key: RequestKey, mut spans: Vec<UvSpan>, window: Duration, now: Instant, out: &mut Out) {
         if spans.is_empty() {
             return;
         }
@@ -317,7 +346,7 @@ impl Joiner {
             return;
         }
         self.held_spans += spans.len();
-        self.held.push_back(Held { key, spans, until: now + self.window });
+        self.held.push_back(Held { key, spans, until: now + window });
     }
 
     /// Held spans whose SERVER span arrived (joined) or whose window passed
@@ -425,6 +454,44 @@ fn drop_own_server(spans: &mut Vec<UvSpan>, key: &RequestKey) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    /// The window follows the app's batch delay, as its SDK reads it.
+    #[test]
+    fn the_join_window_is_the_apps_batch_delay_and_a_second() {
+        let env = |v: &str| vec![("PATH".to_string(), "/bin".to_string()), ("OTEL_BSP_SCHEDULE_DELAY".to_string(), v.to_string())];
+        assert_eq!(window_for(&[]), Duration::from_secs(7), "the SDK's default 5 s");
+        assert_eq!(window_for(&env("500")), Duration::from_millis(2500));
+        assert_eq!(window_for(&env(" 1000 ")), Duration::from_secs(3));
+        assert_eq!(window_for(&env("0")), Duration::from_secs(2), "exports at once");
+        assert_eq!(window_for(&env("soon")), Duration::from_secs(7), "not a number: the SDK's default");
+        assert_eq!(window_for(&env("-5")), Duration::from_secs(7));
+        assert_eq!(window_for(&env("600000")), Duration::from_secs(60), "bounded");
+    }
+
+    /// A request held for its process's window goes out as it is after
+    /// that window, not the joiner's.
+    #[test]
+    fn a_request_waits_its_own_processes_window() {
+        let mut j = Joiner::new(Duration::from_secs(6));
+        let now = Instant::now();
+        let mut out = Vec::new();
+        let key = RequestKey {
+            pid: 9,
+            app_pid: 9,
+            incoming: Some((TraceId::from(9), SpanId::from(5))),
+            peer_port: None,
+            start: SystemTime::now(),
+            end: SystemTime::now(),
+            parent: SpanId::from(5),
+            own_server: None,
+        };
+        j.hold_for(key, vec![uv_span(9, 100, 5)], Duration::from_millis(1500), now, &mut out);
+        j.poll(now + Duration::from_millis(1400), false, &mut out);
+        assert!(out.is_empty(), "still in its window");
+        j.poll(now + Duration::from_millis(1500), false, &mut out);
+        assert_eq!(out.len(), 1, "out after its own 1.5 s window, not the joiner's 6 s");
+        assert_eq!(j.stats.unjoined, 1);
+    }
+
     use super::*;
     use opentelemetry::trace::{SpanKind, Status, TraceFlags, TraceState};
     use opentelemetry_proto::tonic::common::v1::AnyValue;
